@@ -1,0 +1,452 @@
+//! The server side of one HTTP/1.1 connection as a state machine.
+//!
+//! ```text
+//!            bytes                       poll_request ─► RequestHead
+//!   driver ──────────► read buffer ──►   poll_body    ─► BodyEvent::{Data, NeedMore, End}
+//!                                        start_response / data_prefix / data_suffix / finish
+//!   driver ◄────────── write buffer ◄──  (status line, headers, chunk framing)
+//! ```
+//!
+//! Receiving: `Idle` (between requests) → `Head` (some head bytes seen) → `Body` → `Done`.
+//! Sending: `Idle` → `Length` | `Chunked` | `Close` | `NoBody` → `Idle` after [`Conn::finish`].
+//! Exchanges are strictly sequential: the driver parses the next pipelined request only after
+//! the previous response was finished, which keeps responses in request order by construction.
+//! Any [`Error`] moves the receive side to `Closed`: the caller answers it with
+//! [`Conn::error_response`] and closes.
+
+use std::time::Instant;
+
+use bytes::{BufMut, BytesMut};
+
+use crate::{
+    head, BodyDecoder, BodyEvent, BodyKind, Error, Limits, Method, RequestHead, Timeouts, Version,
+};
+
+/// The length of a response body as the handler declares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyLen {
+    /// Exactly this many bytes (sent with Content-Length).
+    Known(u64),
+    /// Unknown in advance: chunked for HTTP/1.1 clients, close-delimited for HTTP/1.0.
+    Unknown,
+}
+
+/// What the driver should do after [`Conn::finish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Read the next request on this connection.
+    KeepAlive,
+    /// Flush what is buffered, then close.
+    Close,
+}
+
+/// A response body exceeded or fell short of its declared Content-Length: a bug in the handler.
+/// The connection must be closed, since the client can no longer find the next response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LengthMismatch;
+
+#[derive(Debug)]
+enum Recv {
+    Idle,
+    Head,
+    Body(BodyDecoder),
+    Done,
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Send {
+    Idle,
+    Length(u64),
+    Chunked,
+    Close,
+    NoBody,
+}
+
+/// One server connection's HTTP/1.1 state. See the module docs for the call order.
+#[derive(Debug)]
+pub struct Conn {
+    limits: Limits,
+    timeouts: Timeouts,
+    recv: Recv,
+    send: Send,
+    keep_alive: bool,
+    head_request: bool,
+    version: Version,
+    continue_pending: bool,
+    since: Instant,
+}
+
+impl Conn {
+    /// A new connection, accepted at `now`.
+    pub fn new(limits: Limits, timeouts: Timeouts, now: Instant) -> Conn {
+        Conn {
+            limits,
+            timeouts,
+            recv: Recv::Idle,
+            send: Send::Idle,
+            keep_alive: true,
+            head_request: false,
+            version: Version::Http11,
+            continue_pending: false,
+            since: now,
+        }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    // ---- inputs ---------------------------------------------------------------------------
+
+    /// Parses the next request head from `buf`. `Ok(None)`: need more bytes (or the receive side
+    /// is not waiting for a head). On success the head's bytes are removed from `buf`; body
+    /// bytes stay there for [`Conn::poll_body`].
+    pub fn poll_request(
+        &mut self,
+        buf: &mut BytesMut,
+        now: Instant,
+    ) -> Result<Option<RequestHead>, Error> {
+        if !matches!(self.recv, Recv::Idle | Recv::Head) || self.send != Send::Idle {
+            return Ok(None);
+        }
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        match head::parse(buf, &self.limits) {
+            Ok(Some(head)) => {
+                self.recv = match head.body_kind() {
+                    BodyKind::Length(0) => Recv::Done,
+                    BodyKind::Length(n) => Recv::Body(BodyDecoder::length(n, &self.limits)),
+                    BodyKind::Chunked => Recv::Body(BodyDecoder::chunked(&self.limits)),
+                };
+                self.keep_alive = head.keep_alive();
+                self.head_request = head.method() == Method::Head;
+                self.version = head.version();
+                self.continue_pending =
+                    head.expect_continue() && matches!(self.recv, Recv::Body(_));
+                self.since = now;
+                Ok(Some(head))
+            }
+            Ok(None) => {
+                if let Recv::Idle = self.recv {
+                    self.recv = Recv::Head;
+                    self.since = now;
+                }
+                Ok(None)
+            }
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// Decodes the next piece of the current request's body from `buf`.
+    pub fn poll_body(&mut self, buf: &mut BytesMut, now: Instant) -> Result<BodyEvent, Error> {
+        let Recv::Body(decoder) = &mut self.recv else {
+            return Ok(BodyEvent::End);
+        };
+        match decoder.decode(buf) {
+            Ok(BodyEvent::Data(data)) => {
+                self.since = now;
+                if decoder.is_done() {
+                    self.recv = Recv::Done;
+                }
+                Ok(BodyEvent::Data(data))
+            }
+            Ok(BodyEvent::End) => {
+                self.recv = Recv::Done;
+                Ok(BodyEvent::End)
+            }
+            Ok(BodyEvent::NeedMore) => Ok(BodyEvent::NeedMore),
+            Err(e) => Err(self.fail(e)),
+        }
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        self.recv = Recv::Closed;
+        self.keep_alive = false;
+        e
+    }
+
+    // ---- getters --------------------------------------------------------------------------
+
+    /// Whether the current request's body has been read completely (true when it had none).
+    pub fn body_done(&self) -> bool {
+        !matches!(self.recv, Recv::Body(_))
+    }
+
+    /// Bytes of the current body still to come when its length is known.
+    pub fn body_remaining(&self) -> Option<u64> {
+        match &self.recv {
+            Recv::Body(d) => d.remaining(),
+            _ => Some(0),
+        }
+    }
+
+    /// Whether the receive side is between requests with nothing buffered of the next one.
+    pub fn is_idle(&self) -> bool {
+        matches!(self.recv, Recv::Idle) && self.send == Send::Idle
+    }
+
+    /// Whether the connection will be kept open after the current exchange.
+    pub fn keep_alive(&self) -> bool {
+        self.keep_alive
+    }
+
+    /// When the current phase times out: idle, head or body timeout. `None` while the request is
+    /// with the handler or the response is being sent (the driver applies its write timeout).
+    pub fn deadline(&self) -> Option<Instant> {
+        let t = match self.recv {
+            Recv::Idle if self.send == Send::Idle => self.timeouts.idle,
+            Recv::Head => self.timeouts.head,
+            Recv::Body(_) => self.timeouts.body,
+            _ => return None,
+        };
+        Some(self.since + t)
+    }
+
+    // ---- mutators: the response -----------------------------------------------------------
+
+    /// Writes `100 Continue` if the client asked for it and it was not sent yet. Call it when
+    /// the handler first asks for body bytes.
+    pub fn write_continue(&mut self, out: &mut BytesMut) {
+        if std::mem::take(&mut self.continue_pending) {
+            out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
+    }
+
+    /// Marks the connection to close after this exchange (e.g. graceful shutdown, or a body the
+    /// driver will not read).
+    pub fn set_close(&mut self) {
+        self.keep_alive = false;
+    }
+
+    /// Writes the status line and header section. `date` is the preformatted IMF-fixdate of the
+    /// current second, `server` the Server header value; `headers` must be valid field names and
+    /// values (the framework's types guarantee it). Returns whether body bytes should be written
+    /// (false for HEAD, 204 and 304).
+    pub fn start_response<'h>(
+        &mut self,
+        status: u16,
+        headers: impl IntoIterator<Item = (&'h [u8], &'h [u8])>,
+        len: BodyLen,
+        date: &[u8],
+        server: &[u8],
+        out: &mut BytesMut,
+    ) -> bool {
+        if std::mem::take(&mut self.continue_pending) {
+            // The handler answered without reading the body the client is holding back: the
+            // client may or may not send it now, so the stream cannot be trusted after this.
+            self.keep_alive = false;
+        }
+        let no_body = status == 204 || status == 304 || (100..200).contains(&status);
+        out.reserve(256);
+        out.extend_from_slice(b"HTTP/1.1 ");
+        put_status(status, out);
+        out.extend_from_slice(b"\r\nServer: ");
+        out.extend_from_slice(server);
+        out.extend_from_slice(b"\r\nDate: ");
+        out.extend_from_slice(date);
+        out.extend_from_slice(b"\r\n");
+        self.send = match len {
+            _ if no_body => Send::NoBody,
+            BodyLen::Known(n) => {
+                out.extend_from_slice(b"Content-Length: ");
+                out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+                out.extend_from_slice(b"\r\n");
+                if self.head_request {
+                    Send::NoBody
+                } else {
+                    Send::Length(n)
+                }
+            }
+            BodyLen::Unknown if self.head_request => Send::NoBody,
+            BodyLen::Unknown if self.version == Version::Http11 => {
+                out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+                Send::Chunked
+            }
+            BodyLen::Unknown => {
+                self.keep_alive = false;
+                Send::Close
+            }
+        };
+        if !self.keep_alive {
+            out.extend_from_slice(b"Connection: close\r\n");
+        } else if self.version == Version::Http10 {
+            out.extend_from_slice(b"Connection: keep-alive\r\n");
+        }
+        for (name, value) in headers {
+            if valid_field(name, value) {
+                out.extend_from_slice(name);
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(value);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        out.extend_from_slice(b"\r\n");
+        !matches!(self.send, Send::NoBody)
+    }
+
+    /// Frames `len` body bytes that the caller writes right after this call (chunk size line for
+    /// chunked responses). Returns `Ok(false)` when the body is suppressed (HEAD, 204, 304) and
+    /// the bytes must not be written.
+    pub fn data_prefix(&mut self, len: usize, out: &mut BytesMut) -> Result<bool, LengthMismatch> {
+        match &mut self.send {
+            Send::NoBody | Send::Idle => Ok(false),
+            Send::Length(remaining) => {
+                let len = len as u64;
+                if len > *remaining {
+                    self.keep_alive = false;
+                    return Err(LengthMismatch);
+                }
+                *remaining -= len;
+                Ok(true)
+            }
+            Send::Chunked => {
+                if len > 0 {
+                    let mut hex = [0u8; 16];
+                    out.extend_from_slice(hex_len(len, &mut hex));
+                    out.extend_from_slice(b"\r\n");
+                }
+                Ok(true)
+            }
+            Send::Close => Ok(true),
+        }
+    }
+
+    /// Ends the framing of body bytes written after [`Conn::data_prefix`].
+    pub fn data_suffix(&mut self, len: usize, out: &mut BytesMut) {
+        if self.send == Send::Chunked && len > 0 {
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// Completes the response and decides what comes next. A body still unread at this point
+    /// forces a close: the driver drains small leftovers with [`Conn::poll_body`] before calling
+    /// this if it wants to keep the connection.
+    pub fn finish(&mut self, out: &mut BytesMut, now: Instant) -> Result<Next, LengthMismatch> {
+        let send = std::mem::replace(&mut self.send, Send::Idle);
+        let mut result = Ok(());
+        match send {
+            Send::Chunked => out.extend_from_slice(b"0\r\n\r\n"),
+            Send::Length(n) if n > 0 => {
+                self.keep_alive = false;
+                result = Err(LengthMismatch);
+            }
+            Send::Close => self.keep_alive = false,
+            _ => {}
+        }
+        let next = match self.recv {
+            Recv::Done if self.keep_alive => {
+                self.recv = Recv::Idle;
+                self.since = now;
+                Next::KeepAlive
+            }
+            _ => {
+                self.recv = Recv::Closed;
+                self.keep_alive = false;
+                Next::Close
+            }
+        };
+        result.map(|()| next)
+    }
+
+    /// Writes a complete error response for `err` (status, a one-line text body,
+    /// `Connection: close`) and closes the receive side.
+    pub fn error_response(&mut self, err: &Error, date: &[u8], server: &[u8], out: &mut BytesMut) {
+        let status = err.status();
+        let body = format!("{}\n", reason(status));
+        self.recv = Recv::Closed;
+        self.keep_alive = false;
+        self.send = Send::Idle;
+        self.head_request = false;
+        self.continue_pending = false;
+        let ct: &[u8] = b"text/plain; charset=utf-8";
+        self.start_response(
+            status,
+            [(&b"Content-Type"[..], ct)],
+            BodyLen::Known(body.len() as u64),
+            date,
+            server,
+            out,
+        );
+        out.extend_from_slice(body.as_bytes());
+        self.send = Send::Idle;
+    }
+}
+
+/// Response header fields come from the framework's validated types; this is the last line of
+/// defence against response splitting if a caller passes raw bytes.
+fn valid_field(name: &[u8], value: &[u8]) -> bool {
+    !name.is_empty()
+        && name.iter().all(|&b| crate::body::is_tchar(b))
+        && value
+            .iter()
+            .all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+}
+
+fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b"0123456789abcdef"[n & 15];
+        n >>= 4;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
+fn put_status(status: u16, out: &mut BytesMut) {
+    let status = if (100..1000).contains(&status) {
+        status
+    } else {
+        500
+    };
+    out.put_slice(itoa::Buffer::new().format(status).as_bytes());
+    out.put_u8(b' ');
+    out.put_slice(reason(status).as_bytes());
+}
+
+/// The reason phrase of a status code ("" for unknown codes, which RFC 9112 allows).
+pub fn reason(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        101 => "Switching Protocols",
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
+        206 => "Partial Content",
+        301 => "Moved Permanently",
+        302 => "Found",
+        303 => "See Other",
+        304 => "Not Modified",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        414 => "URI Too Long",
+        415 => "Unsupported Media Type",
+        416 => "Range Not Satisfiable",
+        417 => "Expectation Failed",
+        422 => "Unprocessable Content",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        _ => "",
+    }
+}
