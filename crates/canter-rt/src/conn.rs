@@ -1,0 +1,659 @@
+//! The connection actor: one task per connection owns the socket, the buffers and the
+//! [`canter_h1::Conn`] state, and runs the handler inline.
+//!
+//! The loop, per turn:
+//! 1. `process`: parse every complete request in the read buffer; for each, call the service and
+//!    encode the response into the output buffer (pipelined responses accumulate). Above the
+//!    high-water mark it flushes before parsing the next request, so a peer that does not read
+//!    stops being read from.
+//! 2. `flush`: write the whole batch with one `write`/`writev`.
+//! 3. `read`: wait for more bytes under the idle or head timeout (buffers go back to the worker's
+//!    pool while waiting), then loop.
+//!
+//! A handler that returns a future is polled by this same task; when it waits for request body
+//! bytes the task reads the socket for it (see [`crate::body`]).
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::io::{self, IoSlice};
+use std::net::SocketAddr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use canter_h1::{BodyEvent, BodyLen, Conn, Next, RequestHead};
+use http::StatusCode;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::Sleep;
+
+use crate::body::{Body, BodyError, Pipe, PipeState, RequestBody};
+use crate::server::Config;
+use crate::service::{Reply, Request, Response, Service};
+use crate::worker::{Worker, READ_BUF};
+
+/// A body piece at least this large is queued for `writev` instead of copied.
+const ZERO_COPY_MIN: usize = 16 * 1024;
+/// Unread request body the connection is willing to read and discard to keep the connection.
+const DISCARD_MAX: u64 = 64 * 1024;
+
+/// Why a connection ended.
+#[derive(Debug)]
+enum Stop {
+    /// Closed by protocol: `Connection: close`, an error answered, or draining.
+    Done,
+    /// The peer closed its side.
+    Eof,
+    /// A timeout fired in the named phase.
+    Timeout(&'static str),
+    /// The socket failed.
+    Io(io::Error),
+}
+
+type Res<T> = Result<T, Stop>;
+
+/// Serves one accepted connection until it closes.
+pub(crate) async fn serve<S: Service>(
+    io: TcpStream,
+    peer: SocketAddr,
+    svc: Rc<S>,
+    worker: Rc<Worker>,
+    cfg: Rc<Config>,
+) {
+    let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+    let id = worker.register(waker);
+    let now = worker.now();
+    let mut driver = Driver {
+        h1: Conn::new(cfg.limits, cfg.timeouts, now),
+        io,
+        peer,
+        rbuf: BytesMut::new(),
+        out: Out::default(),
+        svc,
+        worker: worker.clone(),
+        cfg,
+        timer: Timer::new(),
+        read_in_turn: 0,
+        closing: false,
+    };
+    match driver.run().await {
+        Ok(()) | Err(Stop::Done) | Err(Stop::Eof) => {}
+        Err(Stop::Timeout(phase)) => tracing::debug!(%peer, phase, "connection timed out"),
+        Err(Stop::Io(e)) => tracing::debug!(%peer, error = %e, "connection error"),
+    }
+    driver.release();
+    worker.unregister(id);
+}
+
+struct Driver<S> {
+    h1: Conn,
+    io: TcpStream,
+    peer: SocketAddr,
+    rbuf: BytesMut,
+    out: Out,
+    svc: Rc<S>,
+    worker: Rc<Worker>,
+    cfg: Rc<Config>,
+    timer: Timer,
+    read_in_turn: usize,
+    /// Set once the connection must close after flushing what is buffered.
+    closing: bool,
+}
+
+impl<S: Service> Driver<S> {
+    async fn run(&mut self) -> Res<()> {
+        loop {
+            self.process().await?;
+            self.flush().await?;
+            if self.closing {
+                return Ok(());
+            }
+            self.read().await?;
+        }
+    }
+
+    /// Answers every complete request in the read buffer, in order.
+    async fn process(&mut self) -> Res<()> {
+        loop {
+            if self.closing {
+                return Ok(());
+            }
+            if self.out.len() >= self.cfg.high_water {
+                self.flush().await?;
+            }
+            match self.h1.poll_request(&mut self.rbuf, self.worker.now()) {
+                Ok(Some(head)) => self.exchange(head).await?,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    tracing::info!(peer = %self.peer, status = e.status(), error = %e, "bad request");
+                    let date = self.worker.date();
+                    self.out.prepare(&self.worker);
+                    self.h1.error_response(
+                        &e,
+                        &date,
+                        self.cfg.server_name.as_bytes(),
+                        &mut self.out.buf,
+                    );
+                    self.closing = true;
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// One request/response exchange.
+    async fn exchange(&mut self, head: RequestHead) -> Res<()> {
+        if self.worker.draining() {
+            self.h1.set_close();
+        }
+        let (pipe, body) = match head.body_kind() {
+            canter_h1::BodyKind::Length(0) => (None, RequestBody::empty()),
+            kind => {
+                let pipe = Rc::new(RefCell::new(Pipe::new()));
+                let declared = match kind {
+                    canter_h1::BodyKind::Length(n) => Some(n),
+                    canter_h1::BodyKind::Chunked => None,
+                };
+                (Some(pipe.clone()), RequestBody::piped(pipe, declared))
+            }
+        };
+        if let Some(pipe) = &pipe {
+            self.feed(pipe);
+        }
+        let req = Request::new(head, body);
+        let response = match catch_unwind(AssertUnwindSafe(|| self.svc.call(req))) {
+            Ok(Reply::Ready(response)) => response,
+            Ok(Reply::Pending(mut fut)) => {
+                let deadline = self.worker.now() + self.cfg.handler_timeout;
+                match self
+                    .drive(&mut fut, pipe.as_deref(), Some(deadline))
+                    .await?
+                {
+                    Driven::Done(response) => response,
+                    Driven::Panicked => self.panicked(),
+                    Driven::TimedOut => {
+                        tracing::warn!(peer = %self.peer, "handler timed out");
+                        self.h1.set_close();
+                        Response::text("Service Unavailable\n")
+                            .with_status(StatusCode::SERVICE_UNAVAILABLE)
+                    }
+                }
+            }
+            Err(_) => self.panicked(),
+        };
+        let complete = self.respond(response, pipe.as_deref()).await?;
+        if let Some(pipe) = &pipe {
+            pipe.borrow_mut()
+                .close(PipeState::Failed(BodyError::Detached));
+            self.discard_body().await?;
+        }
+        if !complete {
+            self.closing = true;
+            return Ok(());
+        }
+        match self.h1.finish(&mut self.out.buf, self.worker.now()) {
+            Ok(Next::KeepAlive) => {}
+            Ok(Next::Close) => self.closing = true,
+            Err(_) => {
+                tracing::error!(peer = %self.peer, "response body shorter than its Content-Length");
+                self.closing = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn panicked(&mut self) -> Response {
+        tracing::error!(peer = %self.peer, "handler panicked; answering 500 and closing");
+        self.h1.set_close();
+        Response::text("Internal Server Error\n").with_status(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// Encodes `response`; streams its body under backpressure. Returns false if the body was
+    /// cut short (the connection must close without completing the framing).
+    async fn respond(&mut self, response: Response, pipe: Option<&RefCell<Pipe>>) -> Res<bool> {
+        let Response {
+            status,
+            headers,
+            body,
+        } = response;
+        let len = match &body {
+            Body::Empty => BodyLen::Known(0),
+            Body::Full(b) => BodyLen::Known(b.len() as u64),
+            Body::Stream { len, .. } => len.map_or(BodyLen::Unknown, BodyLen::Known),
+        };
+        let date = self.worker.date();
+        self.out.prepare(&self.worker);
+        let fields = headers
+            .iter()
+            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+        let with_body = self.h1.start_response(
+            status.as_u16(),
+            fields,
+            len,
+            &date,
+            self.cfg.server_name.as_bytes(),
+            &mut self.out.buf,
+        );
+        match body {
+            Body::Empty => Ok(true),
+            Body::Full(data) => Ok(!with_body || self.send(data)),
+            Body::Stream { mut stream, .. } => {
+                if !with_body {
+                    return Ok(true);
+                }
+                loop {
+                    if self.out.len() >= self.cfg.high_water {
+                        self.flush().await?;
+                    }
+                    let mut next = poll_fn(|cx| stream.as_mut().poll_next(cx));
+                    match self.drive(&mut next, pipe, None).await? {
+                        Driven::Done(Some(Ok(data))) => {
+                            if !self.send(data) {
+                                return Ok(false);
+                            }
+                        }
+                        Driven::Done(None) => return Ok(true),
+                        Driven::Done(Some(Err(e))) => {
+                            tracing::warn!(peer = %self.peer, error = %e, "response body stream failed; closing");
+                            return Ok(false);
+                        }
+                        Driven::Panicked | Driven::TimedOut => {
+                            tracing::error!(peer = %self.peer, "response body stream panicked; closing");
+                            return Ok(false);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queues one piece of body with its framing. False if it overran the Content-Length.
+    fn send(&mut self, data: Bytes) -> bool {
+        let len = data.len();
+        match self.h1.data_prefix(len, &mut self.out.buf) {
+            Ok(true) => {
+                self.out.push(data);
+                self.h1.data_suffix(len, &mut self.out.buf);
+                true
+            }
+            Ok(false) => true,
+            Err(_) => {
+                tracing::error!(peer = %self.peer, "response body longer than its Content-Length");
+                false
+            }
+        }
+    }
+
+    /// Polls `fut` to completion on this task, reading request body bytes for it whenever it
+    /// waits on them, until `deadline` (if any).
+    async fn drive<F>(
+        &mut self,
+        fut: &mut F,
+        pipe: Option<&RefCell<Pipe>>,
+        deadline: Option<Instant>,
+    ) -> Res<Driven<F::Output>>
+    where
+        F: Future + Unpin,
+    {
+        poll_fn(|cx| {
+            loop {
+                match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut *fut).poll(cx))) {
+                    Ok(Poll::Ready(v)) => return Poll::Ready(Ok(Driven::Done(v))),
+                    Ok(Poll::Pending) => {}
+                    Err(_) => return Poll::Ready(Ok(Driven::Panicked)),
+                }
+                let Some(pipe) = pipe else { break };
+                {
+                    let mut p = pipe.borrow_mut();
+                    if !p.wanted {
+                        break;
+                    }
+                    p.forget_waker_if(cx.waker());
+                }
+                self.h1.write_continue(&mut self.out.buf);
+                if !self.out.is_empty() {
+                    if let Poll::Ready(Err(e)) = self.out.poll_write(&mut self.io, cx) {
+                        return Poll::Ready(Err(Stop::Io(e)));
+                    }
+                }
+                if self.feed(pipe) {
+                    continue;
+                }
+                match self.poll_read(cx) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                        pipe.borrow_mut()
+                            .close(PipeState::Failed(BodyError::Disconnected));
+                        self.h1.set_close();
+                        self.closing = true;
+                    }
+                    Poll::Ready(Ok(_)) => {}
+                    Poll::Pending => break,
+                }
+            }
+            let body_deadline = pipe
+                .filter(|p| p.borrow().wanted)
+                .and_then(|_| self.h1.deadline());
+            let first = match (deadline, body_deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if let Some(at) = first {
+                if self.timer.poll_expired(cx, at) {
+                    if deadline.is_some_and(|d| d <= at) && Instant::now() >= at {
+                        return Poll::Ready(Ok(Driven::TimedOut));
+                    }
+                    if let Some(pipe) = pipe {
+                        tracing::info!(peer = %self.peer, "request body timed out");
+                        pipe.borrow_mut()
+                            .close(PipeState::Failed(BodyError::Disconnected));
+                        self.h1.set_close();
+                        self.closing = true;
+                        cx.waker().wake_by_ref();
+                    }
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Moves decoded body bytes from the read buffer into the pipe while it has room. Returns
+    /// whether anything changed for the handler.
+    fn feed(&mut self, pipe: &RefCell<Pipe>) -> bool {
+        let mut progressed = false;
+        let mut p = pipe.borrow_mut();
+        while p.has_room() {
+            match self.h1.poll_body(&mut self.rbuf, self.worker.now()) {
+                Ok(BodyEvent::Data(data)) => p.push(data),
+                Ok(BodyEvent::End) => p.close(PipeState::End),
+                Ok(BodyEvent::NeedMore) => break,
+                Err(e) => {
+                    tracing::info!(peer = %self.peer, status = e.status(), error = %e, "bad request body");
+                    let err = match e {
+                        canter_h1::Error::BodyTooLarge => BodyError::TooLarge,
+                        e => BodyError::Malformed(e),
+                    };
+                    p.close(PipeState::Failed(err));
+                    self.closing = true;
+                }
+            }
+            progressed = true;
+        }
+        progressed
+    }
+
+    /// Reads and drops a small unread remainder of the request body so the connection can be
+    /// reused; closes instead when the remainder is large or unknown-and-long.
+    async fn discard_body(&mut self) -> Res<()> {
+        if self.h1.body_done() || self.closing || !self.h1.keep_alive() {
+            return Ok(());
+        }
+        if self.h1.body_remaining().is_some_and(|n| n > DISCARD_MAX) {
+            self.h1.set_close();
+            return Ok(());
+        }
+        let mut dropped = 0u64;
+        loop {
+            match self.h1.poll_body(&mut self.rbuf, self.worker.now()) {
+                Ok(BodyEvent::Data(d)) => {
+                    dropped += d.len() as u64;
+                    if dropped > DISCARD_MAX {
+                        self.h1.set_close();
+                        return Ok(());
+                    }
+                }
+                Ok(BodyEvent::End) => return Ok(()),
+                Ok(BodyEvent::NeedMore) => {
+                    let n = poll_fn(|cx| match self.poll_read(cx) {
+                        Poll::Pending => match self.h1.deadline() {
+                            Some(at) if self.timer.poll_expired(cx, at) => Poll::Ready(Ok(0)),
+                            _ => Poll::Pending,
+                        },
+                        ready => ready,
+                    })
+                    .await
+                    .map_err(Stop::Io)?;
+                    if n == 0 {
+                        self.h1.set_close();
+                        return Ok(());
+                    }
+                }
+                Err(_) => {
+                    self.h1.set_close();
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Writes everything buffered; fails after the write timeout without progress.
+    async fn flush(&mut self) -> Res<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let mut deadline = self.worker.now() + self.cfg.timeouts.write;
+        poll_fn(|cx| loop {
+            let before = self.out.len();
+            match self.out.poll_write(&mut self.io, cx) {
+                Poll::Ready(Ok(())) => return Poll::Ready(Ok(())),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Stop::Io(e))),
+                Poll::Pending => {
+                    if self.out.len() < before {
+                        deadline = self.worker.now() + self.cfg.timeouts.write;
+                    }
+                    if self.timer.poll_expired(cx, deadline) {
+                        return Poll::Ready(Err(Stop::Timeout("write")));
+                    }
+                    return Poll::Pending;
+                }
+            }
+        })
+        .await
+    }
+
+    /// Waits for more request bytes under the idle/head timeout.
+    async fn read(&mut self) -> Res<()> {
+        if self.read_in_turn >= self.cfg.read_budget {
+            self.read_in_turn = 0;
+            tokio::task::yield_now().await;
+        }
+        self.release_idle_buffers();
+        let result = poll_fn(|cx| {
+            if self.worker.draining() && self.rbuf.is_empty() && self.h1.is_idle() {
+                return Poll::Ready(Err(Stop::Done));
+            }
+            match self.poll_read(cx) {
+                Poll::Ready(Ok(0)) => Poll::Ready(Err(Stop::Eof)),
+                Poll::Ready(Ok(_)) => Poll::Ready(Ok(())),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(Stop::Io(e))),
+                Poll::Pending => match self.h1.deadline() {
+                    Some(at) if self.timer.poll_expired(cx, at) => {
+                        Poll::Ready(Err(Stop::Timeout("read")))
+                    }
+                    _ => Poll::Pending,
+                },
+            }
+        })
+        .await;
+        if let Err(Stop::Timeout(_)) = result {
+            if !self.h1.is_idle() || !self.rbuf.is_empty() {
+                // A slow or stalled request head: say so, then close.
+                tracing::info!(peer = %self.peer, "request head timed out");
+                let date = self.worker.date();
+                self.out.prepare(&self.worker);
+                self.h1.reject(
+                    408,
+                    &date,
+                    self.cfg.server_name.as_bytes(),
+                    &mut self.out.buf,
+                );
+                let _ = self.flush().await;
+                return Err(Stop::Timeout("head"));
+            }
+        }
+        result
+    }
+
+    /// Reads once into the read buffer. While the buffer is empty the connection holds no
+    /// buffer: one is taken from the worker's pool only once the socket is readable.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.rbuf.capacity() == 0 {
+            ready!(self.io.poll_read_ready(cx))?;
+            self.rbuf = self.worker.take_buf();
+        }
+        self.rbuf.reserve(READ_BUF / 2);
+        let spare = self.rbuf.spare_capacity_mut();
+        let mut rb = ReadBuf::uninit(spare);
+        ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
+        let n = rb.filled().len();
+        // SAFETY: `poll_read` initialized the first `n` bytes of the spare capacity, which
+        // directly follows the buffer's current length.
+        unsafe { self.rbuf.set_len(self.rbuf.len() + n) };
+        self.read_in_turn += n;
+        Poll::Ready(Ok(n))
+    }
+
+    fn release_idle_buffers(&mut self) {
+        if self.rbuf.is_empty() && self.rbuf.capacity() > 0 {
+            self.worker.give_buf(std::mem::take(&mut self.rbuf));
+        }
+        if self.out.is_empty() && self.out.buf.capacity() > 0 {
+            self.worker.give_buf(std::mem::take(&mut self.out.buf));
+        }
+    }
+
+    fn release(&mut self) {
+        self.release_idle_buffers();
+    }
+}
+
+/// The outcome of driving a future on the connection task.
+enum Driven<T> {
+    Done(T),
+    Panicked,
+    TimedOut,
+}
+
+/// The output queue: small writes are copied into `buf`; large body pieces are queued as they
+/// are and written with `writev`.
+#[derive(Default)]
+struct Out {
+    buf: BytesMut,
+    queue: VecDeque<Bytes>,
+    queued: usize,
+}
+
+impl Out {
+    fn len(&self) -> usize {
+        self.queued + self.buf.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Makes sure the copy buffer has an allocation (it is returned to the pool while idle).
+    fn prepare(&mut self, worker: &Worker) {
+        if self.buf.capacity() == 0 {
+            self.buf = worker.take_buf();
+        }
+    }
+
+    fn push(&mut self, data: Bytes) {
+        if data.len() < ZERO_COPY_MIN {
+            self.buf.extend_from_slice(&data);
+            return;
+        }
+        if !self.buf.is_empty() {
+            let head = self.buf.split().freeze();
+            self.queued += head.len();
+            self.queue.push_back(head);
+        }
+        self.queued += data.len();
+        self.queue.push_back(data);
+    }
+
+    fn poll_write(&mut self, io: &mut TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.is_empty() {
+            let n = if self.queue.is_empty() {
+                ready!(Pin::new(&mut *io).poll_write(cx, &self.buf))?
+            } else {
+                let mut iov = [IoSlice::new(&[]); 16];
+                let mut k = 0;
+                for piece in self.queue.iter().take(iov.len()) {
+                    iov[k] = IoSlice::new(piece);
+                    k += 1;
+                }
+                if k < iov.len() && k == self.queue.len() && !self.buf.is_empty() {
+                    iov[k] = IoSlice::new(&self.buf);
+                    k += 1;
+                }
+                ready!(Pin::new(&mut *io).poll_write_vectored(cx, &iov[..k]))?
+            };
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.consume(n);
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    fn consume(&mut self, mut n: usize) {
+        while n > 0 {
+            match self.queue.front_mut() {
+                Some(front) if front.len() <= n => {
+                    n -= front.len();
+                    self.queued -= front.len();
+                    self.queue.pop_front();
+                }
+                Some(front) => {
+                    front.advance(n);
+                    self.queued -= n;
+                    return;
+                }
+                None => {
+                    self.buf.advance(n.min(self.buf.len()));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// One lazily re-armed timer per connection: moving a deadline later costs nothing until the
+/// old one fires, so per-request deadline updates never touch the timer wheel.
+struct Timer {
+    sleep: Pin<Box<Sleep>>,
+    armed: Option<Instant>,
+}
+
+impl Timer {
+    fn new() -> Timer {
+        let far = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+        Timer {
+            sleep: Box::pin(tokio::time::sleep_until(far)),
+            armed: None,
+        }
+    }
+
+    /// Whether `deadline` has passed; otherwise arranges a wake-up no later than it.
+    fn poll_expired(&mut self, cx: &mut Context<'_>, deadline: Instant) -> bool {
+        if self.armed.is_none_or(|at| at > deadline) {
+            self.sleep.as_mut().reset(deadline.into());
+            self.armed = Some(deadline);
+        }
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            if Instant::now() >= deadline {
+                self.armed = None;
+                return true;
+            }
+            self.sleep.as_mut().reset(deadline.into());
+            self.armed = Some(deadline);
+        }
+        false
+    }
+}

@@ -1,0 +1,47 @@
+//! The canter runtime: thread-per-core event loops where each connection is one task that owns
+//! its socket and its sans-IO protocol state, and runs the user's [`Service`] inline.
+//!
+//! - **Thread-per-core.** [`Server::serve`] starts [`Config::workers`] threads, each with its own
+//!   SO_REUSEPORT listener and single-threaded event loop; nothing on the request path crosses
+//!   threads.
+//! - **The connection is the actor.** One task per connection reads, parses, calls the service,
+//!   encodes and writes. No task or channel sits between the socket and the handler.
+//! - **Backpressure, not buffering.** Output above [`Config::high_water`] stops parsing and
+//!   reading until the peer drains; request bodies are pulled by the handler; response bodies
+//!   are pulled from their stream only while the socket keeps up.
+//! - **Bounded everything.** Head, body, idle and write timeouts; a read budget per turn;
+//!   buffers returned to a per-worker pool while connections are idle.
+//!
+//! ```no_run
+//! use canter_rt::{Config, Reply, Request, Response, Server};
+//!
+//! let server = Server::bind(Config::default()).unwrap();
+//! server
+//!     .serve(|_worker| |req: Request| -> Reply { Response::text("Hello, World!").into() })
+//!     .unwrap();
+//! ```
+
+mod body;
+mod conn;
+mod server;
+mod service;
+mod worker;
+
+pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
+pub use canter_h1::{Limits, Timeouts};
+pub use server::{shutdown_on_signals, Config, Server, ShutdownHandle};
+pub use service::{Reply, Request, Response, Service};
+
+pub use http;
+
+/// Runs blocking work on the runtime's blocking pool and awaits its result, keeping the worker's
+/// event loop free.
+pub async fn spawn_blocking<T, F>(f: F) -> std::io::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(std::io::Error::other)
+}

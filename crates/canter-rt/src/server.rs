@@ -1,0 +1,274 @@
+//! Thread-per-core serving: one event loop per worker thread, each with its own SO_REUSEPORT
+//! listener, so accepted connections never cross threads.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use canter_h1::{Limits, Timeouts};
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::service::Service;
+use crate::worker::Worker;
+
+/// Server settings. `Config::default()` serves 127.0.0.1:8080 on every core.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address to listen on; port 0 picks a free port (shared by all workers).
+    pub addr: SocketAddr,
+    /// Number of worker threads (event loops).
+    pub workers: usize,
+    /// Pin worker `i` to CPU `i`.
+    pub pin_workers: bool,
+    /// Parser limits.
+    pub limits: Limits,
+    /// Idle, head, body and write timeouts.
+    pub timeouts: Timeouts,
+    /// Longest a handler may run before the request is answered 503 and the connection closed.
+    pub handler_timeout: Duration,
+    /// Output bytes above which a connection stops parsing pipelined requests and reading
+    /// until the peer has taken what is buffered.
+    pub high_water: usize,
+    /// Bytes a connection may read before yielding to the other connections of its worker.
+    pub read_budget: usize,
+    /// Connections per worker; beyond it new connections wait in the listen backlog.
+    pub max_connections: usize,
+    /// Listen backlog.
+    pub backlog: i32,
+    /// How long a graceful shutdown waits for in-flight requests.
+    pub drain_timeout: Duration,
+    /// Value of the Server header.
+    pub server_name: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            workers: thread::available_parallelism().map_or(1, usize::from),
+            pin_workers: false,
+            limits: Limits::default(),
+            timeouts: Timeouts::default(),
+            handler_timeout: Duration::from_secs(60),
+            high_water: 64 * 1024,
+            read_budget: 256 * 1024,
+            max_connections: 65_536,
+            backlog: 4096,
+            drain_timeout: Duration::from_secs(10),
+            server_name: "canter".to_owned(),
+        }
+    }
+}
+
+/// Stops a running server gracefully: listeners close, idle connections close, in-flight
+/// requests finish (up to [`Config::drain_timeout`]).
+#[derive(Debug, Clone)]
+pub struct ShutdownHandle {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl ShutdownHandle {
+    /// Begins the graceful shutdown. Idempotent.
+    pub fn shutdown(&self) {
+        self.tx.send_replace(true);
+    }
+}
+
+/// A bound server, ready to [`Server::serve`].
+#[derive(Debug)]
+pub struct Server {
+    config: Config,
+    listeners: Vec<StdListener>,
+    local_addr: SocketAddr,
+    shutdown: ShutdownHandle,
+    rx: watch::Receiver<bool>,
+}
+
+impl Server {
+    /// Binds one SO_REUSEPORT listener per worker.
+    pub fn bind(config: Config) -> io::Result<Server> {
+        let workers = config.workers.max(1);
+        let first = listen(config.addr, config.backlog)?;
+        let local_addr = first.local_addr()?;
+        let mut listeners = vec![first];
+        for _ in 1..workers {
+            listeners.push(listen(local_addr, config.backlog)?);
+        }
+        let (tx, rx) = watch::channel(false);
+        Ok(Server {
+            config,
+            listeners,
+            local_addr,
+            shutdown: ShutdownHandle { tx: Arc::new(tx) },
+            rx,
+        })
+    }
+
+    /// The bound address (with the actual port when port 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// A handle to stop the server from another thread.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.shutdown.clone()
+    }
+
+    /// Runs the workers until shutdown; blocks the calling thread. `factory(i)` builds the
+    /// service of worker `i` on that worker's thread.
+    pub fn serve<S, F>(self, factory: F) -> io::Result<()>
+    where
+        S: Service,
+        F: Fn(usize) -> S + Send + Sync + 'static,
+    {
+        let factory = Arc::new(factory);
+        let mut threads = Vec::new();
+        for (i, listener) in self.listeners.into_iter().enumerate() {
+            let factory = factory.clone();
+            let config = self.config.clone();
+            let rx = self.rx.clone();
+            let t = thread::Builder::new()
+                .name(format!("canter-worker-{i}"))
+                .spawn(move || run_worker(i, listener, config, rx, move |i| factory(i)))?;
+            threads.push(t);
+        }
+        let mut result = Ok(());
+        for t in threads {
+            match t.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(e),
+                Err(_) => result = Err(io::Error::other("worker thread panicked")),
+            }
+        }
+        result
+    }
+}
+
+/// Shuts the server down on SIGINT or SIGTERM (watched from a small background thread).
+pub fn shutdown_on_signals(handle: ShutdownHandle) -> io::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()?;
+    thread::Builder::new()
+        .name("canter-signals".into())
+        .spawn(move || {
+            rt.block_on(async {
+                use tokio::signal::unix::{signal, SignalKind};
+                let (Ok(mut int), Ok(mut term)) = (
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::terminate()),
+                ) else {
+                    tracing::error!("cannot install signal handlers");
+                    return;
+                };
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+                tracing::info!("shutting down: draining connections");
+                handle.shutdown();
+            });
+        })?;
+    Ok(())
+}
+
+fn listen(addr: SocketAddr, backlog: i32) -> io::Result<StdListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(backlog)?;
+    Ok(socket.into())
+}
+
+fn run_worker<S, F>(
+    index: usize,
+    listener: StdListener,
+    config: Config,
+    mut shutdown: watch::Receiver<bool>,
+    factory: F,
+) -> io::Result<()>
+where
+    S: Service,
+    F: FnOnce(usize) -> S,
+{
+    if config.pin_workers {
+        pin_to_cpu(index);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let listener = TcpListener::from_std(listener)?;
+        let worker = Rc::new(Worker::new());
+        let svc = Rc::new(factory(index));
+        let cfg = Rc::new(config);
+        let ticker = {
+            let worker = worker.clone();
+            tokio::task::spawn_local(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(1));
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                loop {
+                    every.tick().await;
+                    worker.tick();
+                }
+            })
+        };
+        loop {
+            while worker.live() >= cfg.max_connections {
+                // At capacity: leave new connections in the kernel's backlog.
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+                    _ = shutdown.changed() => break,
+                }
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((io, peer)) => {
+                        let _ = io.set_nodelay(true);
+                        tokio::task::spawn_local(crate::conn::serve(io, peer, svc.clone(), worker.clone(), cfg.clone()));
+                    }
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                },
+                _ = shutdown.changed() => break,
+            }
+        }
+        drop(listener);
+        worker.drain();
+        let deadline = tokio::time::Instant::now() + cfg.drain_timeout;
+        while worker.live() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if worker.live() > 0 {
+            tracing::warn!(worker = index, open = worker.live(), "drain timeout: closing remaining connections");
+        }
+        ticker.abort();
+        Ok(())
+    })
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: `cpu_set_t` is plain data; zeroed is a valid empty set, CPU_SET writes within it
+    // (it ignores indices beyond the set's size) and sched_setaffinity only reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            tracing::warn!(cpu, "could not pin worker");
+        }
+    }
+}

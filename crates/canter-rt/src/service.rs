@@ -1,0 +1,255 @@
+//! What the runtime hands to user code and gets back: [`Request`], [`Response`], [`Reply`] and
+//! the [`Service`] trait.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use canter_h1::RequestHead;
+use http::{HeaderName, HeaderValue, Method, StatusCode};
+
+use crate::body::{Body, RequestBody};
+
+/// A request as the handler sees it: the parsed head and a streaming body.
+pub struct Request {
+    head: RequestHead,
+    method: Method,
+    body: RequestBody,
+}
+
+impl Request {
+    pub(crate) fn new(head: RequestHead, body: RequestBody) -> Request {
+        let method = match head.method() {
+            canter_h1::Method::Get => Method::GET,
+            canter_h1::Method::Head => Method::HEAD,
+            canter_h1::Method::Post => Method::POST,
+            canter_h1::Method::Put => Method::PUT,
+            canter_h1::Method::Delete => Method::DELETE,
+            canter_h1::Method::Patch => Method::PATCH,
+            canter_h1::Method::Options => Method::OPTIONS,
+            canter_h1::Method::Connect => Method::CONNECT,
+            canter_h1::Method::Trace => Method::TRACE,
+            // The parser validated the token, so this cannot fail; fall back to a harmless value.
+            canter_h1::Method::Other => {
+                Method::from_bytes(head.method_str().as_bytes()).unwrap_or(Method::GET)
+            }
+        };
+        Request { head, method, body }
+    }
+
+    /// The request method.
+    pub fn method(&self) -> &Method {
+        &self.method
+    }
+
+    /// The path, percent-encoded, without the query.
+    pub fn path(&self) -> &str {
+        self.head.path()
+    }
+
+    /// The query string without `?`.
+    pub fn query(&self) -> Option<&str> {
+        self.head.query()
+    }
+
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.head.header(name)
+    }
+
+    /// The full parsed head (target, version, all headers).
+    pub fn head(&self) -> &RequestHead {
+        &self.head
+    }
+
+    /// The body, to read while the handler runs.
+    pub fn body_mut(&mut self) -> &mut RequestBody {
+        &mut self.body
+    }
+
+    /// Splits the request into head and body.
+    pub fn into_parts(self) -> (RequestHead, RequestBody) {
+        (self.head, self.body)
+    }
+}
+
+impl fmt::Debug for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Request")
+            .field("method", &self.method)
+            .field("target", &self.head.target())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A response: status, header fields (beyond the Server, Date and framing headers the runtime
+/// adds) and a body.
+pub struct Response {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) body: Body,
+}
+
+impl Response {
+    /// A response with `status`, no extra headers and an empty body.
+    pub fn new(status: StatusCode) -> Response {
+        Response {
+            status,
+            headers: Vec::new(),
+            body: Body::Empty,
+        }
+    }
+
+    /// 200 with a `text/plain; charset=utf-8` body.
+    pub fn text(body: impl Into<Body>) -> Response {
+        Response::new(StatusCode::OK)
+            .with_header(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            )
+            .with_body(body)
+    }
+
+    /// 200 with a `text/html; charset=utf-8` body.
+    pub fn html(body: impl Into<Body>) -> Response {
+        Response::new(StatusCode::OK)
+            .with_header(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            )
+            .with_body(body)
+    }
+
+    /// 200 with an `application/json` body (already serialized).
+    pub fn json_bytes(body: impl Into<Body>) -> Response {
+        Response::new(StatusCode::OK)
+            .with_header(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )
+            .with_body(body)
+    }
+
+    /// Sets the status.
+    pub fn with_status(mut self, status: StatusCode) -> Response {
+        self.status = status;
+        self
+    }
+
+    /// Appends a header field. Content-Length and Transfer-Encoding are derived from the body
+    /// and must not be set here; Server and Date are added by the runtime.
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Response {
+        self.headers.push((name, value));
+        self
+    }
+
+    /// Sets the body.
+    pub fn with_body(mut self, body: impl Into<Body>) -> Response {
+        self.body = body.into();
+        self
+    }
+
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The header fields set by the handler.
+    pub fn headers(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.headers
+    }
+
+    /// The body.
+    pub fn body(&self) -> &Body {
+        &self.body
+    }
+}
+
+impl fmt::Debug for Response {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Response")
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl From<&'static str> for Response {
+    fn from(s: &'static str) -> Response {
+        Response::text(s)
+    }
+}
+
+impl From<String> for Response {
+    fn from(s: String) -> Response {
+        Response::text(s)
+    }
+}
+
+impl From<Bytes> for Response {
+    fn from(b: Bytes) -> Response {
+        Response::new(StatusCode::OK).with_body(b)
+    }
+}
+
+/// What a [`Service`] returns: a response that is ready now (the synchronous fast path: no
+/// allocation, no extra poll) or a future that produces one (the handler awaits I/O, the body…).
+pub enum Reply {
+    /// The response is ready.
+    Ready(Response),
+    /// The response will be ready when this future completes. It runs on the connection's own
+    /// task, which also feeds it the request body.
+    Pending(Pin<Box<dyn Future<Output = Response>>>),
+}
+
+impl Reply {
+    /// Wraps an async handler's future.
+    pub fn future(f: impl Future<Output = Response> + 'static) -> Reply {
+        Reply::Pending(Box::pin(f))
+    }
+}
+
+impl From<Response> for Reply {
+    fn from(r: Response) -> Reply {
+        Reply::Ready(r)
+    }
+}
+
+impl Future for Reply {
+    type Output = Response;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response> {
+        let this = self.get_mut();
+        match this {
+            Reply::Ready(_) => {
+                let taken = std::mem::replace(this, Reply::Ready(Response::new(StatusCode::OK)));
+                match taken {
+                    Reply::Ready(r) => Poll::Ready(r),
+                    Reply::Pending(_) => Poll::Pending,
+                }
+            }
+            Reply::Pending(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+/// The application: turns each request into a reply. One instance lives on each worker thread
+/// (built by the factory given to [`crate::Server::serve`]), so it needs neither `Send` nor
+/// `Sync`; share state across workers with `Arc` explicitly.
+pub trait Service: 'static {
+    /// Handles one request. Runs on the connection's task; a slow synchronous body here stalls
+    /// every connection of the worker, so block only in futures that offload (e.g.
+    /// [`crate::spawn_blocking`]).
+    fn call(&self, req: Request) -> Reply;
+}
+
+impl<F> Service for F
+where
+    F: Fn(Request) -> Reply + 'static,
+{
+    fn call(&self, req: Request) -> Reply {
+        self(req)
+    }
+}

@@ -1,0 +1,132 @@
+//! Per-worker state shared by the connections of one event loop: the cached Date header, a
+//! coarse clock, a pool of I/O buffers, and the registry used to drain connections on shutdown.
+//! Nothing here is shared across threads.
+
+use std::cell::{Cell, RefCell};
+use std::task::Waker;
+use std::time::{Instant, SystemTime};
+
+use bytes::BytesMut;
+
+/// Size of a fresh read buffer.
+pub(crate) const READ_BUF: usize = 8 * 1024;
+/// Buffers kept for reuse per worker.
+const POOL_MAX: usize = 256;
+
+pub(crate) struct Worker {
+    date: RefCell<[u8; 29]>,
+    now: Cell<Instant>,
+    pool: RefCell<Vec<BytesMut>>,
+    draining: Cell<bool>,
+    conns: RefCell<Slab>,
+}
+
+/// Wakers of live connections, so draining can wake the idle ones. A slot per connection,
+/// registered once per connection (not per request).
+#[derive(Default)]
+struct Slab {
+    slots: Vec<Option<Waker>>,
+    free: Vec<usize>,
+    live: usize,
+}
+
+impl Worker {
+    pub(crate) fn new() -> Worker {
+        let w = Worker {
+            date: RefCell::new([0; 29]),
+            now: Cell::new(Instant::now()),
+            pool: RefCell::new(Vec::new()),
+            draining: Cell::new(false),
+            conns: RefCell::new(Slab::default()),
+        };
+        w.tick();
+        w
+    }
+
+    /// Refreshes the clock and the Date header; called once a second by the worker's ticker.
+    pub(crate) fn tick(&self) {
+        self.now.set(Instant::now());
+        let date = httpdate::fmt_http_date(SystemTime::now());
+        let mut cached = self.date.borrow_mut();
+        if date.len() == cached.len() {
+            cached.copy_from_slice(date.as_bytes());
+        }
+    }
+
+    /// The IMF-fixdate of the current second.
+    pub(crate) fn date(&self) -> [u8; 29] {
+        *self.date.borrow()
+    }
+
+    /// A clock accurate to the ticker period, for timeouts.
+    pub(crate) fn now(&self) -> Instant {
+        self.now.get()
+    }
+
+    pub(crate) fn take_buf(&self) -> BytesMut {
+        self.pool
+            .borrow_mut()
+            .pop()
+            .unwrap_or_else(|| BytesMut::with_capacity(READ_BUF))
+    }
+
+    /// Returns an empty buffer for reuse (only if it is still a plain, uniquely owned buffer).
+    pub(crate) fn give_buf(&self, mut buf: BytesMut) {
+        buf.clear();
+        if buf.capacity() >= READ_BUF && buf.capacity() <= 4 * READ_BUF {
+            let mut pool = self.pool.borrow_mut();
+            if pool.len() < POOL_MAX {
+                pool.push(buf);
+            }
+        }
+    }
+
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.get()
+    }
+
+    /// Starts draining: idle connections close, busy ones close after their current exchange.
+    pub(crate) fn drain(&self) {
+        self.draining.set(true);
+        let wakers: Vec<Waker> = self
+            .conns
+            .borrow()
+            .slots
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    pub(crate) fn register(&self, waker: Waker) -> usize {
+        let mut s = self.conns.borrow_mut();
+        s.live += 1;
+        match s.free.pop() {
+            Some(i) => {
+                s.slots[i] = Some(waker);
+                i
+            }
+            None => {
+                s.slots.push(Some(waker));
+                s.slots.len() - 1
+            }
+        }
+    }
+
+    pub(crate) fn unregister(&self, id: usize) {
+        let mut s = self.conns.borrow_mut();
+        if let Some(slot) = s.slots.get_mut(id) {
+            if slot.take().is_some() {
+                s.live -= 1;
+                s.free.push(id);
+            }
+        }
+    }
+
+    pub(crate) fn live(&self) -> usize {
+        self.conns.borrow().live
+    }
+}

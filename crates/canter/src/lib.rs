@@ -1,0 +1,20 @@
+//! canter: a fast, strict HTTP server toolkit on a thread-per-core connection-actor runtime.
+//!
+//! The runtime ([`canter_rt`]) owns sockets, event loops and timers; the protocol engine
+//! ([`canter_h1`]) is a pure state machine; this crate holds the application layer and the
+//! `canter` command (`canter serve`, `canter load`).
+//!
+//! ```no_run
+//! use canter::rt::{Config, Reply, Request, Response, Server};
+//!
+//! fn hello(_req: Request) -> Reply {
+//!     Response::text("Hello, World!").into()
+//! }
+//!
+//! Server::bind(Config::default()).unwrap().serve(|_worker| hello).unwrap();
+//! ```
+
+pub mod demo;
+
+pub use canter_h1 as h1;
+pub use canter_rt as rt;

@@ -1,0 +1,107 @@
+//! The `canter` command: `canter serve` runs the demo app, `canter load` generates load.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "canter", version, about = "Fast, strict HTTP server toolkit")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the built-in demo app.
+    Serve(ServeArgs),
+    /// Generate HTTP load against a server and report throughput and latency.
+    Load(canter_load::LoadArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Address to listen on (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+    /// Worker threads (event loops); default: one per core.
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Pin worker i to CPU i.
+    #[arg(long)]
+    pin: bool,
+    /// Seconds a keep-alive connection may stay idle.
+    #[arg(long, default_value_t = 60)]
+    idle_timeout: u64,
+    /// Seconds a client may take to send a request head.
+    #[arg(long, default_value_t = 10)]
+    head_timeout: u64,
+    /// Seconds a request body may go without progress.
+    #[arg(long, default_value_t = 30)]
+    body_timeout: u64,
+    /// Maximum size of the request header section, in bytes.
+    #[arg(long, default_value_t = 16 * 1024)]
+    max_head: usize,
+    /// Maximum request body size, in bytes.
+    #[arg(long, default_value_t = 16 * 1024 * 1024)]
+    max_body: u64,
+    /// Connections per worker before new ones wait in the backlog.
+    #[arg(long, default_value_t = 65_536)]
+    max_connections: usize,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Load(args) => canter_load::run(args)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("canter: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> Result<(), String> {
+    let mut config = canter_rt::Config {
+        addr: args.addr,
+        pin_workers: args.pin,
+        ..Default::default()
+    };
+    if let Some(n) = args.workers {
+        config.workers = n.max(1);
+    }
+    config.timeouts.idle = Duration::from_secs(args.idle_timeout);
+    config.timeouts.head = Duration::from_secs(args.head_timeout);
+    config.timeouts.body = Duration::from_secs(args.body_timeout);
+    config.limits.max_head = args.max_head;
+    config.limits.max_body = args.max_body;
+    config.max_connections = args.max_connections;
+    let workers = config.workers;
+    let server = canter_rt::Server::bind(config)
+        .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
+    canter_rt::shutdown_on_signals(server.shutdown_handle()).map_err(|e| e.to_string())?;
+    tracing::info!(
+        workers,
+        "canter serving the demo app on http://{}/",
+        server.local_addr()
+    );
+    server
+        .serve(|_| canter::demo::Demo)
+        .map_err(|e| e.to_string())?;
+    tracing::info!("canter stopped");
+    Ok(())
+}
