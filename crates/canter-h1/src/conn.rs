@@ -354,23 +354,30 @@ impl Conn {
     /// Writes a complete error response for `err` (status, a one-line text body,
     /// `Connection: close`) and closes the receive side.
     pub fn error_response(&mut self, err: &Error, date: &[u8], server: &[u8], out: &mut BytesMut) {
-        let status = err.status();
-        let body = format!("{}\n", reason(status));
+        self.reject(err.status(), date, server, out);
+    }
+
+    /// Writes a complete response with `status`, its reason phrase as a text body and
+    /// `Connection: close`, and closes the receive side. For conditions the driver detects
+    /// (408 on a head timeout, 503 when overloaded).
+    pub fn reject(&mut self, status: u16, date: &[u8], server: &[u8], out: &mut BytesMut) {
         self.recv = Recv::Closed;
         self.keep_alive = false;
         self.send = Send::Idle;
         self.head_request = false;
         self.continue_pending = false;
+        let reason = reason(status);
         let ct: &[u8] = b"text/plain; charset=utf-8";
         self.start_response(
             status,
             [(&b"Content-Type"[..], ct)],
-            BodyLen::Known(body.len() as u64),
+            BodyLen::Known(reason.len() as u64 + 1),
             date,
             server,
             out,
         );
-        out.extend_from_slice(body.as_bytes());
+        out.extend_from_slice(reason.as_bytes());
+        out.extend_from_slice(b"\n");
         self.send = Send::Idle;
     }
 }
