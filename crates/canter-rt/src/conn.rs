@@ -436,11 +436,11 @@ impl<S: Service> Driver<S> {
             return Ok(());
         }
         let mut deadline = self.worker.now() + self.cfg.timeouts.write;
-        poll_fn(|cx| loop {
+        poll_fn(|cx| {
             let before = self.out.len();
             match self.out.poll_write(&mut self.io, cx) {
-                Poll::Ready(Ok(())) => return Poll::Ready(Ok(())),
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(Stop::Io(e))),
+                Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(Stop::Io(e))),
                 Poll::Pending => {
                     if self.out.len() < before {
                         deadline = self.worker.now() + self.cfg.timeouts.write;
@@ -448,7 +448,7 @@ impl<S: Service> Driver<S> {
                     if self.timer.poll_expired(cx, deadline) {
                         return Poll::Ready(Err(Stop::Timeout("write")));
                     }
-                    return Poll::Pending;
+                    Poll::Pending
                 }
             }
         })

@@ -18,3 +18,8 @@ pub mod demo;
 
 pub use canter_h1 as h1;
 pub use canter_rt as rt;
+
+/// The README's examples are compiled as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
