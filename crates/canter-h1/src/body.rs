@@ -224,7 +224,10 @@ impl BodyDecoder {
                 _ => return Err(Error::BadBody("expected LF after chunk data")),
             },
             Chunk::Trailer { line, total, colon } => {
-                if total >= self.max_trailers {
+                // The CRLF that ends the body is not part of the trailer section (RFC 9112 §7.1),
+                // so it is not counted: an empty section fits even `max_trailers == 0`.
+                let ends_body = line == 0 && b == b'\r';
+                if total >= self.max_trailers && !ends_body {
                     return Err(Error::HeadersTooLarge);
                 }
                 let next = Chunk::Trailer {
@@ -256,6 +259,7 @@ impl BodyDecoder {
             }
             Chunk::TrailerLf { line, total } => match b {
                 b'\n' if line == 0 => return Ok(None),
+                b'\n' if total >= self.max_trailers => return Err(Error::HeadersTooLarge),
                 b'\n' => Chunk::Trailer {
                     line: 0,
                     total: total + 1,
@@ -269,5 +273,33 @@ impl BodyDecoder {
 
 /// RFC 9110 token characters.
 pub(crate) fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+    TCHAR[b as usize]
 }
+
+static TCHAR: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        t[i] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        i += 1;
+    }
+    t
+};

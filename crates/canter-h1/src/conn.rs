@@ -147,6 +147,10 @@ impl Conn {
         };
         match decoder.decode(buf) {
             Ok(BodyEvent::Data(data)) => {
+                // The client is sending the body without waiting for 100 Continue (RFC 9110
+                // §10.1.1 lets it): the interim response is no longer needed, and answering
+                // after reading the whole body leaves the stream in sync.
+                self.continue_pending = false;
                 self.since = now;
                 if decoder.is_done() {
                     self.recv = Recv::Done;
@@ -154,6 +158,7 @@ impl Conn {
                 Ok(BodyEvent::Data(data))
             }
             Ok(BodyEvent::End) => {
+                self.continue_pending = false;
                 self.recv = Recv::Done;
                 Ok(BodyEvent::End)
             }
@@ -241,8 +246,13 @@ impl Conn {
         }
         let no_body = status == 204 || status == 304 || (100..200).contains(&status);
         out.reserve(256);
-        out.extend_from_slice(b"HTTP/1.1 ");
-        put_status(status, out);
+        match status_line(status) {
+            Some(line) => out.extend_from_slice(line),
+            None => {
+                out.extend_from_slice(b"HTTP/1.1 ");
+                put_status(status, out);
+            }
+        }
         out.extend_from_slice(b"\r\nServer: ");
         out.extend_from_slice(server);
         out.extend_from_slice(b"\r\nDate: ");
@@ -326,6 +336,8 @@ impl Conn {
     /// this if it wants to keep the connection.
     pub fn finish(&mut self, out: &mut BytesMut, now: Instant) -> Result<Next, LengthMismatch> {
         let send = std::mem::replace(&mut self.send, Send::Idle);
+        // The exchange is over: a later rejection must not take it for a HEAD.
+        self.head_request = false;
         let mut result = Ok(());
         match send {
             Send::Chunked => out.extend_from_slice(b"0\r\n\r\n"),
@@ -359,16 +371,16 @@ impl Conn {
 
     /// Writes a complete response with `status`, its reason phrase as a text body and
     /// `Connection: close`, and closes the receive side. For conditions the driver detects
-    /// (408 on a head timeout, 503 when overloaded).
+    /// (408 on a head timeout, 503 when overloaded). When the current request is a HEAD (e.g. its
+    /// body was malformed), the text body is left out (RFC 9110 §9.3.2).
     pub fn reject(&mut self, status: u16, date: &[u8], server: &[u8], out: &mut BytesMut) {
         self.recv = Recv::Closed;
         self.keep_alive = false;
         self.send = Send::Idle;
-        self.head_request = false;
         self.continue_pending = false;
         let reason = reason(status);
         let ct: &[u8] = b"text/plain; charset=utf-8";
-        self.start_response(
+        let with_body = self.start_response(
             status,
             [(&b"Content-Type"[..], ct)],
             BodyLen::Known(reason.len() as u64 + 1),
@@ -376,8 +388,10 @@ impl Conn {
             server,
             out,
         );
-        out.extend_from_slice(reason.as_bytes());
-        out.extend_from_slice(b"\n");
+        if with_body {
+            out.extend_from_slice(reason.as_bytes());
+            out.extend_from_slice(b"\n");
+        }
         self.send = Send::Idle;
     }
 }
@@ -403,6 +417,19 @@ fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
         }
     }
     &buf[i..]
+}
+
+/// The whole status line (without CRLF) of the most common statuses, copied in one go.
+fn status_line(status: u16) -> Option<&'static [u8]> {
+    Some(match status {
+        200 => b"HTTP/1.1 200 OK",
+        201 => b"HTTP/1.1 201 Created",
+        204 => b"HTTP/1.1 204 No Content",
+        304 => b"HTTP/1.1 304 Not Modified",
+        400 => b"HTTP/1.1 400 Bad Request",
+        404 => b"HTTP/1.1 404 Not Found",
+        _ => return None,
+    })
 }
 
 fn put_status(status: u16, out: &mut BytesMut) {

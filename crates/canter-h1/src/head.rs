@@ -91,6 +91,16 @@ impl Span {
     }
 }
 
+/// Where the path-and-query of the target is.
+#[derive(Debug, Clone)]
+enum PathAndQuery {
+    /// A slice of the head (origin-form, `*`, authority-form, or absolute-form with a path).
+    Span(Span),
+    /// Absolute-form with an empty path (`http://h` or `http://h?q`): "/" plus the query, which
+    /// is not a slice of the head.
+    Owned(Box<str>),
+}
+
 /// A parsed request head. It owns the bytes it was parsed from (a zero-copy slice of the read
 /// buffer) and answers every question about them without further allocation.
 #[derive(Debug, Clone)]
@@ -99,7 +109,7 @@ pub struct RequestHead {
     method: Method,
     method_span: Span,
     target: Span,
-    path: Span,
+    path: PathAndQuery,
     version: Version,
     headers: Vec<(Span, Span)>,
     body: BodyKind,
@@ -126,7 +136,10 @@ impl RequestHead {
     /// The path and query of the target; for absolute-form targets the scheme and authority are
     /// stripped (`http://h/a?b` gives `/a?b`).
     pub fn path_and_query(&self) -> &str {
-        ascii(self.path.get(&self.buf))
+        match &self.path {
+            PathAndQuery::Span(span) => ascii(span.get(&self.buf)),
+            PathAndQuery::Owned(pq) => pq,
+        }
     }
 
     /// The path without the query (still percent-encoded).
@@ -178,52 +191,79 @@ impl RequestHead {
             .map(|(n, v)| (ascii(n.get(&self.buf)), v.get(&self.buf)))
     }
 
-    /// The raw bytes of the head, request line to the final empty line.
+    /// The raw bytes of the head, request line to the final empty line (including any empty
+    /// lines before the request line, which RFC 9112 §2.2 says to ignore).
     pub fn raw(&self) -> &Bytes {
         &self.buf
     }
 }
 
-/// Bytes validated as ASCII by the parser; an empty string if that invariant were ever broken.
+/// Text of a span the parser validated as ASCII: the method and field names are tokens and the
+/// target was checked byte by byte (`origin_part`).
 fn ascii(bytes: &[u8]) -> &str {
-    std::str::from_utf8(bytes).unwrap_or_default()
+    debug_assert!(bytes.is_ascii());
+    // SAFETY: every span passed here covers bytes validated as ASCII during parsing (see above),
+    // and ASCII is valid UTF-8. The head's bytes are immutable (`Bytes`) after parsing.
+    unsafe { std::str::from_utf8_unchecked(bytes) }
 }
 
 /// Parses one request head from the front of `buf`. On success the head's bytes are split off
 /// `buf` (zero-copy); `Ok(None)` means more bytes are needed.
+///
+/// The outcome never depends on how the bytes were split into reads: a limit is reported at the
+/// byte that exceeds it, so only the bytes up to that point are parsed (a syntax error further on
+/// would not have been seen yet had the bytes arrived one at a time).
 pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<RequestHead>, Error> {
+    let window = buf.len().min(limits.max_head);
+    let (scan_len, limit) = match target_overflow(&buf[..window], limits.max_target) {
+        Some(at) => (at, Some(Error::UriTooLong)),
+        None if buf.len() >= limits.max_head => (window, Some(Error::HeadersTooLarge)),
+        None => (buf.len(), None),
+    };
+    let need_more = || limit.map_or(Ok(None), Err);
+
     let mut storage =
         [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; Limits::HEADER_COUNT_CAP];
     let max_headers = limits.max_headers.min(Limits::HEADER_COUNT_CAP);
     let mut req = httparse::Request::new(&mut []);
+    let base: &[u8] = buf;
     let status = httparse::ParserConfig::default().parse_request_with_uninit_headers(
         &mut req,
-        buf,
+        &base[..scan_len],
         &mut storage[..max_headers],
     );
     let len = match status {
         Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return partial(buf, limits),
-        Err(e) => return Err(map_httparse(e, buf)),
+        Ok(httparse::Status::Partial) => return need_more(),
+        Err(httparse::Error::Version) => {
+            return match version_error(&base[..scan_len]) {
+                Some(e) => Err(e),
+                None => need_more(),
+            }
+        }
+        Err(e) => return Err(map_httparse(e)),
     };
     if len > limits.max_head {
         return Err(Error::HeadersTooLarge);
     }
-    let base: &[u8] = buf;
-    check_line_endings(&base[..len])?;
 
     let (Some(method), Some(target), Some(minor)) = (req.method, req.path, req.version) else {
         return Err(Error::Malformed("incomplete request line"));
     };
+    // Checked before the line endings: fed byte by byte, the target overflows first.
     if target.len() > limits.max_target {
         return Err(Error::UriTooLong);
     }
+    check_line_endings(&base[..len])?;
     let version = if minor == 1 {
         Version::Http11
     } else {
         Version::Http10
     };
-    let path = origin_part(method, target)?;
+    let path = match origin_part(method, target)? {
+        Origin::Slice(p) => PathAndQuery::Span(Span::of(base, p.as_bytes())),
+        Origin::Root { query } => PathAndQuery::Owned(format!("/{query}").into_boxed_str()),
+    };
 
     let mut framing = Framing::default();
     let mut headers = Vec::with_capacity(req.headers.len());
@@ -236,7 +276,7 @@ pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Reques
         method: Method::from_token(method),
         method_span: Span::of(base, method.as_bytes()),
         target: Span::of(base, target.as_bytes()),
-        path: Span::of(base, path.as_bytes()),
+        path,
         version,
         headers,
         body,
@@ -250,71 +290,121 @@ pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Reques
     }))
 }
 
-/// An incomplete head: decide whether waiting for more bytes could ever succeed.
-fn partial(buf: &[u8], limits: &Limits) -> Result<Option<RequestHead>, Error> {
-    // Request line still open and already longer than any acceptable one: the target is too long.
-    let line_max = limits.max_target + 64;
-    if buf.len() > line_max && !buf[..line_max].contains(&b'\n') {
-        return Err(Error::UriTooLong);
+/// Length of the empty lines before the request line (httparse skips CRLF and LF ones; a bare LF
+/// is rejected afterwards by [`check_line_endings`]).
+fn empty_lines(buf: &[u8]) -> usize {
+    let mut i = 0;
+    loop {
+        match &buf[i..] {
+            [b'\r', b'\n', ..] => i += 2,
+            [b'\n', ..] => i += 1,
+            _ => return i,
+        }
     }
-    if buf.len() >= limits.max_head {
-        return Err(Error::HeadersTooLarge);
-    }
-    Ok(None)
 }
 
-fn map_httparse(e: httparse::Error, buf: &[u8]) -> Error {
+/// If the request target in `buf` is already longer than `max_target`, the length of the prefix
+/// of `buf` at which that became visible (the target's `max_target + 1`-th byte).
+fn target_overflow(buf: &[u8], max_target: usize) -> Option<usize> {
+    let line = empty_lines(buf);
+    let method_end = line
+        + buf[line..]
+            .iter()
+            .position(|&b| matches!(b, b' ' | b'\r' | b'\n'))?;
+    if buf[method_end] != b' ' {
+        return None;
+    }
+    let start = method_end + 1;
+    let end = start.checked_add(max_target)?.checked_add(1)?;
+    let target = buf.get(start..end)?;
+    if target.iter().any(|&b| matches!(b, b' ' | b'\r' | b'\n')) {
+        return None;
+    }
+    Some(end)
+}
+
+fn map_httparse(e: httparse::Error) -> Error {
     match e {
         httparse::Error::HeaderName => Error::Malformed("invalid header name"),
         httparse::Error::HeaderValue => Error::Malformed("invalid header value"),
         httparse::Error::NewLine => Error::Malformed("invalid line ending"),
         httparse::Error::Token => Error::Malformed("invalid method or request target"),
         httparse::Error::TooManyHeaders => Error::HeadersTooLarge,
-        httparse::Error::Version if is_other_version(buf) => Error::VersionNotSupported,
         _ => Error::Malformed("invalid request line"),
     }
 }
 
-/// Whether the request line ends in a well-formed `HTTP/d.d` (a version we do not speak, so 505
-/// rather than 400).
-fn is_other_version(buf: &[u8]) -> bool {
-    let line_end = buf
-        .iter()
-        .position(|&b| b == b'\r' || b == b'\n')
-        .unwrap_or(buf.len());
-    let line = &buf[..line_end];
-    let version = line.rsplit(|&b| b == b' ').next().unwrap_or_default();
-    matches!(version, [b'H', b'T', b'T', b'P', b'/', major, b'.', minor]
-        if major.is_ascii_digit() && minor.is_ascii_digit())
+/// httparse accepted `method SP target SP` and then rejected the version. A well-formed
+/// `HTTP/d.d` we do not speak is a 505 (RFC 9110 §15.6.6), anything else a 400. `None`: the line
+/// is still open and may yet become `HTTP/d.d`, so wait for more bytes (otherwise the answer would
+/// depend on where the reads were split).
+fn version_error(buf: &[u8]) -> Option<Error> {
+    let line = &buf[empty_lines(buf)..];
+    let (line, complete) = match line.iter().position(|&b| b == b'\r' || b == b'\n') {
+        Some(end) => (&line[..end], true),
+        None => (line, false),
+    };
+    let mut parts = line.splitn(3, |&b| b == b' ');
+    let version = match (parts.next(), parts.next(), parts.next()) {
+        (Some(_), Some(_), Some(version)) => version,
+        _ => return Some(Error::Malformed("invalid request line")),
+    };
+    let shape = b"HTTP/#.#";
+    let fits = version.len() <= shape.len()
+        && version.iter().zip(shape).all(|(&b, &s)| match s {
+            b'#' => b.is_ascii_digit(),
+            _ => b == s,
+        });
+    match (fits, complete) {
+        (true, true) if version.len() == shape.len() => Some(Error::VersionNotSupported),
+        (true, false) => None,
+        _ => Some(Error::Malformed("invalid HTTP version")),
+    }
 }
 
 /// RFC 9112 §2.2 allows a recipient to accept a bare LF as a line terminator. We do not: a
 /// lone LF is a classic request-smuggling lever between servers that disagree, so it is a 400.
 fn check_line_endings(head: &[u8]) -> Result<(), Error> {
-    let mut prev = 0u8;
-    for &b in head {
-        if b == b'\n' && prev != b'\r' {
+    for i in memchr::memchr_iter(b'\n', head) {
+        if i == 0 || head[i - 1] != b'\r' {
             return Err(Error::Malformed("bare LF line ending"));
         }
-        prev = b;
     }
     Ok(())
 }
 
+/// The origin-form part of a target.
+enum Origin<'a> {
+    /// A slice of the target: the target itself for origin-form, `*` and authority-form, the path
+    /// and query after the authority for absolute-form.
+    Slice(&'a str),
+    /// Absolute-form with an empty path, which means "/" (RFC 9112 §3.2.2), and this query
+    /// (empty, or starting with `?`).
+    Root { query: &'a str },
+}
+
 /// The origin-form part of a target: the target itself for origin-form, the path after the
-/// authority for absolute-form, `*` or the authority for the special forms.
-fn origin_part<'a>(method: &str, target: &'a str) -> Result<&'a str, Error> {
-    if target.bytes().any(|b| !(0x21..0x7f).contains(&b)) {
+/// authority for absolute-form, `*` or the authority for the special forms (RFC 9112 §3.2).
+fn origin_part<'a>(method: &str, target: &'a str) -> Result<Origin<'a>, Error> {
+    // httparse already refused controls, space and DEL; only bytes above 0x7f remain to refuse
+    // (they must be percent-encoded), which also makes the target valid UTF-8.
+    if !target.is_ascii() {
         return Err(Error::Malformed("invalid byte in request target"));
     }
+    if method == "CONNECT" {
+        // RFC 9110 §9.3.6: only authority-form, and the port is mandatory.
+        return match authority(target.as_bytes()) {
+            Some((host, Some(port))) if !host.is_empty() && !port.is_empty() => {
+                Ok(Origin::Slice(target))
+            }
+            _ => Err(Error::Malformed("CONNECT target is not host:port")),
+        };
+    }
     if target.starts_with('/') {
-        return Ok(target);
+        return Ok(Origin::Slice(target));
     }
     if target == "*" && method == "OPTIONS" {
-        return Ok(target);
-    }
-    if method == "CONNECT" {
-        return Ok(target);
+        return Ok(Origin::Slice(target));
     }
     let lower_scheme = target.get(..8).map(|s| s.to_ascii_lowercase());
     let rest = match lower_scheme.as_deref() {
@@ -323,17 +413,83 @@ fn origin_part<'a>(method: &str, target: &'a str) -> Result<&'a str, Error> {
         _ => return Err(Error::Malformed("invalid request target")),
     };
     let path_start = rest.find(['/', '?']).unwrap_or(rest.len());
-    if path_start == 0 {
-        return Err(Error::Malformed("absolute-form target without authority"));
+    // RFC 9110 §4.2.1/§4.2.4: an http(s) URI needs a host, and userinfo is an error.
+    match authority(&rest.as_bytes()[..path_start]) {
+        Some((host, _)) if !host.is_empty() => {}
+        _ => {
+            return Err(Error::Malformed(
+                "invalid authority in absolute-form target",
+            ))
+        }
     }
     let path = &rest[path_start..];
-    // An empty path in absolute-form means "/" (RFC 9112 §3.2.2); expose the literal "/" then.
     Ok(if path.is_empty() || path.starts_with('?') {
-        "/"
+        Origin::Root { query: path }
     } else {
-        path
+        Origin::Slice(path)
     })
 }
+
+/// Splits `uri-host [ ":" port ]` (RFC 3986 §3.2.2-3.2.3): a bracketed IP literal or a reg-name /
+/// IPv4 address, then an optional port of digits. `None` if malformed (including userinfo).
+fn authority(a: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
+    let host_end = if a.first() == Some(&b'[') {
+        let close = a.iter().position(|&b| b == b']')?;
+        if !a[1..close]
+            .iter()
+            .all(|&b| b == b':' || is_reg_name_char(b))
+        {
+            return None;
+        }
+        close + 1
+    } else {
+        let end = a.iter().position(|&b| b == b':').unwrap_or(a.len());
+        if !a[..end].iter().all(|&b| is_reg_name_char(b)) {
+            return None;
+        }
+        end
+    };
+    let (host, rest) = a.split_at(host_end);
+    match rest {
+        [] => Some((host, None)),
+        [b':', port @ ..] if port.iter().all(u8::is_ascii_digit) => Some((host, Some(port))),
+        _ => None,
+    }
+}
+
+/// unreserved / pct-encoded / sub-delims (RFC 3986 §3.2.2 reg-name; `%` is not checked further).
+fn is_reg_name_char(b: u8) -> bool {
+    REG_NAME[b as usize]
+}
+
+static REG_NAME: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut i = 0;
+    while i < 256 {
+        let b = i as u8;
+        t[i] = b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            );
+        i += 1;
+    }
+    t
+};
 
 /// Accumulates the header fields that decide framing and connection management.
 #[derive(Default)]
@@ -351,35 +507,48 @@ struct Framing {
 
 impl Framing {
     fn field(&mut self, name: &str, value: &[u8]) -> Result<(), Error> {
-        if name.eq_ignore_ascii_case("content-length") {
-            let n = parse_content_length(value)?;
-            if self.content_length.is_some_and(|prev| prev != n) {
-                return Err(Error::Malformed("conflicting Content-Length values"));
-            }
-            self.content_length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            self.transfer_encoding = true;
-            for coding in list(value) {
-                let chunked = coding.eq_ignore_ascii_case(b"chunked");
-                if chunked && self.chunked_seen {
-                    return Err(Error::Malformed("chunked applied more than once"));
+        // Dispatch on length first: most fields match none of these, at the cost of one compare.
+        let is = |known: &str| name.eq_ignore_ascii_case(known);
+        match name.len() {
+            14 if is("content-length") => {
+                let n = parse_content_length(value)?;
+                if self.content_length.is_some_and(|prev| prev != n) {
+                    return Err(Error::Malformed("conflicting Content-Length values"));
                 }
-                self.chunked_seen |= chunked;
-                self.other_coding |= !chunked;
-                self.chunked_last = chunked;
+                self.content_length = Some(n);
             }
-        } else if name.eq_ignore_ascii_case("host") {
-            self.hosts += 1;
-        } else if name.eq_ignore_ascii_case("connection") {
-            for token in list(value) {
-                self.close |= token.eq_ignore_ascii_case(b"close");
-                self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            17 if is("transfer-encoding") => {
+                self.transfer_encoding = true;
+                for coding in list(value) {
+                    let chunked = coding.eq_ignore_ascii_case(b"chunked");
+                    if chunked && self.chunked_seen {
+                        return Err(Error::Malformed("chunked applied more than once"));
+                    }
+                    self.chunked_seen |= chunked;
+                    self.other_coding |= !chunked;
+                    self.chunked_last = chunked;
+                }
             }
-        } else if name.eq_ignore_ascii_case("expect") {
-            if !trim(value).eq_ignore_ascii_case(b"100-continue") {
-                return Err(Error::ExpectationFailed);
+            4 if is("host") => {
+                // RFC 9112 §3.2: a Host with an invalid field value is a 400.
+                if authority(value).is_none() {
+                    return Err(Error::Malformed("invalid Host"));
+                }
+                self.hosts += 1;
             }
-            self.expect_continue = true;
+            10 if is("connection") => {
+                for token in list(value) {
+                    self.close |= token.eq_ignore_ascii_case(b"close");
+                    self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
+            6 if is("expect") => {
+                if !trim(value).eq_ignore_ascii_case(b"100-continue") {
+                    return Err(Error::ExpectationFailed);
+                }
+                self.expect_continue = true;
+            }
+            _ => {}
         }
         Ok(())
     }

@@ -126,7 +126,11 @@ impl<S: Service> Driver<S> {
                 self.flush().await?;
             }
             match self.h1.poll_request(&mut self.rbuf, self.worker.now()) {
-                Ok(Some(head)) => self.exchange(head).await?,
+                Ok(Some(head)) => {
+                    if let Some(slow) = self.exchange_sync(head) {
+                        self.exchange(slow).await?;
+                    }
+                }
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     tracing::info!(peer = %self.peer, status = e.status(), error = %e, "bad request");
@@ -145,8 +149,10 @@ impl<S: Service> Driver<S> {
         }
     }
 
-    /// One request/response exchange.
-    async fn exchange(&mut self, head: RequestHead) -> Res<()> {
+    /// Starts an exchange and completes it without suspending when it can: no request body
+    /// and a ready response with a full or empty body (the common case). Otherwise returns what
+    /// [`Driver::exchange`] needs to finish it.
+    fn exchange_sync(&mut self, head: RequestHead) -> Option<Slow> {
         if self.worker.draining() {
             self.h1.set_close();
         }
@@ -165,9 +171,31 @@ impl<S: Service> Driver<S> {
             self.feed(pipe);
         }
         let req = Request::new(head, body);
-        let response = match catch_unwind(AssertUnwindSafe(|| self.svc.call(req))) {
-            Ok(Reply::Ready(response)) => response,
-            Ok(Reply::Pending(mut fut)) => {
+        let reply = match catch_unwind(AssertUnwindSafe(|| self.svc.call(req))) {
+            Ok(Reply::Ready(response))
+                if pipe.is_none() && !matches!(response.body, Body::Stream { .. }) =>
+            {
+                let (with_body, body) = self.begin(response);
+                let complete = match body {
+                    Body::Full(data) => !with_body || self.send(data),
+                    _ => true,
+                };
+                self.end(complete);
+                return None;
+            }
+            Ok(reply) => Some(reply),
+            Err(_) => None,
+        };
+        Some(Slow { reply, pipe })
+    }
+
+    /// Completes an exchange that needs to wait: for the handler's future, for the request
+    /// body, or for the peer while a body streams out.
+    async fn exchange(&mut self, slow: Slow) -> Res<()> {
+        let Slow { reply, pipe } = slow;
+        let response = match reply {
+            Some(Reply::Ready(response)) => response,
+            Some(Reply::Pending(mut fut)) => {
                 let deadline = self.worker.now() + self.cfg.handler_timeout;
                 match self
                     .drive(&mut fut, pipe.as_deref(), Some(deadline))
@@ -183,17 +211,25 @@ impl<S: Service> Driver<S> {
                     }
                 }
             }
-            Err(_) => self.panicked(),
+            None => self.panicked(),
         };
         let complete = self.respond(response, pipe.as_deref()).await?;
         if let Some(pipe) = &pipe {
             pipe.borrow_mut()
                 .close(PipeState::Failed(BodyError::Detached));
-            self.discard_body().await?;
+            if complete {
+                self.discard_body().await?;
+            }
         }
+        self.end(complete);
+        Ok(())
+    }
+
+    /// Ends the response framing and decides whether the connection goes on.
+    fn end(&mut self, complete: bool) {
         if !complete {
             self.closing = true;
-            return Ok(());
+            return;
         }
         match self.h1.finish(&mut self.out.buf, self.worker.now()) {
             Ok(Next::KeepAlive) => {}
@@ -203,7 +239,6 @@ impl<S: Service> Driver<S> {
                 self.closing = true;
             }
         }
-        Ok(())
     }
 
     fn panicked(&mut self) -> Response {
@@ -215,29 +250,7 @@ impl<S: Service> Driver<S> {
     /// Encodes `response`; streams its body under backpressure. Returns false if the body was
     /// cut short (the connection must close without completing the framing).
     async fn respond(&mut self, response: Response, pipe: Option<&RefCell<Pipe>>) -> Res<bool> {
-        let Response {
-            status,
-            headers,
-            body,
-        } = response;
-        let len = match &body {
-            Body::Empty => BodyLen::Known(0),
-            Body::Full(b) => BodyLen::Known(b.len() as u64),
-            Body::Stream { len, .. } => len.map_or(BodyLen::Unknown, BodyLen::Known),
-        };
-        let date = self.worker.date();
-        self.out.prepare(&self.worker);
-        let fields = headers
-            .iter()
-            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
-        let with_body = self.h1.start_response(
-            status.as_u16(),
-            fields,
-            len,
-            &date,
-            self.cfg.server_name.as_bytes(),
-            &mut self.out.buf,
-        );
+        let (with_body, body) = self.begin(response);
         match body {
             Body::Empty => Ok(true),
             Body::Full(data) => Ok(!with_body || self.send(data)),
@@ -269,6 +282,42 @@ impl<S: Service> Driver<S> {
                 }
             }
         }
+    }
+
+    /// Encodes the status line and header section; returns whether body bytes go out and the
+    /// body.
+    fn begin(&mut self, response: Response) -> (bool, Body) {
+        let Response {
+            status,
+            content_type,
+            headers,
+            body,
+        } = response;
+        let len = match &body {
+            Body::Empty => BodyLen::Known(0),
+            Body::Full(b) => BodyLen::Known(b.len() as u64),
+            Body::Stream { len, .. } => len.map_or(BodyLen::Unknown, BodyLen::Known),
+        };
+        let date = self.worker.date();
+        self.out.prepare(&self.worker);
+        let content_type = content_type
+            .as_ref()
+            .map(|v| (&b"content-type"[..], v.as_bytes()));
+        let fields = content_type.into_iter().chain(
+            headers
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+        );
+        let server = self.cfg.server_name.as_bytes();
+        let with_body = self.h1.start_response(
+            status.as_u16(),
+            fields,
+            len,
+            &date,
+            server,
+            &mut self.out.buf,
+        );
+        (with_body, body)
     }
 
     /// Queues one piece of body with its framing. False if it overran the Content-Length.
@@ -531,6 +580,13 @@ impl<S: Service> Driver<S> {
     }
 }
 
+/// An exchange that could not complete synchronously: the reply (`None` if the handler
+/// panicked) and the request body pipe.
+struct Slow {
+    reply: Option<Reply>,
+    pipe: Option<Rc<RefCell<Pipe>>>,
+}
+
 /// The outcome of driving a future on the connection task.
 enum Driven<T> {
     Done(T),
@@ -629,6 +685,9 @@ impl Out {
 struct Timer {
     sleep: Pin<Box<Sleep>>,
     armed: Option<Instant>,
+    /// The sleep has been polled since it was last reset, so it holds this task's waker and
+    /// will wake it; until it elapses there is no need to poll it again.
+    registered: bool,
 }
 
 impl Timer {
@@ -637,6 +696,7 @@ impl Timer {
         Timer {
             sleep: Box::pin(tokio::time::sleep_until(far)),
             armed: None,
+            registered: false,
         }
     }
 
@@ -645,15 +705,20 @@ impl Timer {
         if self.armed.is_none_or(|at| at > deadline) {
             self.sleep.as_mut().reset(deadline.into());
             self.armed = Some(deadline);
+            self.registered = false;
+        } else if self.registered && !self.sleep.is_elapsed() {
+            return false;
         }
         while self.sleep.as_mut().poll(cx).is_ready() {
             if Instant::now() >= deadline {
                 self.armed = None;
+                self.registered = false;
                 return true;
             }
             self.sleep.as_mut().reset(deadline.into());
             self.armed = Some(deadline);
         }
+        self.registered = true;
         false
     }
 }

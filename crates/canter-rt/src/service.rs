@@ -88,21 +88,26 @@ impl fmt::Debug for Request {
 /// adds) and a body.
 pub struct Response {
     pub(crate) status: StatusCode,
+    /// Kept apart from `headers` so the common response (one Content-Type) allocates nothing.
+    pub(crate) content_type: Option<HeaderValue>,
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
     pub(crate) body: Body,
 }
 
 impl Response {
     /// A response with `status`, no extra headers and an empty body.
+    #[inline]
     pub fn new(status: StatusCode) -> Response {
         Response {
             status,
+            content_type: None,
             headers: Vec::new(),
             body: Body::Empty,
         }
     }
 
     /// 200 with a `text/plain; charset=utf-8` body.
+    #[inline]
     pub fn text(body: impl Into<Body>) -> Response {
         Response::new(StatusCode::OK)
             .with_header(
@@ -133,6 +138,7 @@ impl Response {
     }
 
     /// Sets the status.
+    #[inline]
     pub fn with_status(mut self, status: StatusCode) -> Response {
         self.status = status;
         self
@@ -140,12 +146,23 @@ impl Response {
 
     /// Appends a header field. Content-Length and Transfer-Encoding are derived from the body
     /// and must not be set here; Server and Date are added by the runtime.
+    #[inline]
     pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Response {
-        self.headers.push((name, value));
+        if name == http::header::CONTENT_TYPE {
+            self.content_type = Some(value);
+        } else {
+            self.headers.push((name, value));
+        }
         self
     }
 
+    /// The Content-Type, if set.
+    pub fn content_type(&self) -> Option<&HeaderValue> {
+        self.content_type.as_ref()
+    }
+
     /// Sets the body.
+    #[inline]
     pub fn with_body(mut self, body: impl Into<Body>) -> Response {
         self.body = body.into();
         self
@@ -156,7 +173,7 @@ impl Response {
         self.status
     }
 
-    /// The header fields set by the handler.
+    /// The header fields set by the handler, other than Content-Type.
     pub fn headers(&self) -> &[(HeaderName, HeaderValue)] {
         &self.headers
     }
