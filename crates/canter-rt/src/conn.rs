@@ -40,6 +40,10 @@ use crate::worker::{Worker, READ_BUF};
 const ZERO_COPY_MIN: usize = 16 * 1024;
 /// Unread request body the connection is willing to read and discard to keep the connection.
 const DISCARD_MAX: u64 = 64 * 1024;
+/// Lingering close: how long in all, and how long per read, the connection keeps draining the
+/// peer's input after its final response.
+const LINGER_TOTAL: Duration = Duration::from_secs(5);
+const LINGER_READ: Duration = Duration::from_secs(2);
 
 /// Why a connection ended.
 #[derive(Debug)]
@@ -79,8 +83,13 @@ pub(crate) async fn serve<S: Service>(
         timer: Timer::new(),
         read_in_turn: 0,
         closing: false,
+        errored: false,
     };
-    match driver.run().await {
+    let result = driver.run().await;
+    if matches!(result, Ok(()) | Err(Stop::Done)) {
+        driver.linger().await;
+    }
+    match result {
         Ok(()) | Err(Stop::Done) | Err(Stop::Eof) => {}
         Err(Stop::Timeout(phase)) => tracing::debug!(%peer, phase, "connection timed out"),
         Err(Stop::Io(e)) => tracing::debug!(%peer, error = %e, "connection error"),
@@ -102,6 +111,8 @@ struct Driver<S> {
     read_in_turn: usize,
     /// Set once the connection must close after flushing what is buffered.
     closing: bool,
+    /// An error response was sent: the peer's input may be out of sync, so close lingering.
+    errored: bool,
 }
 
 impl<S: Service> Driver<S> {
@@ -287,6 +298,14 @@ impl<S: Service> Driver<S> {
     /// Encodes the status line and header section; returns whether body bytes go out and the
     /// body.
     fn begin(&mut self, response: Response) -> (bool, Body) {
+        // Decide now whether the connection survives, so the head can say `Connection: close`.
+        if self.worker.draining() || self.closing {
+            self.h1.set_close();
+        }
+        if !self.h1.body_done() && self.h1.body_remaining().is_none_or(|n| n > DISCARD_MAX) {
+            // An unread body too large (or of unknown size) to discard cheaply afterwards.
+            self.h1.set_close();
+        }
         let Response {
             status,
             content_type,
@@ -566,6 +585,33 @@ impl<S: Service> Driver<S> {
         Poll::Ready(Ok(n))
     }
 
+    /// Closes our side after the last response and, if the peer may still be sending (an error
+    /// answered mid-request, an unread body), reads and discards for a bounded time first, so
+    /// the kernel does not reset the connection before the peer has read our response.
+    async fn linger(&mut self) {
+        use tokio::io::AsyncWriteExt;
+        if self.io.shutdown().await.is_err()
+            || (self.h1.body_done() && self.rbuf.is_empty() && !self.errored)
+        {
+            return;
+        }
+        let until = tokio::time::Instant::now() + LINGER_TOTAL;
+        let mut scratch = [0u8; 4096];
+        loop {
+            let step = until.min(tokio::time::Instant::now() + LINGER_READ);
+            match tokio::time::timeout_at(step, self.io.readable()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => return,
+            }
+            match self.io.try_read(&mut scratch) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
+        }
+    }
+
     fn release_idle_buffers(&mut self) {
         if self.rbuf.is_empty() && self.rbuf.capacity() > 0 {
             self.worker.give_buf(std::mem::take(&mut self.rbuf));
@@ -700,8 +746,10 @@ impl Timer {
         }
     }
 
-    /// Whether `deadline` has passed; otherwise arranges a wake-up no later than it.
+    /// Whether `deadline` (taken from the worker's coarse clock) has passed; otherwise arranges
+    /// a wake-up for when it will have.
     fn poll_expired(&mut self, cx: &mut Context<'_>, deadline: Instant) -> bool {
+        let deadline = Worker::expiry(deadline);
         if self.armed.is_none_or(|at| at > deadline) {
             self.sleep.as_mut().reset(deadline.into());
             self.armed = Some(deadline);

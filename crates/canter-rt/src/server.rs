@@ -151,21 +151,22 @@ impl Server {
 
 /// Shuts the server down on SIGINT or SIGTERM (watched from a small background thread).
 pub fn shutdown_on_signals(handle: ShutdownHandle) -> io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()?;
+    // Register before returning, so a signal that arrives right after start-up is handled.
+    let (mut int, mut term) = {
+        let _guard = rt.enter();
+        (
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        )
+    };
     thread::Builder::new()
         .name("canter-signals".into())
         .spawn(move || {
             rt.block_on(async {
-                use tokio::signal::unix::{signal, SignalKind};
-                let (Ok(mut int), Ok(mut term)) = (
-                    signal(SignalKind::interrupt()),
-                    signal(SignalKind::terminate()),
-                ) else {
-                    tracing::error!("cannot install signal handlers");
-                    return;
-                };
                 tokio::select! {
                     _ = int.recv() => {}
                     _ = term.recv() => {}
@@ -213,7 +214,7 @@ where
         let ticker = {
             let worker = worker.clone();
             tokio::task::spawn_local(async move {
-                let mut every = tokio::time::interval(Duration::from_secs(1));
+                let mut every = tokio::time::interval(crate::worker::TICK);
                 every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
                 loop {
                     every.tick().await;

@@ -4,18 +4,21 @@
 
 use std::cell::{Cell, RefCell};
 use std::task::Waker;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::BytesMut;
 
 /// Size of a fresh read buffer.
 pub(crate) const READ_BUF: usize = 8 * 1024;
+/// Period of the worker's clock.
+pub(crate) const TICK: Duration = Duration::from_millis(100);
 /// Buffers kept for reuse per worker.
 const POOL_MAX: usize = 256;
 
 pub(crate) struct Worker {
     date: RefCell<[u8; 29]>,
     now: Cell<Instant>,
+    second: Cell<u64>,
     pool: RefCell<Vec<BytesMut>>,
     draining: Cell<bool>,
     conns: RefCell<Slab>,
@@ -35,6 +38,7 @@ impl Worker {
         let w = Worker {
             date: RefCell::new([0; 29]),
             now: Cell::new(Instant::now()),
+            second: Cell::new(u64::MAX),
             pool: RefCell::new(Vec::new()),
             draining: Cell::new(false),
             conns: RefCell::new(Slab::default()),
@@ -43,10 +47,18 @@ impl Worker {
         w
     }
 
-    /// Refreshes the clock and the Date header; called once a second by the worker's ticker.
+    /// Refreshes the clock, and the Date header when the second changed; called every
+    /// [`TICK`] by the worker's ticker.
     pub(crate) fn tick(&self) {
         self.now.set(Instant::now());
-        let date = httpdate::fmt_http_date(SystemTime::now());
+        let wall = SystemTime::now();
+        let second = wall
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if second == self.second.replace(second) {
+            return;
+        }
+        let date = httpdate::fmt_http_date(wall);
         let mut cached = self.date.borrow_mut();
         if date.len() == cached.len() {
             cached.copy_from_slice(date.as_bytes());
@@ -61,6 +73,13 @@ impl Worker {
     /// A clock accurate to the ticker period, for timeouts.
     pub(crate) fn now(&self) -> Instant {
         self.now.get()
+    }
+
+    /// When a deadline computed from [`Worker::now`] has certainly passed: the coarse clock may
+    /// lag the real one by up to one tick, so one tick is added (timeouts are never early, and
+    /// late by at most a tick).
+    pub(crate) fn expiry(deadline: Instant) -> Instant {
+        deadline + TICK
     }
 
     pub(crate) fn take_buf(&self) -> BytesMut {

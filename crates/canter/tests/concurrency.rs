@@ -1,0 +1,79 @@
+//! Many concurrent keep-alive connections.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+use std::thread;
+
+use common::{echo_request, Client, Server};
+
+const CONNECTIONS: usize = 1000;
+const THREADS: usize = 8;
+const ROUNDS: usize = 3;
+
+/// The soft limit on open files of this process (from /proc/self/limits).
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let soft = line.split_whitespace().nth(3)?;
+    if soft == "unlimited" {
+        return Some(u64::MAX);
+    }
+    soft.parse().ok()
+}
+
+#[test]
+fn thousand_concurrent_keep_alive_connections() {
+    // The test process holds 1000 sockets, the server (which inherits the limit) another 1000.
+    match open_files_limit() {
+        Some(n) if n >= 2 * CONNECTIONS as u64 + 100 => {}
+        other => {
+            eprintln!(
+                "skipping: open files limit {other:?} is too low for {CONNECTIONS} connections"
+            );
+            return;
+        }
+    }
+    let server = Server::start();
+    let addr = server.addr();
+    let per_thread = CONNECTIONS / THREADS;
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let barrier = barrier.clone();
+            thread::spawn(move || {
+                let mut conns: Vec<Client> =
+                    (0..per_thread).map(|_| Client::connect(addr)).collect();
+                // All 1000 connections are open before any request is sent.
+                barrier.wait();
+                let mut ok = 0;
+                for round in 0..ROUNDS {
+                    for (i, c) in conns.iter_mut().enumerate() {
+                        match round {
+                            0 => c.send("GET /plaintext HTTP/1.1\r\nHost: x\r\n\r\n"),
+                            1 => c.send("GET /json HTTP/1.1\r\nHost: x\r\n\r\n"),
+                            _ => c.send(echo_request(format!("t{t} c{i}").as_bytes())),
+                        }
+                    }
+                    for (i, c) in conns.iter_mut().enumerate() {
+                        let r = c.response();
+                        assert_eq!(r.status, 200, "thread {t} conn {i} round {round}");
+                        assert!(!r.closes());
+                        let want = match round {
+                            0 => "Hello, World!".to_owned(),
+                            1 => r#"{"message":"Hello, World!"}"#.to_owned(),
+                            _ => format!("t{t} c{i}"),
+                        };
+                        assert_eq!(r.text(), want, "thread {t} conn {i} round {round}");
+                        ok += 1;
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let total: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(total, CONNECTIONS * ROUNDS);
+}

@@ -1,0 +1,201 @@
+//! Head, idle and body timeouts, and that a slow client does not stall others.
+//!
+//! The server's clock is coarse (its workers tick once a second), so a 1 s timeout fires after
+//! somewhere between ~0 and ~2 s; the bounds below allow for that.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::Server;
+
+/// Reads until EOF or reset; returns what arrived and when the connection ended.
+fn until_closed(c: &mut common::Client) -> (Vec<u8>, Duration) {
+    let start = Instant::now();
+    let (data, end) = c.drain();
+    if let Err(e) = end {
+        assert_eq!(
+            e.kind(),
+            ErrorKind::ConnectionReset,
+            "expected EOF or reset: {e}"
+        );
+    }
+    (data, start.elapsed())
+}
+
+#[test]
+fn half_a_request_head_gets_408() {
+    let server = Server::start_with(&["--head-timeout", "1"]);
+    let mut c = server.client();
+    let start = Instant::now();
+    c.send("GET /plaintext HTTP/1.1\r\nHo");
+    let r = c.response();
+    assert_eq!(r.status, 408, "{r:?}");
+    assert_eq!(r.reason, "Request Timeout");
+    assert!(r.closes());
+    c.expect_eof();
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(3), "408 after {took:?}");
+}
+
+#[test]
+fn dribbling_head_is_cut_off_and_others_are_served() {
+    let server = Server::start_with(&["--head-timeout", "1"]);
+    let port = server.port;
+    let other = thread::spawn(move || {
+        // While the dribbler is connected, a normal client is answered at once.
+        thread::sleep(Duration::from_millis(500));
+        let mut latencies = Vec::new();
+        for _ in 0..3 {
+            let start = Instant::now();
+            let mut c = common::Client::connect(([127, 0, 0, 1], port).into());
+            let r = c.get("/plaintext");
+            latencies.push(start.elapsed());
+            assert_eq!(r.text(), "Hello, World!");
+            thread::sleep(Duration::from_millis(100));
+        }
+        latencies
+    });
+
+    let mut c = server.client();
+    c.stream
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let start = Instant::now();
+    let head =
+        b"GET /plaintext HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut received = Vec::new();
+    let mut sent = 0;
+    let mut buf = [0u8; 4096];
+    loop {
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "never cut off; sent {sent} bytes"
+        );
+        if received.is_empty() && sent < head.len() {
+            if c.stream.write_all(&head[sent..sent + 1]).is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        match c.stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+    let took = start.elapsed();
+    assert!(
+        sent < head.len(),
+        "the whole head went through: {sent} bytes"
+    );
+    assert!(took < Duration::from_secs(4), "cut off after {took:?}");
+    let text = String::from_utf8_lossy(&received);
+    assert!(
+        text.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+        "{text:?}"
+    );
+
+    let latencies = other.join().unwrap();
+    for l in latencies {
+        assert!(
+            l < Duration::from_millis(200),
+            "normal request took {l:?} next to a dribbler"
+        );
+    }
+}
+
+#[test]
+fn idle_keep_alive_connection_is_closed() {
+    let server = Server::start_with(&["--idle-timeout", "1"]);
+    let mut c = server.client();
+    assert_eq!(c.get("/plaintext").text(), "Hello, World!");
+    let (data, took) = until_closed(&mut c);
+    assert!(data.is_empty(), "no response for an idle close: {data:?}");
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+}
+
+#[test]
+fn silent_new_connection_is_closed_after_idle_timeout() {
+    let server = Server::start_with(&["--idle-timeout", "1", "--head-timeout", "5"]);
+    let mut c = server.client();
+    let (data, took) = until_closed(&mut c);
+    assert!(data.is_empty(), "{data:?}");
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+}
+
+#[test]
+fn stalled_request_body_is_cut_off() {
+    let server = Server::start_with(&["--body-timeout", "1"]);
+    let mut c = server.client();
+    c.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789");
+    let (data, took) = until_closed(&mut c);
+    assert!(took < Duration::from_secs(4), "closed after {took:?}");
+    if !data.is_empty() {
+        let text = String::from_utf8_lossy(&data);
+        assert!(
+            text.starts_with("HTTP/1.1 400 ") || text.starts_with("HTTP/1.1 408 "),
+            "{text:?}"
+        );
+        assert!(text.contains("\r\nConnection: close\r\n"), "{text:?}");
+    }
+}
+
+#[test]
+fn slow_but_steady_body_is_not_cut_off() {
+    // The body timeout is about progress, not the total time.
+    let server = Server::start_with(&["--body-timeout", "2"]);
+    let mut c = server.client();
+    c.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n");
+    for b in b"0123456789" {
+        thread::sleep(Duration::from_millis(350));
+        c.send([*b]);
+    }
+    let r = c.response();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), "0123456789");
+}
+
+#[test]
+fn stalled_pipelined_head_after_a_complete_request_gets_408() {
+    let server = Server::start_with(&["--head-timeout", "1"]);
+    let mut c = server.client();
+    c.send("GET /plaintext HTTP/1.1\r\nHost: x\r\n\r\nGET /js");
+    let r = c.response();
+    assert_eq!((r.status, r.text()), (200, "Hello, World!"));
+    let r = c.response();
+    assert_eq!(r.status, 408, "{r:?}");
+    assert!(r.closes());
+    c.expect_eof();
+}
+
+/// A keep-alive client that comes back well within the idle timeout must find the connection
+/// open, every time.
+#[test]
+fn idle_timeout_does_not_fire_early() {
+    let server = Server::start_with(&["--idle-timeout", "1"]);
+    let mut c = server.client();
+    for i in 0..8 {
+        let r = c.get("/plaintext");
+        assert_eq!(r.text(), "Hello, World!", "request {i}");
+        // Come back after 400 ms, well inside the 1 s idle timeout.
+        thread::sleep(Duration::from_millis(400));
+        c.stream
+            .set_read_timeout(Some(Duration::from_millis(1)))
+            .unwrap();
+        let mut probe = [0u8; 1];
+        let early = matches!(c.stream.peek(&mut probe), Ok(0));
+        c.stream.set_read_timeout(Some(common::IO_TIMEOUT)).unwrap();
+        assert!(
+            !early,
+            "closed after only 400 ms idle (before request {})",
+            i + 1
+        );
+    }
+}
