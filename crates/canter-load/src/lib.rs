@@ -1,0 +1,392 @@
+//! HTTP load generator behind `canter load`.
+//!
+//! A wrk/wrk2-style closed- and open-loop HTTP/1.1 load generator. Each
+//! worker thread runs its own single-threaded tokio runtime that owns a
+//! share of the connections; every connection is one task that writes
+//! prebuilt request bytes (optionally pipelined) and parses responses
+//! incrementally from a reused buffer, without per-request allocation.
+//! Latencies go into a per-thread HDR histogram (microseconds, 3
+//! significant figures) merged at the end.
+//!
+//! Use [`run`] with [`LoadArgs`] (a `clap::Args` struct) to run a test.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub mod duration;
+mod h1;
+pub mod parse;
+pub mod schedule;
+pub mod stats;
+pub mod target;
+
+pub use duration::parse_duration;
+pub use stats::{Errors, Latency, Report};
+pub use target::Protocol;
+
+use h1::{ConnConfig, ThreadShared};
+use stats::{RunInfo, ThreadStats};
+use target::Target;
+
+/// Default test duration when neither `-d` nor `-n` is given.
+const DEFAULT_DURATION: Duration = Duration::from_secs(10);
+/// Largest accepted `--pipeline`.
+const MAX_PIPELINE: usize = 4096;
+
+/// CLI arguments of `canter load`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LoadArgs {
+    /// Target URL, e.g. `http://127.0.0.1:8080/plaintext` (loopback only).
+    pub url: String,
+
+    /// Number of open connections.
+    #[arg(short = 'c', long, default_value_t = 50)]
+    pub connections: usize,
+
+    /// Number of worker threads (each runs its own event loop).
+    #[arg(short = 't', long, default_value_t = 1)]
+    pub threads: usize,
+
+    /// Test duration after warm-up (`10s`, `500ms`, `1m`). Defaults to 10s,
+    /// or unbounded when `-n` is given.
+    #[arg(short = 'd', long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Total number of requests to send; the run stops when they are done
+    /// or the duration elapses, whichever comes first.
+    #[arg(short = 'n', long)]
+    pub requests: Option<u64>,
+
+    /// Requests written per batch on each connection (HTTP/1.1 pipelining).
+    #[arg(long, default_value_t = 1)]
+    pub pipeline: usize,
+
+    /// Concurrent streams per connection (HTTP/2; not supported yet).
+    #[arg(short = 'm', long)]
+    pub streams: Option<usize>,
+
+    /// Open-loop mode: total requests per second across all connections,
+    /// with coordinated-omission correction (wrk2 style).
+    #[arg(long)]
+    pub rate: Option<f64>,
+
+    /// Request method.
+    #[arg(short = 'X', long, default_value = "GET")]
+    pub method: String,
+
+    /// Extra request header `Name: value` (repeatable).
+    #[arg(short = 'H', long = "header")]
+    pub headers: Vec<String>,
+
+    /// Request body.
+    #[arg(long, conflicts_with = "body_file")]
+    pub body: Option<String>,
+
+    /// Read the request body from a file.
+    #[arg(long)]
+    pub body_file: Option<PathBuf>,
+
+    /// Per-request timeout; a timed-out request counts as a timeout error
+    /// and its connection is re-established.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    pub timeout: Duration,
+
+    /// Warm-up period excluded from the statistics.
+    #[arg(long, value_parser = parse_duration)]
+    pub warmup: Option<Duration>,
+
+    /// Print the report as one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Do not print the once-per-second progress line on stderr.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// Validated, resolved plan for a run.
+struct Plan {
+    addrs: Vec<std::net::SocketAddr>,
+    protocol: Protocol,
+    request: Vec<u8>,
+    head_only: bool,
+    connections: usize,
+    threads: usize,
+    pipeline: usize,
+    duration: Option<Duration>,
+    warmup: Duration,
+}
+
+fn plan(args: &LoadArgs) -> Result<Plan, String> {
+    if args.streams.is_some() {
+        return Err("HTTP/2 not supported yet (-m/--streams)".to_string());
+    }
+    if args.connections == 0 {
+        return Err("--connections must be at least 1".to_string());
+    }
+    if args.threads == 0 {
+        return Err("--threads must be at least 1".to_string());
+    }
+    if args.pipeline == 0 || args.pipeline > MAX_PIPELINE {
+        return Err(format!("--pipeline must be in 1..={MAX_PIPELINE}"));
+    }
+    if args.requests == Some(0) {
+        return Err("--requests must be at least 1".to_string());
+    }
+    if args.duration == Some(Duration::ZERO) {
+        return Err("--duration must be positive".to_string());
+    }
+    if args.timeout.is_zero() {
+        return Err("--timeout must be positive".to_string());
+    }
+    if let Some(r) = args.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err("--rate must be a positive number".to_string());
+        }
+        if args.pipeline > 1 {
+            return Err("--rate cannot be combined with --pipeline > 1".to_string());
+        }
+    }
+    let target = Target::parse(&args.url)?;
+    let addrs = target.resolve_loopback()?;
+    let body = match (&args.body, &args.body_file) {
+        (Some(b), _) => b.as_bytes().to_vec(),
+        (None, Some(p)) => {
+            std::fs::read(p).map_err(|e| format!("cannot read --body-file {}: {e}", p.display()))?
+        }
+        (None, None) => Vec::new(),
+    };
+    let request = target::build_request(&args.method, &target, &args.headers, &body)?;
+    let duration = match (args.duration, args.requests) {
+        (Some(d), _) => Some(d),
+        (None, Some(_)) => None,
+        (None, None) => Some(DEFAULT_DURATION),
+    };
+    Ok(Plan {
+        addrs,
+        protocol: Protocol::Http1,
+        request,
+        head_only: args.method.eq_ignore_ascii_case("HEAD"),
+        connections: args.connections,
+        threads: args.threads.min(args.connections),
+        pipeline: args.pipeline,
+        duration,
+        warmup: args.warmup.unwrap_or(Duration::ZERO),
+    })
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the new soft
+/// limit (or `None` if it could not be read).
+fn raise_nofile_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit struct for the duration of
+    // the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let want = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: `want` is a valid rlimit struct; raising the soft limit up
+        // to the hard limit needs no privileges.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
+            lim = want;
+        }
+    }
+    Some(lim.rlim_cur)
+}
+
+/// Runs the load test described by `args`, printing the report to stdout.
+/// Returns `Err(message)` on setup failure.
+pub fn run(args: LoadArgs) -> Result<Report, String> {
+    let p = plan(&args)?;
+    if let Some(limit) = raise_nofile_limit() {
+        let need = p.connections as u64 + 64;
+        if limit < need {
+            return Err(format!(
+                "-c {} needs about {need} file descriptors but RLIMIT_NOFILE is {limit}",
+                p.connections
+            ));
+        }
+    }
+    // Fail fast if nothing listens; use the first address that answers.
+    let mut addr = None;
+    let mut last_err = String::new();
+    for a in &p.addrs {
+        match std::net::TcpStream::connect_timeout(a, args.timeout) {
+            Ok(_) => {
+                addr = Some(*a);
+                break;
+            }
+            Err(e) => last_err = format!("cannot connect to {a}: {e}"),
+        }
+    }
+    let addr = addr.ok_or(last_err)?;
+
+    if !args.json {
+        let what = match (p.duration, args.requests) {
+            (Some(d), Some(n)) => format!("{:?} / {n} requests", d),
+            (Some(d), None) => format!("{:?}", d),
+            (None, Some(n)) => format!("{n} requests"),
+            (None, None) => String::new(),
+        };
+        let mode = match args.rate {
+            Some(r) => format!("open loop at {r} req/s"),
+            None => "closed loop".to_string(),
+        };
+        println!("Running {what} test @ {}", args.url);
+        println!(
+            "  {} threads and {} connections, pipeline {}, {mode}",
+            p.threads, p.connections, p.pipeline
+        );
+    }
+
+    let start = Instant::now();
+    let measure_start = start + p.warmup;
+    let end = p.duration.map(|d| measure_start + d);
+    let progress: Vec<Arc<AtomicU64>> = (0..p.threads)
+        .map(|_| Arc::new(AtomicU64::new(0)))
+        .collect();
+    let mut batch = Vec::with_capacity(p.request.len() * p.pipeline);
+    for _ in 0..p.pipeline {
+        batch.extend_from_slice(&p.request);
+    }
+    let batch = Arc::new(batch);
+
+    let mut handles = Vec::with_capacity(p.threads);
+    for (tid, counter) in progress.iter().enumerate() {
+        let conns: Vec<usize> = (tid..p.connections).step_by(p.threads).collect();
+        let budget = args.requests.map(|n| {
+            let t = p.threads as u64;
+            n / t + u64::from((tid as u64) < n % t)
+        });
+        let cfg = ConnConfig {
+            addr,
+            batch: batch.to_vec(),
+            req_len: p.request.len(),
+            pipeline: p.pipeline,
+            head_only: p.head_only,
+            timeout: args.timeout,
+            start,
+            measure_start,
+            end,
+            rate: args.rate.map(|r| (r, p.connections)),
+        };
+        let counter = counter.clone();
+        let protocol = p.protocol;
+        let h = std::thread::Builder::new()
+            .name(format!("canter-load-{tid}"))
+            .spawn(move || worker(protocol, cfg, conns, budget, counter))
+            .map_err(|e| format!("cannot spawn worker thread: {e}"))?;
+        handles.push(h);
+    }
+
+    let show_progress = !args.no_progress
+        && std::io::stderr().is_terminal()
+        && !matches!(p.duration, Some(d) if d + p.warmup <= Duration::from_secs(3));
+    let mut next_tick = start + Duration::from_secs(1);
+    let mut last_count = 0u64;
+    while !handles.iter().all(|h| h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = Instant::now();
+        if show_progress && now >= next_tick {
+            let count: u64 = progress.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+            let secs = now.duration_since(start).as_secs();
+            let phase = if now < measure_start {
+                " (warm-up)"
+            } else {
+                ""
+            };
+            eprint!(
+                "\r[{secs:>4}s] {count} responses, {} req/s{phase}        ",
+                count - last_count
+            );
+            last_count = count;
+            next_tick += Duration::from_secs(1);
+        }
+    }
+    if show_progress {
+        eprintln!();
+    }
+    let mut total = ThreadStats::new();
+    let mut finished = measure_start;
+    for h in handles {
+        let (stats, done) = h
+            .join()
+            .map_err(|_| "worker thread panicked".to_string())??;
+        total.merge(&stats);
+        finished = finished.max(done);
+    }
+    if let Some(end) = end {
+        // Responses arriving after the end are not counted; neither is the
+        // teardown time.
+        finished = finished.min(end);
+    }
+    let elapsed = finished.saturating_duration_since(measure_start);
+    let report = Report::build(
+        RunInfo {
+            url: args.url.clone(),
+            connections: p.connections,
+            threads: p.threads,
+            pipeline: p.pipeline,
+            rate: args.rate,
+        },
+        &total,
+        elapsed,
+    );
+    if args.json {
+        let s = serde_json::to_string(&report).map_err(|e| format!("json: {e}"))?;
+        println!("{s}");
+    } else {
+        print!("{}", report.to_human());
+    }
+    Ok(report)
+}
+
+/// One worker thread: a current-thread runtime driving `conns`.
+fn worker(
+    protocol: Protocol,
+    cfg: ConnConfig,
+    conns: Vec<usize>,
+    budget: Option<u64>,
+    progress: Arc<AtomicU64>,
+) -> Result<(ThreadStats, Instant), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot build runtime: {e}"))?;
+    let cfg = Rc::new(cfg);
+    let shared = Rc::new(ThreadShared {
+        stats: std::cell::RefCell::new(ThreadStats::new()),
+        budget: budget.map(std::cell::Cell::new),
+        progress,
+    });
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let mut tasks = Vec::with_capacity(conns.len());
+        for idx in conns {
+            let cfg = cfg.clone();
+            let shared = shared.clone();
+            tasks.push(tokio::task::spawn_local(async move {
+                match protocol {
+                    Protocol::Http1 => h1::run_connection(&cfg, &shared, idx).await,
+                }
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+    let done = Instant::now();
+    let stats = std::mem::take(&mut *shared.stats.borrow_mut());
+    Ok((stats, done))
+}

@@ -1,0 +1,233 @@
+//! Target URL parsing and request construction.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+
+/// Wire protocol used to talk to the target.
+///
+/// Only HTTP/1.1 over cleartext TCP is implemented. The connection layer
+/// dispatches on this enum, so `H2c` (prior knowledge) and TLS variants with
+/// `-m N` streams per connection can be added as new variants with their own
+/// connection driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 over TCP, optionally pipelined.
+    Http1,
+}
+
+/// A parsed `http://host:port/path` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Value for the `Host` header (authority as written).
+    pub authority: String,
+    /// Host part without brackets.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Path and query, starting with `/`.
+    pub path: String,
+}
+
+impl Target {
+    /// Parses an absolute URL. Only `http://` is accepted for now.
+    pub fn parse(url: &str) -> Result<Target, String> {
+        let rest = if let Some(r) = strip_prefix_ci(url, "http://") {
+            r
+        } else if strip_prefix_ci(url, "https://").is_some() {
+            return Err("https (TLS) is not supported yet; use http://".to_string());
+        } else {
+            return Err(format!("URL must start with http:// (got {url:?})"));
+        };
+        let rest = rest.split('#').next().unwrap_or("");
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(end);
+        if authority.is_empty() {
+            return Err(format!("URL {url:?} has no host"));
+        }
+        if authority.contains('@') {
+            return Err("user info in URL is not supported".to_string());
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let close = v6
+                .find(']')
+                .ok_or_else(|| format!("bad IPv6 literal in {url:?}"))?;
+            let host = &v6[..close];
+            let after = &v6[close + 1..];
+            let port = match after.strip_prefix(':') {
+                Some(p) => parse_port(p)?,
+                None if after.is_empty() => 80,
+                None => return Err(format!("bad authority in {url:?}")),
+            };
+            (host.to_string(), port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), parse_port(p)?),
+                None => (authority.to_string(), 80),
+            }
+        };
+        if host.is_empty() {
+            return Err(format!("URL {url:?} has no host"));
+        }
+        let path = if path.is_empty() {
+            "/".to_string()
+        } else if path.starts_with('?') {
+            format!("/{path}")
+        } else {
+            path.to_string()
+        };
+        if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            return Err("URL path contains spaces or control characters".to_string());
+        }
+        Ok(Target {
+            authority: authority.to_string(),
+            host,
+            port,
+            path,
+        })
+    }
+
+    /// Resolves the target to its loopback addresses. Non-loopback targets
+    /// are refused.
+    pub fn resolve_loopback(&self) -> Result<Vec<SocketAddr>, String> {
+        let addrs: Vec<SocketAddr> = (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {}: {e}", self.host))?
+            .collect();
+        let lo: Vec<SocketAddr> = addrs
+            .iter()
+            .filter(|a| a.ip().is_loopback())
+            .copied()
+            .collect();
+        if lo.is_empty() {
+            return Err(format!(
+                "refusing non-loopback target {} ({addrs:?}): only 127.0.0.0/8 and ::1 are allowed",
+                self.host
+            ));
+        }
+        Ok(lo)
+    }
+}
+
+fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
+    if s.len() >= prefix.len()
+        && s.as_bytes()[..prefix.len()].eq_ignore_ascii_case(prefix.as_bytes())
+    {
+        Some(&s[prefix.len()..])
+    } else {
+        None
+    }
+}
+
+fn parse_port(p: &str) -> Result<u16, String> {
+    match p.parse::<u16>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("invalid port {p:?}")),
+    }
+}
+
+/// Builds the bytes of one HTTP/1.1 request.
+pub fn build_request(
+    method: &str,
+    target: &Target,
+    headers: &[String],
+    body: &[u8],
+) -> Result<Vec<u8>, String> {
+    if method.is_empty() || !method.bytes().all(is_tchar) {
+        return Err(format!("invalid method {method:?}"));
+    }
+    let mut out = Vec::with_capacity(128 + body.len());
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut has_host = false;
+    let mut has_len = false;
+    for h in headers {
+        let (name, value) = h
+            .split_once(':')
+            .ok_or_else(|| format!("header {h:?} must look like \"Name: value\""))?;
+        let name = name.trim();
+        let value = value.trim();
+        if name.is_empty() || !name.bytes().all(is_tchar) {
+            return Err(format!("invalid header name in {h:?}"));
+        }
+        if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+            return Err(format!("invalid header value in {h:?}"));
+        }
+        if name.eq_ignore_ascii_case("host") {
+            has_host = true;
+        }
+        if name.eq_ignore_ascii_case("content-length")
+            || name.eq_ignore_ascii_case("transfer-encoding")
+        {
+            has_len = true;
+        }
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if !has_host {
+        out.extend_from_slice(b"Host: ");
+        out.extend_from_slice(target.authority.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if !has_len && (!body.is_empty() || matches!(method, "POST" | "PUT" | "PATCH")) {
+        out.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    Ok(out)
+}
+
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls() {
+        let t = Target::parse("http://127.0.0.1:8080/plaintext").expect("ok");
+        assert_eq!(t.host, "127.0.0.1");
+        assert_eq!(t.port, 8080);
+        assert_eq!(t.path, "/plaintext");
+        assert_eq!(t.authority, "127.0.0.1:8080");
+        let t = Target::parse("http://[::1]:9000").expect("ok");
+        assert_eq!(
+            (t.host.as_str(), t.port, t.path.as_str()),
+            ("::1", 9000, "/")
+        );
+        let t = Target::parse("HTTP://localhost?x=1#frag").expect("ok");
+        assert_eq!((t.port, t.path.as_str()), (80, "/?x=1"));
+        assert!(Target::parse("https://127.0.0.1/").is_err());
+        assert!(Target::parse("ftp://127.0.0.1/").is_err());
+        assert!(Target::parse("http://127.0.0.1:0/").is_err());
+        assert!(Target::parse("http:///x").is_err());
+    }
+
+    #[test]
+    fn loopback_only() {
+        let t = Target::parse("http://127.0.0.1:1/").expect("ok");
+        assert!(t.resolve_loopback().is_ok());
+        let t = Target::parse("http://10.1.2.3:1/").expect("ok");
+        assert!(t.resolve_loopback().is_err());
+    }
+
+    #[test]
+    fn builds_requests() {
+        let t = Target::parse("http://127.0.0.1:8080/p").expect("ok");
+        let r = build_request("GET", &t, &[], b"").expect("ok");
+        assert_eq!(r, b"GET /p HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n");
+        let r = build_request("POST", &t, &["X-A:  b ".into()], b"hi").expect("ok");
+        assert_eq!(
+            r,
+            b"POST /p HTTP/1.1\r\nX-A: b\r\nHost: 127.0.0.1:8080\r\nContent-Length: 2\r\n\r\nhi"
+        );
+        let r = build_request("GET", &t, &["host: x".into()], b"").expect("ok");
+        assert_eq!(r, b"GET /p HTTP/1.1\r\nhost: x\r\n\r\n");
+        assert!(build_request("GET", &t, &["bad".into()], b"").is_err());
+        assert!(build_request("G T", &t, &[], b"").is_err());
+    }
+}
