@@ -227,9 +227,10 @@ impl Conn {
     }
 
     /// Writes the status line and header section. `date` is the preformatted IMF-fixdate of the
-    /// current second, `server` the Server header value; `headers` must be valid field names and
-    /// values (the framework's types guarantee it). Returns whether body bytes should be written
-    /// (false for HEAD, 204 and 304).
+    /// current second, `server` the Server header value; `headers` are the handler's fields,
+    /// each checked (a name that is not a token or a value with CR, LF or another control byte
+    /// is dropped: no response splitting). Returns whether body bytes should be written (false
+    /// for HEAD, 204 and 304).
     pub fn start_response<'h>(
         &mut self,
         status: u16,
@@ -237,6 +238,34 @@ impl Conn {
         len: BodyLen,
         date: &[u8],
         server: &[u8],
+        out: &mut BytesMut,
+    ) -> bool {
+        self.encode_head::<true>(status, headers, len, Preamble::Parts { date, server }, out)
+    }
+
+    /// The fast form of [`Conn::start_response`] for a driver that keeps the Server and Date
+    /// fields preformatted: `preamble` is `Server: …\r\nDate: …\r\n` exactly, and `headers`
+    /// are fields already known to be valid, such as `http::HeaderName`/`http::HeaderValue`
+    /// pairs (their constructors refuse anything that is not a token or that contains CR, LF
+    /// or NUL). Nothing is checked per byte; passing unchecked peer-derived bytes here would
+    /// allow response splitting.
+    pub fn start_response_prevalidated<'h>(
+        &mut self,
+        status: u16,
+        headers: impl IntoIterator<Item = (&'h [u8], &'h [u8])>,
+        len: BodyLen,
+        preamble: &[u8],
+        out: &mut BytesMut,
+    ) -> bool {
+        self.encode_head::<false>(status, headers, len, Preamble::Ready(preamble), out)
+    }
+
+    fn encode_head<'h, const CHECK: bool>(
+        &mut self,
+        status: u16,
+        headers: impl IntoIterator<Item = (&'h [u8], &'h [u8])>,
+        len: BodyLen,
+        preamble: Preamble<'_>,
         out: &mut BytesMut,
     ) -> bool {
         if std::mem::take(&mut self.continue_pending) {
@@ -253,11 +282,17 @@ impl Conn {
                 put_status(status, out);
             }
         }
-        out.extend_from_slice(b"\r\nServer: ");
-        out.extend_from_slice(server);
-        out.extend_from_slice(b"\r\nDate: ");
-        out.extend_from_slice(date);
         out.extend_from_slice(b"\r\n");
+        match preamble {
+            Preamble::Ready(bytes) => out.extend_from_slice(bytes),
+            Preamble::Parts { date, server } => {
+                out.extend_from_slice(b"Server: ");
+                out.extend_from_slice(server);
+                out.extend_from_slice(b"\r\nDate: ");
+                out.extend_from_slice(date);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
         self.send = match len {
             _ if no_body => Send::NoBody,
             BodyLen::Known(n) => {
@@ -286,7 +321,7 @@ impl Conn {
             out.extend_from_slice(b"Connection: keep-alive\r\n");
         }
         for (name, value) in headers {
-            if valid_field(name, value) {
+            if !CHECK || valid_field(name, value) {
                 out.extend_from_slice(name);
                 out.extend_from_slice(b": ");
                 out.extend_from_slice(value);
@@ -394,6 +429,12 @@ impl Conn {
         }
         self.send = Send::Idle;
     }
+}
+
+/// The Server and Date fields: preformatted, or to be formatted.
+enum Preamble<'a> {
+    Ready(&'a [u8]),
+    Parts { date: &'a [u8], server: &'a [u8] },
 }
 
 /// Response header fields come from the framework's validated types; this is the last line of

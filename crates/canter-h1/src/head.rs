@@ -4,6 +4,7 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
 
 use crate::{Error, Limits};
 
@@ -111,7 +112,8 @@ pub struct RequestHead {
     target: Span,
     path: PathAndQuery,
     version: Version,
-    headers: Vec<(Span, Span)>,
+    /// Inline for the usual handful of fields: parsing a typical request allocates nothing.
+    headers: SmallVec<[(Span, Span); 12]>,
     body: BodyKind,
     keep_alive: bool,
     expect_continue: bool,
@@ -254,7 +256,7 @@ pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Reques
     if target.len() > limits.max_target {
         return Err(Error::UriTooLong);
     }
-    check_line_endings(&base[..len])?;
+    check_line_endings(base, len, method, req.headers)?;
     let version = if minor == 1 {
         Version::Http11
     } else {
@@ -266,7 +268,7 @@ pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Reques
     };
 
     let mut framing = Framing::default();
-    let mut headers = Vec::with_capacity(req.headers.len());
+    let mut headers = SmallVec::new();
     for h in req.headers.iter() {
         framing.field(h.name, h.value)?;
         headers.push((Span::of(base, h.name.as_bytes()), Span::of(base, h.value)));
@@ -364,11 +366,29 @@ fn version_error(buf: &[u8]) -> Option<Error> {
 
 /// RFC 9112 §2.2 allows a recipient to accept a bare LF as a line terminator. We do not: a
 /// lone LF is a classic request-smuggling lever between servers that disagree, so it is a 400.
-fn check_line_endings(head: &[u8]) -> Result<(), Error> {
-    for i in memchr::memchr_iter(b'\n', head) {
-        if i == 0 || head[i - 1] != b'\r' {
-            return Err(Error::Malformed("bare LF line ending"));
+fn check_line_endings(
+    base: &[u8],
+    len: usize,
+    method: &str,
+    headers: &[httparse::Header<'_>],
+) -> Result<(), Error> {
+    // httparse accepts a line end only where a line may end (it refuses obs-fold and control
+    // bytes elsewhere), so only those places need a look, not every byte: the empty lines it
+    // skipped before the request line, the end of each line (the two bytes before the next
+    // field name) and the final empty line.
+    let bare_lf = Err(Error::Malformed("bare LF line ending"));
+    let start = Span::of(base, method.as_bytes()).start as usize;
+    if !base[..start].chunks(2).all(|pair| pair == b"\r\n") {
+        return bare_lf;
+    }
+    for h in headers {
+        let at = Span::of(base, h.name.as_bytes()).start as usize;
+        if at < 2 || &base[at - 2..at] != b"\r\n" {
+            return bare_lf;
         }
+    }
+    if len < 4 || &base[len - 4..len] != b"\r\n\r\n" {
+        return bare_lf;
     }
     Ok(())
 }
@@ -443,11 +463,12 @@ fn authority(a: &[u8]) -> Option<(&[u8], Option<&[u8]>)> {
         }
         close + 1
     } else {
-        let end = a.iter().position(|&b| b == b':').unwrap_or(a.len());
-        if !a[..end].iter().all(|&b| is_reg_name_char(b)) {
-            return None;
+        // One pass: reg-name bytes up to the first other byte, which may only be the ':'.
+        match a.iter().position(|&b| !is_reg_name_char(b)) {
+            None => a.len(),
+            Some(i) if a[i] == b':' => i,
+            Some(_) => return None,
         }
-        end
     };
     let (host, rest) = a.split_at(host_end);
     match rest {

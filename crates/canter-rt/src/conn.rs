@@ -317,7 +317,6 @@ impl<S: Service> Driver<S> {
             Body::Full(b) => BodyLen::Known(b.len() as u64),
             Body::Stream { len, .. } => len.map_or(BodyLen::Unknown, BodyLen::Known),
         };
-        let date = self.worker.date();
         self.out.prepare(&self.worker);
         let content_type = content_type
             .as_ref()
@@ -327,15 +326,10 @@ impl<S: Service> Driver<S> {
                 .iter()
                 .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
         );
-        let server = self.cfg.server_name.as_bytes();
-        let with_body = self.h1.start_response(
-            status.as_u16(),
-            fields,
-            len,
-            &date,
-            server,
-            &mut self.out.buf,
-        );
+        let (h1, out) = (&mut self.h1, &mut self.out.buf);
+        let with_body = self.worker.with_preamble(|preamble| {
+            h1.start_response_prevalidated(status.as_u16(), fields, len, preamble, out)
+        });
         (with_body, body)
     }
 
@@ -659,6 +653,7 @@ impl Out {
     }
 
     /// Makes sure the copy buffer has an allocation (it is returned to the pool while idle).
+    #[inline]
     fn prepare(&mut self, worker: &Worker) {
         if self.buf.capacity() == 0 {
             self.buf = worker.take_buf();

@@ -208,7 +208,7 @@ where
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         let listener = TcpListener::from_std(listener)?;
-        let worker = Rc::new(Worker::new());
+        let worker = Rc::new(Worker::new(&config.server_name));
         let svc = Rc::new(factory(index));
         let cfg = Rc::new(config);
         let ticker = {

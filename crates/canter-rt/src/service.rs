@@ -84,6 +84,10 @@ impl fmt::Debug for Request {
     }
 }
 
+const TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+const HTML: HeaderValue = HeaderValue::from_static("text/html; charset=utf-8");
+const JSON: HeaderValue = HeaderValue::from_static("application/json");
+
 /// A response: status, header fields (beyond the Server, Date and framing headers the runtime
 /// adds) and a body.
 pub struct Response {
@@ -109,32 +113,32 @@ impl Response {
     /// 200 with a `text/plain; charset=utf-8` body.
     #[inline]
     pub fn text(body: impl Into<Body>) -> Response {
-        Response::new(StatusCode::OK)
-            .with_header(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; charset=utf-8"),
-            )
-            .with_body(body)
+        Response {
+            status: StatusCode::OK,
+            content_type: Some(TEXT),
+            headers: Vec::new(),
+            body: body.into(),
+        }
     }
 
     /// 200 with a `text/html; charset=utf-8` body.
     pub fn html(body: impl Into<Body>) -> Response {
-        Response::new(StatusCode::OK)
-            .with_header(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("text/html; charset=utf-8"),
-            )
-            .with_body(body)
+        Response {
+            status: StatusCode::OK,
+            content_type: Some(HTML),
+            headers: Vec::new(),
+            body: body.into(),
+        }
     }
 
     /// 200 with an `application/json` body (already serialized).
     pub fn json_bytes(body: impl Into<Body>) -> Response {
-        Response::new(StatusCode::OK)
-            .with_header(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )
-            .with_body(body)
+        Response {
+            status: StatusCode::OK,
+            content_type: Some(JSON),
+            headers: Vec::new(),
+            body: body.into(),
+        }
     }
 
     /// Sets the status.

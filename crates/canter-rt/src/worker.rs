@@ -17,6 +17,9 @@ const POOL_MAX: usize = 256;
 
 pub(crate) struct Worker {
     date: RefCell<[u8; 29]>,
+    /// `Server: …\r\nDate: …\r\n`, rebuilt when the second changes.
+    preamble: RefCell<Vec<u8>>,
+    server: String,
     now: Cell<Instant>,
     second: Cell<u64>,
     pool: RefCell<Vec<BytesMut>>,
@@ -34,9 +37,11 @@ struct Slab {
 }
 
 impl Worker {
-    pub(crate) fn new() -> Worker {
+    pub(crate) fn new(server: &str) -> Worker {
         let w = Worker {
             date: RefCell::new([0; 29]),
+            preamble: RefCell::new(Vec::new()),
+            server: server.to_owned(),
             now: Cell::new(Instant::now()),
             second: Cell::new(u64::MAX),
             pool: RefCell::new(Vec::new()),
@@ -63,6 +68,18 @@ impl Worker {
         if date.len() == cached.len() {
             cached.copy_from_slice(date.as_bytes());
         }
+        let mut preamble = self.preamble.borrow_mut();
+        preamble.clear();
+        preamble.extend_from_slice(b"Server: ");
+        preamble.extend_from_slice(self.server.as_bytes());
+        preamble.extend_from_slice(b"\r\nDate: ");
+        preamble.extend_from_slice(&cached[..]);
+        preamble.extend_from_slice(b"\r\n");
+    }
+
+    /// Runs `f` with the preformatted `Server: …\r\nDate: …\r\n` fields.
+    pub(crate) fn with_preamble<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        f(&self.preamble.borrow())
     }
 
     /// The IMF-fixdate of the current second.

@@ -9,6 +9,8 @@ use canter_rt::http::{header, HeaderValue, Method, StatusCode};
 use canter_rt::{Body, BodyStream, Reply, Request, Response, Service};
 use serde::Serialize;
 
+const OCTET_STREAM: HeaderValue = HeaderValue::from_static("application/octet-stream");
+
 /// Largest body `POST /echo` accepts.
 pub const ECHO_LIMIT: usize = 16 * 1024 * 1024;
 /// Largest `n` for `GET /bytes/{n}`.
@@ -47,10 +49,7 @@ impl Service for Demo {
             "/echo" if *req.method() == Method::POST => Reply::future(async move {
                 match req.body_mut().collect(ECHO_LIMIT).await {
                     Ok(body) => Response::new(StatusCode::OK)
-                        .with_header(
-                            header::CONTENT_TYPE,
-                            HeaderValue::from_static("application/octet-stream"),
-                        )
+                        .with_header(header::CONTENT_TYPE, OCTET_STREAM)
                         .with_body(body),
                     Err(e) => error(
                         StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
@@ -78,10 +77,7 @@ fn json() -> Response {
 fn bytes(n: &str) -> Response {
     match n.parse::<u64>() {
         Ok(n) if n <= BYTES_LIMIT => Response::new(StatusCode::OK)
-            .with_header(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            )
+            .with_header(header::CONTENT_TYPE, OCTET_STREAM)
             .with_body(Body::stream(Some(n), Repeat { left: n })),
         Ok(_) => error(StatusCode::BAD_REQUEST, "n is larger than 1 GiB"),
         Err(_) => error(StatusCode::BAD_REQUEST, "n must be a non-negative integer"),
