@@ -139,7 +139,9 @@ impl<S: Service> Driver<S> {
             match self.h1.poll_request(&mut self.rbuf, self.worker.now()) {
                 Ok(Some(head)) => {
                     if let Some(slow) = self.exchange_sync(head) {
-                        self.exchange(slow).await?;
+                        // Boxed: the slow path's state would otherwise sit in every idle
+                        // connection's task.
+                        Box::pin(self.exchange(slow)).await?;
                     }
                 }
                 Ok(None) => return Ok(()),
@@ -590,7 +592,8 @@ impl<S: Service> Driver<S> {
             return;
         }
         let until = tokio::time::Instant::now() + LINGER_TOTAL;
-        let mut scratch = [0u8; 4096];
+        let mut scratch = self.worker.take_buf();
+        scratch.resize(scratch.capacity(), 0);
         loop {
             let step = until.min(tokio::time::Instant::now() + LINGER_READ);
             match tokio::time::timeout_at(step, self.io.readable()).await {
