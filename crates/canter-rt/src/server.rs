@@ -4,6 +4,7 @@
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
@@ -79,6 +80,35 @@ impl ShutdownHandle {
     }
 }
 
+/// Counters of a running server, readable from any thread. Updated once per connection (never
+/// per request), so they cost nothing on the hot path.
+#[derive(Debug, Default)]
+pub struct Stats {
+    open: AtomicUsize,
+    accepted: AtomicU64,
+}
+
+impl Stats {
+    /// Connections currently open (their tasks alive), across all workers.
+    pub fn open_connections(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections accepted since start.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn opened(&self) {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        self.accepted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn closed(&self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A bound server, ready to [`Server::serve`].
 #[derive(Debug)]
 pub struct Server {
@@ -87,6 +117,7 @@ pub struct Server {
     local_addr: SocketAddr,
     shutdown: ShutdownHandle,
     rx: watch::Receiver<bool>,
+    stats: Arc<Stats>,
 }
 
 impl Server {
@@ -106,12 +137,18 @@ impl Server {
             local_addr,
             shutdown: ShutdownHandle { tx: Arc::new(tx) },
             rx,
+            stats: Arc::default(),
         })
     }
 
     /// The bound address (with the actual port when port 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The server's counters (open connections, accepted connections).
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
     }
 
     /// A handle to stop the server from another thread.
@@ -132,9 +169,10 @@ impl Server {
             let factory = factory.clone();
             let config = self.config.clone();
             let rx = self.rx.clone();
+            let stats = self.stats.clone();
             let t = thread::Builder::new()
                 .name(format!("canter-worker-{i}"))
-                .spawn(move || run_worker(i, listener, config, rx, move |i| factory(i)))?;
+                .spawn(move || run_worker(i, listener, config, rx, stats, move |i| factory(i)))?;
             threads.push(t);
         }
         let mut result = Ok(());
@@ -193,6 +231,7 @@ fn run_worker<S, F>(
     listener: StdListener,
     config: Config,
     mut shutdown: watch::Receiver<bool>,
+    stats: Arc<Stats>,
     factory: F,
 ) -> io::Result<()>
 where
@@ -208,7 +247,7 @@ where
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         let listener = TcpListener::from_std(listener)?;
-        let worker = Rc::new(Worker::new(&config.server_name));
+        let worker = Rc::new(Worker::new(&config.server_name, stats));
         let svc = Rc::new(factory(index));
         let cfg = Rc::new(config);
         let ticker = {

@@ -3,10 +3,13 @@
 //! Nothing here is shared across threads.
 
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::BytesMut;
+
+use crate::server::Stats;
 
 /// Size of a fresh read buffer.
 pub(crate) const READ_BUF: usize = 8 * 1024;
@@ -20,6 +23,7 @@ pub(crate) struct Worker {
     /// `Server: …\r\nDate: …\r\n`, rebuilt when the second changes.
     preamble: RefCell<Vec<u8>>,
     server: String,
+    stats: Arc<Stats>,
     now: Cell<Instant>,
     second: Cell<u64>,
     pool: RefCell<Vec<BytesMut>>,
@@ -37,11 +41,12 @@ struct Slab {
 }
 
 impl Worker {
-    pub(crate) fn new(server: &str) -> Worker {
+    pub(crate) fn new(server: &str, stats: Arc<Stats>) -> Worker {
         let w = Worker {
             date: RefCell::new([0; 29]),
             preamble: RefCell::new(Vec::new()),
             server: server.to_owned(),
+            stats,
             now: Cell::new(Instant::now()),
             second: Cell::new(u64::MAX),
             pool: RefCell::new(Vec::new()),
@@ -138,6 +143,7 @@ impl Worker {
     }
 
     pub(crate) fn register(&self, waker: Waker) -> usize {
+        self.stats.opened();
         let mut s = self.conns.borrow_mut();
         s.live += 1;
         match s.free.pop() {
@@ -156,6 +162,7 @@ impl Worker {
         let mut s = self.conns.borrow_mut();
         if let Some(slot) = s.slots.get_mut(id) {
             if slot.take().is_some() {
+                self.stats.closed();
                 s.live -= 1;
                 s.free.push(id);
             }
