@@ -71,8 +71,8 @@ pub enum BodyKind {
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Span {
-    start: u32,
-    len: u32,
+    start: u16,
+    len: u16,
 }
 
 impl Span {
@@ -80,8 +80,8 @@ impl Span {
         // Both slices come from the same buffer: the offset is the difference of the addresses.
         let start = part.as_ptr() as usize - base.as_ptr() as usize;
         Span {
-            start: start as u32,
-            len: part.len() as u32,
+            start: start as u16,
+            len: part.len() as u16,
         }
     }
 
@@ -216,10 +216,12 @@ fn ascii(bytes: &[u8]) -> &str {
 /// byte that exceeds it, so only the bytes up to that point are parsed (a syntax error further on
 /// would not have been seen yet had the bytes arrived one at a time).
 pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<RequestHead>, Error> {
-    let window = buf.len().min(limits.max_head);
+    // Spans are 16-bit offsets into the head: the head limit is capped to fit.
+    let max_head = limits.max_head.min(Limits::HEAD_CAP);
+    let window = buf.len().min(max_head);
     let (scan_len, limit) = match target_overflow(&buf[..window], limits.max_target) {
         Some(at) => (at, Some(Error::UriTooLong)),
-        None if buf.len() >= limits.max_head => (window, Some(Error::HeadersTooLarge)),
+        None if buf.len() >= max_head => (window, Some(Error::HeadersTooLarge)),
         None => (buf.len(), None),
     };
     let need_more = || limit.map_or(Ok(None), Err);
@@ -245,7 +247,7 @@ pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Reques
         }
         Err(e) => return Err(map_httparse(e)),
     };
-    if len > limits.max_head {
+    if len > max_head {
         return Err(Error::HeadersTooLarge);
     }
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 /// Size limits applied while parsing requests. Exceeding one yields the matching [`crate::Error`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Maximum size of the request line plus header section, in bytes (431 beyond it).
+    /// Maximum size of the request line plus header section, in bytes (431 beyond it). At most
+    /// [`Limits::HEAD_CAP`].
     pub max_head: usize,
     /// Maximum number of header fields (431 beyond it). At most [`Limits::HEADER_COUNT_CAP`].
     pub max_headers: usize,
@@ -21,6 +22,9 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// Hard upper bound on [`Limits::max_head`] (64 KiB − 1): offsets into a head are 16-bit.
+    pub const HEAD_CAP: usize = u16::MAX as usize;
+
     /// Hard upper bound on [`Limits::max_headers`]: the parser's scratch space is fixed.
     pub const HEADER_COUNT_CAP: usize = 256;
 }
