@@ -28,8 +28,10 @@ pub enum BodyError {
     TooLarge,
     /// The body's framing is invalid: answer 400.
     Malformed(canter_h1::Error),
-    /// The peer closed the connection or went silent past the body timeout.
+    /// The peer closed the connection mid-body.
     Disconnected,
+    /// The body made no progress within the body timeout (answer 408).
+    TimedOut,
     /// The body was used after the handler returned its response.
     Detached,
 }
@@ -40,6 +42,7 @@ impl BodyError {
         match self {
             BodyError::TooLarge => 413,
             BodyError::Malformed(e) => e.status(),
+            BodyError::TimedOut => 408,
             BodyError::Disconnected | BodyError::Detached => 400,
         }
     }
@@ -51,6 +54,7 @@ impl fmt::Display for BodyError {
             BodyError::TooLarge => f.write_str("request body too large"),
             BodyError::Malformed(e) => e.fmt(f),
             BodyError::Disconnected => f.write_str("client went away during the request body"),
+            BodyError::TimedOut => f.write_str("request body timed out"),
             BodyError::Detached => f.write_str("request body read after the response"),
         }
     }

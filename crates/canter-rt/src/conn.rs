@@ -62,6 +62,7 @@ type Res<T> = Result<T, Stop>;
 
 /// Serves one accepted connection until it closes.
 pub(crate) async fn serve<S: Service>(
+    registration: Registration,
     io: TcpStream,
     peer: SocketAddr,
     svc: Rc<S>,
@@ -69,7 +70,7 @@ pub(crate) async fn serve<S: Service>(
     cfg: Rc<Config>,
 ) {
     let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
-    let id = worker.register(waker);
+    worker.set_waker(registration.id, waker);
     let now = worker.now();
     let mut driver = Driver {
         h1: Conn::new(cfg.limits, cfg.timeouts, now),
@@ -95,7 +96,20 @@ pub(crate) async fn serve<S: Service>(
         Err(Stop::Io(e)) => tracing::debug!(%peer, error = %e, "connection error"),
     }
     driver.release();
-    worker.unregister(id);
+}
+
+/// A connection's place in its worker's registry. Created at accept and moved into the task,
+/// it unregisters when dropped, even if the task never ran to completion (runtime shut down after
+/// a drain timeout), so the counts stay true.
+pub(crate) struct Registration {
+    pub(crate) id: usize,
+    pub(crate) worker: Rc<Worker>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.worker.unregister(self.id);
+    }
 }
 
 struct Driver<S> {
@@ -129,6 +143,7 @@ impl<S: Service> Driver<S> {
 
     /// Answers every complete request in the read buffer, in order.
     async fn process(&mut self) -> Res<()> {
+        let mut answered = 0;
         loop {
             if self.closing {
                 return Ok(());
@@ -136,6 +151,14 @@ impl<S: Service> Driver<S> {
             if self.out.len() >= self.cfg.high_water {
                 self.flush().await?;
             }
+            if answered >= self.cfg.max_pipeline {
+                // Enough pipelined requests answered in one turn: send them, and let the
+                // worker's other connections run before parsing more.
+                answered = 0;
+                self.flush().await?;
+                tokio::task::yield_now().await;
+            }
+            answered += 1;
             match self.h1.poll_request(&mut self.rbuf, self.worker.now()) {
                 Ok(Some(head)) => {
                     if let Some(slow) = self.exchange_sync(head) {
@@ -156,6 +179,7 @@ impl<S: Service> Driver<S> {
                         &mut self.out.buf,
                     );
                     self.closing = true;
+                    self.errored = true;
                     return Ok(());
                 }
             }
@@ -275,8 +299,11 @@ impl<S: Service> Driver<S> {
                     if self.out.len() >= self.cfg.high_water {
                         self.flush().await?;
                     }
+                    // A stream that produces nothing for this long is abandoned: nothing else
+                    // would notice a client that went away meanwhile.
+                    let stall = self.worker.now() + self.cfg.handler_timeout;
                     let mut next = poll_fn(|cx| stream.as_mut().poll_next(cx));
-                    match self.drive(&mut next, pipe, None).await? {
+                    match self.drive(&mut next, pipe, Some(stall)).await? {
                         Driven::Done(Some(Ok(data))) => {
                             if !self.send(data) {
                                 return Ok(false);
@@ -287,7 +314,11 @@ impl<S: Service> Driver<S> {
                             tracing::warn!(peer = %self.peer, error = %e, "response body stream failed; closing");
                             return Ok(false);
                         }
-                        Driven::Panicked | Driven::TimedOut => {
+                        Driven::TimedOut => {
+                            tracing::warn!(peer = %self.peer, "response body stream stalled; closing");
+                            return Ok(false);
+                        }
+                        Driven::Panicked => {
                             tracing::error!(peer = %self.peer, "response body stream panicked; closing");
                             return Ok(false);
                         }
@@ -398,6 +429,13 @@ impl<S: Service> Driver<S> {
                     Poll::Pending => break,
                 }
             }
+            // The future waits on something else: send what is ready meanwhile (earlier
+            // pipelined responses, the head and pieces of a streamed body).
+            if !self.out.is_empty() {
+                if let Poll::Ready(Err(e)) = self.out.poll_write(&mut self.io, cx) {
+                    return Poll::Ready(Err(Stop::Io(e)));
+                }
+            }
             let body_deadline = pipe
                 .filter(|p| p.borrow().wanted)
                 .and_then(|_| self.h1.deadline());
@@ -413,7 +451,7 @@ impl<S: Service> Driver<S> {
                     if let Some(pipe) = pipe {
                         tracing::info!(peer = %self.peer, "request body timed out");
                         pipe.borrow_mut()
-                            .close(PipeState::Failed(BodyError::Disconnected));
+                            .close(PipeState::Failed(BodyError::TimedOut));
                         self.h1.set_close();
                         self.closing = true;
                         cx.waker().wake_by_ref();
@@ -569,7 +607,17 @@ impl<S: Service> Driver<S> {
             ready!(self.io.poll_read_ready(cx))?;
             self.rbuf = self.worker.take_buf();
         }
-        self.rbuf.reserve(READ_BUF / 2);
+        // While a head is pending, never grow past what can still be part of a valid head
+        // (a full buffer would otherwise double for the last few bytes).
+        let want = if self.h1.body_done() {
+            let max_head = self.cfg.limits.max_head.min(canter_h1::Limits::HEAD_CAP);
+            (max_head + 1)
+                .saturating_sub(self.rbuf.len())
+                .clamp(1, READ_BUF / 2)
+        } else {
+            READ_BUF / 2
+        };
+        self.rbuf.reserve(want);
         let spare = self.rbuf.spare_capacity_mut();
         let mut rb = ReadBuf::uninit(spare);
         ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;

@@ -37,6 +37,9 @@ pub struct Config {
     pub high_water: usize,
     /// Bytes a connection may read before yielding to the other connections of its worker.
     pub read_budget: usize,
+    /// Pipelined requests a connection answers in one turn before it flushes and yields: bounds
+    /// the responses in flight per connection and the work one client can claim at a time.
+    pub max_pipeline: usize,
     /// Connections per worker; beyond it new connections wait in the listen backlog.
     pub max_connections: usize,
     /// Listen backlog.
@@ -58,6 +61,7 @@ impl Default for Config {
             handler_timeout: Duration::from_secs(60),
             high_water: 64 * 1024,
             read_budget: 256 * 1024,
+            max_pipeline: 64,
             max_connections: 65_536,
             backlog: 4096,
             drain_timeout: Duration::from_secs(10),
@@ -276,7 +280,8 @@ where
                 accepted = listener.accept() => match accepted {
                     Ok((io, peer)) => {
                         let _ = io.set_nodelay(true);
-                        tokio::task::spawn_local(crate::conn::serve(io, peer, svc.clone(), worker.clone(), cfg.clone()));
+                        let registration = crate::conn::Registration { id: worker.register(), worker: worker.clone() };
+                        tokio::task::spawn_local(crate::conn::serve(registration, io, peer, svc.clone(), worker.clone(), cfg.clone()));
                     }
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.

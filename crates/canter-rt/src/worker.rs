@@ -142,7 +142,10 @@ impl Worker {
         }
     }
 
-    pub(crate) fn register(&self, waker: Waker) -> usize {
+    /// Counts a connection the moment it is accepted (before its task first runs, so the
+    /// accept loop's limit sees it); its task installs its waker with [`Worker::set_waker`].
+    pub(crate) fn register(&self) -> usize {
+        let waker = Waker::noop().clone();
         self.stats.opened();
         let mut s = self.conns.borrow_mut();
         s.live += 1;
@@ -155,6 +158,12 @@ impl Worker {
                 s.slots.push(Some(waker));
                 s.slots.len() - 1
             }
+        }
+    }
+
+    pub(crate) fn set_waker(&self, id: usize, waker: Waker) {
+        if let Some(slot @ Some(_)) = self.conns.borrow_mut().slots.get_mut(id) {
+            *slot = Some(waker);
         }
     }
 

@@ -45,6 +45,21 @@ struct ServeArgs {
     /// Maximum size of the request header section, in bytes.
     #[arg(long, default_value_t = 16 * 1024)]
     max_head: usize,
+    /// Maximum number of request header fields.
+    #[arg(long, default_value_t = 100)]
+    max_headers: usize,
+    /// Maximum request target length, in bytes.
+    #[arg(long, default_value_t = 8 * 1024)]
+    max_target: usize,
+    /// Pipelined requests answered per connection turn before flushing and yielding.
+    #[arg(long, default_value_t = 64)]
+    max_pipeline: usize,
+    /// Seconds a handler may run before the request is answered 503.
+    #[arg(long, default_value_t = 60)]
+    handler_timeout: u64,
+    /// Seconds a response may wait for the client to read before the connection is closed.
+    #[arg(long, default_value_t = 30)]
+    write_timeout: u64,
     /// Maximum request body size, in bytes.
     #[arg(long, default_value_t = 16 * 1024 * 1024)]
     max_body: u64,
@@ -91,6 +106,11 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     config.timeouts.body = Duration::from_secs(args.body_timeout);
     config.limits.max_head = args.max_head;
     config.limits.max_body = args.max_body;
+    config.limits.max_headers = args.max_headers;
+    config.limits.max_target = args.max_target;
+    config.max_pipeline = args.max_pipeline.max(1);
+    config.handler_timeout = Duration::from_secs(args.handler_timeout);
+    config.timeouts.write = Duration::from_secs(args.write_timeout);
     config.max_connections = args.max_connections;
     let workers = config.workers;
     let server = canter_rt::Server::bind(config)
