@@ -111,6 +111,8 @@ pub struct RequestHead {
     method_span: Span,
     target: Span,
     path: PathAndQuery,
+    /// Length of the path within `path`: where its query starts (or its whole length).
+    path_len: u16,
     version: Version,
     /// Inline for the usual handful of fields: parsing a typical request allocates nothing.
     headers: SmallVec<[(Span, Span); 12]>,
@@ -147,16 +149,12 @@ impl RequestHead {
     /// The path without the query (still percent-encoded).
     pub fn path(&self) -> &str {
         let pq = self.path_and_query();
-        match pq.find('?') {
-            Some(i) => &pq[..i],
-            None => pq,
-        }
+        pq.get(..self.path_len as usize).unwrap_or(pq)
     }
 
     /// The query string without the `?`, if any.
     pub fn query(&self) -> Option<&str> {
-        let pq = self.path_and_query();
-        pq.find('?').map(|i| &pq[i + 1..])
+        self.path_and_query().get(self.path_len as usize + 1..)
     }
 
     /// The HTTP version.
@@ -276,11 +274,19 @@ pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Reques
         headers.push((Span::of(base, h.name.as_bytes()), Span::of(base, h.value)));
     }
     let (body, keep_alive) = framing.finish(version, limits)?;
+    let path_len = {
+        let pq = match &path {
+            PathAndQuery::Span(span) => span.get(base),
+            PathAndQuery::Owned(pq) => pq.as_bytes(),
+        };
+        pq.iter().position(|&b| b == b'?').unwrap_or(pq.len()) as u16
+    };
     let head = RequestHead {
         method: Method::from_token(method),
         method_span: Span::of(base, method.as_bytes()),
         target: Span::of(base, target.as_bytes()),
         path,
+        path_len,
         version,
         headers,
         body,

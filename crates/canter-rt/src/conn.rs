@@ -42,6 +42,8 @@ const ZERO_COPY_MIN: usize = 16 * 1024;
 const DISCARD_MAX: u64 = 64 * 1024;
 /// Lingering close: how long in all, and how long per read, the connection keeps draining the
 /// peer's input after its final response.
+/// Reads into a pending request head after which it is parsed again even without a new line.
+const DEFER_MAX: u32 = 16;
 const LINGER_TOTAL: Duration = Duration::from_secs(5);
 const LINGER_READ: Duration = Duration::from_secs(2);
 
@@ -85,6 +87,7 @@ pub(crate) async fn serve<S: Service>(
         read_in_turn: 0,
         closing: false,
         errored: false,
+        deferred: 0,
     };
     let result = driver.run().await;
     if matches!(result, Ok(()) | Err(Stop::Done)) {
@@ -127,17 +130,22 @@ struct Driver<S> {
     closing: bool,
     /// An error response was sent: the peer's input may be out of sync, so close lingering.
     errored: bool,
+    /// Reads since a pending head was last parsed.
+    deferred: u32,
 }
 
 impl<S: Service> Driver<S> {
     async fn run(&mut self) -> Res<()> {
+        let mut parse = true;
         loop {
-            self.process().await?;
+            if parse {
+                self.process().await?;
+            }
             self.flush().await?;
             if self.closing {
                 return Ok(());
             }
-            self.read().await?;
+            parse = self.read().await?;
         }
     }
 
@@ -558,7 +566,14 @@ impl<S: Service> Driver<S> {
     }
 
     /// Waits for more request bytes under the idle/head timeout.
-    async fn read(&mut self) -> Res<()> {
+    ///
+    /// Returns whether the buffer is worth parsing again. A head still incomplete after the last
+    /// parse is re-parsed from its start, so a client dribbling a head byte by byte would cost
+    /// quadratic work; it is re-parsed only once the new bytes end a line, the head limit is
+    /// reached, or [`DEFER_MAX`] reads went by (errors show up at the latest at the next line
+    /// end, the limit or the head timeout).
+    async fn read(&mut self) -> Res<bool> {
+        let before = self.rbuf.len();
         if self.read_in_turn >= self.cfg.read_budget {
             self.read_in_turn = 0;
             tokio::task::yield_now().await;
@@ -581,6 +596,20 @@ impl<S: Service> Driver<S> {
             }
         })
         .await;
+        if result.is_ok() {
+            let head_pending = !self.h1.is_idle();
+            let max_head = self.cfg.limits.max_head.min(canter_h1::Limits::HEAD_CAP);
+            let fresh = self.rbuf.get(before..).unwrap_or_default();
+            self.deferred += 1;
+            let due = !head_pending
+                || fresh.contains(&b'\n')
+                || self.rbuf.len() >= max_head
+                || self.deferred >= DEFER_MAX;
+            if due {
+                self.deferred = 0;
+            }
+            return Ok(due);
+        }
         if let Err(Stop::Timeout(_)) = result {
             if !self.h1.is_idle() || !self.rbuf.is_empty() {
                 // A slow or stalled request head: say so, then close.
@@ -597,7 +626,7 @@ impl<S: Service> Driver<S> {
                 return Err(Stop::Timeout("head"));
             }
         }
-        result
+        result.map(|()| true)
     }
 
     /// Reads once into the read buffer. While the buffer is empty the connection holds no
