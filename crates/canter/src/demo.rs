@@ -1,13 +1,36 @@
-//! The built-in demo app served by `canter serve`.
+//! The built-in demo app served by `canter serve`, written on the [`Router`].
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /plaintext` | `Hello, World!` |
+//! | `GET /json` | `{"message":"Hello, World!"}`, serialized per request |
+//! | `POST /echo` | the body back (up to 16 MiB) |
+//! | `GET /bytes/{n}` | `n` bytes of `x`, streamed (up to 1 GiB) |
+//! | `GET /hello/{name}` | `Hello, {name}!` (percent-decoded) |
+//! | `POST /api/items` | stores a JSON item `{"name": "...", "qty": 1}`; 201 with its `id` |
+//! | `GET /api/items/{id}` | the stored item, or 404 |
+//! | `GET /page?name=...` | an HTML page built per request (maud, escaped) |
+//! | `GET /` | an index page |
+//!
+//! Anything else: 404 `no such endpoint`; a known path with another method: 405 with `Allow`.
 
+use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use canter_rt::http::{header, HeaderValue, Method, StatusCode};
-use canter_rt::{Body, BodyStream, Reply, Request, Response, Service};
-use serde::Serialize;
+use canter_rt::http::{header, HeaderValue, StatusCode};
+use canter_rt::{Body, BodyStream, Response};
+use maud::{html, Markup, DOCTYPE};
+use serde::{Deserialize, Serialize};
+
+use crate::app::{
+    get, post, FromParts, Html, IntoResponse, Json, Parts, Path, Query, RawBody, Rejection, Router,
+    State,
+};
 
 const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain");
 const OCTET_STREAM: HeaderValue = HeaderValue::from_static("application/octet-stream");
@@ -30,40 +53,35 @@ const INDEX: &str = r#"<!doctype html>
 </body></html>
 "#;
 
-#[derive(Serialize)]
-struct Message<'a> {
-    message: &'a str,
-}
-
-/// The demo application.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Demo;
-
-impl Service for Demo {
-    fn call(&self, mut req: Request) -> Reply {
-        let path = req.path();
-        let get = matches!(*req.method(), Method::GET | Method::HEAD);
-        match path {
-            "/plaintext" if get => plaintext().into(),
-            "/json" if get => json().into(),
-            "/" if get => Response::html(INDEX).into(),
-            "/echo" if *req.method() == Method::POST => Reply::future(async move {
-                match req.body_mut().collect(ECHO_LIMIT).await {
-                    Ok(body) => Response::new(StatusCode::OK)
-                        .with_header(header::CONTENT_TYPE, OCTET_STREAM)
-                        .with_body(body),
-                    Err(e) => error(
-                        StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
-                        &e.to_string(),
-                    ),
-                }
-            }),
-            _ if get && path.starts_with("/bytes/") => bytes(&path["/bytes/".len()..]).into(),
-            "/plaintext" | "/json" | "/" | "/echo" => method_not_allowed(path).into(),
-            _ if path.starts_with("/bytes/") => method_not_allowed(path).into(),
-            _ => error(StatusCode::NOT_FOUND, "no such endpoint").into(),
-        }
-    }
+/// The demo router over `store` (shared by every worker that gets a clone of it).
+///
+/// ```no_run
+/// use canter::demo::{app, Store};
+/// use canter::rt::{Config, Server};
+/// use std::sync::Arc;
+///
+/// let store = Arc::new(Store::default());
+/// Server::bind(Config::default())
+///     .unwrap()
+///     .serve(move |_worker| app(store.clone()))
+///     .unwrap();
+/// ```
+pub fn app(store: Arc<Store>) -> Router {
+    let api = Router::new()
+        .route("/items", post(create_item))
+        .route("/items/{id}", get(get_item));
+    Router::new()
+        .route("/", get(|| Html(INDEX)))
+        .route("/plaintext", get(plaintext))
+        .route("/json", get(json))
+        .route("/echo", post(echo))
+        .route("/bytes/", get(bad_n))
+        .route("/bytes/{*n}", get(bytes))
+        .route("/hello/{name}", get(hello))
+        .route("/page", get(page))
+        .nest("/api", api)
+        .fallback(|| error(StatusCode::NOT_FOUND, "no such endpoint"))
+        .with_state(store)
 }
 
 /// The TechEmpower plaintext response: `text/plain` without a charset, so its bytes match the
@@ -74,29 +92,136 @@ fn plaintext() -> Response {
         .with_body("Hello, World!")
 }
 
-fn json() -> Response {
-    match serde_json::to_vec(&Message {
+#[derive(Serialize)]
+struct Message {
+    message: &'static str,
+}
+
+fn json() -> Json<Message> {
+    Json(Message {
         message: "Hello, World!",
-    }) {
-        Ok(body) => Response::json_bytes(body),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    })
+}
+
+async fn echo(RawBody(mut body): RawBody) -> Response {
+    match body.collect(ECHO_LIMIT).await {
+        Ok(body) => Response::new(StatusCode::OK)
+            .with_header(header::CONTENT_TYPE, OCTET_STREAM)
+            .with_body(body),
+        Err(e) => error(
+            StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
+            &e.to_string(),
+        ),
     }
 }
 
-fn bytes(n: &str) -> Response {
+/// The `n` of `/bytes/{n}` exactly as sent (not percent-decoded), as the demo always took it.
+struct RawN(String);
+
+impl FromParts for RawN {
+    fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+        Ok(RawN(parts.param("n").unwrap_or_default().to_owned()))
+    }
+}
+
+fn bytes(RawN(n): RawN) -> Response {
     match n.parse::<u64>() {
         Ok(n) if n <= BYTES_LIMIT => Response::new(StatusCode::OK)
             .with_header(header::CONTENT_TYPE, OCTET_STREAM)
             .with_body(Body::stream(Some(n), Repeat { left: n })),
         Ok(_) => error(StatusCode::BAD_REQUEST, "n is larger than 1 GiB"),
-        Err(_) => error(StatusCode::BAD_REQUEST, "n must be a non-negative integer"),
+        Err(_) => bad_n(),
     }
 }
 
-fn method_not_allowed(path: &str) -> Response {
-    let allow = if path == "/echo" { "POST" } else { "GET, HEAD" };
-    error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
-        .with_header(header::ALLOW, HeaderValue::from_static(allow))
+fn bad_n() -> Response {
+    error(StatusCode::BAD_REQUEST, "n must be a non-negative integer")
+}
+
+fn hello(Path(name): Path<String>) -> String {
+    format!("Hello, {name}!")
+}
+
+#[derive(Deserialize)]
+struct PageQuery {
+    name: Option<String>,
+}
+
+fn page(Query(q): Query<PageQuery>) -> Markup {
+    let name = q.name.as_deref().unwrap_or("stranger");
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head { meta charset="utf-8"; title { "canter page" } }
+            body {
+                h1 { "Hello, " (name) "!" }
+                p { "This page was built for this request." }
+            }
+        }
+    }
+}
+
+/// The items of `POST /api/items`, shared by all workers.
+#[derive(Debug, Default)]
+pub struct Store {
+    next_id: AtomicU64,
+    items: RwLock<HashMap<u64, Item>>,
+}
+
+/// An item as posted.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct NewItem {
+    name: String,
+    qty: i64,
+}
+
+/// A stored item.
+#[derive(Debug, Clone, Serialize)]
+pub struct Item {
+    id: u64,
+    name: String,
+    qty: i64,
+}
+
+fn create_item(State(store): State<Arc<Store>>, Json(new): Json<NewItem>) -> impl IntoResponse {
+    let id = store.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+    let item = Item {
+        id,
+        name: new.name,
+        qty: new.qty,
+    };
+    let location = HeaderValue::from_str(&format!("/api/items/{id}"))
+        .unwrap_or(HeaderValue::from_static("/api/items"));
+    match store.items.write() {
+        Ok(mut items) => {
+            items.insert(id, item.clone());
+        }
+        Err(_) => {
+            return Err(Rejection::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "store poisoned",
+            ))
+        }
+    }
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(item),
+    ))
+}
+
+fn get_item(State(store): State<Arc<Store>>, Path(id): Path<u64>) -> Result<Json<Item>, Rejection> {
+    let items = store
+        .items
+        .read()
+        .map_err(|_| Rejection::new(StatusCode::INTERNAL_SERVER_ERROR, "store poisoned"))?;
+    match items.get(&id) {
+        Some(item) => Ok(Json(item.clone())),
+        None => Err(Rejection::new(
+            StatusCode::NOT_FOUND,
+            format!("no item with id {id}"),
+        )),
+    }
 }
 
 fn error(status: StatusCode, message: &str) -> Response {

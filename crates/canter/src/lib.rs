@@ -14,7 +14,15 @@
 //! Server::bind(Config::default()).unwrap().serve(|_worker| hello).unwrap();
 //! ```
 
+pub mod app;
 pub mod demo;
+
+pub use app::{
+    delete, get, head, options, patch, post, put, Form, FromBody, FromParts, Handler, Headers,
+    Html, IntoResponse, Json, MethodRouter, Parts, Path, Query, RawBody, Redirect, Rejection,
+    Router, State,
+};
+pub use maud;
 
 pub use canter_h1 as h1;
 pub use canter_rt as rt;

@@ -121,8 +121,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         "canter serving the demo app on http://{}/",
         server.local_addr()
     );
+    // One router per worker (built on that worker's thread), one item store for the process.
+    let store = std::sync::Arc::new(canter::demo::Store::default());
     server
-        .serve(|_| canter::demo::Demo)
+        .serve(move |_| canter::demo::app(store.clone()))
         .map_err(|e| e.to_string())?;
     tracing::info!("canter stopped");
     Ok(())

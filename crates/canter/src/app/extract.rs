@@ -1,0 +1,573 @@
+//! Extractors: typed handler arguments built from the request.
+//!
+//! Two kinds. [`FromParts`] extractors read the head (path parameters, query, headers, state)
+//! synchronously, so a handler made only of them answers with `Reply::Ready` (no future, no
+//! allocation). [`FromBody`] extractors ([`Json`], [`Form`], [`Bytes`], `String`) read the body
+//! and may only be a handler's last argument; they make the handler's reply a future.
+//!
+//! Every failure is a [`Rejection`]: a status and a message, answered as
+//! `{"error": "...", "status": N}`.
+
+use std::any::{type_name, Any, TypeId};
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use canter_h1::RequestHead;
+use canter_rt::http::{header, Method, StatusCode};
+use canter_rt::{BodyError, RequestBody, Response};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use smallvec::SmallVec;
+
+use super::path_de;
+use super::response::IntoResponse;
+
+/// Default limit for bodies read by [`Json`], [`Form`], [`Bytes`] and `String`: 1 MiB.
+///
+/// ```
+/// assert_eq!(canter::app::DEFAULT_BODY_LIMIT, 1 << 20);
+/// ```
+pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
+
+/// The request as extractors see it: method, head, the body (until an extractor takes it), the
+/// matched path parameters and the router's state. Custom [`FromParts`] and [`FromBody`]
+/// extractors read it.
+///
+/// ```
+/// use canter::{FromParts, Parts, Rejection};
+///
+/// /// The raw, still percent-encoded value of the `{id}` parameter.
+/// struct RawId(String);
+///
+/// impl FromParts for RawId {
+///     fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+///         Ok(RawId(parts.param("id").unwrap_or_default().to_owned()))
+///     }
+/// }
+/// ```
+pub struct Parts {
+    pub(crate) method: Method,
+    pub(crate) head: RequestHead,
+    pub(crate) body: Option<RequestBody>,
+    pub(crate) params: Params,
+    pub(crate) states: Rc<States>,
+    pub(crate) body_limit: usize,
+}
+
+impl Parts {
+    /// The request method.
+    pub fn method(&self) -> &Method {
+        &self.method
+    }
+
+    /// The parsed head: target, version, every header field.
+    pub fn head(&self) -> &RequestHead {
+        &self.head
+    }
+
+    /// The path, still percent-encoded.
+    pub fn path(&self) -> &str {
+        self.head.path()
+    }
+
+    /// The query string without `?`.
+    pub fn query(&self) -> Option<&str> {
+        self.head.query()
+    }
+
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.head.header(name)
+    }
+
+    /// The raw (percent-encoded) value of path parameter `name`.
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter(self.head.path())
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v)
+    }
+
+    /// Takes the request body; `None` if an extractor took it already.
+    pub fn take_body(&mut self) -> Option<RequestBody> {
+        self.body.take()
+    }
+
+    /// The body limit set with [`Router::body_limit`](super::Router::body_limit).
+    pub fn body_limit(&self) -> usize {
+        self.body_limit
+    }
+
+    /// Reads the whole body up to [`Parts::body_limit`].
+    pub async fn collect_body(&mut self) -> Result<Bytes, Rejection> {
+        let Some(mut body) = self.body.take() else {
+            return Err(Rejection::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the request body was already taken by another extractor",
+            ));
+        };
+        body.collect(self.body_limit).await.map_err(Rejection::from)
+    }
+}
+
+impl fmt::Debug for Parts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Parts")
+            .field("method", &self.method)
+            .field("target", &self.head.target())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Path parameters of the matched route: names shared with the route, values as byte ranges of
+/// the (percent-encoded) path so that matching allocates nothing.
+#[derive(Default)]
+pub(crate) struct Params {
+    pub(crate) names: Option<Rc<[Box<str>]>>,
+    pub(crate) spans: SmallVec<[(u32, u32); 4]>,
+}
+
+impl Params {
+    pub(crate) fn iter<'a>(&'a self, path: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> {
+        let names = self.names.as_deref().unwrap_or(&[]);
+        names
+            .iter()
+            .zip(&self.spans)
+            .map(move |(n, &(s, e))| (&**n, path.get(s as usize..e as usize).unwrap_or_default()))
+    }
+}
+
+/// Shared state registered with [`Router::with_state`](super::Router::with_state), by type.
+#[derive(Default, Clone)]
+pub(crate) struct States(pub(crate) Vec<(TypeId, Rc<dyn Any>)>);
+
+impl States {
+    fn get<T: 'static>(&self) -> Option<&T> {
+        let id = TypeId::of::<T>();
+        self.0
+            .iter()
+            .find(|(t, _)| *t == id)
+            .and_then(|(_, v)| v.downcast_ref())
+    }
+}
+
+/// Why an extractor refused the request: a status and a message. Answered as JSON,
+/// `{"error": "<message>", "status": <status>}`.
+///
+/// ```
+/// use canter::rt::http::StatusCode;
+/// use canter::{IntoResponse, Rejection};
+///
+/// let r = Rejection::new(StatusCode::BAD_REQUEST, "no").into_response();
+/// assert_eq!(r.status(), 400);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    status: StatusCode,
+    message: Cow<'static, str>,
+}
+
+impl Rejection {
+    /// A rejection with `status` and a message for the client.
+    pub fn new(status: StatusCode, message: impl Into<Cow<'static, str>>) -> Rejection {
+        Rejection {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// The status to answer with.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// What was wrong.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status.as_u16(), self.message)
+    }
+}
+
+impl std::error::Error for Rejection {}
+
+impl From<BodyError> for Rejection {
+    fn from(e: BodyError) -> Rejection {
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+        Rejection::new(status, e.to_string())
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    status: u16,
+}
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: &self.message,
+            status: self.status.as_u16(),
+        };
+        // Serializing a &str and a u16 cannot fail; keep a fallback anyway.
+        let bytes = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
+        Response::json_bytes(bytes).with_status(self.status)
+    }
+}
+
+/// An argument built from the request head, synchronously.
+///
+/// ```
+/// use canter::rt::http::StatusCode;
+/// use canter::{FromParts, Parts, Rejection};
+///
+/// /// The `X-Api-Key` header, required.
+/// struct ApiKey(String);
+///
+/// impl FromParts for ApiKey {
+///     fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+///         parts
+///             .header("x-api-key")
+///             .and_then(|v| std::str::from_utf8(v).ok())
+///             .map(|v| ApiKey(v.to_owned()))
+///             .ok_or(Rejection::new(StatusCode::UNAUTHORIZED, "missing X-Api-Key"))
+///     }
+/// }
+/// ```
+pub trait FromParts: Sized {
+    /// Extracts the value or says why not.
+    fn from_parts(parts: &mut Parts) -> Result<Self, Rejection>;
+}
+
+/// An argument built from the request body; only a handler's last argument can be one.
+pub trait FromBody: Sized {
+    /// Reads the body (see [`Parts::collect_body`]) and extracts the value.
+    fn from_body(parts: Parts) -> impl Future<Output = Result<Self, Rejection>> + 'static;
+}
+
+/// Path parameters, percent-decoded and deserialized: a single value, a tuple (in route order)
+/// or a struct (by name). Failure: 400.
+///
+/// ```
+/// use canter::{get, Path, Router};
+///
+/// fn hello(Path(name): Path<String>) -> String {
+///     format!("Hello, {name}!")
+/// }
+/// fn item(Path((shelf, n)): Path<(String, u32)>) -> String {
+///     format!("{shelf}/{n}")
+/// }
+/// let app = Router::new()
+///     .route("/hello/{name}", get(hello))
+///     .route("/shelf/{shelf}/{n}", get(item));
+/// # let _ = app;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Path<T>(pub T);
+
+impl<T: DeserializeOwned> FromParts for Path<T> {
+    fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+        let path = parts.head.path();
+        let mut decoded: SmallVec<[(&str, Cow<'_, str>); 4]> = SmallVec::new();
+        for (name, raw) in parts.params.iter(path) {
+            // The path is ASCII already: only escapes need decoding and UTF-8 checking.
+            if !raw.contains('%') {
+                decoded.push((name, Cow::Borrowed(raw)));
+                continue;
+            }
+            match percent_encoding::percent_decode_str(raw).decode_utf8() {
+                Ok(v) => decoded.push((name, v)),
+                Err(_) => {
+                    return Err(Rejection::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("path parameter `{name}` is not valid UTF-8 once decoded"),
+                    ))
+                }
+            }
+        }
+        T::deserialize(path_de::PathDeserializer::new(&decoded))
+            .map(Path)
+            .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, format!("invalid path: {e}")))
+    }
+}
+
+/// The query string deserialized with `serde_urlencoded`; a missing query is an empty one.
+/// Failure: 400.
+///
+/// ```
+/// use canter::Query;
+/// use serde::Deserialize;
+///
+/// #[derive(Deserialize)]
+/// struct Page {
+///     name: Option<String>,
+/// }
+/// fn page(Query(p): Query<Page>) -> String {
+///     p.name.unwrap_or_default()
+/// }
+/// # let _ = page;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Query<T>(pub T);
+
+impl<T: DeserializeOwned> FromParts for Query<T> {
+    fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+        serde_urlencoded::from_str(parts.query().unwrap_or(""))
+            .map(Query)
+            .map_err(|e| Rejection::new(StatusCode::BAD_REQUEST, format!("invalid query: {e}")))
+    }
+}
+
+/// Shared state registered with [`Router::with_state`](super::Router::with_state), cloned per
+/// request: use `Arc<T>` for state shared by all workers, `Rc<T>` for per-worker state (build
+/// the router in the worker factory). Missing state is a programming error: 500.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use canter::{get, Router, State};
+///
+/// fn hits(State(n): State<Arc<AtomicU64>>) -> String {
+///     n.fetch_add(1, Ordering::Relaxed).to_string()
+/// }
+/// let counter = Arc::new(AtomicU64::new(0));
+/// let app = Router::new().route("/hits", get(hits)).with_state(counter);
+/// # let _ = app;
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct State<T>(pub T);
+
+impl<T: Clone + 'static> FromParts for State<T> {
+    fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+        match parts.states.get::<T>() {
+            Some(v) => Ok(State(v.clone())),
+            None => Err(Rejection::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("no state of type {} registered", type_name::<T>()),
+            )),
+        }
+    }
+}
+
+/// Access to every header field (and the rest of the head): a cheap clone of the parsed head.
+///
+/// ```
+/// use canter::Headers;
+///
+/// fn agent(h: Headers) -> String {
+///     h.get_str("user-agent").unwrap_or("unknown").to_owned()
+/// }
+/// # let _ = agent;
+/// ```
+#[derive(Debug, Clone)]
+pub struct Headers(pub RequestHead);
+
+impl Headers {
+    /// The first value of `name` (case-insensitive).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.0.header(name)
+    }
+
+    /// The first value of `name` if it is valid UTF-8.
+    pub fn get_str(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+}
+
+impl FromParts for Headers {
+    fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+        Ok(Headers(parts.head.clone()))
+    }
+}
+
+/// An optional extractor: `None` instead of a rejection.
+impl<T: FromParts> FromParts for Option<T> {
+    fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+        Ok(T::from_parts(parts).ok())
+    }
+}
+
+impl FromParts for Method {
+    fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+        Ok(parts.method.clone())
+    }
+}
+
+/// The request body as a stream, not limited by the router: for handlers that read it
+/// themselves (`collect` with their own limit, or chunk by chunk).
+///
+/// ```
+/// use canter::RawBody;
+///
+/// async fn count(RawBody(mut body): RawBody) -> String {
+///     let mut n = 0;
+///     while let Some(Ok(chunk)) = body.chunk().await {
+///         n += chunk.len();
+///     }
+///     format!("{n} bytes\n")
+/// }
+/// # let _ = count;
+/// ```
+#[derive(Debug)]
+pub struct RawBody(pub RequestBody);
+
+impl FromParts for RawBody {
+    fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+        parts.take_body().map(RawBody).ok_or_else(|| {
+            Rejection::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the request body was already taken by another extractor",
+            )
+        })
+    }
+}
+
+impl FromBody for Bytes {
+    async fn from_body(mut parts: Parts) -> Result<Self, Rejection> {
+        parts.collect_body().await
+    }
+}
+
+impl FromBody for String {
+    async fn from_body(mut parts: Parts) -> Result<Self, Rejection> {
+        let body = parts.collect_body().await?;
+        String::from_utf8(body.to_vec())
+            .map_err(|_| Rejection::new(StatusCode::BAD_REQUEST, "request body is not valid UTF-8"))
+    }
+}
+
+/// JSON: as an extractor, the body deserialized (Content-Type `application/json` or
+/// `application/*+json`, else 415; over the body limit 413; malformed 400; wrong shape or types
+/// 422; nesting deeper than 128 levels 400); as a response, `T` serialized per call with
+/// `application/json`.
+///
+/// ```
+/// use canter::rt::http::StatusCode;
+/// use canter::{post, Json, Router};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Deserialize, Serialize)]
+/// struct Item {
+///     name: String,
+/// }
+/// fn create(Json(item): Json<Item>) -> (StatusCode, Json<Item>) {
+///     (StatusCode::CREATED, Json(item))
+/// }
+/// let app = Router::new().route("/items", post(create));
+/// # let _ = app;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Json<T>(pub T);
+
+impl<T: DeserializeOwned + 'static> FromBody for Json<T> {
+    fn from_body(mut parts: Parts) -> impl Future<Output = Result<Self, Rejection>> + 'static {
+        let typed = content_type_is(&parts, is_json);
+        async move {
+            if !typed {
+                return Err(Rejection::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "expected Content-Type: application/json",
+                ));
+            }
+            let body = parts.collect_body().await?;
+            json_from_slice(&body).map(Json)
+        }
+    }
+}
+
+/// Deserializes a JSON body: syntax errors (including nesting past serde_json's recursion
+/// limit of 128) are 400, a well-formed document of the wrong shape or types is 422.
+pub(crate) fn json_from_slice<T: DeserializeOwned>(body: &[u8]) -> Result<T, Rejection> {
+    serde_json::from_slice(body).map_err(|e| {
+        use serde_json::error::Category;
+        let status = match e.classify() {
+            Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
+            Category::Syntax | Category::Eof | Category::Io => StatusCode::BAD_REQUEST,
+        };
+        Rejection::new(status, format!("invalid JSON body: {e}"))
+    })
+}
+
+impl<T: Serialize> IntoResponse for Json<T> {
+    fn into_response(self) -> Response {
+        match serde_json::to_vec(&self.0) {
+            Ok(body) => Response::json_bytes(body),
+            Err(e) => Rejection::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot serialize the response: {e}"),
+            )
+            .into_response(),
+        }
+    }
+}
+
+/// A form body (`application/x-www-form-urlencoded`, else 415) deserialized with
+/// `serde_urlencoded`; over the body limit 413; wrong shape or types 422.
+///
+/// ```
+/// use canter::Form;
+/// use serde::Deserialize;
+///
+/// #[derive(Deserialize)]
+/// struct Login {
+///     user: String,
+/// }
+/// fn login(Form(f): Form<Login>) -> String {
+///     f.user
+/// }
+/// # let _ = login;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Form<T>(pub T);
+
+impl<T: DeserializeOwned + 'static> FromBody for Form<T> {
+    fn from_body(mut parts: Parts) -> impl Future<Output = Result<Self, Rejection>> + 'static {
+        let typed = content_type_is(&parts, |m| m == "application/x-www-form-urlencoded");
+        async move {
+            if !typed {
+                return Err(Rejection::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "expected Content-Type: application/x-www-form-urlencoded",
+                ));
+            }
+            let body = parts.collect_body().await?;
+            serde_urlencoded::from_bytes(&body).map(Form).map_err(|e| {
+                Rejection::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!("invalid form body: {e}"),
+                )
+            })
+        }
+    }
+}
+
+/// Whether the Content-Type's media type (lowercased, parameters dropped) passes `check`.
+fn content_type_is(parts: &Parts, check: impl Fn(&str) -> bool) -> bool {
+    let Some(value) = parts.header(header::CONTENT_TYPE.as_str()) else {
+        return false;
+    };
+    let Ok(value) = std::str::from_utf8(value) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or("").trim();
+    if essence.bytes().any(|b| b.is_ascii_uppercase()) {
+        check(&essence.to_ascii_lowercase())
+    } else {
+        check(essence)
+    }
+}
+
+fn is_json(mime: &str) -> bool {
+    mime == "application/json"
+        || mime
+            .strip_prefix("application/")
+            .is_some_and(|sub| sub.ends_with("+json"))
+}

@@ -1,0 +1,55 @@
+//! The application layer: a [`Router`] of handlers with typed extractors and responders.
+//!
+//! Handlers are plain functions. Their arguments are extractors ([`Path`], [`Query`],
+//! [`State`], [`Headers`], [`Json`], [`Form`], `Bytes`, `String`, [`RawBody`]) and their result
+//! is anything that implements [`IntoResponse`]. A synchronous handler that does not read the
+//! body is answered without a future or an allocation; `async fn` handlers and handlers that
+//! read the body run as a future on the connection's task.
+//!
+//! ```no_run
+//! use canter::rt::http::StatusCode;
+//! use canter::rt::{Config, Server};
+//! use canter::{get, post, Json, Path, Router};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Deserialize, Serialize)]
+//! struct Item {
+//!     name: String,
+//!     qty: u32,
+//! }
+//!
+//! fn hello(Path(name): Path<String>) -> String {
+//!     format!("Hello, {name}!")
+//! }
+//!
+//! async fn create(Json(item): Json<Item>) -> (StatusCode, Json<Item>) {
+//!     (StatusCode::CREATED, Json(item))
+//! }
+//!
+//! fn app() -> Router {
+//!     Router::new()
+//!         .route("/hello/{name}", get(hello))
+//!         .route("/items", post(create))
+//! }
+//!
+//! Server::bind(Config::default()).unwrap().serve(|_worker| app()).unwrap();
+//! ```
+
+mod extract;
+mod handler;
+mod path_de;
+mod response;
+mod router;
+
+pub use extract::{
+    Form, FromBody, FromParts, Headers, Json, Parts, Path, Query, RawBody, Rejection, State,
+    DEFAULT_BODY_LIMIT,
+};
+pub use handler::Handler;
+#[doc(hidden)]
+pub use handler::{Later, Now, ViaBody, ViaParts};
+pub use response::{Html, IntoResponse, Redirect};
+pub use router::{delete, get, head, options, patch, post, put, MethodRouter, Router};
+
+#[cfg(test)]
+mod tests;

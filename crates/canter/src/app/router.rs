@@ -1,0 +1,505 @@
+//! The router: a compiled path matcher (`matchit`, a radix tree) from route patterns to
+//! per-method handler tables.
+
+use std::any::{Any, TypeId};
+use std::fmt;
+use std::marker::PhantomData;
+use std::rc::Rc;
+
+use canter_h1::RequestHead;
+use canter_rt::http::{header, HeaderValue, Method, StatusCode};
+use canter_rt::{Reply, Request, RequestBody, Response, Service};
+use smallvec::SmallVec;
+
+use super::extract::{Params, Parts, States, DEFAULT_BODY_LIMIT};
+use super::handler::{Erased, ErasedHandler, Handler};
+
+type Endpoint = Rc<dyn ErasedHandler>;
+
+fn endpoint<H: Handler<T>, T: 'static>(handler: H) -> Endpoint {
+    Rc::new(Erased {
+        handler,
+        _marker: PhantomData,
+    })
+}
+
+/// The handlers of one route, by method. HEAD requests go to the GET handler unless a HEAD
+/// handler is set (the runtime drops the body of a response to HEAD).
+///
+/// ```
+/// use canter::{get, Router};
+///
+/// fn read() -> &'static str { "read\n" }
+/// fn write() -> &'static str { "written\n" }
+/// let app = Router::new().route("/doc", get(read).post(write).put(write));
+/// # let _ = app;
+/// ```
+#[derive(Clone, Default)]
+pub struct MethodRouter {
+    endpoints: Vec<(Method, Endpoint)>,
+}
+
+macro_rules! method_fns {
+    ($($(#[$doc:meta])* $name:ident => $method:ident,)*) => {
+        impl MethodRouter {
+            $($(#[$doc])*
+            pub fn $name<H: Handler<T>, T: 'static>(self, handler: H) -> MethodRouter {
+                self.on(Method::$method, handler)
+            })*
+        }
+
+        $($(#[$doc])*
+        pub fn $name<H: Handler<T>, T: 'static>(handler: H) -> MethodRouter {
+            MethodRouter::new().on(Method::$method, handler)
+        })*
+    };
+}
+
+method_fns! {
+    /// Routes GET (and HEAD, unless HEAD has its own handler) to `handler`.
+    ///
+    /// ```
+    /// let app = canter::Router::new().route("/", canter::get(|| "hi\n"));
+    /// # let _ = app;
+    /// ```
+    get => GET,
+    /// Routes POST to `handler`.
+    ///
+    /// ```
+    /// let app = canter::Router::new().route("/", canter::post(|body: String| body));
+    /// # let _ = app;
+    /// ```
+    post => POST,
+    /// Routes PUT to `handler`.
+    ///
+    /// ```
+    /// let app = canter::Router::new().route("/", canter::put(|| "put\n"));
+    /// # let _ = app;
+    /// ```
+    put => PUT,
+    /// Routes DELETE to `handler`.
+    ///
+    /// ```
+    /// let app = canter::Router::new().route("/", canter::delete(|| "gone\n"));
+    /// # let _ = app;
+    /// ```
+    delete => DELETE,
+    /// Routes PATCH to `handler`.
+    ///
+    /// ```
+    /// let app = canter::Router::new().route("/", canter::patch(|| "patched\n"));
+    /// # let _ = app;
+    /// ```
+    patch => PATCH,
+    /// Routes HEAD to `handler` (instead of the GET handler).
+    ///
+    /// ```
+    /// let app = canter::Router::new().route("/", canter::head(|| ()));
+    /// # let _ = app;
+    /// ```
+    head => HEAD,
+    /// Routes OPTIONS to `handler`.
+    ///
+    /// ```
+    /// let app = canter::Router::new().route("/", canter::options(|| ()));
+    /// # let _ = app;
+    /// ```
+    options => OPTIONS,
+}
+
+impl MethodRouter {
+    /// An empty table (every method answered with 405).
+    pub fn new() -> MethodRouter {
+        MethodRouter::default()
+    }
+
+    /// Routes `method` to `handler`, replacing an earlier handler for it.
+    ///
+    /// ```
+    /// use canter::rt::http::Method;
+    /// use canter::{MethodRouter, Router};
+    ///
+    /// let purge = MethodRouter::new().on(Method::from_bytes(b"PURGE").unwrap(), || "purged\n");
+    /// let app = Router::new().route("/cache", purge);
+    /// # let _ = app;
+    /// ```
+    pub fn on<H: Handler<T>, T: 'static>(mut self, method: Method, handler: H) -> MethodRouter {
+        self.set(method, endpoint(handler));
+        self
+    }
+
+    fn set(&mut self, method: Method, endpoint: Endpoint) {
+        match self.endpoints.iter_mut().find(|(m, _)| *m == method) {
+            Some(slot) => slot.1 = endpoint,
+            None => self.endpoints.push((method, endpoint)),
+        }
+    }
+
+    fn merge(&mut self, other: MethodRouter) {
+        for (method, endpoint) in other.endpoints {
+            self.set(method, endpoint);
+        }
+    }
+
+    #[inline]
+    fn find(&self, method: &Method) -> Option<&Endpoint> {
+        let exact = self.endpoints.iter().find(|(m, _)| m == method);
+        match exact {
+            Some((_, e)) => Some(e),
+            None if *method == Method::HEAD => self
+                .endpoints
+                .iter()
+                .find(|(m, _)| *m == Method::GET)
+                .map(|(_, e)| e),
+            None => None,
+        }
+    }
+
+    /// The `Allow` value: the standard methods in a fixed order (HEAD after GET), then others.
+    fn allow(&self) -> HeaderValue {
+        const ORDER: [Method; 9] = [
+            Method::GET,
+            Method::HEAD,
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+            Method::PATCH,
+            Method::OPTIONS,
+            Method::CONNECT,
+            Method::TRACE,
+        ];
+        let has = |m: &Method| self.endpoints.iter().any(|(x, _)| x == m);
+        let mut names: Vec<&str> = ORDER
+            .iter()
+            .filter(|m| has(m) || (**m == Method::HEAD && has(&Method::GET)))
+            .map(Method::as_str)
+            .collect();
+        names.extend(
+            self.endpoints
+                .iter()
+                .map(|(m, _)| m)
+                .filter(|m| !ORDER.contains(m))
+                .map(Method::as_str),
+        );
+        // Method names are tokens, so the joined list is a valid field value.
+        HeaderValue::from_str(&names.join(", ")).unwrap_or(HeaderValue::from_static(""))
+    }
+}
+
+impl fmt::Debug for MethodRouter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.endpoints.iter().map(|(m, _)| m))
+            .finish()
+    }
+}
+
+#[derive(Clone)]
+struct Route {
+    pattern: String,
+    methods: MethodRouter,
+    allow: HeaderValue,
+    /// Parameter names in pattern order; `None` for a route without parameters.
+    names: Option<Rc<[Box<str>]>>,
+}
+
+#[derive(Clone)]
+struct Table {
+    matcher: matchit::Router<usize>,
+    routes: Vec<Route>,
+    fallback: Option<Endpoint>,
+    states: Rc<States>,
+    body_limit: usize,
+}
+
+/// Routes requests to handlers by path and method; a [`Service`] for
+/// [`Server::serve`](canter_rt::Server::serve).
+///
+/// - Patterns are matched by a compiled radix tree (`matchit`): `/users/{id}` captures one
+///   segment, `/files/{*rest}` the rest of the path. Static segments win over parameters.
+/// - A path that matches with a method that has no handler gets 405 with `Allow`; HEAD is
+///   served by GET; a path that matches nothing goes to the [fallback](Router::fallback)
+///   (default: 404 `not found`).
+/// - The router holds `Rc`s (handlers need not be `Send`): build one per worker in the
+///   factory given to `serve`. Cloning it is one reference count.
+///
+/// ```no_run
+/// use canter::rt::{Config, Server};
+/// use canter::{get, Path, Router};
+///
+/// fn hello(Path(name): Path<String>) -> String {
+///     format!("Hello, {name}!")
+/// }
+///
+/// fn app() -> Router {
+///     Router::new().route("/hello/{name}", get(hello))
+/// }
+///
+/// Server::bind(Config::default()).unwrap().serve(|_worker| app()).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Router {
+    table: Rc<Table>,
+}
+
+impl Default for Router {
+    fn default() -> Router {
+        Router::new()
+    }
+}
+
+impl fmt::Debug for Router {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut m = f.debug_map();
+        for r in &self.table.routes {
+            m.entry(&r.pattern, &r.methods);
+        }
+        m.finish()
+    }
+}
+
+impl Router {
+    /// A router with no routes.
+    pub fn new() -> Router {
+        Router {
+            table: Rc::new(Table {
+                matcher: matchit::Router::new(),
+                routes: Vec::new(),
+                fallback: None,
+                states: Rc::new(States::default()),
+                body_limit: DEFAULT_BODY_LIMIT,
+            }),
+        }
+    }
+
+    /// Adds `methods` at `pattern` (merged with earlier handlers for the same pattern).
+    ///
+    /// # Panics
+    ///
+    /// If the pattern is invalid or conflicts with another one (for example `/a/{x}` and
+    /// `/a/{y}`): a programming error, caught when the router is built.
+    ///
+    /// ```
+    /// use canter::{get, post, Router};
+    ///
+    /// let app = Router::new()
+    ///     .route("/items", get(|| "list\n"))
+    ///     .route("/items", post(|| "created\n"))
+    ///     .route("/static/{*file}", get(|| "a file\n"));
+    /// # let _ = app;
+    /// ```
+    pub fn route(mut self, pattern: &str, methods: MethodRouter) -> Router {
+        self.add(pattern.to_owned(), methods);
+        self
+    }
+
+    /// Mounts every route of `sub` under `prefix` (`"/api"` + `"/items"` is `"/api/items"`; the
+    /// sub-router's `"/"` is `prefix` itself), and adds its state. The sub-router's fallback
+    /// and body limit are not carried over.
+    ///
+    /// # Panics
+    ///
+    /// If `prefix` does not start with `/`, ends with `/`, or a mounted route conflicts.
+    ///
+    /// ```
+    /// use canter::{get, Router};
+    ///
+    /// let api = Router::new().route("/status", get(|| "ok\n"));
+    /// let app = Router::new().nest("/api", api); // GET /api/status
+    /// # let _ = app;
+    /// ```
+    pub fn nest(mut self, prefix: &str, sub: Router) -> Router {
+        assert!(
+            prefix.starts_with('/') && !prefix.ends_with('/'),
+            "nest prefix {prefix:?} must start with '/' and not end with it"
+        );
+        let sub = Rc::unwrap_or_clone(sub.table);
+        for route in sub.routes {
+            let pattern = if route.pattern == "/" {
+                prefix.to_owned()
+            } else {
+                format!("{prefix}{}", route.pattern)
+            };
+            self.add(pattern, route.methods);
+        }
+        let table = Rc::make_mut(&mut self.table);
+        let states = Rc::make_mut(&mut table.states);
+        for (id, value) in &sub.states.0 {
+            if !states.0.iter().any(|(t, _)| t == id) {
+                states.0.push((*id, value.clone()));
+            }
+        }
+        self
+    }
+
+    /// The handler for paths no route matches (default: 404 with `not found`).
+    ///
+    /// ```
+    /// use canter::rt::http::StatusCode;
+    /// use canter::Router;
+    ///
+    /// let app = Router::new().fallback(|| (StatusCode::NOT_FOUND, "nothing here\n"));
+    /// # let _ = app;
+    /// ```
+    pub fn fallback<H: Handler<T>, T: 'static>(mut self, handler: H) -> Router {
+        Rc::make_mut(&mut self.table).fallback = Some(endpoint(handler));
+        self
+    }
+
+    /// Registers `value` for the [`State<T>`](super::State) extractor (one value per type; a
+    /// second one of the same type replaces the first).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use canter::{get, Router, State};
+    ///
+    /// let app = Router::new()
+    ///     .route("/name", get(|State(name): State<Arc<str>>| name.to_string()))
+    ///     .with_state::<Arc<str>>(Arc::from("canter"));
+    /// # let _ = app;
+    /// ```
+    pub fn with_state<T: Clone + 'static>(mut self, value: T) -> Router {
+        let table = Rc::make_mut(&mut self.table);
+        let states = Rc::make_mut(&mut table.states);
+        let id = TypeId::of::<T>();
+        let value: Rc<dyn Any> = Rc::new(value);
+        match states.0.iter_mut().find(|(t, _)| *t == id) {
+            Some(slot) => slot.1 = value,
+            None => states.0.push((id, value)),
+        }
+        self
+    }
+
+    /// The limit for bodies read by [`Json`](super::Json), [`Form`](super::Form), `Bytes` and
+    /// `String` (default 1 MiB; more is answered with 413).
+    ///
+    /// ```
+    /// let app = canter::Router::new().body_limit(64 * 1024);
+    /// # let _ = app;
+    /// ```
+    pub fn body_limit(mut self, limit: usize) -> Router {
+        Rc::make_mut(&mut self.table).body_limit = limit;
+        self
+    }
+
+    fn add(&mut self, pattern: String, methods: MethodRouter) {
+        let table = Rc::make_mut(&mut self.table);
+        if let Some(route) = table.routes.iter_mut().find(|r| r.pattern == pattern) {
+            route.methods.merge(methods);
+            route.allow = route.methods.allow();
+            return;
+        }
+        let index = table.routes.len();
+        if let Err(e) = table.matcher.insert(pattern.clone(), index) {
+            panic!("invalid route {pattern:?}: {e}");
+        }
+        let names: Vec<Box<str>> = param_names(&pattern);
+        let allow = methods.allow();
+        table.routes.push(Route {
+            pattern,
+            methods,
+            allow,
+            names: (!names.is_empty()).then(|| names.into()),
+        });
+    }
+
+    /// Routes one request: match the path, pick the method's handler, run it.
+    #[inline]
+    fn dispatch(&self, method: Method, head: RequestHead, body: Option<RequestBody>) -> Reply {
+        let table = &*self.table;
+        let (route, spans) = {
+            let path = head.path();
+            let Ok(found) = table.matcher.at(path) else {
+                return match &table.fallback {
+                    Some(fallback) => fallback.call(Parts {
+                        method,
+                        head,
+                        body,
+                        params: Params::default(),
+                        states: table.states.clone(),
+                        body_limit: table.body_limit,
+                    }),
+                    None => Reply::Ready(
+                        Response::text("not found\n").with_status(StatusCode::NOT_FOUND),
+                    ),
+                };
+            };
+            let route = &table.routes[*found.value];
+            let base = path.as_ptr() as usize;
+            let spans: SmallVec<[(u32, u32); 4]> = found
+                .params
+                .iter()
+                .map(|(_, v)| {
+                    // Parameter values are slices of `path`; keep them as offsets.
+                    let start = (v.as_ptr() as usize).wrapping_sub(base);
+                    (start as u32, (start + v.len()) as u32)
+                })
+                .collect();
+            (route, spans)
+        };
+        let Some(endpoint) = route.methods.find(&method) else {
+            return Reply::Ready(
+                Response::text("method not allowed\n")
+                    .with_status(StatusCode::METHOD_NOT_ALLOWED)
+                    .with_header(header::ALLOW, route.allow.clone()),
+            );
+        };
+        endpoint.call(Parts {
+            method,
+            head,
+            body,
+            params: Params {
+                names: route.names.clone(),
+                spans,
+            },
+            states: table.states.clone(),
+            body_limit: table.body_limit,
+        })
+    }
+
+    /// Routes a request given as a parsed head without a body. For benchmarks and tests that
+    /// cannot build a runtime `Request`; not part of the stable API.
+    #[doc(hidden)]
+    pub fn dispatch_head(&self, method: Method, head: RequestHead) -> Reply {
+        self.dispatch(method, head, None)
+    }
+}
+
+impl Service for Router {
+    #[inline]
+    fn call(&self, req: Request) -> Reply {
+        let method = req.method().clone();
+        let (head, body) = req.into_parts();
+        self.dispatch(method, head, Some(body))
+    }
+}
+
+/// The names of `{name}` and `{*name}` segments, in order (`{{`/`}}` are escaped braces).
+fn param_names(pattern: &str) -> Vec<Box<str>> {
+    let mut names = Vec::new();
+    let mut rest = pattern;
+    while let Some(i) = rest.find('{') {
+        if rest[i + 1..].starts_with('{') {
+            rest = &rest[i + 2..];
+            continue;
+        }
+        let Some(end) = rest[i..].find('}') else {
+            break;
+        };
+        let name = rest[i + 1..i + end].trim_start_matches('*');
+        names.push(name.into());
+        rest = &rest[i + end + 1..];
+    }
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_in_order() {
+        let n = param_names("/a/{x}/b/{{lit}}/{*rest}");
+        assert_eq!(n, vec!["x".into(), "rest".into()] as Vec<Box<str>>);
+    }
+}
