@@ -276,30 +276,20 @@ pub(crate) fn is_tchar(b: u8) -> bool {
     TCHAR[b as usize]
 }
 
-static TCHAR: [bool; 256] = {
-    let mut t = [false; 256];
+static TCHAR: [bool; 256] = alnum_and(b"!#$%&'*+-.^_`|~");
+
+/// A byte-class table: ASCII letters and digits plus the bytes of `extra`.
+pub(crate) const fn alnum_and(extra: &[u8]) -> [bool; 256] {
+    let mut table = [false; 256];
     let mut i = 0;
     while i < 256 {
-        let b = i as u8;
-        t[i] = b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'!' | b'#'
-                    | b'$'
-                    | b'%'
-                    | b'&'
-                    | b'\''
-                    | b'*'
-                    | b'+'
-                    | b'-'
-                    | b'.'
-                    | b'^'
-                    | b'_'
-                    | b'`'
-                    | b'|'
-                    | b'~'
-            );
+        table[i] = (i as u8).is_ascii_alphanumeric();
         i += 1;
     }
-    t
-};
+    let mut j = 0;
+    while j < extra.len() {
+        table[extra[j] as usize] = true;
+        j += 1;
+    }
+    table
+}

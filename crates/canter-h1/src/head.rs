@@ -491,34 +491,7 @@ fn is_reg_name_char(b: u8) -> bool {
     REG_NAME[b as usize]
 }
 
-static REG_NAME: [bool; 256] = {
-    let mut t = [false; 256];
-    let mut i = 0;
-    while i < 256 {
-        let b = i as u8;
-        t[i] = b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'%'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-            );
-        i += 1;
-    }
-    t
-};
+static REG_NAME: [bool; 256] = crate::body::alnum_and(b"-._~%!$&'()*+,;=");
 
 /// Accumulates the header fields that decide framing and connection management.
 #[derive(Default)]
