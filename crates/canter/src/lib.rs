@@ -20,7 +20,7 @@ pub mod demo;
 pub use app::{
     delete, get, head, options, patch, post, put, Form, FromBody, FromParts, Handler, Headers,
     Html, IntoResponse, Json, MethodRouter, Parts, Path, Query, RawBody, Redirect, Rejection,
-    Router, State,
+    RouteLimits, Router, State,
 };
 pub use maud;
 

@@ -49,7 +49,7 @@ pub use handler::Handler;
 #[doc(hidden)]
 pub use handler::{Later, Now, ViaBody, ViaParts};
 pub use response::{Html, IntoResponse, Redirect};
-pub use router::{delete, get, head, options, patch, post, put, MethodRouter, Router};
+pub use router::{delete, get, head, options, patch, post, put, MethodRouter, RouteLimits, Router};
 
 #[cfg(test)]
 mod tests;

@@ -11,8 +11,9 @@ use canter_rt::http::{header, HeaderValue, Method, StatusCode};
 use canter_rt::{Reply, Request, RequestBody, Response, Service};
 use smallvec::SmallVec;
 
-use super::extract::{Params, Parts, States, DEFAULT_BODY_LIMIT};
+use super::extract::{Params, Parts, Rejection, States, DEFAULT_BODY_LIMIT};
 use super::handler::{Erased, ErasedHandler, Handler};
+use super::response::IntoResponse;
 
 type Endpoint = Rc<dyn ErasedHandler>;
 
@@ -37,6 +38,72 @@ fn endpoint<H: Handler<T>, T: 'static>(handler: H) -> Endpoint {
 #[derive(Clone, Default)]
 pub struct MethodRouter {
     endpoints: Vec<(Method, Endpoint)>,
+    limits: RouteLimits,
+}
+
+/// Limits of one route, stricter than the server's (which apply while the request is parsed,
+/// before any routing). Checked as soon as the route is known, before the handler runs and
+/// before any body byte is read: a larger head or more fields get 431, a longer target 414, a
+/// declared body over `max_body` 413 (and no `100 Continue`); `max_body` also bounds the body
+/// extractors (`Json`, `Form`, `Bytes`, `String`) when the body is chunked.
+///
+/// ```
+/// use canter::{post, RouteLimits, Router};
+///
+/// fn upload(body: bytes::Bytes) -> String { format!("{} bytes\n", body.len()) }
+///
+/// let limits = RouteLimits { max_body: Some(64 * 1024), max_headers: Some(20), ..RouteLimits::default() };
+/// let app = Router::new().route("/upload", post(upload).limits(limits));
+/// # let _ = app;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteLimits {
+    /// Largest request head (request line and header section), in bytes.
+    pub max_head: Option<usize>,
+    /// Most header fields.
+    pub max_headers: Option<usize>,
+    /// Longest request target, in bytes.
+    pub max_target: Option<usize>,
+    /// Largest request body, in bytes.
+    pub max_body: Option<usize>,
+}
+
+impl RouteLimits {
+    /// The first limit `head` breaks, as the rejection to answer with.
+    fn check(&self, head: &RequestHead) -> Result<(), Rejection> {
+        if self.max_head.is_some_and(|max| head.raw().len() > max) {
+            return Err(Rejection::new(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "request head too large for this route",
+            ));
+        }
+        if self
+            .max_headers
+            .is_some_and(|max| head.headers().count() > max)
+        {
+            return Err(Rejection::new(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "too many header fields for this route",
+            ));
+        }
+        if self.max_target.is_some_and(|max| head.target().len() > max) {
+            return Err(Rejection::new(
+                StatusCode::URI_TOO_LONG,
+                "request target too long for this route",
+            ));
+        }
+        let declared = match head.body_kind() {
+            canter_h1::BodyKind::Length(n) => n,
+            canter_h1::BodyKind::Chunked => 0,
+        };
+        if self.max_body.is_some_and(|max| declared > max as u64) {
+            return Err(Rejection::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body too large for this route",
+            ));
+        }
+        Ok(())
+    }
 }
 
 macro_rules! method_fns {
@@ -125,6 +192,12 @@ impl MethodRouter {
     /// ```
     pub fn on<H: Handler<T>, T: 'static>(mut self, method: Method, handler: H) -> MethodRouter {
         self.set(method, endpoint(handler));
+        self
+    }
+
+    /// Sets limits for this route (all its methods); see [`RouteLimits`].
+    pub fn limits(mut self, limits: RouteLimits) -> MethodRouter {
+        self.limits = limits;
         self
     }
 
@@ -444,6 +517,15 @@ impl Router {
                     .with_header(header::ALLOW, route.allow.clone()),
             );
         };
+        let limits = &route.methods.limits;
+        if *limits != RouteLimits::default() {
+            if let Err(rejection) = limits.check(&head) {
+                return Reply::Ready(rejection.into_response());
+            }
+        }
+        let body_limit = limits
+            .max_body
+            .map_or(table.body_limit, |max| max.min(table.body_limit));
         endpoint.call(Parts {
             method,
             head,
@@ -453,7 +535,7 @@ impl Router {
                 spans,
             },
             states: table.states.clone(),
-            body_limit: table.body_limit,
+            body_limit,
         })
     }
 
