@@ -7,22 +7,12 @@ mod common;
 use std::sync::{Arc, Barrier};
 use std::thread;
 
+use canter_testkit::open_files_limit;
 use common::{echo_request, Client, Server};
 
 const CONNECTIONS: usize = 1000;
 const THREADS: usize = 8;
 const ROUNDS: usize = 3;
-
-/// The soft limit on open files of this process (from /proc/self/limits).
-fn open_files_limit() -> Option<u64> {
-    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
-    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-    let soft = line.split_whitespace().nth(3)?;
-    if soft == "unlimited" {
-        return Some(u64::MAX);
-    }
-    soft.parse().ok()
-}
 
 #[test]
 fn thousand_concurrent_keep_alive_connections() {

@@ -10,15 +10,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::Client;
+use canter_testkit::{connect_stream, open_files_limit};
+use common::Server;
 
 /// The flood tests share the machine's two cores: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -32,147 +33,53 @@ const HEAD_TIMEOUT: u64 = 2;
 /// The server's default limit on the request head.
 const MAX_HEAD: usize = 16 * 1024;
 
-/// `canter serve --addr 127.0.0.1:0 --workers 1 --head-timeout 2` (or another head timeout);
-/// killed when dropped.
-struct Canter {
-    child: Child,
-    addr: SocketAddr,
-    pid: u32,
-    log: Arc<Mutex<Vec<String>>>,
+/// `canter serve --addr 127.0.0.1:0 --workers 1 --head-timeout 2`.
+fn start() -> Server {
+    start_with_head_timeout(HEAD_TIMEOUT)
 }
 
-impl Canter {
-    fn start() -> Canter {
-        Canter::start_with_head_timeout(HEAD_TIMEOUT)
-    }
+/// One worker and the given head timeout; killed when dropped.
+fn start_with_head_timeout(head_timeout: u64) -> Server {
+    let head_timeout = head_timeout.to_string();
+    Server::start_logging(
+        &["--workers", "1", "--head-timeout", &head_timeout],
+        // The address line is logged by the binary (target `canter`); keep the per-request
+        // info lines of the runtime out of the way.
+        "warn,canter=info,canter_rt=warn",
+    )
+}
 
-    fn start_with_head_timeout(head_timeout: u64) -> Canter {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
-            .args(["serve", "--addr", "127.0.0.1:0", "--workers", "1"])
-            .args(["--head-timeout", &head_timeout.to_string()])
-            // The address line is logged by the binary (target `canter`); keep the per-request
-            // info lines of the runtime out of the way.
-            .env("RUST_LOG", "warn,canter=info,canter_rt=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn canter serve");
-        let pid = child.id();
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = mpsc::channel();
+/// Bytes received by the server's established connections and not read by it yet (the sum of
+/// their Recv-Q, from `ss`; kernel-side filtering keeps it fast on a busy machine), and how many
+/// there are. `None` if `ss` cannot be run.
+fn unread_bytes(server: &Server) -> Option<(u64, usize)> {
+    let out = Command::new("ss")
+        .args(["-tnH", "state", "established"])
+        .arg(format!("( sport = :{} )", server.port))
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut unread = 0;
+    let mut conns = 0;
+    for line in text.lines() {
+        if let Some(q) = line
+            .split_whitespace()
+            .next()
+            .and_then(|q| q.parse::<u64>().ok())
         {
-            let log = log.clone();
-            thread::spawn(move || {
-                let mut tx = Some(tx);
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    if let Some(port) = line
-                        .split("serving the demo app on http://127.0.0.1:")
-                        .nth(1)
-                        .and_then(|rest| rest.split('/').next())
-                        .and_then(|p| p.parse::<u16>().ok())
-                    {
-                        if let Some(tx) = tx.take() {
-                            let _ = tx.send(port);
-                        }
-                    }
-                    log.lock().unwrap().push(line);
-                }
-            });
-        }
-        let Ok(port) = rx.recv_timeout(Duration::from_secs(20)) else {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "server did not report its address; stderr:\n{}",
-                log.lock().unwrap().join("\n")
-            );
-        };
-        Canter {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            pid,
-            log,
+            unread += q;
+            conns += 1;
         }
     }
-
-    fn client(&self) -> Client {
-        Client::connect(self.addr)
-    }
-
-    /// Resident set size in KiB (VmRSS from /proc/<pid>/status).
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid))
-            .expect("read /proc/<pid>/status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS")
-    }
-
-    /// Bytes received by the server's established connections and not read by it yet (the
-    /// sum of their Recv-Q, from `ss`; kernel-side filtering keeps it fast on a busy machine),
-    /// and how many there are. `None` if `ss` cannot be run.
-    fn unread(&self) -> Option<(u64, usize)> {
-        let out = Command::new("ss")
-            .args(["-tnH", "state", "established"])
-            .arg(format!("( sport = :{} )", self.addr.port()))
-            .output()
-            .ok()?;
-        if !out.status.success() {
-            return None;
-        }
-        let text = String::from_utf8_lossy(&out.stdout);
-        let mut unread = 0;
-        let mut conns = 0;
-        for line in text.lines() {
-            if let Some(q) = line
-                .split_whitespace()
-                .next()
-                .and_then(|q| q.parse::<u64>().ok())
-            {
-                unread += q;
-                conns += 1;
-            }
-        }
-        Some((unread, conns))
-    }
-
-    fn assert_alive(&mut self) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!("server exited: {status}; stderr:\n{}", self.log());
-        }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().join("\n")
-    }
-}
-
-impl Drop for Canter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The soft RLIMIT_NOFILE of this process (the server inherits it).
-fn open_files_limit() -> u64 {
-    std::fs::read_to_string("/proc/self/limits")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .and_then(|l| l.split_whitespace().nth(3))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    Some((unread, conns))
 }
 
 /// Whether `n` more sockets fit under the limit; prints why the test is skipped otherwise.
 fn enough_fds(test: &str, n: u64) -> bool {
-    let limit = open_files_limit();
+    let limit = open_files_limit().unwrap_or(0);
     if limit < n + 200 {
         println!(
             "SKIPPED {test}: needs ~{} open files, RLIMIT_NOFILE is {limit}",
@@ -181,14 +88,6 @@ fn enough_fds(test: &str, n: u64) -> bool {
         return false;
     }
     true
-}
-
-fn connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(10)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.set_nodelay(true).unwrap();
-    s
 }
 
 /// How a connection the server should close ended.
@@ -258,15 +157,15 @@ fn slow_header_clients_do_not_stall_a_normal_client() {
     if !enough_fds("slow_header_clients", 2 * SLOW as u64) {
         return;
     }
-    let mut server = Canter::start();
-    let addr = server.addr;
+    let mut server = start();
+    let addr = server.addr();
 
     // 500 connections that start a head and then add one byte of a header every 500 ms.
     let mut slow = Vec::with_capacity(SLOW);
     let mut dribble = Vec::with_capacity(SLOW);
     let opened = Instant::now();
     for _ in 0..SLOW {
-        let mut s = connect(addr);
+        let mut s = connect_stream(addr);
         s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
         dribble.push(Some(s.try_clone().unwrap()));
         slow.push(s);
@@ -389,8 +288,8 @@ fn maximal_unfinished_heads(bound_kib: u64) {
     if !enough_fds("maximal_unfinished_heads", CONNS as u64) {
         return;
     }
-    let mut server = Canter::start_with_head_timeout(TIMEOUT);
-    let addr = server.addr;
+    let mut server = start_with_head_timeout(TIMEOUT);
+    let addr = server.addr();
     // Warm up: the allocator and the worker's buffer pool.
     for _ in 0..20 {
         let mut c = server.client();
@@ -416,7 +315,7 @@ fn maximal_unfinished_heads(bound_kib: u64) {
 
     // Connect everything first (idle connections hold no buffers), then send all the heads in
     // one burst so they are all pending at once.
-    let mut conns: Vec<TcpStream> = (0..CONNS).map(|_| connect(addr)).collect();
+    let mut conns: Vec<TcpStream> = (0..CONNS).map(|_| connect_stream(addr)).collect();
     let idle_rss = server.rss_kib();
     let burst = Instant::now();
     for s in conns.iter_mut() {
@@ -432,7 +331,7 @@ fn maximal_unfinished_heads(bound_kib: u64) {
     let mut unread = None;
     while burst.elapsed() < Duration::from_secs(TIMEOUT) {
         peak = peak.max(server.rss_kib());
-        unread = server.unread();
+        unread = unread_bytes(&server);
         match (consumed_after, unread) {
             (None, Some((0, n))) if n == CONNS => consumed_after = Some(burst.elapsed()),
             (None, None) => consumed_after = Some(burst.elapsed()),
@@ -494,8 +393,8 @@ fn heads_just_over_the_limit_get_431() {
     if !enough_fds("heads_just_over_the_limit", CONNS as u64) {
         return;
     }
-    let mut server = Canter::start();
-    let addr = server.addr;
+    let mut server = start();
+    let addr = server.addr();
 
     let mut head = b"GET /plaintext HTTP/1.1\r\nHost: x\r\n".to_vec();
     let mut i = 0;
@@ -509,7 +408,7 @@ fn heads_just_over_the_limit_get_431() {
     assert!(head.len() > MAX_HEAD && head.len() < MAX_HEAD + 1200);
 
     let start = Instant::now();
-    let mut conns: Vec<TcpStream> = (0..CONNS).map(|_| connect(addr)).collect();
+    let mut conns: Vec<TcpStream> = (0..CONNS).map(|_| connect_stream(addr)).collect();
     let mut write_errors = 0;
     for s in conns.iter_mut() {
         // The server may answer and close before it read everything: a reset on write is fine,
@@ -563,7 +462,7 @@ fn endless_chunked_body_gets_413_and_bounded_memory() {
     const PIECE: usize = 64 * 1024;
     const TOTAL: u64 = 32 << 20;
     let _serial = serial();
-    let mut server = Canter::start();
+    let mut server = start();
     // Warm up.
     for _ in 0..4 {
         let mut c = server.client();

@@ -1,0 +1,16 @@
+//! Test-only helpers shared by the integration tests of `canter-rt` and `canter`: a small,
+//! strict raw HTTP/1.1 client ([`Client`], [`Response`], [`chunked`]) and probes of processes
+//! ([`rss_kib`], [`open_files_limit`]).
+//!
+//! Every socket operation has a timeout ([`IO_TIMEOUT`]) so a hung server fails a test instead
+//! of hanging the suite.
+
+// A test harness: a failed socket option or a poisoned lock must fail the test on the spot, so
+// unwrapping is the intended behaviour here (the crate is `publish = false` and dev-only).
+#![allow(clippy::unwrap_used)]
+
+mod client;
+mod process;
+
+pub use client::{chunked, connect_stream, Client, Response, IO_TIMEOUT};
+pub use process::{open_files_limit, rss_kib};
