@@ -9,6 +9,28 @@
 //! significant figures) merged at the end.
 //!
 //! Use [`run`] with [`LoadArgs`] (a `clap::Args` struct) to run a test.
+//!
+//! # What is measured
+//!
+//! * **Closed loop** (default): each connection writes `--pipeline`
+//!   requests in one write and waits for all responses before the next
+//!   batch. A response's latency runs from the batch write to the read that
+//!   completed it (one clock read per socket read).
+//! * **Open loop** (`--rate R`): each of the `C` connections sends one
+//!   request every `C / R` seconds on a fixed, phase-shifted schedule
+//!   ([`schedule::RateSchedule`]), one request in flight per connection.
+//!   When the previous response arrives after the next slot, the request is
+//!   sent at once and its latency counts from the slot
+//!   (coordinated-omission correction, [`schedule::corrected_latency`]).
+//! * `requests` counts completed responses of any status; `status` splits
+//!   them by code. Errors are counted per event (`connect`, `read`, `write`,
+//!   `parse`) or per request (`timeout`); the connection is re-established
+//!   after any error. A keep-alive connection the server closed while idle
+//!   (EOF before any byte of the next response) is silently re-established
+//!   and the batch retried.
+//! * `--warmup` traffic is excluded from every statistic; with `-n`, warm-up
+//!   requests are part of the `n`.
+//! * Only loopback targets are accepted.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;

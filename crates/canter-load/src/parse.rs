@@ -3,6 +3,8 @@
 //! The parser never allocates: the head is parsed with `httparse` into a
 //! stack array of headers, bodies are skipped without being buffered.
 
+use std::mem::MaybeUninit;
+
 /// Maximum number of response headers accepted.
 const MAX_HEADERS: usize = 64;
 /// Maximum length of a chunk extension / trailer line.
@@ -200,9 +202,15 @@ impl ResponseParser {
     /// Parses a head; returns bytes consumed or None if incomplete. Sets the
     /// next state.
     fn parse_head(&mut self, buf: &[u8]) -> Result<Option<usize>, ParseError> {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut res = httparse::Response::new(&mut headers);
-        let n = match res.parse(buf) {
+        // Uninitialised header storage: no 2 KiB memset per response.
+        let mut headers: [MaybeUninit<httparse::Header<'_>>; MAX_HEADERS] =
+            [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut res = httparse::Response::new(&mut []);
+        let n = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+            &mut res,
+            buf,
+            &mut headers,
+        ) {
             Ok(httparse::Status::Complete(n)) => n,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(e) => return Err(ParseError::Head(e.to_string())),
@@ -214,17 +222,18 @@ impl ResponseParser {
         let mut chunked = false;
         for h in res.headers.iter() {
             let name = h.name.as_bytes();
-            if name.eq_ignore_ascii_case(b"content-length") {
+            // Compare lengths first: most headers are none of these three.
+            if name.len() == 14 && name.eq_ignore_ascii_case(b"content-length") {
                 let v = parse_content_length(h.value)?;
                 if content_length.is_some_and(|old| old != v) {
                     return Err(ParseError::ContentLength);
                 }
                 content_length = Some(v);
-            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            } else if name.len() == 17 && name.eq_ignore_ascii_case(b"transfer-encoding") {
                 // Chunked only counts if it is the final coding.
                 let last = h.value.rsplit(|&b| b == b',').next().unwrap_or(b"");
                 chunked = trim(last).eq_ignore_ascii_case(b"chunked");
-            } else if name.eq_ignore_ascii_case(b"connection") {
+            } else if name.len() == 10 && name.eq_ignore_ascii_case(b"connection") {
                 for tok in h.value.split(|&b| b == b',') {
                     let tok = trim(tok);
                     if tok.eq_ignore_ascii_case(b"close") {
