@@ -207,7 +207,8 @@ impl Conn {
             Recv::Body(_) => self.timeouts.body,
             _ => return None,
         };
-        Some(self.since + t)
+        // A timeout too large to add ("never") means no deadline.
+        self.since.checked_add(t)
     }
 
     // ---- mutators: the response -----------------------------------------------------------

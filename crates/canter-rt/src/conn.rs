@@ -34,7 +34,7 @@ use tokio::time::Sleep;
 use crate::body::{Body, BodyError, Pipe, PipeState, RequestBody};
 use crate::server::Config;
 use crate::service::{Reply, Request, Response, Service};
-use crate::worker::{Worker, READ_BUF};
+use crate::worker::{later, Worker, READ_BUF};
 
 /// A body piece at least this large is queued for `writev` instead of copied.
 const ZERO_COPY_MIN: usize = 16 * 1024;
@@ -241,7 +241,7 @@ impl<S: Service> Driver<S> {
         let response = match reply {
             Some(Reply::Ready(response)) => response,
             Some(Reply::Pending(mut fut)) => {
-                let deadline = self.worker.now() + self.cfg.handler_timeout;
+                let deadline = later(self.worker.now(), self.cfg.handler_timeout);
                 match self
                     .drive(&mut fut, pipe.as_deref(), Some(deadline))
                     .await?
@@ -309,7 +309,7 @@ impl<S: Service> Driver<S> {
                     }
                     // A stream that produces nothing for this long is abandoned: nothing else
                     // would notice a client that went away meanwhile.
-                    let stall = self.worker.now() + self.cfg.handler_timeout;
+                    let stall = later(self.worker.now(), self.cfg.handler_timeout);
                     let mut next = poll_fn(|cx| stream.as_mut().poll_next(cx));
                     match self.drive(&mut next, pipe, Some(stall)).await? {
                         Driven::Done(Some(Ok(data))) => {
@@ -545,7 +545,7 @@ impl<S: Service> Driver<S> {
         if self.out.is_empty() {
             return Ok(());
         }
-        let mut deadline = self.worker.now() + self.cfg.timeouts.write;
+        let mut deadline = later(self.worker.now(), self.cfg.timeouts.write);
         poll_fn(|cx| {
             let before = self.out.len();
             match self.out.poll_write(&mut self.io, cx) {
@@ -553,7 +553,7 @@ impl<S: Service> Driver<S> {
                 Poll::Ready(Err(e)) => Poll::Ready(Err(Stop::Io(e))),
                 Poll::Pending => {
                     if self.out.len() < before {
-                        deadline = self.worker.now() + self.cfg.timeouts.write;
+                        deadline = later(self.worker.now(), self.cfg.timeouts.write);
                     }
                     if self.timer.poll_expired(cx, deadline) {
                         return Poll::Ready(Err(Stop::Timeout("write")));

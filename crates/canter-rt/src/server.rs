@@ -294,7 +294,7 @@ where
         }
         drop(listener);
         worker.drain();
-        let deadline = tokio::time::Instant::now() + cfg.drain_timeout;
+        let deadline = tokio::time::Instant::from_std(crate::worker::later(std::time::Instant::now(), cfg.drain_timeout));
         while worker.live() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

@@ -13,6 +13,13 @@ use crate::server::Stats;
 
 /// Size of a fresh read buffer.
 pub(crate) const READ_BUF: usize = 8 * 1024;
+/// `at + d`, saturating at a century ahead: a configured `Duration::MAX` means "no timeout",
+/// not a panic.
+pub(crate) fn later(at: Instant, d: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    at.checked_add(d.min(CENTURY)).unwrap_or(at)
+}
+
 /// Period of the worker's clock.
 pub(crate) const TICK: Duration = Duration::from_millis(100);
 /// Buffers kept for reuse per worker.
@@ -101,7 +108,7 @@ impl Worker {
     /// lag the real one by up to one tick, so one tick is added (timeouts are never early, and
     /// late by at most a tick).
     pub(crate) fn expiry(deadline: Instant) -> Instant {
-        deadline + TICK
+        later(deadline, TICK)
     }
 
     pub(crate) fn take_buf(&self) -> BytesMut {

@@ -743,3 +743,21 @@ fn graceful_shutdown_finishes_the_request_in_flight() {
         }
     }
 }
+
+/// "No timeout" spelled as `Duration::MAX` must not overflow a deadline anywhere.
+#[test]
+fn duration_max_timeouts_mean_no_timeout() {
+    let mut config = test_config();
+    config.handler_timeout = Duration::MAX;
+    config.drain_timeout = Duration::MAX;
+    config.timeouts.idle = Duration::MAX;
+    config.timeouts.head = Duration::MAX;
+    config.timeouts.body = Duration::MAX;
+    config.timeouts.write = Duration::MAX;
+    let server = start(config);
+    let mut c = server.client();
+    let r = c.get("/hello");
+    assert_eq!(r.status, 200);
+    let r = c.get("/hello");
+    assert_eq!(r.status, 200);
+}
