@@ -1,0 +1,49 @@
+//! Replays the fuzz corpora (`fuzz/corpus/<target>/*`) through the invariant checks of the fuzz
+//! targets on stable Rust. The checks live in `fuzz/harness.rs`, shared with the cargo-fuzz
+//! targets (see `fuzz/README.md`). Minimized reproducers of canter-h1 bugs found by fuzzing go
+//! here as named tests; the campaign of 2026-11-22 found none.
+
+#[path = "../../../fuzz/harness.rs"]
+mod harness;
+
+use std::path::{Path, PathBuf};
+
+fn corpus(target: &str) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus")
+        .join(target);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "empty corpus {}", dir.display());
+    files
+}
+
+fn replay(target: &str, check: fn(&[u8])) {
+    for path in corpus(target) {
+        let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let result = std::panic::catch_unwind(|| check(&data));
+        if let Err(panic) = result {
+            eprintln!("corpus file {} fails", path.display());
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+#[test]
+fn parse_head_corpus() {
+    replay("parse_head", harness::parse_head);
+}
+
+#[test]
+fn chunked_corpus() {
+    replay("chunked", harness::chunked);
+}
+
+#[test]
+fn conn_machine_corpus() {
+    replay("conn_machine", harness::conn_machine);
+}
