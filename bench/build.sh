@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Build everything the side-by-side benchmarks need. Idempotent.
+#   bench/build.sh            # install missing tools, build peers and canter
+#   SKIP_APT=1 bench/build.sh # do not try apt-get
+# Installs (if missing): wrk nginx-light h2o nghttp2-client gcc (apt-get), Go (needed for
+# the Go peers; not installed here if absent: those peers are then reported and skipped).
+# Builds: bench/build/ceiling, bench/build/go-nethttp, bench/build/fasthttp,
+#         bench/target/release/peer-{hyper,actix,may-minihttp}, target/release/canter.
+# A peer that fails to build is reported at the end (and skipped by run.py, which says so).
+set -u
+BENCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(dirname "$BENCH")"
+BUILD="$BENCH/build"
+mkdir -p "$BUILD" "$BUILD/logs"
+export PATH="$PATH:/usr/local/go/bin:$HOME/.cargo/bin:/usr/sbin:/sbin"
+
+declare -a OK FAIL
+ok()   { OK+=("$1"); echo "== built: $1"; }
+fail() { FAIL+=("$1: $2"); echo "== FAILED: $1 ($2)"; }
+
+# --- system packages -------------------------------------------------------------------
+need=()
+command -v wrk    >/dev/null || need+=(wrk)
+command -v nginx  >/dev/null || need+=(nginx-light)
+command -v h2o    >/dev/null || need+=(h2o)
+command -v h2load >/dev/null || need+=(nghttp2-client)
+command -v gcc    >/dev/null || need+=(gcc)
+command -v taskset >/dev/null || need+=(util-linux)
+if [ ${#need[@]} -gt 0 ] && [ -z "${SKIP_APT:-}" ]; then
+  echo "== apt-get install ${need[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! $SUDO apt-get install -y --no-install-recommends "${need[@]}" >"$BUILD/logs/apt.log" 2>&1; then
+    $SUDO apt-get update >>"$BUILD/logs/apt.log" 2>&1
+    # one at a time, so that one missing package (e.g. h2o) does not block the others
+    for p in "${need[@]}"; do
+      $SUDO apt-get install -y --no-install-recommends "$p" >>"$BUILD/logs/apt.log" 2>&1 \
+        || echo "== apt: could not install $p (see bench/build/logs/apt.log)"
+    done
+  fi
+  # the Debian packages start system services; the benchmarks start their own instances
+  for svc in nginx h2o; do
+    command -v systemctl >/dev/null && $SUDO systemctl disable --now "$svc" >/dev/null 2>&1 || true
+  done
+fi
+for t in wrk nginx h2o h2load; do
+  command -v "$t" >/dev/null && ok "$t ($(command -v "$t"))" || fail "$t" "not installed"
+done
+
+# --- ceiling (C) -----------------------------------------------------------------------
+if gcc -O2 -Wall -o "$BUILD/ceiling.tmp" "$BENCH/peers/ceiling/ceiling.c" 2>"$BUILD/logs/ceiling.log"; then
+  mv "$BUILD/ceiling.tmp" "$BUILD/ceiling"; ok "ceiling -> bench/build/ceiling"
+else
+  fail ceiling "gcc: $(tail -3 "$BUILD/logs/ceiling.log" | tr '\n' ' ')"
+fi
+
+# --- Go peers --------------------------------------------------------------------------
+if command -v go >/dev/null; then
+  for p in go-nethttp fasthttp; do
+    if (cd "$BENCH/peers/$p" && go mod download && go build -trimpath -o "$BUILD/$p" .) \
+         >"$BUILD/logs/$p.log" 2>&1; then
+      ok "$p -> bench/build/$p"
+    else
+      fail "$p" "go build: $(tail -3 "$BUILD/logs/$p.log" | tr '\n' ' ')"
+    fi
+  done
+else
+  fail go-nethttp "go not found (install Go from https://go.dev/dl/)"
+  fail fasthttp "go not found"
+fi
+
+# --- Rust peers (own workspace, own target dir) ----------------------------------------
+if command -v cargo >/dev/null; then
+  for p in hyper actix may-minihttp; do
+    if cargo build --release --manifest-path "$BENCH/peers/rust/Cargo.toml" \
+         --target-dir "$BENCH/target" -p "peer-$p" >"$BUILD/logs/rust-$p.log" 2>&1; then
+      ok "$p -> bench/target/release/peer-$p"
+    else
+      fail "$p" "cargo: $(grep -m1 -A3 '^error' "$BUILD/logs/rust-$p.log" | tr '\n' ' ')"
+    fi
+  done
+  # --- canter itself ---------------------------------------------------------------------
+  if (cd "$ROOT" && cargo build --release -p canter) >"$BUILD/logs/canter.log" 2>&1; then
+    ok "canter -> target/release/canter"
+    if "$ROOT/target/release/canter" serve --help >/dev/null 2>&1; then ok "canter serve"; \
+      else fail "canter serve" "\`canter serve --help\` fails: run.py will skip canter"; fi
+    if "$ROOT/target/release/canter" load --help >/dev/null 2>&1; then ok "canter load"; \
+      else fail "canter load" "\`canter load --help\` fails: run.py will use wrk"; fi
+  else
+    fail canter "cargo: $(grep -m1 -A3 '^error' "$BUILD/logs/canter.log" | tr '\n' ' ')"
+  fi
+else
+  fail rust "cargo not found (install from https://rustup.rs)"
+fi
+
+echo
+echo "== build summary (logs in bench/build/logs/)"
+for x in "${OK[@]}"; do echo "   ok      $x"; done
+for x in "${FAIL[@]+"${FAIL[@]}"}"; do echo "   FAILED  $x"; done
+exit 0
