@@ -13,6 +13,7 @@ use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
@@ -78,6 +79,13 @@ pub(crate) struct Pipe {
     /// The handler asked for data the pipe does not have.
     pub(crate) wanted: bool,
     waker: Option<Waker>,
+    /// Body bytes delivered so far.
+    received: u64,
+    /// Time the handler has spent waiting for body bytes (the minimum data rate is measured
+    /// over it only, so a handler that is slow to read does not count against the client).
+    waited: Duration,
+    /// Since when the handler has been waiting, if it is.
+    wait_started: Option<Instant>,
 }
 
 impl Pipe {
@@ -88,6 +96,9 @@ impl Pipe {
             state: PipeState::Open,
             wanted: false,
             waker: None,
+            received: 0,
+            waited: Duration::ZERO,
+            wait_started: None,
         }
     }
 
@@ -96,6 +107,10 @@ impl Pipe {
     }
 
     pub(crate) fn push(&mut self, data: Bytes) {
+        self.received += data.len() as u64;
+        if let Some(started) = self.wait_started.take() {
+            self.waited += started.elapsed();
+        }
         self.buffered += data.len();
         self.chunks.push_back(data);
         self.wake();
@@ -113,6 +128,18 @@ impl Pipe {
         if let Some(w) = self.waker.take() {
             w.wake();
         }
+    }
+
+    /// When the client falls below `rate` bytes per second of waiting time (after `grace`), if
+    /// the handler is waiting now and a rate is set.
+    pub(crate) fn rate_deadline(&self, rate: u64, grace: Duration) -> Option<Instant> {
+        let started = self.wait_started?;
+        if rate == 0 {
+            return None;
+        }
+        // The next byte is due once the wait covers it at `rate`, and never before the grace.
+        let due = Duration::from_secs_f64((self.received + 1) as f64 / rate as f64).max(grace);
+        Some(started + due.saturating_sub(self.waited))
     }
 
     /// The driver polls the handler itself; it only needs wakers from other tasks.
@@ -165,6 +192,9 @@ impl RequestBody {
             PipeState::Failed(e) => Poll::Ready(Some(Err(e.clone()))),
             PipeState::Open => {
                 pipe.wanted = true;
+                if pipe.wait_started.is_none() {
+                    pipe.wait_started = Some(Instant::now());
+                }
                 if !pipe.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                     pipe.waker = Some(cx.waker().clone());
                 }

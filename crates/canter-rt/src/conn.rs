@@ -444,20 +444,23 @@ impl<S: Service> Driver<S> {
                     return Poll::Ready(Err(Stop::Io(e)));
                 }
             }
-            let body_deadline = pipe
-                .filter(|p| p.borrow().wanted)
-                .and_then(|_| self.h1.deadline());
-            let first = match (deadline, body_deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let waiting = pipe.filter(|p| p.borrow().wanted);
+            let body_deadline = waiting.and_then(|_| self.h1.deadline());
+            let rate_deadline = waiting.and_then(|p| {
+                p.borrow()
+                    .rate_deadline(self.cfg.min_body_rate, self.cfg.min_body_rate_grace)
+            });
+            let first = [deadline, body_deadline, rate_deadline]
+                .into_iter()
+                .flatten()
+                .min();
             if let Some(at) = first {
                 if self.timer.poll_expired(cx, at) {
                     if deadline.is_some_and(|d| d <= at) && Instant::now() >= at {
                         return Poll::Ready(Ok(Driven::TimedOut));
                     }
                     if let Some(pipe) = pipe {
-                        tracing::info!(peer = %self.peer, "request body timed out");
+                        tracing::info!(peer = %self.peer, "request body timed out or too slow");
                         pipe.borrow_mut()
                             .close(PipeState::Failed(BodyError::TimedOut));
                         self.h1.set_close();

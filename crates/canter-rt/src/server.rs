@@ -30,6 +30,12 @@ pub struct Config {
     pub limits: Limits,
     /// Idle, head, body and write timeouts.
     pub timeouts: Timeouts,
+    /// Minimum request body data rate, in bytes per second of the handler waiting for the body,
+    /// enforced after [`Config::min_body_rate_grace`]; slower clients get the body timeout (408).
+    /// 0 turns it off.
+    pub min_body_rate: u64,
+    /// Waiting time before [`Config::min_body_rate`] applies.
+    pub min_body_rate_grace: Duration,
     /// Longest a handler may run before the request is answered 503 and the connection closed.
     pub handler_timeout: Duration,
     /// Output bytes above which a connection stops parsing pipelined requests and reading
@@ -59,6 +65,8 @@ impl Default for Config {
             limits: Limits::default(),
             timeouts: Timeouts::default(),
             handler_timeout: Duration::from_secs(60),
+            min_body_rate: 240,
+            min_body_rate_grace: Duration::from_secs(5),
             high_water: 64 * 1024,
             read_budget: 256 * 1024,
             max_pipeline: 64,

@@ -761,3 +761,64 @@ fn duration_max_timeouts_mean_no_timeout() {
     let r = c.get("/hello");
     assert_eq!(r.status, 200);
 }
+
+/// The minimum body data rate: a client that keeps sending, but below the rate, is cut off with
+/// 408 once the grace period is over (the no-progress timeout alone would never fire), while a
+/// client above the rate is served.
+#[test]
+fn body_below_the_minimum_rate_is_cut_off() {
+    let mut config = test_config();
+    config.min_body_rate = 200;
+    config.min_body_rate_grace = Duration::from_secs(1);
+    let server = start(config);
+
+    // 10 bytes every 250 ms: 40 B/s, well below 200 B/s, but never 5 s without progress.
+    let mut slow = TcpStream::connect(server.addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_millis(250)))
+        .unwrap();
+    slow.write_all(b"POST /slow-body HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+        .unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < Duration::from_secs(6) {
+        if slow.write_all(&[b'a'; 10]).is_err() {
+            break;
+        }
+        match slow.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                got.extend_from_slice(&buf[..n]);
+                break;
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    let at = started.elapsed();
+    slow.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    while let Ok(n) = slow.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408 "), "after {at:?}: {text}");
+    assert!(
+        at >= Duration::from_millis(900),
+        "cut off before the grace period: {at:?}"
+    );
+    assert!(at < Duration::from_secs(5), "cut off only at {at:?}");
+
+    // 1,000 bytes every 100 ms (10 KB/s) for 1.5 s: above the rate, served in full.
+    let mut fast = server.client();
+    fast.send("POST /sum HTTP/1.1\r\nHost: x\r\nContent-Length: 15000\r\n\r\n");
+    for _ in 0..15 {
+        fast.send([b'b'; 1000]);
+        thread::sleep(Duration::from_millis(100));
+    }
+    let r = fast.response();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.text(), "15000");
+}

@@ -60,6 +60,9 @@ struct ServeArgs {
     /// Seconds a response may wait for the client to read before the connection is closed.
     #[arg(long, default_value_t = 30)]
     write_timeout: u64,
+    /// Minimum request body data rate in bytes/s, after a 5 s grace (0: off).
+    #[arg(long, default_value_t = 240)]
+    min_body_rate: u64,
     /// Maximum request body size, in bytes.
     #[arg(long, default_value_t = 16 * 1024 * 1024)]
     max_body: u64,
@@ -109,6 +112,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     config.limits.max_headers = args.max_headers;
     config.limits.max_target = args.max_target;
     config.max_pipeline = args.max_pipeline.max(1);
+    config.min_body_rate = args.min_body_rate;
     config.handler_timeout = Duration::from_secs(args.handler_timeout);
     config.timeouts.write = Duration::from_secs(args.write_timeout);
     config.max_connections = args.max_connections;
