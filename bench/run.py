@@ -431,30 +431,26 @@ ALL_SCENARIOS = ["plaintext-50", "json-50", "pipeline-16x256", "conns-1000", "co
 # Load generators
 # --------------------------------------------------------------------------------------
 
-def canter_load_available():
-    if not os.access(CANTER_BIN, os.X_OK):
-        return False, f"{CANTER_BIN} not built"
-    try:
-        p = subprocess.run([CANTER_BIN, "load", "--help"], capture_output=True, text=True,
-                           timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, str(e)
-    if p.returncode != 0:
-        return False, f"`canter load --help` exited {p.returncode}: {(p.stderr or p.stdout)[-300:]}"
-    return True, ""
-
-
-def canter_serve_available():
+def canter_subcommand_available(sub):
+    """Whether `canter SUB --help` runs: (ok, reason)."""
     if not os.access(CANTER_BIN, os.X_OK):
         return False, f"{CANTER_BIN} not built (bench/build.sh builds it)"
     try:
-        p = subprocess.run([CANTER_BIN, "serve", "--help"], capture_output=True, text=True,
+        p = subprocess.run([CANTER_BIN, sub, "--help"], capture_output=True, text=True,
                            timeout=10)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, str(e)
     if p.returncode != 0:
-        return False, f"`canter serve --help` exited {p.returncode}: {(p.stderr or p.stdout)[-300:]}"
+        return False, f"`canter {sub} --help` exited {p.returncode}: {(p.stderr or p.stdout)[-300:]}"
     return True, ""
+
+
+def canter_load_available():
+    return canter_subcommand_available("load")
+
+
+def canter_serve_available():
+    return canter_subcommand_available("serve")
 
 
 def fmt_dur(seconds):
