@@ -102,6 +102,13 @@ impl BodyDecoder {
         }
     }
 
+    /// Tightens the body and chunk-extension limits for the rest of this body (a route's
+    /// limits, stricter than the server's). Never loosens them.
+    pub fn restrict(&mut self, max_body: u64, max_chunk_ext: usize) {
+        self.max_body = self.max_body.min(max_body);
+        self.max_chunk_ext = self.max_chunk_ext.min(max_chunk_ext);
+    }
+
     /// Body bytes decoded so far.
     pub fn received(&self) -> u64 {
         self.received

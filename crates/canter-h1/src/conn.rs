@@ -180,6 +180,14 @@ impl Conn {
         !matches!(self.recv, Recv::Body(_))
     }
 
+    /// Tightens the limits for the rest of the current request body (see
+    /// [`BodyDecoder::restrict`]); no effect when there is no body left to read.
+    pub fn restrict_body(&mut self, max_body: u64, max_chunk_ext: usize) {
+        if let Recv::Body(decoder) = &mut self.recv {
+            decoder.restrict(max_body, max_chunk_ext);
+        }
+    }
+
     /// Bytes of the current body still to come when its length is known.
     pub fn body_remaining(&self) -> Option<u64> {
         match &self.recv {

@@ -86,6 +86,9 @@ pub(crate) struct Pipe {
     waited: Duration,
     /// Since when the handler has been waiting, if it is.
     wait_started: Option<Instant>,
+    /// Tighter body and chunk-extension limits asked for by the application, not yet handed
+    /// to the decoder.
+    pub(crate) restrict: Option<(u64, usize)>,
 }
 
 impl Pipe {
@@ -99,6 +102,7 @@ impl Pipe {
             received: 0,
             waited: Duration::ZERO,
             wait_started: None,
+            restrict: None,
         }
     }
 
@@ -175,6 +179,17 @@ impl RequestBody {
     /// The Content-Length the client declared (`Some(0)` for no body, `None` for chunked).
     pub fn content_length(&self) -> Option<u64> {
         self.declared
+    }
+
+    /// Tightens the server's limits for the rest of this body: at most `max_body` bytes in all
+    /// (413 beyond) and chunk extensions of at most `max_chunk_ext` bytes (400 beyond). Call it
+    /// before reading; bytes already read are not checked again. Never loosens a limit.
+    pub fn restrict(&mut self, max_body: u64, max_chunk_ext: usize) {
+        if let Some(pipe) = &self.pipe {
+            let mut pipe = pipe.borrow_mut();
+            let (body, ext) = pipe.restrict.unwrap_or((u64::MAX, usize::MAX));
+            pipe.restrict = Some((body.min(max_body), ext.min(max_chunk_ext)));
+        }
     }
 
     /// Polls for the next piece of the body.

@@ -212,9 +212,8 @@ impl<S: Service> Driver<S> {
                 (Some(pipe.clone()), RequestBody::piped(pipe, declared))
             }
         };
-        if let Some(pipe) = &pipe {
-            self.feed(pipe);
-        }
+        // The body is decoded only once the handler asks for it, so that limits it sets first
+        // (`RequestBody::restrict`) cover every byte.
         let req = Request::new(head, body);
         let reply = match catch_unwind(AssertUnwindSafe(|| self.svc.call(req))) {
             Ok(Reply::Ready(response))
@@ -479,6 +478,9 @@ impl<S: Service> Driver<S> {
     fn feed(&mut self, pipe: &RefCell<Pipe>) -> bool {
         let mut progressed = false;
         let mut p = pipe.borrow_mut();
+        if let Some((max_body, max_chunk_ext)) = p.restrict.take() {
+            self.h1.restrict_body(max_body, max_chunk_ext);
+        }
         while p.has_room() {
             match self.h1.poll_body(&mut self.rbuf, self.worker.now()) {
                 Ok(BodyEvent::Data(data)) => p.push(data),

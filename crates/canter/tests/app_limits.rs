@@ -18,6 +18,7 @@ fn strict() -> RouteLimits {
         max_headers: Some(4),
         max_target: Some(64),
         max_body: Some(100),
+        max_chunk_ext: Some(8),
     }
 }
 
@@ -115,6 +116,15 @@ fn route_limits_answer_before_the_handler() {
     );
     let (status, _) = exchange(addr, chunked.as_bytes());
     assert_eq!(status, 413);
+
+    // A chunk extension longer than the route's 8 bytes (the server allows 1 KiB): 400; the
+    // same body on the route without limits is accepted.
+    let ext = "POST {} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5;name=a-long-value\r\nhello\r\n0\r\n\r\n";
+    let (status, text) = exchange(addr, ext.replace("{}", "/strict").as_bytes());
+    assert_eq!(status, 400, "{text}");
+    let (status, text) = exchange(addr, ext.replace("{}", "/loose").as_bytes());
+    assert_eq!(status, 200, "{text}");
+    assert!(text.ends_with("5\n"), "{text}");
 
     // Within the limit, and the same body on a route without limits: accepted.
     let small = format!(

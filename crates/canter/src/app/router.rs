@@ -66,6 +66,8 @@ pub struct RouteLimits {
     pub max_target: Option<usize>,
     /// Largest request body, in bytes.
     pub max_body: Option<usize>,
+    /// Longest chunk extension in a chunked body, in bytes.
+    pub max_chunk_ext: Option<usize>,
 }
 
 impl RouteLimits {
@@ -526,6 +528,15 @@ impl Router {
         let body_limit = limits
             .max_body
             .map_or(table.body_limit, |max| max.min(table.body_limit));
+        let mut body = body;
+        if limits.max_body.is_some() || limits.max_chunk_ext.is_some() {
+            if let Some(body) = &mut body {
+                body.restrict(
+                    limits.max_body.map_or(u64::MAX, |n| n as u64),
+                    limits.max_chunk_ext.unwrap_or(usize::MAX),
+                );
+            }
+        }
         endpoint.call(Parts {
             method,
             head,
