@@ -98,7 +98,7 @@ pub(crate) async fn serve<S: Service>(
         Err(Stop::Timeout(phase)) => tracing::debug!(%peer, phase, "connection timed out"),
         Err(Stop::Io(e)) => tracing::debug!(%peer, error = %e, "connection error"),
     }
-    driver.release();
+    driver.release_idle_buffers();
 }
 
 /// A connection's place in its worker's registry. Created at accept and moved into the task,
@@ -178,16 +178,7 @@ impl<S: Service> Driver<S> {
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     tracing::info!(peer = %self.peer, status = e.status(), error = %e, "bad request");
-                    let date = self.worker.date();
-                    self.out.prepare(&self.worker);
-                    self.h1.error_response(
-                        &e,
-                        &date,
-                        self.cfg.server_name.as_bytes(),
-                        &mut self.out.buf,
-                    );
-                    self.closing = true;
-                    self.errored = true;
+                    self.reject(e.status());
                     return Ok(());
                 }
             }
@@ -267,6 +258,17 @@ impl<S: Service> Driver<S> {
         }
         self.end(complete);
         Ok(())
+    }
+
+    /// Answers `status` with a short text body and `Connection: close`, and closes lingering:
+    /// the peer's input can no longer be trusted to be in step.
+    fn reject(&mut self, status: u16) {
+        let date = self.worker.date();
+        self.out.prepare(&self.worker);
+        let server = self.cfg.server_name.as_bytes();
+        self.h1.reject(status, &date, server, &mut self.out.buf);
+        self.closing = true;
+        self.errored = true;
     }
 
     /// Ends the response framing and decides whether the connection goes on.
@@ -619,14 +621,7 @@ impl<S: Service> Driver<S> {
             if !self.h1.is_idle() || !self.rbuf.is_empty() {
                 // A slow or stalled request head: say so, then close.
                 tracing::info!(peer = %self.peer, "request head timed out");
-                let date = self.worker.date();
-                self.out.prepare(&self.worker);
-                self.h1.reject(
-                    408,
-                    &date,
-                    self.cfg.server_name.as_bytes(),
-                    &mut self.out.buf,
-                );
+                self.reject(408);
                 let _ = self.flush().await;
                 return Err(Stop::Timeout("head"));
             }
@@ -680,15 +675,16 @@ impl<S: Service> Driver<S> {
             let step = until.min(tokio::time::Instant::now() + LINGER_READ);
             match tokio::time::timeout_at(step, self.io.readable()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => return,
+                Ok(Err(_)) | Err(_) => break,
             }
             match self.io.try_read(&mut scratch) {
-                Ok(0) => return,
+                Ok(0) => break,
                 Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => return,
+                Err(_) => break,
             }
         }
+        self.worker.give_buf(scratch);
     }
 
     fn release_idle_buffers(&mut self) {
@@ -698,10 +694,6 @@ impl<S: Service> Driver<S> {
         if self.out.is_empty() && self.out.buf.capacity() > 0 {
             self.worker.give_buf(std::mem::take(&mut self.out.buf));
         }
-    }
-
-    fn release(&mut self) {
-        self.release_idle_buffers();
     }
 }
 
