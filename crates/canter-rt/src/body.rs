@@ -284,6 +284,21 @@ pub enum Body {
 }
 
 impl Body {
+    /// The body's length in bytes, if known before it is sent.
+    ///
+    /// ```
+    /// use canter_rt::Body;
+    /// assert_eq!(Body::from("hello").exact_len(), Some(5));
+    /// assert_eq!(Body::Empty.exact_len(), Some(0));
+    /// ```
+    pub fn exact_len(&self) -> Option<u64> {
+        match self {
+            Body::Empty => Some(0),
+            Body::Full(b) => Some(b.len() as u64),
+            Body::Stream { len, .. } => *len,
+        }
+    }
+
     /// A streamed body.
     pub fn stream(len: Option<u64>, stream: impl BodyStream + 'static) -> Body {
         Body::Stream {

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use canter_h1::RequestHead;
-use http::{HeaderName, HeaderValue, Method, StatusCode};
+use http::{Extensions, HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::body::{Body, RequestBody};
 
@@ -17,6 +17,7 @@ pub struct Request {
     head: RequestHead,
     method: Method,
     body: RequestBody,
+    extensions: Extensions,
 }
 
 impl Request {
@@ -36,7 +37,12 @@ impl Request {
                 Method::from_bytes(head.method_str().as_bytes()).unwrap_or(Method::GET)
             }
         };
-        Request { head, method, body }
+        Request {
+            head,
+            method,
+            body,
+            extensions: Extensions::new(),
+        }
     }
 
     /// The request method.
@@ -64,14 +70,30 @@ impl Request {
         &self.head
     }
 
+    /// The body (its declared length, before reading it).
+    pub fn body(&self) -> &RequestBody {
+        &self.body
+    }
+
     /// The body, to read while the handler runs.
     pub fn body_mut(&mut self) -> &mut RequestBody {
         &mut self.body
     }
 
-    /// Splits the request into head and body.
-    pub fn into_parts(self) -> (RequestHead, RequestBody) {
-        (self.head, self.body)
+    /// Typed values attached to this request by middleware (a request id, an authenticated
+    /// user…). Empty, and allocation-free, unless something is inserted.
+    pub fn extensions(&self) -> &Extensions {
+        &self.extensions
+    }
+
+    /// The extensions, to insert into.
+    pub fn extensions_mut(&mut self) -> &mut Extensions {
+        &mut self.extensions
+    }
+
+    /// Splits the request into head, body and extensions.
+    pub fn into_parts(self) -> (RequestHead, RequestBody, Extensions) {
+        (self.head, self.body, self.extensions)
     }
 }
 
@@ -186,6 +208,52 @@ impl Response {
     pub fn body(&self) -> &Body {
         &self.body
     }
+
+    /// The body, to replace (e.g. by a compressed one).
+    pub fn body_mut(&mut self) -> &mut Body {
+        &mut self.body
+    }
+
+    /// Sets the status in place.
+    pub fn set_status(&mut self, status: StatusCode) {
+        self.status = status;
+    }
+
+    /// The first value of header `name`, Content-Type included.
+    pub fn header(&self, name: &HeaderName) -> Option<&HeaderValue> {
+        if name == http::header::CONTENT_TYPE {
+            return self.content_type.as_ref();
+        }
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    /// Appends a header field in place (see [`Response::with_header`]).
+    pub fn append_header(&mut self, name: HeaderName, value: HeaderValue) {
+        if name == http::header::CONTENT_TYPE {
+            self.content_type = Some(value);
+        } else {
+            self.headers.push((name, value));
+        }
+    }
+
+    /// Sets header `name` to `value`, replacing every earlier value.
+    pub fn set_header(&mut self, name: HeaderName, value: HeaderValue) {
+        if name == http::header::CONTENT_TYPE {
+            self.content_type = Some(value);
+            return;
+        }
+        self.headers.retain(|(n, _)| *n != name);
+        self.headers.push((name, value));
+    }
+
+    /// Removes every value of header `name`.
+    pub fn remove_header(&mut self, name: &HeaderName) {
+        if name == http::header::CONTENT_TYPE {
+            self.content_type = None;
+        } else {
+            self.headers.retain(|(n, _)| n != name);
+        }
+    }
 }
 
 impl fmt::Debug for Response {
@@ -229,6 +297,28 @@ impl Reply {
     /// Wraps an async handler's future.
     pub fn future(f: impl Future<Output = Response> + 'static) -> Reply {
         Reply::Pending(Box::pin(f))
+    }
+
+    /// Applies `f` to the response once it is ready: at once for [`Reply::Ready`] (no
+    /// allocation), after the future for [`Reply::Pending`]. The building block of "after"
+    /// middleware.
+    ///
+    /// ```
+    /// use canter_rt::http::{HeaderName, HeaderValue};
+    /// use canter_rt::{Reply, Response};
+    ///
+    /// let reply = Reply::from(Response::text("hi")).map(|mut res| {
+    ///     res.set_header(HeaderName::from_static("x-served-by"), HeaderValue::from_static("canter"));
+    ///     res
+    /// });
+    /// # let _ = reply;
+    /// ```
+    #[inline]
+    pub fn map(self, f: impl FnOnce(Response) -> Response + 'static) -> Reply {
+        match self {
+            Reply::Ready(r) => Reply::Ready(f(r)),
+            Reply::Pending(fut) => Reply::future(async move { f(fut.await) }),
+        }
     }
 }
 

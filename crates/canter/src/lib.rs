@@ -16,11 +16,12 @@
 
 pub mod app;
 pub mod demo;
+pub mod middleware;
 
 pub use app::{
-    delete, get, head, options, patch, post, put, Form, FromBody, FromParts, Handler, Headers,
-    Html, IntoResponse, Json, MethodRouter, Parts, Path, Query, RawBody, Redirect, Rejection,
-    RouteLimits, Router, State,
+    delete, get, head, options, patch, post, put, Extension, Form, FromBody, FromParts, Handler,
+    Headers, Html, IntoResponse, Json, MethodRouter, Parts, Path, Query, RawBody, Redirect,
+    Rejection, RouteLimits, Router, State,
 };
 pub use maud;
 

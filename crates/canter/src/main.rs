@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use canter::middleware::{AccessLog, Metrics, RequestId};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -69,6 +70,12 @@ struct ServeArgs {
     /// Connections per worker before new ones wait in the backlog.
     #[arg(long, default_value_t = 65_536)]
     max_connections: usize,
+    /// Log every request (target `canter::access`) and give each one an `x-request-id`.
+    #[arg(long)]
+    access_log: bool,
+    /// Record request metrics and serve them for Prometheus at `/metrics`.
+    #[arg(long)]
+    metrics: bool,
 }
 
 fn main() -> ExitCode {
@@ -127,8 +134,20 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     );
     // One router per worker (built on that worker's thread), one item store for the process.
     let store = std::sync::Arc::new(canter::demo::Store::default());
+    let metrics = args
+        .metrics
+        .then(|| Metrics::new().with_stats(server.stats()));
+    let access_log = args.access_log;
     server
-        .serve(move |_| canter::demo::app(store.clone()))
+        .serve(move |_| {
+            let mut app = canter::demo::app(store.clone());
+            if let Some(metrics) = &metrics {
+                app = app.route("/metrics", canter::get(metrics.endpoint()));
+            }
+            app.layer(metrics.as_ref().map(Metrics::layer))
+                .layer(access_log.then(AccessLog::new))
+                .layer(access_log.then(RequestId::layer))
+        })
         .map_err(|e| e.to_string())?;
     tracing::info!("canter stopped");
     Ok(())

@@ -16,7 +16,7 @@ use std::rc::Rc;
 
 use bytes::Bytes;
 use canter_h1::RequestHead;
-use canter_rt::http::{header, Method, StatusCode};
+use canter_rt::http::{header, Extensions, Method, StatusCode};
 use canter_rt::{BodyError, RequestBody, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -55,6 +55,7 @@ pub struct Parts {
     pub(crate) params: Params,
     pub(crate) states: Rc<States>,
     pub(crate) body_limit: usize,
+    pub(crate) extensions: Extensions,
 }
 
 impl Parts {
@@ -94,6 +95,16 @@ impl Parts {
     /// Takes the request body; `None` if an extractor took it already.
     pub fn take_body(&mut self) -> Option<RequestBody> {
         self.body.take()
+    }
+
+    /// Values middleware attached to the request (see [`Extension`]).
+    pub fn extensions(&self) -> &Extensions {
+        &self.extensions
+    }
+
+    /// The extensions, to insert into or take from.
+    pub fn extensions_mut(&mut self) -> &mut Extensions {
+        &mut self.extensions
     }
 
     /// The body limit set with [`Router::body_limit`](super::Router::body_limit).
@@ -352,6 +363,35 @@ impl<T: Clone + 'static> FromParts for State<T> {
             None => Err(Rejection::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("no state of type {} registered", type_name::<T>()),
+            )),
+        }
+    }
+}
+
+/// A value attached to the request by middleware, cloned out of the request's extensions
+/// (for example the [`RequestId`](crate::middleware::RequestId)). Missing → 500: the middleware
+/// that provides it is not installed.
+///
+/// ```
+/// use canter::middleware::RequestId;
+/// use canter::{get, Extension, Router};
+///
+/// fn show(Extension(id): Extension<RequestId>) -> String {
+///     format!("request {}\n", id.as_str())
+/// }
+/// let app = Router::new().route("/", get(show)).layer(RequestId::layer());
+/// # let _ = app;
+/// ```
+#[derive(Debug, Clone)]
+pub struct Extension<T>(pub T);
+
+impl<T: Clone + Send + Sync + 'static> FromParts for Extension<T> {
+    fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+        match parts.extensions.get::<T>() {
+            Some(v) => Ok(Extension(v.clone())),
+            None => Err(Rejection::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("no {} in the request extensions", type_name::<T>()),
             )),
         }
     }

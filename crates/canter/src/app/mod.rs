@@ -42,8 +42,8 @@ mod response;
 mod router;
 
 pub use extract::{
-    Form, FromBody, FromParts, Headers, Json, Parts, Path, Query, RawBody, Rejection, State,
-    DEFAULT_BODY_LIMIT,
+    Extension, Form, FromBody, FromParts, Headers, Json, Parts, Path, Query, RawBody, Rejection,
+    State, DEFAULT_BODY_LIMIT,
 };
 pub use handler::Handler;
 #[doc(hidden)]

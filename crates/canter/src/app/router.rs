@@ -7,13 +7,14 @@ use std::marker::PhantomData;
 use std::rc::Rc;
 
 use canter_h1::RequestHead;
-use canter_rt::http::{header, HeaderValue, Method, StatusCode};
+use canter_rt::http::{header, Extensions, HeaderValue, Method, StatusCode};
 use canter_rt::{Reply, Request, RequestBody, Response, Service};
 use smallvec::SmallVec;
 
 use super::extract::{Params, Parts, Rejection, States, DEFAULT_BODY_LIMIT};
 use super::handler::{Erased, ErasedHandler, Handler};
 use super::response::IntoResponse;
+use crate::middleware::{Layered, Middleware};
 
 type Endpoint = Rc<dyn ErasedHandler>;
 
@@ -480,7 +481,13 @@ impl Router {
 
     /// Routes one request: match the path, pick the method's handler, run it.
     #[inline]
-    fn dispatch(&self, method: Method, head: RequestHead, body: Option<RequestBody>) -> Reply {
+    fn dispatch(
+        &self,
+        method: Method,
+        head: RequestHead,
+        body: Option<RequestBody>,
+        extensions: Extensions,
+    ) -> Reply {
         let table = &*self.table;
         let (route, spans) = {
             let path = head.path();
@@ -493,6 +500,7 @@ impl Router {
                         params: Params::default(),
                         states: table.states.clone(),
                         body_limit: table.body_limit,
+                        extensions,
                     }),
                     None => Reply::Ready(
                         Response::text("not found\n").with_status(StatusCode::NOT_FOUND),
@@ -547,14 +555,29 @@ impl Router {
             },
             states: table.states.clone(),
             body_limit,
+            extensions,
         })
+    }
+
+    /// Wraps the router in a [`Middleware`] (see [`crate::middleware`]); layers added later
+    /// run first.
+    ///
+    /// ```
+    /// use canter::middleware::AccessLog;
+    /// use canter::{get, Router};
+    ///
+    /// let app = Router::new().route("/", get(|| "hi\n")).layer(AccessLog::new());
+    /// # let _ = app;
+    /// ```
+    pub fn layer<M: Middleware>(self, middleware: M) -> Layered<M, Router> {
+        Layered::new(middleware, self)
     }
 
     /// Routes a request given as a parsed head without a body. For benchmarks and tests that
     /// cannot build a runtime `Request`; not part of the stable API.
     #[doc(hidden)]
     pub fn dispatch_head(&self, method: Method, head: RequestHead) -> Reply {
-        self.dispatch(method, head, None)
+        self.dispatch(method, head, None, Extensions::new())
     }
 }
 
@@ -562,8 +585,8 @@ impl Service for Router {
     #[inline]
     fn call(&self, req: Request) -> Reply {
         let method = req.method().clone();
-        let (head, body) = req.into_parts();
-        self.dispatch(method, head, Some(body))
+        let (head, body, extensions) = req.into_parts();
+        self.dispatch(method, head, Some(body), extensions)
     }
 }
 
