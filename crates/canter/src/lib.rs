@@ -19,9 +19,9 @@ pub mod demo;
 pub mod middleware;
 
 pub use app::{
-    delete, get, head, options, patch, post, put, Extension, Form, FromBody, FromParts, Handler,
-    Headers, Html, IntoResponse, Json, MethodRouter, Parts, Path, Query, RawBody, Redirect,
-    Rejection, RouteLimits, Router, State,
+    any, delete, get, head, options, patch, post, put, Extension, Form, FromBody, FromParts,
+    Handler, Headers, Html, IntoResponse, Json, MethodRouter, Parts, Path, Query, RawBody,
+    Redirect, Rejection, RouteLimits, Router, State,
 };
 pub use maud;
 

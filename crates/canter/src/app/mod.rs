@@ -49,7 +49,9 @@ pub use handler::Handler;
 #[doc(hidden)]
 pub use handler::{Later, Now, ViaBody, ViaParts};
 pub use response::{Html, IntoResponse, Redirect};
-pub use router::{delete, get, head, options, patch, post, put, MethodRouter, RouteLimits, Router};
+pub use router::{
+    any, delete, get, head, options, patch, post, put, MethodRouter, RouteLimits, Router,
+};
 
 #[cfg(test)]
 mod tests;

@@ -39,6 +39,8 @@ fn endpoint<H: Handler<T>, T: 'static>(handler: H) -> Endpoint {
 #[derive(Clone, Default)]
 pub struct MethodRouter {
     endpoints: Vec<(Method, Endpoint)>,
+    /// The handler for methods without their own (see [`any`]).
+    any: Option<Endpoint>,
     limits: RouteLimits,
 }
 
@@ -177,10 +179,41 @@ method_fns! {
     options => OPTIONS,
 }
 
+/// Routes every method to `handler` (methods given their own handler, e.g. with
+/// `any(h).post(p)`, still go to that one).
+///
+/// ```
+/// use canter::{any, Router};
+/// use canter::rt::http::Method;
+///
+/// let app = Router::new().route("/anything", any(|m: Method| format!("{m}\n")));
+/// # let _ = app;
+/// ```
+pub fn any<H: Handler<T>, T: 'static>(handler: H) -> MethodRouter {
+    MethodRouter::new().any(handler)
+}
+
 impl MethodRouter {
     /// An empty table (every method answered with 405).
     pub fn new() -> MethodRouter {
         MethodRouter::default()
+    }
+
+    /// Routes the methods that have no handler of their own to `handler` (no more 405s).
+    ///
+    /// ```
+    /// use canter::rt::http::StatusCode;
+    /// use canter::{get, Router};
+    ///
+    /// let app = Router::new().route(
+    ///     "/doc",
+    ///     get(|| "doc\n").any(|| (StatusCode::IM_A_TEAPOT, "not here\n")),
+    /// );
+    /// # let _ = app;
+    /// ```
+    pub fn any<H: Handler<T>, T: 'static>(mut self, handler: H) -> MethodRouter {
+        self.any = Some(endpoint(handler));
+        self
     }
 
     /// Routes `method` to `handler`, replacing an earlier handler for it.
@@ -215,6 +248,9 @@ impl MethodRouter {
         for (method, endpoint) in other.endpoints {
             self.set(method, endpoint);
         }
+        if other.any.is_some() {
+            self.any = other.any;
+        }
     }
 
     #[inline]
@@ -226,8 +262,9 @@ impl MethodRouter {
                 .endpoints
                 .iter()
                 .find(|(m, _)| *m == Method::GET)
-                .map(|(_, e)| e),
-            None => None,
+                .map(|(_, e)| e)
+                .or(self.any.as_ref()),
+            None => self.any.as_ref(),
         }
     }
 
@@ -274,6 +311,8 @@ impl fmt::Debug for MethodRouter {
 struct Route {
     pattern: String,
     methods: MethodRouter,
+    /// The body limit of the router this route was defined in, if it set one and was nested.
+    body_limit: Option<usize>,
     allow: HeaderValue,
     /// Parameter names in pattern order; `None` for a route without parameters.
     names: Option<Rc<[Box<str>]>>,
@@ -285,7 +324,36 @@ struct Table {
     routes: Vec<Route>,
     fallback: Option<Endpoint>,
     states: Rc<States>,
-    body_limit: usize,
+    /// Set with [`Router::body_limit`]; [`DEFAULT_BODY_LIMIT`] when `None`.
+    body_limit: Option<usize>,
+}
+
+impl Table {
+    /// Adds a route, or merges `methods` into the route with the same pattern.
+    fn try_add(
+        &mut self,
+        pattern: String,
+        methods: MethodRouter,
+        body_limit: Option<usize>,
+    ) -> Result<(), matchit::InsertError> {
+        if let Some(route) = self.routes.iter_mut().find(|r| r.pattern == pattern) {
+            route.methods.merge(methods);
+            route.allow = route.methods.allow();
+            return Ok(());
+        }
+        let index = self.routes.len();
+        self.matcher.insert(pattern.clone(), index)?;
+        let names: Vec<Box<str>> = param_names(&pattern);
+        let allow = methods.allow();
+        self.routes.push(Route {
+            pattern,
+            methods,
+            body_limit,
+            allow,
+            names: (!names.is_empty()).then(|| names.into()),
+        });
+        Ok(())
+    }
 }
 
 /// Routes requests to handlers by path and method; a [`Service`] for
@@ -343,7 +411,7 @@ impl Router {
                 routes: Vec::new(),
                 fallback: None,
                 states: Rc::new(States::default()),
-                body_limit: DEFAULT_BODY_LIMIT,
+                body_limit: None,
             }),
         }
     }
@@ -365,23 +433,29 @@ impl Router {
     /// # let _ = app;
     /// ```
     pub fn route(mut self, pattern: &str, methods: MethodRouter) -> Router {
-        self.add(pattern.to_owned(), methods);
+        self.add(pattern.to_owned(), methods, None);
         self
     }
 
     /// Mounts every route of `sub` under `prefix` (`"/api"` + `"/items"` is `"/api/items"`; the
-    /// sub-router's `"/"` is `prefix` itself), and adds its state. The sub-router's fallback
-    /// and body limit are not carried over.
+    /// sub-router's `"/"` is `prefix` itself), and adds its state (values of a type this router
+    /// already has are not replaced). The sub-router keeps its own [body
+    /// limit](Router::body_limit), if it set one, and its [fallback](Router::fallback) answers
+    /// the paths under `prefix` that none of its routes match.
     ///
     /// # Panics
     ///
     /// If `prefix` does not start with `/`, ends with `/`, or a mounted route conflicts.
     ///
     /// ```
+    /// use canter::rt::http::StatusCode;
     /// use canter::{get, Router};
     ///
-    /// let api = Router::new().route("/status", get(|| "ok\n"));
-    /// let app = Router::new().nest("/api", api); // GET /api/status
+    /// let api = Router::new()
+    ///     .route("/status", get(|| "ok\n"))
+    ///     .fallback(|| (StatusCode::NOT_FOUND, "no such API\n"))
+    ///     .body_limit(64 * 1024);
+    /// let app = Router::new().nest("/api", api); // GET /api/status; /api/other: "no such API"
     /// # let _ = app;
     /// ```
     pub fn nest(mut self, prefix: &str, sub: Router) -> Router {
@@ -396,7 +470,25 @@ impl Router {
             } else {
                 format!("{prefix}{}", route.pattern)
             };
-            self.add(pattern, route.methods);
+            let limit = route.body_limit.or(sub.body_limit);
+            self.add(pattern, route.methods, limit);
+        }
+        if let Some(fallback) = sub.fallback {
+            // Everything under the prefix that no mounted route matches. A sub-router with a
+            // catch-all of its own already covers these paths (the insert then fails: skip).
+            let catch_all = MethodRouter {
+                any: Some(fallback),
+                ..MethodRouter::default()
+            };
+            let table = Rc::make_mut(&mut self.table);
+            if !table.routes.iter().any(|r| r.pattern == prefix) {
+                let _ = table.try_add(prefix.to_owned(), catch_all.clone(), sub.body_limit);
+            }
+            let _ = table.try_add(
+                format!("{prefix}/{{*__canter_rest}}"),
+                catch_all,
+                sub.body_limit,
+            );
         }
         let table = Rc::make_mut(&mut self.table);
         let states = Rc::make_mut(&mut table.states);
@@ -454,29 +546,15 @@ impl Router {
     /// # let _ = app;
     /// ```
     pub fn body_limit(mut self, limit: usize) -> Router {
-        Rc::make_mut(&mut self.table).body_limit = limit;
+        Rc::make_mut(&mut self.table).body_limit = Some(limit);
         self
     }
 
-    fn add(&mut self, pattern: String, methods: MethodRouter) {
+    fn add(&mut self, pattern: String, methods: MethodRouter, body_limit: Option<usize>) {
         let table = Rc::make_mut(&mut self.table);
-        if let Some(route) = table.routes.iter_mut().find(|r| r.pattern == pattern) {
-            route.methods.merge(methods);
-            route.allow = route.methods.allow();
-            return;
-        }
-        let index = table.routes.len();
-        if let Err(e) = table.matcher.insert(pattern.clone(), index) {
+        if let Err(e) = table.try_add(pattern.clone(), methods, body_limit) {
             panic!("invalid route {pattern:?}: {e}");
         }
-        let names: Vec<Box<str>> = param_names(&pattern);
-        let allow = methods.allow();
-        table.routes.push(Route {
-            pattern,
-            methods,
-            allow,
-            names: (!names.is_empty()).then(|| names.into()),
-        });
     }
 
     /// Routes one request: match the path, pick the method's handler, run it.
@@ -499,7 +577,7 @@ impl Router {
                         body,
                         params: Params::default(),
                         states: table.states.clone(),
-                        body_limit: table.body_limit,
+                        body_limit: table.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
                         extensions,
                     }),
                     None => Reply::Ready(
@@ -533,9 +611,11 @@ impl Router {
                 return Reply::Ready(rejection.into_response());
             }
         }
-        let body_limit = limits
-            .max_body
-            .map_or(table.body_limit, |max| max.min(table.body_limit));
+        let base = route
+            .body_limit
+            .or(table.body_limit)
+            .unwrap_or(DEFAULT_BODY_LIMIT);
+        let body_limit = limits.max_body.map_or(base, |max| max.min(base));
         let mut body = body;
         if limits.max_body.is_some() || limits.max_chunk_ext.is_some() {
             if let Some(body) = &mut body {

@@ -229,3 +229,76 @@ fn json_errors_by_category() {
     let e = json_from_slice::<Vec<u8>>(b"[\"a\"]").unwrap_err();
     assert_eq!(e.status(), StatusCode::UNPROCESSABLE_ENTITY);
 }
+
+/// The body limit the handler's extractors see.
+struct Limit(usize);
+
+impl FromParts for Limit {
+    fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
+        Ok(Limit(parts.body_limit()))
+    }
+}
+
+#[test]
+fn nested_fallback_and_body_limit() {
+    let api = Router::new()
+        .route("/items", get(|Limit(n): Limit| n.to_string()))
+        .route(
+            "/small",
+            post(|Limit(n): Limit| n.to_string()).limits(RouteLimits {
+                max_body: Some(10),
+                ..RouteLimits::default()
+            }),
+        )
+        .fallback(|| (StatusCode::NOT_FOUND, "no such API\n"))
+        .body_limit(1000);
+    let plain = Router::new().route("/x", get(|Limit(n): Limit| n.to_string()));
+    let app = Router::new()
+        .route("/top", get(|Limit(n): Limit| n.to_string()))
+        .nest("/api", api)
+        .nest("/plain", plain)
+        .fallback(|| (StatusCode::NOT_FOUND, "top fallback\n"));
+    // Each router's routes keep its body limit; the route's own limit is tighter still.
+    assert_eq!(text(&ready(&app, "GET", "/api/items")), "1000");
+    assert_eq!(text(&ready(&app, "POST", "/api/small")), "10");
+    assert_eq!(
+        text(&ready(&app, "GET", "/top")),
+        DEFAULT_BODY_LIMIT.to_string()
+    );
+    assert_eq!(
+        text(&ready(&app, "GET", "/plain/x")),
+        DEFAULT_BODY_LIMIT.to_string()
+    );
+    // Unmatched paths under the prefix go to the nested fallback, for any method; the rest to
+    // the top one. A matched path with another method is still 405.
+    for (method, path) in [
+        ("GET", "/api/nope"),
+        ("DELETE", "/api/a/b/c"),
+        ("GET", "/api"),
+    ] {
+        let r = ready(&app, method, path);
+        assert_eq!(
+            (r.status(), text(&r).as_str()),
+            (StatusCode::NOT_FOUND, "no such API\n"),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(text(&ready(&app, "GET", "/apix")), "top fallback\n");
+    assert_eq!(text(&ready(&app, "GET", "/plain/y")), "top fallback\n");
+    assert_eq!(
+        ready(&app, "POST", "/api/items").status(),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+}
+
+#[test]
+fn any_method() {
+    let app = Router::new()
+        .route("/a", any(|m: Method| m.to_string()))
+        .route("/b", get(|| "get").any(|| "other"));
+    assert_eq!(text(&ready(&app, "PURGE", "/a")), "PURGE");
+    assert_eq!(text(&ready(&app, "GET", "/a")), "GET");
+    assert_eq!(text(&ready(&app, "GET", "/b")), "get");
+    assert_eq!(text(&ready(&app, "HEAD", "/b")), "get");
+    assert_eq!(text(&ready(&app, "DELETE", "/b")), "other");
+}
