@@ -89,6 +89,9 @@ fn serve<S: Service>(addr: std::net::SocketAddr, app: fn() -> S) {
             std::process::exit(1);
         }
     };
+    if let Err(e) = canter::rt::shutdown_on_signals(server.shutdown_handle()) {
+        eprintln!("cannot install signal handlers: {e}");
+    }
     println!("listening on http://{}/", server.local_addr());
     if let Err(e) = server.serve(move |_| app()) {
         eprintln!("{e}");
