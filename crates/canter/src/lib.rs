@@ -17,6 +17,7 @@
 pub mod app;
 pub mod demo;
 
+pub use app::ServeDir;
 pub use app::{
     delete, get, head, options, patch, post, put, Form, FromBody, FromParts, Handler, Headers,
     Html, IntoResponse, Json, MethodRouter, Parts, Path, Query, RawBody, Redirect, Rejection,
