@@ -2,6 +2,7 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -69,6 +70,9 @@ struct ServeArgs {
     /// Connections per worker before new ones wait in the backlog.
     #[arg(long, default_value_t = 65_536)]
     max_connections: usize,
+    /// Serve the files under DIR at /static/ (ETag, ranges, precompressed .br/.gz siblings).
+    #[arg(long = "static", value_name = "DIR")]
+    static_dir: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -117,6 +121,11 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     config.timeouts.write = Duration::from_secs(args.write_timeout);
     config.max_connections = args.max_connections;
     let workers = config.workers;
+    let files = match &args.static_dir {
+        Some(dir) if dir.is_dir() => Some(canter::ServeDir::new(dir)),
+        Some(dir) => return Err(format!("--static {}: not a directory", dir.display())),
+        None => None,
+    };
     let server = canter_rt::Server::bind(config)
         .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
     canter_rt::shutdown_on_signals(server.shutdown_handle()).map_err(|e| e.to_string())?;
@@ -125,10 +134,16 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         "canter serving the demo app on http://{}/",
         server.local_addr()
     );
+    if let Some(dir) = &args.static_dir {
+        tracing::info!("serving the files under {} at /static/", dir.display());
+    }
     // One router per worker (built on that worker's thread), one item store for the process.
     let store = std::sync::Arc::new(canter::demo::Store::default());
     server
-        .serve(move |_| canter::demo::app(store.clone()))
+        .serve(move |_| match &files {
+            Some(files) => canter::demo::app_with_static(store.clone(), files.clone()),
+            None => canter::demo::app(store.clone()),
+        })
         .map_err(|e| e.to_string())?;
     tracing::info!("canter stopped");
     Ok(())
