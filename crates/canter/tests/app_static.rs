@@ -66,6 +66,13 @@ fn build_tree(name: &str) -> Tree {
     let w = |p: &str, data: &[u8]| std::fs::write(root.join(p), data).unwrap();
     w("index.html", b"<h1>root index</h1>\n");
     w("hello.txt", HELLO);
+    // An hour old, so that its Last-Modified is a strong validator (If-Range by date).
+    std::fs::File::options()
+        .write(true)
+        .open(root.join("hello.txt"))
+        .unwrap()
+        .set_modified(SystemTime::now() - Duration::from_secs(3600))
+        .unwrap();
     w("empty.txt", b"");
     let big = random_bytes(BIG, 77);
     w("big.bin", &big);
@@ -439,6 +446,15 @@ fn validators_change_with_the_file() {
     let r = get_with(&mut c, "/static/hello.txt", &[("If-None-Match", &etag2)]);
     assert_eq!(r.status, 200, "{r:?}");
     assert_ne!(etag_of(&r), etag2);
+    // A Last-Modified that is not a second old yet is no strong validator: If-Range with it
+    // gets the whole file.
+    let fresh = r.header("last-modified").unwrap().to_owned();
+    let r = get_with(
+        &mut c,
+        "/static/hello.txt",
+        &[("Range", "bytes=0-3"), ("If-Range", &fresh)],
+    );
+    assert_eq!(r.status, 200, "{r:?}");
     // If-Range with the old tag: the whole new file, not a piece of it.
     let r = get_with(
         &mut c,

@@ -56,8 +56,8 @@ const INDEX: &str = "index.html";
 ///   Content-Range; a range that starts past the end gets 416 with `Content-Range: bytes */size`.
 ///   A request for several ranges gets the whole file with 200 (a server may ignore Range;
 ///   multipart/byteranges is not implemented), as does a malformed Range. `If-Range` (an ETag,
-///   compared strongly, or a date equal to Last-Modified) keeps the range only if the file is
-///   unchanged. 200 responses say `Accept-Ranges: bytes`.
+///   compared strongly, or a date equal to a Last-Modified at least a second old) keeps the
+///   range only if the file is unchanged. 200 responses say `Accept-Ranges: bytes`.
 /// - **Precompressed siblings.** If `file.br` or `file.gz` exists next to `file` and the client
 ///   accepts `br` or `gzip` (Accept-Encoding, `q=0` refuses; the higher q wins, br on a tie), it
 ///   is served instead with Content-Encoding, `file`'s Content-Type and its own ETag; ranges
@@ -551,7 +551,7 @@ impl Representation {
     }
 
     /// Whether a Range may apply: no If-Range, or one naming this exact representation (an
-    /// ETag compared strongly, or the Last-Modified date).
+    /// ETag compared strongly, or the Last-Modified date if that is at least a second old).
     fn if_range_holds(&self, parts: &Parts) -> bool {
         let Some(value) = parts.header("if-range") else {
             return true;
@@ -563,8 +563,13 @@ impl Representation {
         let date = std::str::from_utf8(value)
             .ok()
             .and_then(|v| httpdate::parse_http_date(v).ok());
+        // A date is only a strong validator once the file has not changed for a whole second
+        // (RFC 9110 §8.8.2.2): a second change within the same second would keep the date.
+        let settled = self
+            .modified_secs
+            .is_some_and(|m| secs(SystemTime::now()).is_some_and(|now| now > m));
         match (date.and_then(secs), self.modified_secs) {
-            (Some(date), Some(modified)) => date == modified,
+            (Some(date), Some(modified)) => settled && date == modified,
             _ => false,
         }
     }
