@@ -129,14 +129,15 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let server = canter_rt::Server::bind(config)
         .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
     canter_rt::shutdown_on_signals(server.shutdown_handle()).map_err(|e| e.to_string())?;
+    // Before the address line, which tests wait for.
+    if let Some(dir) = &args.static_dir {
+        tracing::info!("serving the files under {} at /static/", dir.display());
+    }
     tracing::info!(
         workers,
         "canter serving the demo app on http://{}/",
         server.local_addr()
     );
-    if let Some(dir) = &args.static_dir {
-        tracing::info!("serving the files under {} at /static/", dir.display());
-    }
     // One router per worker (built on that worker's thread), one item store for the process.
     let store = std::sync::Arc::new(canter::demo::Store::default());
     server
