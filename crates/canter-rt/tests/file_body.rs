@@ -183,8 +183,10 @@ fn large_file_to_a_slow_reader() {
     let mut other = server.client();
     let start = Instant::now();
     assert_eq!(other.get("/hello").text(), "hello");
+    // A worker stuck in the transfer would not answer before the slow reader reads (the client
+    // would time out); the bound only keeps the test honest on a busy machine.
     assert!(
-        start.elapsed() < Duration::from_millis(500),
+        start.elapsed() < Duration::from_secs(3),
         "worker blocked by the file transfer: {:?}",
         start.elapsed()
     );
