@@ -8,6 +8,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::fmt;
+use std::fs::File;
 use std::future::poll_fn;
 use std::io;
 use std::pin::Pin;
@@ -269,6 +270,15 @@ pub trait BodyStream {
 }
 
 /// A response body.
+///
+/// ```
+/// use bytes::Bytes;
+/// use canter_rt::Body;
+///
+/// let full = Body::from("hello");
+/// let empty = Body::Empty;
+/// # let _ = (full, empty, Bytes::new());
+/// ```
 pub enum Body {
     /// No body.
     Empty,
@@ -280,6 +290,24 @@ pub enum Body {
         len: Option<u64>,
         /// The source of pieces.
         stream: Pin<Box<dyn BodyStream>>,
+    },
+    /// `len` bytes of an open regular file from `offset`, sent with Content-Length `len` by
+    /// `sendfile(2)`: from the page cache to the socket without passing through user space,
+    /// in bounded pieces while the peer keeps up. Build it with [`Body::file`].
+    ///
+    /// If the file turns out shorter than `offset + len` (it was truncated meanwhile) or cannot
+    /// be read, the connection is closed after the bytes already sent: the client sees a short
+    /// body, never a false end. Reading a page that is not cached waits for the disk on the
+    /// worker's thread, as any `std::fs` read would. The kernel queues file pages by reference,
+    /// so bytes of a file rewritten in place while it is sent may go out changed: replace
+    /// served files by renaming a new file over them.
+    File {
+        /// The open file; its position is neither used nor moved.
+        file: File,
+        /// Where the body starts in the file.
+        offset: u64,
+        /// How many bytes to send.
+        len: u64,
     },
 }
 
@@ -296,7 +324,23 @@ impl Body {
             Body::Empty => Some(0),
             Body::Full(b) => Some(b.len() as u64),
             Body::Stream { len, .. } => *len,
+            Body::File { len, .. } => Some(*len),
         }
+    }
+
+    /// `len` bytes of `file` starting at `offset`, sent with `sendfile(2)` (see [`Body::File`]).
+    ///
+    /// ```no_run
+    /// use canter_rt::{Body, Response};
+    ///
+    /// let file = std::fs::File::open("site/index.html")?;
+    /// let len = file.metadata()?.len();
+    /// let response = Response::html(Body::file(file, 0, len));
+    /// # let _ = response;
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    pub fn file(file: File, offset: u64, len: u64) -> Body {
+        Body::File { file, offset, len }
     }
 
     /// A streamed body.
@@ -314,6 +358,9 @@ impl fmt::Debug for Body {
             Body::Empty => f.write_str("Body::Empty"),
             Body::Full(b) => write!(f, "Body::Full({} bytes)", b.len()),
             Body::Stream { len, .. } => write!(f, "Body::Stream(len: {len:?})"),
+            Body::File { offset, len, .. } => {
+                write!(f, "Body::File(offset: {offset}, len: {len})")
+            }
         }
     }
 }

@@ -11,6 +11,7 @@
 //! | `GET /api/items/{id}` | the stored item, or 404 |
 //! | `GET /page?name=...` | an HTML page built per request (maud, escaped) |
 //! | `GET /` | an index page |
+//! | `GET /static/{*path}` | files of the `--static` directory ([`app_with_static`], [`ServeDir`]) |
 //!
 //! Anything else: 404 `no such endpoint`; a known path with another method: 405 with `Allow`.
 
@@ -29,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::app::{
     get, post, FromParts, Html, IntoResponse, Json, Parts, Path, Query, RawBody, Rejection, Router,
-    State,
+    ServeDir, State,
 };
 
 const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain");
@@ -82,6 +83,26 @@ pub fn app(store: Arc<Store>) -> Router {
         .nest("/api", api)
         .fallback(|| error(StatusCode::NOT_FOUND, "no such endpoint"))
         .with_state(store)
+}
+
+/// The demo router plus the files of `files` under `/static/` (`/static` redirects there); what
+/// `canter serve --static DIR` runs.
+///
+/// ```no_run
+/// use canter::demo::{app_with_static, Store};
+/// use canter::rt::{Config, Server};
+/// use canter::ServeDir;
+/// use std::sync::Arc;
+///
+/// let store = Arc::new(Store::default());
+/// let files = ServeDir::new("public");
+/// Server::bind(Config::default())
+///     .unwrap()
+///     .serve(move |_worker| app_with_static(store.clone(), files.clone()))
+///     .unwrap();
+/// ```
+pub fn app_with_static(store: Arc<Store>, files: ServeDir) -> Router {
+    app(store).serve_dir("/static", files)
 }
 
 /// The TechEmpower plaintext response: `text/plain` without a charset, so its bytes match the

@@ -18,6 +18,7 @@ pub mod app;
 pub mod demo;
 pub mod middleware;
 
+pub use app::ServeDir;
 pub use app::{
     any, delete, get, head, options, patch, post, put, Extension, Form, FromBody, FromParts,
     Handler, Headers, Html, IntoResponse, Json, MethodRouter, Parts, Path, Query, RawBody,

@@ -2,6 +2,7 @@
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -76,6 +77,9 @@ struct ServeArgs {
     /// Record request metrics and serve them for Prometheus at `/metrics`.
     #[arg(long)]
     metrics: bool,
+    /// Serve the files under DIR at /static/ (ETag, ranges, precompressed .br/.gz siblings).
+    #[arg(long = "static", value_name = "DIR")]
+    static_dir: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -124,9 +128,18 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     config.timeouts.write = Duration::from_secs(args.write_timeout);
     config.max_connections = args.max_connections;
     let workers = config.workers;
+    let files = match &args.static_dir {
+        Some(dir) if dir.is_dir() => Some(canter::ServeDir::new(dir)),
+        Some(dir) => return Err(format!("--static {}: not a directory", dir.display())),
+        None => None,
+    };
     let server = canter_rt::Server::bind(config)
         .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
     canter_rt::shutdown_on_signals(server.shutdown_handle()).map_err(|e| e.to_string())?;
+    // Before the address line, which tests wait for.
+    if let Some(dir) = &args.static_dir {
+        tracing::info!("serving the files under {} at /static/", dir.display());
+    }
     tracing::info!(
         workers,
         "canter serving the demo app on http://{}/",
@@ -140,7 +153,10 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let access_log = args.access_log;
     server
         .serve(move |_| {
-            let mut app = canter::demo::app(store.clone());
+            let mut app = match &files {
+                Some(files) => canter::demo::app_with_static(store.clone(), files.clone()),
+                None => canter::demo::app(store.clone()),
+            };
             if let Some(metrics) = &metrics {
                 app = app.route("/metrics", canter::get(metrics.endpoint()));
             }

@@ -40,6 +40,7 @@ mod handler;
 mod path_de;
 mod response;
 mod router;
+mod static_files;
 
 pub use extract::{
     Extension, Form, FromBody, FromParts, Headers, Json, Parts, Path, Query, RawBody, Rejection,
@@ -52,6 +53,7 @@ pub use response::{Html, IntoResponse, Redirect};
 pub use router::{
     any, delete, get, head, options, patch, post, put, MethodRouter, RouteLimits, Router,
 };
+pub use static_files::ServeDir;
 
 #[cfg(test)]
 mod tests;

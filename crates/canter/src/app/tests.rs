@@ -38,7 +38,7 @@ fn text(r: &Response) -> String {
     match r.body() {
         Body::Full(b) => String::from_utf8(b.to_vec()).unwrap(),
         Body::Empty => String::new(),
-        Body::Stream { .. } => panic!("streamed body"),
+        Body::Stream { .. } | Body::File { .. } => panic!("streamed body"),
     }
 }
 

@@ -1,0 +1,849 @@
+//! Static files: [`ServeDir`] answers GET and HEAD from a directory, with validators
+//! (ETag, Last-Modified, 304), byte ranges (206, 416), precompressed `.br`/`.gz` siblings and
+//! a root that no request path can leave. Bodies go out with `sendfile(2)`
+//! ([`Body::File`](canter_rt::Body::File)).
+//!
+//! ```no_run
+//! use canter::rt::{Config, Server};
+//! use canter::{get, Router, ServeDir};
+//!
+//! Server::bind(Config::default())
+//!     .unwrap()
+//!     .serve(|_worker| {
+//!         Router::new()
+//!             .route("/", get(|| "home\n"))
+//!             // GET /static/, /static/css/site.css … from ./public; /static redirects to /static/
+//!             .serve_dir("/static", ServeDir::new("public"))
+//!     })
+//!     .unwrap();
+//! ```
+
+use std::ffi::OsStr;
+use std::fs::{File, Metadata};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use canter_rt::http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use canter_rt::{Body, Reply, Response};
+
+use super::extract::Parts;
+use super::handler::Handler;
+use super::response::IntoResponse;
+use super::router::{get, Router};
+
+const ACCEPT_RANGES_BYTES: HeaderValue = HeaderValue::from_static("bytes");
+const VARY_ACCEPT_ENCODING: HeaderValue = HeaderValue::from_static("accept-encoding");
+const OCTET_STREAM: &str = "application/octet-stream";
+const INDEX: &str = "index.html";
+
+/// Serves the files under a directory: a handler for `GET` routes, or mounted whole with
+/// [`Router::serve_dir`].
+///
+/// The file is named by the route's last path parameter (typically `{*path}`), percent-decoded;
+/// a route without parameters serves the directory's own index.
+///
+/// - **Types and directories.** Content-Type comes from the extension (`mime_guess`;
+///   `application/octet-stream` if unknown). A directory serves its `index.html`; a directory
+///   asked for without a trailing slash is redirected (308) to the path with one, so relative
+///   links in the page resolve.
+/// - **Validators.** A strong ETag `"<size hex>-<mtime ns hex>"` and Last-Modified.
+///   `If-None-Match` (a list or `*`, weak comparison) and, only without it,
+///   `If-Modified-Since` answer 304 with no body (RFC 9110 §13.2.2).
+/// - **Ranges** (GET only, RFC 9110 §14): one range `bytes=a-b`, `a-` or `-n` gets 206 with
+///   Content-Range; a range that starts past the end gets 416 with `Content-Range: bytes */size`.
+///   A request for several ranges gets the whole file with 200 (a server may ignore Range;
+///   multipart/byteranges is not implemented), as does a malformed Range. `If-Range` (an ETag,
+///   compared strongly, or a date equal to a Last-Modified at least a second old) keeps the
+///   range only if the file is unchanged. 200 responses say `Accept-Ranges: bytes`.
+/// - **Precompressed siblings.** If `file.br` or `file.gz` exists next to `file` and the client
+///   accepts `br` or `gzip` (Accept-Encoding, `q=0` refuses; the higher q wins, br on a tie), it
+///   is served instead with Content-Encoding, `file`'s Content-Type and its own ETag; ranges
+///   apply to it. `Vary: Accept-Encoding` is sent whenever a sibling exists.
+/// - **Confinement.** A path with a `..` or `.` segment (also percent-encoded), an encoded `/`
+///   (`%2f`), a backslash or NUL in a segment, an empty segment (`//`, an absolute path), or
+///   that resolves (through symlinks) outside the root gets the same 404 as a missing file. The
+///   root and each candidate are canonicalized and compared by path prefix; the final open uses
+///   `O_NOFOLLOW` and `O_NONBLOCK` and checks that the open file is a regular file, so a FIFO or
+///   device is never opened for reading.
+///
+/// **Blocking.** Resolving, opening and `stat`ing run on the worker's thread with `std::fs`:
+/// on a local disk they are served from the kernel's dentry and inode caches in microseconds,
+/// far less than handing each request to a blocking pool and back (a thread hop, a future
+/// and a boxed reply); the handler stays synchronous, on the runtime's fast path. The body is
+/// not read here at all: `sendfile(2)` moves it in the runtime. On a slow or network file
+/// system, put the lookup behind [`spawn_blocking`](canter_rt::spawn_blocking) in your own
+/// handler instead.
+///
+/// Cloning is one reference count; the value is `Send + Sync`, so one `ServeDir` can be cloned
+/// into every worker's router.
+///
+/// ```no_run
+/// use canter::{get, Router, ServeDir};
+///
+/// let files = ServeDir::new("public");
+/// let app = Router::new()
+///     .route("/assets/{*path}", get(files.clone()))
+///     .route("/favicon.ico", get(|| canter::rt::http::StatusCode::NO_CONTENT));
+/// # let _ = (app, files);
+/// ```
+#[derive(Clone, Debug)]
+pub struct ServeDir {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The root as given.
+    root: PathBuf,
+    /// The root canonicalized when the `ServeDir` was made (`None` if that failed, for example
+    /// because the directory does not exist yet; then it is tried again per request).
+    canonical: Option<PathBuf>,
+}
+
+impl ServeDir {
+    /// Serves the files under `root`. A root that does not exist (yet) is not an error: its
+    /// requests get 404 until it does.
+    ///
+    /// ```
+    /// let files = canter::ServeDir::new("/srv/www");
+    /// # let _ = files;
+    /// ```
+    pub fn new(root: impl Into<PathBuf>) -> ServeDir {
+        let root = root.into();
+        let canonical = std::fs::canonicalize(&root).ok();
+        ServeDir {
+            inner: Arc::new(Inner { root, canonical }),
+        }
+    }
+
+    /// Answers one request; `rel` is the still percent-encoded path below the root.
+    fn serve(&self, method: &Method, rel: &str, parts: &Parts) -> Response {
+        if *method != Method::GET && *method != Method::HEAD {
+            return Response::text("method not allowed\n")
+                .with_status(StatusCode::METHOD_NOT_ALLOWED)
+                .with_header(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        }
+        let request_path = parts.path();
+        let Some(segments) = decode_path(rel) else {
+            return not_found();
+        };
+        let root = match &self.inner.canonical {
+            Some(root) => root.clone(),
+            None => match std::fs::canonicalize(&self.inner.root) {
+                Ok(root) => root,
+                Err(_) => return not_found(),
+            },
+        };
+        let mut candidate = root.clone();
+        candidate.extend(segments.iter().map(|s| OsStr::from_bytes(s)));
+        let Some(path) = confine(&root, &candidate) else {
+            return not_found();
+        };
+        let Ok(meta) = std::fs::metadata(&path) else {
+            return not_found();
+        };
+        let wants_dir = request_path.ends_with('/');
+        let path = if meta.is_dir() {
+            if !wants_dir {
+                return redirect_to_dir(request_path, parts.query());
+            }
+            match confine_child(&root, path.join(INDEX)) {
+                Some(index) => index,
+                None => return not_found(),
+            }
+        } else if wants_dir {
+            // `file.txt/` names no directory.
+            return not_found();
+        } else {
+            path
+        };
+        let Some((file, meta)) = open_regular(&path) else {
+            return not_found();
+        };
+        let content_type = content_type(&path);
+        let mut selected = Representation::identity(file, &meta);
+        let mut has_sibling = false;
+        let accepted = accepted_encodings(parts);
+        let mut best_q = 0;
+        for encoding in [Encoding::Brotli, Encoding::Gzip] {
+            let mut name = path.clone().into_os_string();
+            name.push(encoding.suffix());
+            let Some(sibling) = confine_child(&root, PathBuf::from(name)) else {
+                continue;
+            };
+            let q = accepted.q(encoding);
+            // Opened only if it might be served; otherwise its existence is enough for Vary.
+            if q > best_q {
+                if let Some((file, meta)) = open_regular(&sibling) {
+                    has_sibling = true;
+                    best_q = q;
+                    selected = Representation::encoded(file, &meta, encoding);
+                }
+            } else if std::fs::metadata(&sibling).is_ok_and(|m| m.is_file()) {
+                has_sibling = true;
+            }
+        }
+        selected.respond(method, parts, content_type, has_sibling)
+    }
+}
+
+/// `ServeDir` as a handler; the marker is private.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum ViaServeDir {}
+
+impl Handler<ViaServeDir> for ServeDir {
+    fn call(&self, parts: Parts) -> Reply {
+        let path = parts.head.path();
+        let rel = parts.params.iter(path).last().map_or("", |(_, v)| v);
+        Reply::Ready(self.serve(&parts.method, rel, &parts))
+    }
+}
+
+impl Router {
+    /// Mounts `dir` at `prefix`: `GET`/`HEAD` of `prefix/` serve the directory's index,
+    /// `prefix/{*path}` its files, and `prefix` itself redirects to `prefix/`. Other methods get
+    /// 405 with `Allow: GET, HEAD`. A prefix of `"/"` mounts the directory at the root.
+    ///
+    /// # Panics
+    ///
+    /// If `prefix` does not start with `/` or ends with `/` (other than `"/"` itself), or a
+    /// route conflicts.
+    ///
+    /// ```no_run
+    /// use canter::{Router, ServeDir};
+    ///
+    /// let app = Router::new().serve_dir("/static", ServeDir::new("public"));
+    /// # let _ = app;
+    /// ```
+    pub fn serve_dir(self, prefix: &str, dir: ServeDir) -> Router {
+        assert!(
+            prefix == "/" || (prefix.starts_with('/') && !prefix.ends_with('/')),
+            "serve_dir prefix {prefix:?} must start with '/' and not end with it"
+        );
+        let base = prefix.trim_end_matches('/');
+        let router = if base.is_empty() {
+            self
+        } else {
+            self.route(base, get(dir.clone()))
+        };
+        router
+            .route(&format!("{base}/"), get(dir.clone()))
+            .route(&format!("{base}/{{*path}}"), get(dir))
+    }
+}
+
+/// The percent-decoded segments of `rel` (a trailing slash adds none), or `None` if any segment
+/// is empty (before the end), `.` or `..`, or holds `/`, `\` or NUL once decoded.
+fn decode_path(rel: &str) -> Option<Vec<Vec<u8>>> {
+    let rel = rel.strip_suffix('/').unwrap_or(rel);
+    if rel.is_empty() {
+        return Some(Vec::new());
+    }
+    let mut segments = Vec::new();
+    for raw in rel.split('/') {
+        let segment: Vec<u8> = percent_encoding::percent_decode_str(raw).collect();
+        let bad = segment.is_empty()
+            || segment == b"."
+            || segment == b".."
+            || segment.iter().any(|&b| matches!(b, b'/' | b'\\' | 0));
+        if bad {
+            return None;
+        }
+        segments.push(segment);
+    }
+    Some(segments)
+}
+
+/// `candidate` with every symlink resolved, if that exists and lies under `root` (canonical).
+fn confine(root: &Path, candidate: &Path) -> Option<PathBuf> {
+    let real = std::fs::canonicalize(candidate).ok()?;
+    real.starts_with(root).then_some(real)
+}
+
+/// Like [`confine`] for `child`, whose parent is known to be canonical: only the last component
+/// can be a symlink, so one `lstat` usually settles it.
+fn confine_child(root: &Path, child: PathBuf) -> Option<PathBuf> {
+    let meta = std::fs::symlink_metadata(&child).ok()?;
+    if meta.file_type().is_symlink() {
+        confine(root, &child)
+    } else {
+        Some(child)
+    }
+}
+
+/// Opens `path` for reading without following a last-component symlink (it was resolved
+/// already; one appearing since is refused) and without blocking on a FIFO, and returns it
+/// only if the open file is a regular file.
+fn open_regular(path: &Path) -> Option<(File, Metadata)> {
+    let file = File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    meta.is_file().then_some((file, meta))
+}
+
+fn content_type(path: &Path) -> HeaderValue {
+    let mime = mime_guess::from_path(path)
+        .first_raw()
+        .unwrap_or(OCTET_STREAM);
+    HeaderValue::from_static(mime)
+}
+
+fn not_found() -> Response {
+    Response::text("not found\n").with_status(StatusCode::NOT_FOUND)
+}
+
+/// 308 to `path/` (with the query). `path` passed the same checks as a served file and starts
+/// with a single `/`, so the target is a path on this server, never `//host`.
+fn redirect_to_dir(path: &str, query: Option<&str>) -> Response {
+    if path.starts_with("//") {
+        return not_found();
+    }
+    let target = match query {
+        Some(q) => format!("{path}/?{q}"),
+        None => format!("{path}/"),
+    };
+    super::Redirect::permanent(&target).into_response()
+}
+
+/// A content coding a precompressed sibling can have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Encoding {
+    Brotli,
+    Gzip,
+}
+
+impl Encoding {
+    fn suffix(self) -> &'static str {
+        match self {
+            Encoding::Brotli => ".br",
+            Encoding::Gzip => ".gz",
+        }
+    }
+
+    fn token(self) -> &'static str {
+        match self {
+            Encoding::Brotli => "br",
+            Encoding::Gzip => "gzip",
+        }
+    }
+}
+
+/// The qvalues (in thousandths) an Accept-Encoding gives `br`, `gzip` and `*`.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Accepted {
+    br: Option<u16>,
+    gzip: Option<u16>,
+    any: Option<u16>,
+}
+
+impl Accepted {
+    /// How much the client wants `encoding` (0: not at all).
+    fn q(&self, encoding: Encoding) -> u16 {
+        let named = match encoding {
+            Encoding::Brotli => self.br,
+            Encoding::Gzip => self.gzip,
+        };
+        named.or(self.any).unwrap_or(0)
+    }
+}
+
+/// Accept-Encoding, all its field lines: `coding[;q=v], …` (RFC 9110 §12.5.3).
+fn accepted_encodings(parts: &Parts) -> Accepted {
+    let mut accepted = Accepted::default();
+    for value in header_values(parts, "accept-encoding") {
+        parse_accept_encoding(value, &mut accepted);
+    }
+    accepted
+}
+
+fn parse_accept_encoding(value: &[u8], accepted: &mut Accepted) {
+    for element in value.split(|&b| b == b',') {
+        let mut params = element.split(|&b| b == b';');
+        let coding = trim(params.next().unwrap_or_default());
+        let mut q = Some(1000);
+        for param in params {
+            let param = trim(param);
+            if let Some(v) = param
+                .strip_prefix(b"q=")
+                .or_else(|| param.strip_prefix(b"Q="))
+            {
+                q = parse_qvalue(v);
+            }
+        }
+        let Some(q) = q else { continue };
+        let slot = if coding.eq_ignore_ascii_case(b"br") {
+            &mut accepted.br
+        } else if coding.eq_ignore_ascii_case(b"gzip") || coding.eq_ignore_ascii_case(b"x-gzip") {
+            &mut accepted.gzip
+        } else if coding == b"*" {
+            &mut accepted.any
+        } else {
+            continue;
+        };
+        *slot = Some(q);
+    }
+}
+
+/// `0`, `0.5`, `1`, `1.000`… as thousandths; `None` if malformed.
+fn parse_qvalue(v: &[u8]) -> Option<u16> {
+    let (int, frac) = match v.iter().position(|&b| b == b'.') {
+        Some(i) => (&v[..i], &v[i + 1..]),
+        None => (v, &b""[..]),
+    };
+    if frac.len() > 3 || !frac.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut thousandths = 0u16;
+    for i in 0..3 {
+        thousandths = thousandths * 10 + frac.get(i).map_or(0, |d| u16::from(d - b'0'));
+    }
+    match int {
+        b"0" => Some(thousandths),
+        b"1" if thousandths == 0 => Some(1000),
+        _ => None,
+    }
+}
+
+fn trim(v: &[u8]) -> &[u8] {
+    let start = v.iter().position(|b| !matches!(b, b' ' | b'\t'));
+    let Some(start) = start else { return &[] };
+    let end = v
+        .iter()
+        .rposition(|b| !matches!(b, b' ' | b'\t'))
+        .unwrap_or(start);
+    &v[start..=end]
+}
+
+fn header_values<'a>(parts: &'a Parts, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+    parts
+        .head
+        .headers()
+        .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v)
+}
+
+/// The file chosen to answer with, and its validators.
+struct Representation {
+    file: File,
+    size: u64,
+    /// Modification time, whole seconds since the epoch (the precision of Last-Modified).
+    modified_secs: Option<u64>,
+    last_modified: Option<HeaderValue>,
+    /// The opaque tag with its quotes, `"…"`.
+    etag: String,
+    encoding: Option<Encoding>,
+}
+
+impl Representation {
+    fn identity(file: File, meta: &Metadata) -> Representation {
+        Representation::new(file, meta, None)
+    }
+
+    fn encoded(file: File, meta: &Metadata, encoding: Encoding) -> Representation {
+        Representation::new(file, meta, Some(encoding))
+    }
+
+    fn new(file: File, meta: &Metadata, encoding: Option<Encoding>) -> Representation {
+        let size = meta.len();
+        let modified = meta.modified().ok();
+        let since_epoch = modified.and_then(|m| m.duration_since(UNIX_EPOCH).ok());
+        let nanos = since_epoch.map_or(0, |d| d.as_nanos());
+        let etag = match encoding {
+            None => format!("\"{size:x}-{nanos:x}\""),
+            Some(e) => format!("\"{size:x}-{nanos:x}-{}\"", e.token()),
+        };
+        Representation {
+            file,
+            size,
+            modified_secs: since_epoch.map(|d| d.as_secs()),
+            last_modified: modified
+                .and_then(|m| HeaderValue::from_str(&httpdate::fmt_http_date(m)).ok()),
+            etag,
+            encoding,
+        }
+    }
+
+    fn respond(
+        self,
+        method: &Method,
+        parts: &Parts,
+        content_type: HeaderValue,
+        vary: bool,
+    ) -> Response {
+        let mut validators: Vec<(HeaderName, HeaderValue)> = Vec::with_capacity(3);
+        if let Ok(etag) = HeaderValue::from_str(&self.etag) {
+            validators.push((header::ETAG, etag));
+        }
+        if let Some(lm) = &self.last_modified {
+            validators.push((header::LAST_MODIFIED, lm.clone()));
+        }
+        if vary {
+            validators.push((header::VARY, VARY_ACCEPT_ENCODING));
+        }
+        if self.not_modified(parts) {
+            return with_headers(Response::new(StatusCode::NOT_MODIFIED), validators);
+        }
+        let mut response = with_headers(Response::new(StatusCode::OK), validators)
+            .with_header(header::CONTENT_TYPE, content_type)
+            .with_header(header::ACCEPT_RANGES, ACCEPT_RANGES_BYTES);
+        if let Some(e) = self.encoding {
+            response = response.with_header(
+                header::CONTENT_ENCODING,
+                HeaderValue::from_static(e.token()),
+            );
+        }
+        // Range is defined for GET only (RFC 9110 §14.2): a HEAD gets the 200 head.
+        let range = match parts.header("range") {
+            Some(v) if *method == Method::GET && self.if_range_holds(parts) => {
+                parse_range(v, self.size)
+            }
+            _ => ByteRange::Full,
+        };
+        match range {
+            ByteRange::Full => response.with_body(Body::file(self.file, 0, self.size)),
+            ByteRange::Part { start, end } => {
+                let value = format!("bytes {start}-{end}/{}", self.size);
+                match HeaderValue::from_str(&value) {
+                    Ok(content_range) => response
+                        .with_status(StatusCode::PARTIAL_CONTENT)
+                        .with_header(header::CONTENT_RANGE, content_range)
+                        .with_body(Body::file(self.file, start, end - start + 1)),
+                    Err(_) => response.with_body(Body::file(self.file, 0, self.size)),
+                }
+            }
+            ByteRange::Unsatisfiable => {
+                let value = format!("bytes */{}", self.size);
+                let mut r = Response::text("range not satisfiable\n")
+                    .with_status(StatusCode::RANGE_NOT_SATISFIABLE);
+                if let Ok(v) = HeaderValue::from_str(&value) {
+                    r = r.with_header(header::CONTENT_RANGE, v);
+                }
+                r
+            }
+        }
+    }
+
+    /// The conditional GET of RFC 9110 §13.2.2: If-None-Match decides when present (weak
+    /// comparison), else If-Modified-Since.
+    fn not_modified(&self, parts: &Parts) -> bool {
+        let mut if_none_match = header_values(parts, "if-none-match").peekable();
+        if if_none_match.peek().is_some() {
+            return if_none_match.any(|v| etag_list_matches(v, &self.etag, false));
+        }
+        let Some(since) = parts
+            .header("if-modified-since")
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok())
+        else {
+            return false;
+        };
+        match (self.modified_secs, secs(since)) {
+            (Some(modified), Some(since)) => modified <= since,
+            _ => false,
+        }
+    }
+
+    /// Whether a Range may apply: no If-Range, or one naming this exact representation (an
+    /// ETag compared strongly, or the Last-Modified date if that is at least a second old).
+    fn if_range_holds(&self, parts: &Parts) -> bool {
+        let Some(value) = parts.header("if-range") else {
+            return true;
+        };
+        let value = trim(value);
+        if value.starts_with(b"\"") || value.starts_with(b"W/") {
+            return etag_list_matches(value, &self.etag, true) && !value.starts_with(b"W/");
+        }
+        let date = std::str::from_utf8(value)
+            .ok()
+            .and_then(|v| httpdate::parse_http_date(v).ok());
+        // A date is only a strong validator once the file has not changed for a whole second
+        // (RFC 9110 §8.8.2.2): a second change within the same second would keep the date.
+        let settled = self
+            .modified_secs
+            .is_some_and(|m| secs(SystemTime::now()).is_some_and(|now| now > m));
+        match (date.and_then(secs), self.modified_secs) {
+            (Some(date), Some(modified)) => settled && date == modified,
+            _ => false,
+        }
+    }
+}
+
+fn secs(t: SystemTime) -> Option<u64> {
+    t.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs())
+}
+
+fn with_headers(mut r: Response, headers: Vec<(HeaderName, HeaderValue)>) -> Response {
+    for (name, value) in headers {
+        r = r.with_header(name, value);
+    }
+    r
+}
+
+/// Whether the entity-tag list `value` (`*`, or `"a", W/"b", …`) matches `etag` (`"…"`, with
+/// quotes). Weak comparison ignores `W/`; strong comparison never matches a weak tag.
+fn etag_list_matches(value: &[u8], etag: &str, strong: bool) -> bool {
+    let etag = etag.as_bytes();
+    let mut rest = value;
+    loop {
+        rest = trim_list_separators(rest);
+        if rest.is_empty() {
+            return false;
+        }
+        if rest[0] == b'*' {
+            return !strong;
+        }
+        let weak = rest.starts_with(b"W/");
+        if weak {
+            rest = &rest[2..];
+        }
+        if rest.first() != Some(&b'"') {
+            return false;
+        }
+        let Some(close) = rest[1..].iter().position(|&b| b == b'"') else {
+            return false;
+        };
+        let tag = &rest[..close + 2];
+        if tag == etag && !(strong && weak) {
+            return true;
+        }
+        rest = &rest[close + 2..];
+    }
+}
+
+fn trim_list_separators(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b','))
+        .unwrap_or(v.len());
+    &v[start..]
+}
+
+/// What a Range header asks of a representation of `size` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ByteRange {
+    /// No usable range: send everything (missing, malformed, another unit, several ranges).
+    Full,
+    /// Bytes `start..=end`.
+    Part { start: u64, end: u64 },
+    /// The one range asked for starts past the end (or the representation is empty).
+    Unsatisfiable,
+}
+
+/// Parses `bytes=a-b`, `bytes=a-` or `bytes=-n` (RFC 9110 §14.1.2) against `size`.
+fn parse_range(value: &[u8], size: u64) -> ByteRange {
+    let value = trim(value);
+    let Some(unit_end) = value.iter().position(|&b| b == b'=') else {
+        return ByteRange::Full;
+    };
+    if !trim(&value[..unit_end]).eq_ignore_ascii_case(b"bytes") {
+        return ByteRange::Full;
+    }
+    let mut specs = value[unit_end + 1..]
+        .split(|&b| b == b',')
+        .map(trim)
+        .filter(|s| !s.is_empty());
+    let (Some(spec), None) = (specs.next(), specs.next()) else {
+        return ByteRange::Full;
+    };
+    let Some(dash) = spec.iter().position(|&b| b == b'-') else {
+        return ByteRange::Full;
+    };
+    let (first, last) = (&spec[..dash], &spec[dash + 1..]);
+    match (digits(first), digits(last)) {
+        // -n: the last n bytes.
+        (None, Some(n)) if first.is_empty() => {
+            if n == 0 || size == 0 {
+                ByteRange::Unsatisfiable
+            } else {
+                ByteRange::Part {
+                    start: size - n.min(size),
+                    end: size - 1,
+                }
+            }
+        }
+        // a-: from a to the end.
+        (Some(start), None) if last.is_empty() => {
+            if start >= size {
+                ByteRange::Unsatisfiable
+            } else {
+                ByteRange::Part {
+                    start,
+                    end: size - 1,
+                }
+            }
+        }
+        (Some(start), Some(end)) if start <= end => {
+            if start >= size {
+                ByteRange::Unsatisfiable
+            } else {
+                ByteRange::Part {
+                    start,
+                    end: end.min(size - 1),
+                }
+            }
+        }
+        _ => ByteRange::Full,
+    }
+}
+
+/// A non-empty run of ASCII digits as a number (saturating: a huge position is past any end).
+fn digits(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0u64, |n, d| {
+        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges() {
+        use ByteRange::*;
+        let cases: &[(&str, u64, ByteRange)] = &[
+            ("bytes=0-0", 10, Part { start: 0, end: 0 }),
+            ("bytes=0-9", 10, Part { start: 0, end: 9 }),
+            ("bytes=2-100", 10, Part { start: 2, end: 9 }),
+            ("bytes=9-", 10, Part { start: 9, end: 9 }),
+            ("bytes=-3", 10, Part { start: 7, end: 9 }),
+            ("bytes=-30", 10, Part { start: 0, end: 9 }),
+            ("Bytes = 1-2", 10, Part { start: 1, end: 2 }),
+            ("bytes= 1-2 ,", 10, Part { start: 1, end: 2 }),
+            (
+                "bytes=0-99999999999999999999999",
+                10,
+                Part { start: 0, end: 9 },
+            ),
+            ("bytes=10-", 10, Unsatisfiable),
+            ("bytes=10-20", 10, Unsatisfiable),
+            ("bytes=99999999999999999999999-", 10, Unsatisfiable),
+            ("bytes=-0", 10, Unsatisfiable),
+            ("bytes=0-", 0, Unsatisfiable),
+            ("bytes=-1", 0, Unsatisfiable),
+            ("bytes=5-4", 10, Full),
+            ("bytes=0-1,3-4", 10, Full),
+            ("bytes=-", 10, Full),
+            ("bytes=a-b", 10, Full),
+            ("bytes=1", 10, Full),
+            ("bytes=", 10, Full),
+            ("items=0-1", 10, Full),
+            ("bytes=+1-2", 10, Full),
+            ("bytes=1 -2", 10, Full),
+        ];
+        for (value, size, want) in cases {
+            assert_eq!(
+                parse_range(value.as_bytes(), *size),
+                *want,
+                "{value:?} of {size}"
+            );
+        }
+    }
+
+    #[test]
+    fn etag_lists() {
+        let tag = "\"a-1\"";
+        let cases: &[(&str, bool, bool)] = &[
+            ("\"a-1\"", false, true),
+            ("\"a-1\"", true, true),
+            ("W/\"a-1\"", false, true),
+            ("W/\"a-1\"", true, false),
+            ("*", false, true),
+            ("*", true, false),
+            ("\"x\", \"a-1\"", false, true),
+            ("\"x\",W/\"a-1\"", false, true),
+            ("\"x\" , \"y\"", false, false),
+            ("\"a-1", false, false),
+            ("a-1", false, false),
+            ("", false, false),
+            ("\"a,1\", \"a-1\"", false, true),
+        ];
+        for (value, strong, want) in cases {
+            assert_eq!(
+                etag_list_matches(value.as_bytes(), tag, *strong),
+                *want,
+                "{value:?} strong={strong}"
+            );
+        }
+    }
+
+    #[test]
+    fn accept_encoding() {
+        let parse = |v: &str| {
+            let mut a = Accepted::default();
+            parse_accept_encoding(v.as_bytes(), &mut a);
+            a
+        };
+        let a = parse("gzip, deflate, br");
+        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (1000, 1000));
+        let a = parse("br;q=0, gzip;q=0.5");
+        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (0, 500));
+        let a = parse("*;q=0.1, gzip;q=0");
+        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (100, 0));
+        let a = parse("identity");
+        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (0, 0));
+        let a = parse("BR ; Q=1.000 , x-gzip;q=0.001");
+        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (1000, 1));
+        let a = parse("br;q=2, gzip;q=0.1234, *;q=abc");
+        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (0, 0));
+    }
+
+    #[test]
+    fn qvalues() {
+        for (v, want) in [
+            ("0", Some(0)),
+            ("0.", Some(0)),
+            ("0.5", Some(500)),
+            ("0.123", Some(123)),
+            ("1", Some(1000)),
+            ("1.0", Some(1000)),
+            ("1.000", Some(1000)),
+            ("1.001", None),
+            ("0.1234", None),
+            ("2", None),
+            ("", None),
+            (".5", None),
+        ] {
+            assert_eq!(parse_qvalue(v.as_bytes()), want, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn paths() {
+        let ok = |p: &str| decode_path(p).map(|s| s.concat());
+        assert_eq!(ok(""), Some(vec![]));
+        assert_eq!(ok("a/b.txt"), Some(b"ab.txt".to_vec()));
+        assert_eq!(ok("dir/"), Some(b"dir".to_vec()));
+        assert_eq!(ok("a%20b"), Some(b"a b".to_vec()));
+        assert_eq!(ok("%252e%252e"), Some(b"%2e%2e".to_vec()));
+        assert_eq!(ok("..."), Some(b"...".to_vec()));
+        for bad in [
+            "..",
+            "a/../b",
+            "%2e%2e",
+            "%2E%2e/x",
+            ".",
+            "a/./b",
+            "%2e",
+            "a%2fb",
+            "a%2Fb",
+            "a\\b",
+            "a%5cb",
+            "a%00b",
+            "/etc/passwd",
+            "a//b",
+            "//",
+        ] {
+            assert_eq!(decode_path(bad), None, "{bad:?}");
+        }
+    }
+}
