@@ -828,6 +828,34 @@ fn serve_dir_as_a_route_handler_and_at_the_root() {
 }
 
 #[test]
+fn hidden_files_only_when_asked() {
+    let base = fresh_dir("hidden");
+    std::fs::create_dir_all(base.join(".git")).unwrap();
+    std::fs::create_dir_all(base.join(".well-known")).unwrap();
+    std::fs::create_dir_all(base.join("sub")).unwrap();
+    std::fs::write(base.join(".git/config"), b"[core]\n").unwrap();
+    std::fs::write(base.join(".env"), b"KEY=1\n").unwrap();
+    std::fs::write(base.join("sub/.htpasswd"), b"u:p\n").unwrap();
+    std::fs::write(base.join(".well-known/security.txt"), b"Contact: x\n").unwrap();
+    let (a, b) = (
+        ServeDir::new(&base),
+        ServeDir::new(&base).serve_hidden(true),
+    );
+    let server = InProcess::start(move || {
+        Router::new()
+            .serve_dir("/a", a.clone())
+            .serve_dir("/b", b.clone())
+    });
+    let mut c = server.client();
+    for path in ["/a/.git/config", "/a/.env", "/a/sub/.htpasswd", "/a/%2eenv"] {
+        assert_eq!(c.get(path).status, 404, "{path}");
+    }
+    assert_eq!(c.get("/a/.well-known/security.txt").body, b"Contact: x\n");
+    assert_eq!(c.get("/b/.git/config").body, b"[core]\n");
+    assert_eq!(c.get("/b/sub/.htpasswd").body, b"u:p\n");
+}
+
+#[test]
 fn missing_root_answers_404_until_it_exists() {
     let dir = fresh_dir("late").join("later");
     let files = ServeDir::new(dir.clone());

@@ -68,6 +68,8 @@ const INDEX: &str = "index.html";
 ///   root and each candidate are canonicalized and compared by path prefix; the final open uses
 ///   `O_NOFOLLOW` and `O_NONBLOCK` and checks that the open file is a regular file, so a FIFO or
 ///   device is never opened for reading.
+/// - **Hidden files.** Names starting with `.` get 404 too, except `.well-known`, unless
+///   [`ServeDir::serve_hidden`] says otherwise.
 ///
 /// **Blocking.** Resolving, opening and `stat`ing run on the worker's thread with `std::fs`:
 /// on a local disk they are served from the kernel's dentry and inode caches in microseconds,
@@ -94,13 +96,15 @@ pub struct ServeDir {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Inner {
     /// The root as given.
     root: PathBuf,
     /// The root canonicalized when the `ServeDir` was made (`None` if that failed, for example
     /// because the directory does not exist yet; then it is tried again per request).
     canonical: Option<PathBuf>,
+    /// Serve names starting with `.` (see [`ServeDir::serve_hidden`]).
+    hidden: bool,
 }
 
 impl ServeDir {
@@ -115,8 +119,25 @@ impl ServeDir {
         let root = root.into();
         let canonical = std::fs::canonicalize(&root).ok();
         ServeDir {
-            inner: Arc::new(Inner { root, canonical }),
+            inner: Arc::new(Inner {
+                root,
+                canonical,
+                hidden: false,
+            }),
         }
+    }
+
+    /// Whether names starting with `.` (`.git/`, `.env`, `.htpasswd`) are served. Off by
+    /// default: such paths get the same 404 as a missing file, except `/.well-known/` (RFC 8615),
+    /// which is always served.
+    ///
+    /// ```
+    /// let files = canter::ServeDir::new("/srv/www").serve_hidden(true);
+    /// # let _ = files;
+    /// ```
+    pub fn serve_hidden(mut self, yes: bool) -> ServeDir {
+        Arc::make_mut(&mut self.inner).hidden = yes;
+        self
     }
 
     /// Answers one request; `rel` is the still percent-encoded path below the root.
@@ -130,6 +151,13 @@ impl ServeDir {
         let Some(segments) = decode_path(rel) else {
             return not_found();
         };
+        if !self.inner.hidden
+            && segments
+                .iter()
+                .any(|s| s.starts_with(b".") && s != b".well-known")
+        {
+            return not_found();
+        }
         let root = match &self.inner.canonical {
             Some(root) => root.clone(),
             None => match std::fs::canonicalize(&self.inner.root) {
