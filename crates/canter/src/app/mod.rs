@@ -43,7 +43,7 @@ mod router;
 
 pub use extract::{
     Form, FromBody, FromParts, Headers, Json, Parts, Path, Query, RawBody, Rejection, State,
-    DEFAULT_BODY_LIMIT,
+    DEFAULT_BODY_LIMIT, DEFAULT_JSON_DEPTH_LIMIT,
 };
 pub use handler::Handler;
 #[doc(hidden)]

@@ -11,7 +11,9 @@ use canter_rt::http::{header, HeaderValue, Method, StatusCode};
 use canter_rt::{Reply, Request, RequestBody, Response, Service};
 use smallvec::SmallVec;
 
-use super::extract::{Params, Parts, Rejection, States, DEFAULT_BODY_LIMIT};
+use super::extract::{
+    Params, Parts, Rejection, States, DEFAULT_BODY_LIMIT, DEFAULT_JSON_DEPTH_LIMIT,
+};
 use super::handler::{Erased, ErasedHandler, Handler};
 use super::response::IntoResponse;
 
@@ -285,6 +287,7 @@ struct Table {
     fallback: Option<Endpoint>,
     states: Rc<States>,
     body_limit: usize,
+    json_depth_limit: usize,
 }
 
 /// Routes requests to handlers by path and method; a [`Service`] for
@@ -343,6 +346,7 @@ impl Router {
                 fallback: None,
                 states: Rc::new(States::default()),
                 body_limit: DEFAULT_BODY_LIMIT,
+                json_depth_limit: DEFAULT_JSON_DEPTH_LIMIT,
             }),
         }
     }
@@ -457,6 +461,19 @@ impl Router {
         self
     }
 
+    /// The deepest nesting of arrays and objects accepted in JSON bodies read by
+    /// [`Json`](super::Json) (default 64; deeper is answered with 400 before deserializing). serde_json's own recursion limit of 128 still
+    /// applies above that.
+    ///
+    /// ```
+    /// let app = canter::Router::new().json_depth_limit(16);
+    /// # let _ = app;
+    /// ```
+    pub fn json_depth_limit(mut self, levels: usize) -> Router {
+        Rc::make_mut(&mut self.table).json_depth_limit = levels;
+        self
+    }
+
     fn add(&mut self, pattern: String, methods: MethodRouter) {
         let table = Rc::make_mut(&mut self.table);
         if let Some(route) = table.routes.iter_mut().find(|r| r.pattern == pattern) {
@@ -493,6 +510,7 @@ impl Router {
                         params: Params::default(),
                         states: table.states.clone(),
                         body_limit: table.body_limit,
+                        json_depth_limit: table.json_depth_limit,
                     }),
                     None => Reply::Ready(
                         Response::text("not found\n").with_status(StatusCode::NOT_FOUND),
@@ -547,6 +565,7 @@ impl Router {
             },
             states: table.states.clone(),
             body_limit,
+            json_depth_limit: table.json_depth_limit,
         })
     }
 
