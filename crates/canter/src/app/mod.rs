@@ -40,6 +40,7 @@ mod handler;
 mod path_de;
 mod response;
 mod router;
+mod stream;
 
 pub use extract::{
     Form, FromBody, FromParts, Headers, Json, Parts, Path, Query, RawBody, Rejection, State,
@@ -50,6 +51,7 @@ pub use handler::Handler;
 pub use handler::{Later, Now, ViaBody, ViaParts};
 pub use response::{Html, IntoResponse, Redirect};
 pub use router::{delete, get, head, options, patch, post, put, MethodRouter, RouteLimits, Router};
+pub use stream::{IntoChunk, StreamBody};
 
 #[cfg(test)]
 mod tests;
