@@ -32,7 +32,8 @@ use super::response::IntoResponse;
 /// ```
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
 
-/// Default nesting limit for JSON bodies read by [`Json`]: 64 levels of arrays and objects.
+/// Default nesting limit for JSON bodies read by [`Json`] and
+/// [`JsonLines`](super::JsonLines): 64 levels of arrays and objects.
 ///
 /// ```
 /// assert_eq!(canter::app::DEFAULT_JSON_DEPTH_LIMIT, 64);
@@ -113,6 +114,25 @@ impl Parts {
     /// [`Router::json_depth_limit`](super::Router::json_depth_limit).
     pub fn json_depth_limit(&self) -> usize {
         self.json_depth_limit
+    }
+
+    /// Takes the body for an extractor that streams it, refusing (413) a declared length over
+    /// [`Parts::body_limit`] before any byte is read; the extractor counts the rest.
+    pub(crate) fn take_body_within_limit(&mut self) -> Result<RequestBody, Rejection> {
+        let Some(body) = self.body.take() else {
+            return Err(Rejection::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the request body was already taken by another extractor",
+            ));
+        };
+        let limit = self.body_limit;
+        if body.content_length().is_some_and(|n| n > limit as u64) {
+            return Err(Rejection::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body larger than {limit} bytes"),
+            ));
+        }
+        Ok(body)
     }
 
     /// Reads the whole body up to [`Parts::body_limit`].
@@ -502,14 +522,17 @@ impl<T: DeserializeOwned + 'static> FromBody for Json<T> {
 /// Deserializes a JSON body: syntax errors (including nesting past serde_json's recursion
 /// limit of 128) are 400, a well-formed document of the wrong shape or types is 422.
 pub(crate) fn json_from_slice<T: DeserializeOwned>(body: &[u8]) -> Result<T, Rejection> {
-    serde_json::from_slice(body).map_err(|e| {
-        use serde_json::error::Category;
-        let status = match e.classify() {
-            Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
-            Category::Syntax | Category::Eof | Category::Io => StatusCode::BAD_REQUEST,
-        };
-        Rejection::new(status, format!("invalid JSON body: {e}"))
-    })
+    serde_json::from_slice(body)
+        .map_err(|e| Rejection::new(json_status(&e), format!("invalid JSON body: {e}")))
+}
+
+/// 422 for a well-formed document of the wrong shape or types, else 400.
+pub(crate) fn json_status(e: &serde_json::Error) -> StatusCode {
+    use serde_json::error::Category;
+    match e.classify() {
+        Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
+        Category::Syntax | Category::Eof | Category::Io => StatusCode::BAD_REQUEST,
+    }
 }
 
 /// Refuses (400) a JSON text whose arrays and objects nest deeper than `limit`, before it is
@@ -609,7 +632,7 @@ impl<T: DeserializeOwned + 'static> FromBody for Form<T> {
 }
 
 /// Whether the Content-Type's media type (lowercased, parameters dropped) passes `check`.
-fn content_type_is(parts: &Parts, check: impl Fn(&str) -> bool) -> bool {
+pub(crate) fn content_type_is(parts: &Parts, check: impl Fn(&str) -> bool) -> bool {
     let Some(value) = parts.header(header::CONTENT_TYPE.as_str()) else {
         return false;
     };

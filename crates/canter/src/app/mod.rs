@@ -37,6 +37,7 @@
 
 mod extract;
 mod handler;
+mod ndjson;
 mod path_de;
 mod response;
 mod router;
@@ -49,6 +50,7 @@ pub use extract::{
 pub use handler::Handler;
 #[doc(hidden)]
 pub use handler::{Later, Now, ViaBody, ViaParts};
+pub use ndjson::{JsonLines, NdJson, DEFAULT_LINE_LIMIT};
 pub use response::{Html, IntoResponse, Redirect};
 pub use router::{delete, get, head, options, patch, post, put, MethodRouter, RouteLimits, Router};
 pub use stream::{IntoChunk, StreamBody};

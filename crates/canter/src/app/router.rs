@@ -449,8 +449,8 @@ impl Router {
         self
     }
 
-    /// The limit for bodies read by [`Json`](super::Json), [`Form`](super::Form), `Bytes` and
-    /// `String` (default 1 MiB; more is answered with 413).
+    /// The limit for bodies read by [`Json`](super::Json), [`Form`](super::Form), `Bytes`,
+    /// `String` and [`JsonLines`](super::JsonLines) (default 1 MiB; more is answered with 413).
     ///
     /// ```
     /// let app = canter::Router::new().body_limit(64 * 1024);
@@ -462,7 +462,8 @@ impl Router {
     }
 
     /// The deepest nesting of arrays and objects accepted in JSON bodies read by
-    /// [`Json`](super::Json) (default 64; deeper is answered with 400 before deserializing). serde_json's own recursion limit of 128 still
+    /// [`Json`](super::Json) and [`JsonLines`](super::JsonLines) (default 64; deeper is
+    /// answered with 400 before deserializing). serde_json's own recursion limit of 128 still
     /// applies above that.
     ///
     /// ```
