@@ -37,6 +37,7 @@
 
 mod extract;
 mod handler;
+mod multipart;
 mod ndjson;
 mod path_de;
 mod response;
@@ -50,6 +51,7 @@ pub use extract::{
 pub use handler::Handler;
 #[doc(hidden)]
 pub use handler::{Later, Now, ViaBody, ViaParts};
+pub use multipart::{Field, Multipart, DEFAULT_MAX_FIELDS, PART_HEAD_LIMIT};
 pub use ndjson::{JsonLines, NdJson, DEFAULT_LINE_LIMIT};
 pub use response::{Html, IntoResponse, Redirect};
 pub use router::{delete, get, head, options, patch, post, put, MethodRouter, RouteLimits, Router};

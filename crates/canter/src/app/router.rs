@@ -450,7 +450,8 @@ impl Router {
     }
 
     /// The limit for bodies read by [`Json`](super::Json), [`Form`](super::Form), `Bytes`,
-    /// `String` and [`JsonLines`](super::JsonLines) (default 1 MiB; more is answered with 413).
+    /// `String`, [`JsonLines`](super::JsonLines) and [`Multipart`](super::Multipart) (default
+    /// 1 MiB; more is answered with 413).
     ///
     /// ```
     /// let app = canter::Router::new().body_limit(64 * 1024);
