@@ -22,7 +22,8 @@ pub use app::{
     Html, IntoResponse, Json, MethodRouter, Parts, Path, Query, RawBody, Redirect, Rejection,
     RouteLimits, Router, State,
 };
-pub use app::{IntoChunk, JsonLines, Multipart, NdJson, StreamBody};
+pub use app::{Cookies, IntoChunk, JsonLines, Multipart, NdJson, StreamBody};
+pub use cookie;
 pub use maud;
 
 pub use canter_h1 as h1;

@@ -35,6 +35,7 @@
 //! Server::bind(Config::default()).unwrap().serve(|_worker| app()).unwrap();
 //! ```
 
+mod cookies;
 mod extract;
 mod handler;
 mod multipart;
@@ -44,6 +45,7 @@ mod response;
 mod router;
 mod stream;
 
+pub use cookies::Cookies;
 pub use extract::{
     Form, FromBody, FromParts, Headers, Json, Parts, Path, Query, RawBody, Rejection, State,
     DEFAULT_BODY_LIMIT, DEFAULT_JSON_DEPTH_LIMIT,
