@@ -24,6 +24,8 @@ pub use app::{
     Handler, Headers, Html, IntoResponse, Json, MethodRouter, Parts, Path, Query, RawBody,
     Redirect, Rejection, RouteLimits, Router, State,
 };
+pub use app::{Cookies, IntoChunk, JsonLines, Multipart, NdJson, StreamBody};
+pub use cookie;
 pub use maud;
 
 pub use canter_h1 as h1;

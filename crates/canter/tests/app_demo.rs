@@ -182,18 +182,17 @@ fn items_extractor_errors() {
     let msg = json_error(&post_json(&mut c, r#"{"name": "x"}"#), 422);
     assert!(msg.contains("qty"), "{msg}");
     json_error(&post_json(&mut c, "[1, 2]"), 422);
-    // Nesting past serde_json's recursion limit (128): 400, no stack overflow.
-    // Deep nesting in an ignored field is skipped without recursion (no stack to overflow);
-    // nesting into recursive types stops at serde_json's limit of 128 (400, see the unit test).
-    let deep = format!(
-        r#"{{"name": "x", "qty": 1, "extra": {}{}}}"#,
-        "[".repeat(100_000),
-        "]".repeat(100_000)
-    );
-    assert_eq!(post_json(&mut c, &deep).status, 201);
-    // A top-level array where an object belongs is the wrong shape, whatever its depth.
-    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-    json_error(&post_json(&mut c, &deep), 422);
+    // Nesting past the JSON depth limit (64 levels by default) is refused with 400 before
+    // deserializing, wherever it is: in an ignored field, or where the type has no room for
+    // it. Within the limit, an ignored field is skipped.
+    let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let extra = |n: usize| format!(r#"{{"name": "x", "qty": 1, "extra": {}}}"#, nested(n));
+    assert_eq!(post_json(&mut c, &extra(63)).status, 201);
+    let msg = json_error(&post_json(&mut c, &extra(100_000)), 400);
+    assert!(msg.contains("nested deeper than 64 levels"), "{msg}");
+    json_error(&post_json(&mut c, &nested(100_000)), 400);
+    // A top-level array where an object belongs is the wrong shape.
+    json_error(&post_json(&mut c, &nested(10)), 422);
     // Wrong or missing Content-Type: 415, before the body is read.
     let body = br#"{"name": "x", "qty": 1}"#;
     let r = request(

@@ -32,6 +32,14 @@ use super::response::IntoResponse;
 /// ```
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
 
+/// Default nesting limit for JSON bodies read by [`Json`] and
+/// [`JsonLines`](super::JsonLines): 64 levels of arrays and objects.
+///
+/// ```
+/// assert_eq!(canter::app::DEFAULT_JSON_DEPTH_LIMIT, 64);
+/// ```
+pub const DEFAULT_JSON_DEPTH_LIMIT: usize = 64;
+
 /// The request as extractors see it: method, head, the body (until an extractor takes it), the
 /// matched path parameters and the router's state. Custom [`FromParts`] and [`FromBody`]
 /// extractors read it.
@@ -56,6 +64,7 @@ pub struct Parts {
     pub(crate) states: Rc<States>,
     pub(crate) body_limit: usize,
     pub(crate) extensions: Extensions,
+    pub(crate) json_depth_limit: usize,
 }
 
 impl Parts {
@@ -110,6 +119,31 @@ impl Parts {
     /// The body limit set with [`Router::body_limit`](super::Router::body_limit).
     pub fn body_limit(&self) -> usize {
         self.body_limit
+    }
+
+    /// The JSON nesting limit set with
+    /// [`Router::json_depth_limit`](super::Router::json_depth_limit).
+    pub fn json_depth_limit(&self) -> usize {
+        self.json_depth_limit
+    }
+
+    /// Takes the body for an extractor that streams it, refusing (413) a declared length over
+    /// [`Parts::body_limit`] before any byte is read; the extractor counts the rest.
+    pub(crate) fn take_body_within_limit(&mut self) -> Result<RequestBody, Rejection> {
+        let Some(body) = self.body.take() else {
+            return Err(Rejection::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the request body was already taken by another extractor",
+            ));
+        };
+        let limit = self.body_limit;
+        if body.content_length().is_some_and(|n| n > limit as u64) {
+            return Err(Rejection::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body larger than {limit} bytes"),
+            ));
+        }
+        Ok(body)
     }
 
     /// Reads the whole body up to [`Parts::body_limit`].
@@ -486,8 +520,9 @@ impl FromBody for String {
 
 /// JSON: as an extractor, the body deserialized (Content-Type `application/json` or
 /// `application/*+json`, else 415; over the body limit 413; malformed 400; wrong shape or types
-/// 422; nesting deeper than 128 levels 400); as a response, `T` serialized per call with
-/// `application/json`.
+/// 422; arrays and objects nested deeper than the
+/// [depth limit](super::Router::json_depth_limit), 64 by default, 400); as a response, `T`
+/// serialized per call with `application/json`.
 ///
 /// ```
 /// use canter::rt::http::StatusCode;
@@ -518,6 +553,7 @@ impl<T: DeserializeOwned + 'static> FromBody for Json<T> {
                 ));
             }
             let body = parts.collect_body().await?;
+            check_json_depth(&body, parts.json_depth_limit)?;
             json_from_slice(&body).map(Json)
         }
     }
@@ -526,14 +562,60 @@ impl<T: DeserializeOwned + 'static> FromBody for Json<T> {
 /// Deserializes a JSON body: syntax errors (including nesting past serde_json's recursion
 /// limit of 128) are 400, a well-formed document of the wrong shape or types is 422.
 pub(crate) fn json_from_slice<T: DeserializeOwned>(body: &[u8]) -> Result<T, Rejection> {
-    serde_json::from_slice(body).map_err(|e| {
-        use serde_json::error::Category;
-        let status = match e.classify() {
-            Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
-            Category::Syntax | Category::Eof | Category::Io => StatusCode::BAD_REQUEST,
-        };
-        Rejection::new(status, format!("invalid JSON body: {e}"))
-    })
+    serde_json::from_slice(body)
+        .map_err(|e| Rejection::new(json_status(&e), format!("invalid JSON body: {e}")))
+}
+
+/// 422 for a well-formed document of the wrong shape or types, else 400.
+pub(crate) fn json_status(e: &serde_json::Error) -> StatusCode {
+    use serde_json::error::Category;
+    match e.classify() {
+        Category::Data => StatusCode::UNPROCESSABLE_ENTITY,
+        Category::Syntax | Category::Eof | Category::Io => StatusCode::BAD_REQUEST,
+    }
+}
+
+/// Refuses (400) a JSON text whose arrays and objects nest deeper than `limit`, before it is
+/// deserialized: one pass over the bytes, counting brackets outside strings. The text need not
+/// be valid JSON; what is not is left for the parser to reject.
+pub(crate) fn check_json_depth(text: &[u8], limit: usize) -> Result<(), Rejection> {
+    // `limit + 1` opening brackets are needed to go past the limit.
+    if text.len() <= limit {
+        return Ok(());
+    }
+    let mut depth = 0usize;
+    let mut rest = text;
+    while let Some((&b, tail)) = rest.split_first() {
+        rest = tail;
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return Err(Rejection::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("invalid JSON body: nested deeper than {limit} levels"),
+                    ));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b'"' => rest = skip_string(rest),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The bytes after the closing quote of the string whose opening quote was just passed (empty
+/// if it never closes).
+fn skip_string(mut s: &[u8]) -> &[u8] {
+    while let Some(i) = s.iter().position(|&b| b == b'"' || b == b'\\') {
+        if s[i] == b'"' {
+            return &s[i + 1..];
+        }
+        // A backslash escapes the next byte, whatever it is.
+        s = s.get(i + 2..).unwrap_or_default();
+    }
+    &[]
 }
 
 impl<T: Serialize> IntoResponse for Json<T> {
@@ -590,7 +672,7 @@ impl<T: DeserializeOwned + 'static> FromBody for Form<T> {
 }
 
 /// Whether the Content-Type's media type (lowercased, parameters dropped) passes `check`.
-fn content_type_is(parts: &Parts, check: impl Fn(&str) -> bool) -> bool {
+pub(crate) fn content_type_is(parts: &Parts, check: impl Fn(&str) -> bool) -> bool {
     let Some(value) = parts.header(header::CONTENT_TYPE.as_str()) else {
         return false;
     };

@@ -35,25 +35,33 @@
 //! Server::bind(Config::default()).unwrap().serve(|_worker| app()).unwrap();
 //! ```
 
+mod cookies;
 mod extract;
 mod handler;
+mod multipart;
+mod ndjson;
 mod path_de;
 mod response;
 mod router;
 mod static_files;
+mod stream;
 
+pub use cookies::Cookies;
 pub use extract::{
     Extension, Form, FromBody, FromParts, Headers, Json, Parts, Path, Query, RawBody, Rejection,
-    State, DEFAULT_BODY_LIMIT,
+    State, DEFAULT_BODY_LIMIT, DEFAULT_JSON_DEPTH_LIMIT,
 };
 pub use handler::Handler;
 #[doc(hidden)]
 pub use handler::{Later, Now, ViaBody, ViaParts};
+pub use multipart::{Field, Multipart, DEFAULT_MAX_FIELDS, PART_HEAD_LIMIT};
+pub use ndjson::{JsonLines, NdJson, DEFAULT_LINE_LIMIT};
 pub use response::{Html, IntoResponse, Redirect};
 pub use router::{
     any, delete, get, head, options, patch, post, put, MethodRouter, RouteLimits, Router,
 };
 pub use static_files::ServeDir;
+pub use stream::{IntoChunk, StreamBody};
 
 #[cfg(test)]
 mod tests;

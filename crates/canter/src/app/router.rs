@@ -11,7 +11,9 @@ use canter_rt::http::{header, Extensions, HeaderValue, Method, StatusCode};
 use canter_rt::{Reply, Request, RequestBody, Response, Service};
 use smallvec::SmallVec;
 
-use super::extract::{Params, Parts, Rejection, States, DEFAULT_BODY_LIMIT};
+use super::extract::{
+    Params, Parts, Rejection, States, DEFAULT_BODY_LIMIT, DEFAULT_JSON_DEPTH_LIMIT,
+};
 use super::handler::{Erased, ErasedHandler, Handler};
 use super::response::IntoResponse;
 use crate::middleware::{Layered, Middleware};
@@ -326,6 +328,8 @@ struct Table {
     states: Rc<States>,
     /// Set with [`Router::body_limit`]; [`DEFAULT_BODY_LIMIT`] when `None`.
     body_limit: Option<usize>,
+    /// Set with [`Router::json_depth_limit`].
+    json_depth_limit: usize,
 }
 
 impl Table {
@@ -412,6 +416,7 @@ impl Router {
                 fallback: None,
                 states: Rc::new(States::default()),
                 body_limit: None,
+                json_depth_limit: DEFAULT_JSON_DEPTH_LIMIT,
             }),
         }
     }
@@ -538,8 +543,9 @@ impl Router {
         self
     }
 
-    /// The limit for bodies read by [`Json`](super::Json), [`Form`](super::Form), `Bytes` and
-    /// `String` (default 1 MiB; more is answered with 413).
+    /// The limit for bodies read by [`Json`](super::Json), [`Form`](super::Form), `Bytes`,
+    /// `String`, [`JsonLines`](super::JsonLines) and [`Multipart`](super::Multipart) (default
+    /// 1 MiB; more is answered with 413).
     ///
     /// ```
     /// let app = canter::Router::new().body_limit(64 * 1024);
@@ -547,6 +553,20 @@ impl Router {
     /// ```
     pub fn body_limit(mut self, limit: usize) -> Router {
         Rc::make_mut(&mut self.table).body_limit = Some(limit);
+        self
+    }
+
+    /// The deepest nesting of arrays and objects accepted in JSON bodies read by
+    /// [`Json`](super::Json) and [`JsonLines`](super::JsonLines) (default 64; deeper is
+    /// answered with 400 before deserializing). serde_json's own recursion limit of 128 still
+    /// applies above that.
+    ///
+    /// ```
+    /// let app = canter::Router::new().json_depth_limit(16);
+    /// # let _ = app;
+    /// ```
+    pub fn json_depth_limit(mut self, levels: usize) -> Router {
+        Rc::make_mut(&mut self.table).json_depth_limit = levels;
         self
     }
 
@@ -578,6 +598,7 @@ impl Router {
                         params: Params::default(),
                         states: table.states.clone(),
                         body_limit: table.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
+                        json_depth_limit: table.json_depth_limit,
                         extensions,
                     }),
                     None => Reply::Ready(
@@ -635,6 +656,7 @@ impl Router {
             },
             states: table.states.clone(),
             body_limit,
+            json_depth_limit: table.json_depth_limit,
             extensions,
         })
     }

@@ -302,3 +302,24 @@ fn any_method() {
     assert_eq!(text(&ready(&app, "HEAD", "/b")), "get");
     assert_eq!(text(&ready(&app, "DELETE", "/b")), "other");
 }
+
+#[test]
+fn json_depth_is_checked_before_parsing() {
+    use super::extract::check_json_depth;
+    let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    assert!(check_json_depth(nested(64).as_bytes(), 64).is_ok());
+    let e = check_json_depth(nested(65).as_bytes(), 64).unwrap_err();
+    assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+    assert!(e.message().contains("nested deeper than 64 levels"), "{e}");
+    // Objects count as arrays do; closing brackets give levels back.
+    let wide = format!("{{\"a\":{},\"b\":{}}}", nested(63), nested(63));
+    assert!(check_json_depth(wide.as_bytes(), 64).is_ok());
+    assert!(check_json_depth(br#"{"a":{"b":{"c":1}}}"#, 2).is_err());
+    // Brackets inside strings, escaped quotes and escaped backslashes do not count.
+    let quoted = format!(r#"["{}", "\"[[[", "\\", "x"]"#, "[".repeat(200));
+    assert!(check_json_depth(quoted.as_bytes(), 1).is_ok());
+    assert!(check_json_depth(br#"["\\", [[1]]]"#, 2).is_err());
+    // Malformed input is left for the parser: an unterminated string ends the scan.
+    assert!(check_json_depth(br#"["[[[[[[[[[["#, 1).is_ok());
+    assert!(check_json_depth(b"\\", 0).is_ok());
+}
