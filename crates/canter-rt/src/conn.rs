@@ -725,16 +725,20 @@ impl<S: Service> Driver<S> {
             self.rbuf = self.worker.take_buf();
         }
         // While a head is pending, never grow past what can still be part of a valid head
-        // (a full buffer would otherwise double for the last few bytes).
-        let want = if self.h1.body_done() {
+        // (a full buffer would otherwise double for the last few bytes), and once the head
+        // is large, read into whatever room is left before growing at all (growing doubles).
+        if self.h1.body_done() {
             let max_head = self.cfg.limits.max_head.min(canter_h1::Limits::HEAD_CAP);
-            (max_head + 1)
+            let want = (max_head + 1)
                 .saturating_sub(self.rbuf.len())
-                .clamp(1, READ_BUF / 2)
+                .clamp(1, READ_BUF / 2);
+            let room = self.rbuf.capacity() - self.rbuf.len();
+            if self.rbuf.len() < READ_BUF || room == 0 {
+                self.rbuf.reserve(want);
+            }
         } else {
-            READ_BUF / 2
-        };
-        self.rbuf.reserve(want);
+            self.rbuf.reserve(READ_BUF / 2);
+        }
         let spare = self.rbuf.spare_capacity_mut();
         let mut rb = ReadBuf::uninit(spare);
         ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;

@@ -266,12 +266,10 @@ fn maximal_unfinished_heads_are_bounded_and_timed_out() {
     maximal_unfinished_heads(40);
 }
 
-/// The hardening issue's bound: below 24 KiB of RSS per pending maximal head. Measured 24.0 to
-/// 24.8 KiB (4 runs). While a head is pending the connection reserves `READ_BUF / 2` more
-/// before every read (conn.rs:572, `self.rbuf.reserve(READ_BUF / 2)`) whatever the head limit,
-/// so a head of 16,376 bytes in the 16 KiB buffer makes it double to 32 KiB although at most
-/// `max_head` (16,384) bytes are needed to tell a complete head from a 431. Capping the
-/// reservation at `max_head - rbuf.len()` while a head is pending brought it to 17.7 KiB.
+/// The hardening issue's bound: below 24 KiB of RSS per pending maximal head (measured 17.7
+/// KiB). While a head is pending, the read buffer grows only when it is full, and then only by
+/// what can still belong to a valid head: growing a buffer doubles it, and a 16,376-byte head
+/// that made its 16 KiB buffer grow for the last few bytes cost 24-25 KiB.
 #[test]
 fn maximal_unfinished_heads_cost_under_24_kib_each() {
     maximal_unfinished_heads(24);
