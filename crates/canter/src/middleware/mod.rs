@@ -32,12 +32,14 @@
 //! ```
 
 mod access_log;
+mod compression;
 mod cors;
 mod metrics;
 mod request_id;
 mod timeout;
 
 pub use access_log::AccessLog;
+pub use compression::{Coding, Compression};
 pub use cors::Cors;
 pub use metrics::{Metrics, MetricsLayer};
 pub use request_id::{RequestId, RequestIdLayer, REQUEST_ID};
