@@ -76,6 +76,9 @@ struct ServeArgs {
     /// Record request metrics and serve them for Prometheus at `/metrics`.
     #[arg(long)]
     metrics: bool,
+    /// Compress responses (zstd, br or gzip, as the client accepts) of text types from 1 KiB.
+    #[arg(long)]
+    compress: bool,
 }
 
 fn main() -> ExitCode {
@@ -138,13 +141,15 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .metrics
         .then(|| Metrics::new().with_stats(server.stats()));
     let access_log = args.access_log;
+    let compress = args.compress;
     server
         .serve(move |_| {
             let mut app = canter::demo::app(store.clone());
             if let Some(metrics) = &metrics {
                 app = app.route("/metrics", canter::get(metrics.endpoint()));
             }
-            app.layer(metrics.as_ref().map(Metrics::layer))
+            app.layer(compress.then(canter::middleware::Compression::new))
+                .layer(metrics.as_ref().map(Metrics::layer))
                 .layer(access_log.then(AccessLog::new))
                 .layer(access_log.then(RequestId::layer))
         })
