@@ -80,6 +80,9 @@ struct ServeArgs {
     /// Serve the files under DIR at /static/ (ETag, ranges, precompressed .br/.gz siblings).
     #[arg(long = "static", value_name = "DIR")]
     static_dir: Option<PathBuf>,
+    /// Compress responses (zstd, br or gzip, as the client accepts) of text types from 1 KiB.
+    #[arg(long)]
+    compress: bool,
 }
 
 fn main() -> ExitCode {
@@ -151,6 +154,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
         .metrics
         .then(|| Metrics::new().with_stats(server.stats()));
     let access_log = args.access_log;
+    let compress = args.compress;
     server
         .serve(move |_| {
             let mut app = match &files {
@@ -160,7 +164,8 @@ fn serve(args: ServeArgs) -> Result<(), String> {
             if let Some(metrics) = &metrics {
                 app = app.route("/metrics", canter::get(metrics.endpoint()));
             }
-            app.layer(metrics.as_ref().map(Metrics::layer))
+            app.layer(compress.then(canter::middleware::Compression::new))
+                .layer(metrics.as_ref().map(Metrics::layer))
                 .layer(access_log.then(AccessLog::new))
                 .layer(access_log.then(RequestId::layer))
         })

@@ -9,8 +9,9 @@
 //!
 //! `router.layer(a).layer(b)` runs `b` first (outermost), then `a`, then the router.
 //!
-//! Layers included: [`RequestId`], [`AccessLog`], [`Cors`], [`Timeout`], [`Metrics`] (with a
-//! Prometheus endpoint); write your own with [`from_fn`] or by implementing [`Middleware`].
+//! Layers included: [`RequestId`], [`AccessLog`], [`Cors`], [`Timeout`], [`Compression`],
+//! [`Metrics`] (with a Prometheus endpoint); write your own with [`from_fn`] or by implementing
+//! [`Middleware`].
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -32,12 +33,14 @@
 //! ```
 
 mod access_log;
+mod compression;
 mod cors;
 mod metrics;
 mod request_id;
 mod timeout;
 
 pub use access_log::AccessLog;
+pub use compression::{Coding, Compression};
 pub use cors::Cors;
 pub use metrics::{Metrics, MetricsLayer};
 pub use request_id::{RequestId, RequestIdLayer, REQUEST_ID};
