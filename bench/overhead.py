@@ -3,14 +3,22 @@
 handlers, `Json<T>`) and of the router inside three disabled layers, against a bare service
 function, on /plaintext and /json. Target (issue: application layer): <= 5% over bare.
 
-Usage: python3 bench/overhead.py [--rounds 5] [--duration 5] [--conns 50] [--markdown]
+Usage: python3 bench/overhead.py [--rounds 5] [--duration 5] [--conns 50]
+       python3 bench/overhead.py --callgrind [--requests 8000]
 
 Server on CPU 0 (one worker), `canter load` on CPU 1; the modes are interleaved round by
 round and the median of the rounds is reported. Waits for a quiet machine first.
+
+CPU time per request varies by several percent from one server start to the next, as much as
+the difference measured, so `--callgrind` counts user-space instructions per request instead
+(valgrind; deterministic): each mode serves N and 2N keep-alive requests from one connection
+and the difference is divided by N, which cancels start-up and shutdown.
 """
 
 import argparse
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -60,6 +68,67 @@ def measure(mode, path, port, args):
         proc.wait()
 
 
+def instructions(mode, path, n, port):
+    """Instructions executed by the server (valgrind --tool=callgrind) for n requests."""
+    out = os.path.join(run.BUILD, "run", f"overhead-{mode}-{path.strip('/')}-{n}.callgrind")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", EXAMPLE, mode,
+            f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise RuntimeError(f"{mode}: server did not start under valgrind")
+                time.sleep(0.1)
+        req = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+        buf = b""
+        for _ in range(n):
+            s.sendall(req)
+            while True:
+                i = buf.find(b"\r\n\r\n")
+                if i >= 0:
+                    head = buf[:i].lower()
+                    cl = int(head.split(b"content-length: ")[1].split(b"\r\n")[0])
+                    if len(buf) >= i + 4 + cl:
+                        if not head.startswith(b"http/1.1 200"):
+                            raise RuntimeError(f"{mode} {path}: {head[:40]!r}")
+                        buf = buf[i + 4 + cl:]
+                        break
+                chunk = s.recv(65536)
+                if not chunk:
+                    raise RuntimeError(f"{mode}: connection closed")
+                buf += chunk
+        s.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    with open(out) as f:
+        for line in f:
+            if line.startswith("totals:") or line.startswith("summary:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no totals in {out}")
+
+
+def callgrind_table(args):
+    lines = ["| endpoint | mode | instructions/request | vs bare |", "|---|---|---|---|"]
+    for path in PATHS:
+        base = None
+        for mode in MODES:
+            n = args.requests
+            a = instructions(mode, path, n, args.port)
+            b = instructions(mode, path, 2 * n, args.port + 1)
+            per = (b - a) / n
+            base = base or per
+            run.log(f"{path:<10} {mode:<8} {per:,.0f} instructions/request")
+            lines.append(f"| {path} | {mode} | {per:,.0f} | {per / base:.3f}× |")
+    print("\n".join(lines))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -68,10 +137,15 @@ def main():
     ap.add_argument("--port", type=int, default=31500)
     ap.add_argument("--quiet-wait", type=float, default=30.0)
     ap.add_argument("--no-build", action="store_true")
-    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="count instructions per request under valgrind instead of CPU time")
+    ap.add_argument("--requests", type=int, default=8000, help="N for --callgrind")
     args = ap.parse_args()
     if not args.no_build:
         build()
+    if args.callgrind:
+        callgrind_table(args)
+        return
     waited, busy = run.wait_quiet(args.quiet_wait)
     run.log(f"quiet wait {waited:.1f}s (busy {busy:.2f})")
     results = {(m, p): [] for m in MODES for p in PATHS}

@@ -2,6 +2,7 @@
 //! per-method handler tables.
 
 use std::any::{Any, TypeId};
+use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::rc::Rc;
@@ -44,6 +45,8 @@ pub struct MethodRouter {
     /// The handler for methods without their own (see [`any`]).
     any: Option<Endpoint>,
     limits: RouteLimits,
+    /// `limits` is not the default (checked once here instead of per request).
+    limited: bool,
 }
 
 /// Limits of one route, stricter than the server's (which apply while the request is parsed,
@@ -236,6 +239,7 @@ impl MethodRouter {
     /// Sets limits for this route (all its methods); see [`RouteLimits`].
     pub fn limits(mut self, limits: RouteLimits) -> MethodRouter {
         self.limits = limits;
+        self.limited = limits != RouteLimits::default();
         self
     }
 
@@ -252,6 +256,11 @@ impl MethodRouter {
         }
         if other.any.is_some() {
             self.any = other.any;
+        }
+        // Limits are per route: the later ones set for a pattern apply to all its methods.
+        if other.limited {
+            self.limits = other.limits;
+            self.limited = true;
         }
     }
 
@@ -320,9 +329,49 @@ struct Route {
     names: Option<Rc<[Box<str>]>>,
 }
 
+/// A word-at-a-time multiplicative hash (FxHash's mix) for the static-route map. Only route
+/// patterns, chosen by the application, are stored, so a request path crafted to collide can
+/// cost no more than comparisons with the few stored keys of one probe group.
+#[derive(Default, Clone, Copy)]
+struct PathHasher(u64);
+
+impl std::hash::Hasher for PathHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, b: u8) {
+        self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+type BuildPathHasher = std::hash::BuildHasherDefault<PathHasher>;
+
 #[derive(Clone)]
 struct Table {
     matcher: matchit::Router<usize>,
+    /// Routes without parameters, by exact path: found by one hash lookup instead of a tree
+    /// walk (the tree gives static segments priority, so an exact match is its answer too).
+    statics: HashMap<Box<str>, usize, BuildPathHasher>,
     routes: Vec<Route>,
     fallback: Option<Endpoint>,
     states: Rc<States>,
@@ -347,6 +396,9 @@ impl Table {
         }
         let index = self.routes.len();
         self.matcher.insert(pattern.clone(), index)?;
+        if !pattern.contains(['{', '}']) {
+            self.statics.insert(pattern.as_str().into(), index);
+        }
         let names: Vec<Box<str>> = param_names(&pattern);
         let allow = methods.allow();
         self.routes.push(Route {
@@ -412,6 +464,7 @@ impl Router {
         Router {
             table: Rc::new(Table {
                 matcher: matchit::Router::new(),
+                statics: HashMap::default(),
                 routes: Vec::new(),
                 fallback: None,
                 states: Rc::new(States::default()),
@@ -587,8 +640,10 @@ impl Router {
         extensions: Extensions,
     ) -> Reply {
         let table = &*self.table;
-        let (route, spans) = {
-            let path = head.path();
+        let path = head.path();
+        let (route, spans) = if let Some(&i) = table.statics.get(path) {
+            (&table.routes[i], SmallVec::new())
+        } else {
             let Ok(found) = table.matcher.at(path) else {
                 return match &table.fallback {
                     Some(fallback) => fallback.call(Parts {
@@ -607,16 +662,15 @@ impl Router {
                 };
             };
             let route = &table.routes[*found.value];
-            let base = path.as_ptr() as usize;
-            let spans: SmallVec<[(u32, u32); 4]> = found
-                .params
-                .iter()
-                .map(|(_, v)| {
+            let mut spans: SmallVec<[(u32, u32); 4]> = SmallVec::new();
+            if route.names.is_some() {
+                let base = path.as_ptr() as usize;
+                spans.extend(found.params.iter().map(|(_, v)| {
                     // Parameter values are slices of `path`; keep them as offsets.
                     let start = (v.as_ptr() as usize).wrapping_sub(base);
                     (start as u32, (start + v.len()) as u32)
-                })
-                .collect();
+                }));
+            }
             (route, spans)
         };
         let Some(endpoint) = route.methods.find(&method) else {
@@ -626,24 +680,25 @@ impl Router {
                     .with_header(header::ALLOW, route.allow.clone()),
             );
         };
-        let limits = &route.methods.limits;
-        if *limits != RouteLimits::default() {
-            if let Err(rejection) = limits.check(&head) {
-                return Reply::Ready(rejection.into_response());
-            }
-        }
         let base = route
             .body_limit
             .or(table.body_limit)
             .unwrap_or(DEFAULT_BODY_LIMIT);
-        let body_limit = limits.max_body.map_or(base, |max| max.min(base));
+        let mut body_limit = base;
         let mut body = body;
-        if limits.max_body.is_some() || limits.max_chunk_ext.is_some() {
-            if let Some(body) = &mut body {
-                body.restrict(
-                    limits.max_body.map_or(u64::MAX, |n| n as u64),
-                    limits.max_chunk_ext.unwrap_or(usize::MAX),
-                );
+        if route.methods.limited {
+            let limits = &route.methods.limits;
+            if let Err(rejection) = limits.check(&head) {
+                return Reply::Ready(rejection.into_response());
+            }
+            body_limit = limits.max_body.map_or(base, |max| max.min(base));
+            if limits.max_body.is_some() || limits.max_chunk_ext.is_some() {
+                if let Some(body) = &mut body {
+                    body.restrict(
+                        limits.max_body.map_or(u64::MAX, |n| n as u64),
+                        limits.max_chunk_ext.unwrap_or(usize::MAX),
+                    );
+                }
             }
         }
         endpoint.call(Parts {

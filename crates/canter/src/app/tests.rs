@@ -323,3 +323,19 @@ fn json_depth_is_checked_before_parsing() {
     assert!(check_json_depth(br#"["[[[[[[[[[["#, 1).is_ok());
     assert!(check_json_depth(b"\\", 0).is_ok());
 }
+
+#[test]
+fn limits_survive_merging_routes() {
+    let strict = RouteLimits {
+        max_target: Some(8),
+        ..RouteLimits::default()
+    };
+    let app = Router::new()
+        .route("/x", get(|| "get"))
+        .route("/x", post(|| "post").limits(strict));
+    assert_eq!(
+        ready(&app, "GET", "/x?long-query").status(),
+        StatusCode::URI_TOO_LONG
+    );
+    assert_eq!(text(&ready(&app, "GET", "/x")), "get");
+}
