@@ -39,6 +39,7 @@ CANTER_BIN = os.path.join(ROOT, "target", "release", "canter")
 RESULTS = os.path.join(BENCH, "results")
 PLOTS = os.path.join(BENCH, "plots")
 BENCHMARKS_MD = os.path.join(ROOT, "BENCHMARKS.md")
+KEEP_MARKER = "<!-- kept by bench/run.py: sections below come from other benchmark scripts -->"
 PIPELINE_LUA = os.path.join(BENCH, "wrk", "pipeline.lua")
 
 SERVER_CPU = "0"
@@ -1388,8 +1389,20 @@ def write_markdown(results, json_rel):
             L.append(" ".join(shlex.quote(a) for a in argv))
     L.append("```")
     L.append("")
+    # Sections measured by other scripts (e.g. bench/overhead.py) follow KEEP_MARKER and are
+    # carried over from the current page.
+    kept = ""
+    try:
+        with open(BENCHMARKS_MD) as f:
+            old = f.read()
+        if KEEP_MARKER in old:
+            kept = old[old.index(KEEP_MARKER):]
+    except OSError:
+        pass
     with open(BENCHMARKS_MD, "w") as f:
         f.write("\n".join(L))
+        if kept:
+            f.write("\n" + kept)
 
 
 if __name__ == "__main__":
