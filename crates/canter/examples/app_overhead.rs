@@ -1,8 +1,9 @@
 //! The server side of the application-layer overhead benchmark (`bench/overhead.py`): the same
-//! two endpoints, `/plaintext` and `/json`, served three ways.
+//! three endpoints, `/plaintext`, `/json` and a path with a numeric id
+//! (`/api/v1/resource7/{id}`), served three ways.
 //!
-//! - `bare`: a plain [`Service`] function that matches the path by hand and serializes the JSON
-//!   message itself: the least any app on this runtime can do.
+//! - `bare`: a plain [`Service`] function that matches the path by hand, parses the id and
+//!   serializes the JSON message itself: the least any app on this runtime can do.
 //! - `router`: a [`Router`] with 100 other routes (static, parameterized, nested and wildcard)
 //!   plus the two endpoints, written as ordinary handlers (`&'static str` and `Json<T>`).
 //! - `layered`: `router` wrapped in three layers that are configured off (`Option::None`), as
@@ -32,7 +33,13 @@ fn bare(req: Request) -> Reply {
             Ok(v) => Response::json_bytes(v),
             Err(_) => Response::new(StatusCode::INTERNAL_SERVER_ERROR),
         },
-        _ => Response::text("not found\n").with_status(StatusCode::NOT_FOUND),
+        path => match path
+            .strip_prefix("/api/v1/resource7/")
+            .and_then(|id| id.parse::<u64>().ok())
+        {
+            Some(id) => Response::text(id.to_string()),
+            None => Response::text("not found\n").with_status(StatusCode::NOT_FOUND),
+        },
     };
     Reply::Ready(res)
 }
