@@ -8,54 +8,22 @@ mod common;
 
 use std::future::Future;
 use std::io::{self, Read, Write};
-use std::net::SocketAddr;
 use std::pin::Pin;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::thread;
 use std::time::Duration;
 
 use bytes::Bytes;
 use canter::middleware::{Coding, Compression};
 use canter::rt::http::{header, HeaderValue, StatusCode};
-use canter::rt::{Body, BodyStream, Config, Response, Server, ShutdownHandle};
+use canter::rt::{Body, BodyStream, Response};
 use canter::{get, Router};
 use canter_testkit::{Client, Response as Reply};
+use common::{fetch, InProcess};
 use tokio::sync::Notify;
 
 const CODINGS: [Coding; 3] = [Coding::Gzip, Coding::Brotli, Coding::Zstd];
-
-struct Running {
-    addr: SocketAddr,
-    handle: ShutdownHandle,
-    thread: Option<thread::JoinHandle<()>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.handle.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn start<S: canter::rt::Service>(app: impl Fn(usize) -> S + Send + Sync + 'static) -> Running {
-    let config = Config {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        workers: 1,
-        ..Config::default()
-    };
-    let server = Server::bind(config).unwrap();
-    let (addr, handle) = (server.local_addr(), server.shutdown_handle());
-    let thread = thread::spawn(move || server.serve(app).unwrap());
-    Running {
-        addr,
-        handle,
-        thread: Some(thread),
-    }
-}
 
 /// `n` bytes of text that compresses the way real text does (repeats, but not trivially).
 fn text(n: usize) -> Bytes {
@@ -257,19 +225,11 @@ fn app(gate: Arc<Notify>) -> Router {
         )
 }
 
-fn server() -> (Running, Arc<Notify>) {
+fn server() -> (InProcess, Arc<Notify>) {
     let gate = Arc::new(Notify::new());
     let shared = gate.clone();
-    let running = start(move |_| app(shared.clone()).layer(Compression::new()));
+    let running = InProcess::start(move |_| app(shared.clone()).layer(Compression::new()));
     (running, gate)
-}
-
-fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &str) -> Reply {
-    let mut c = Client::connect(addr);
-    c.send(format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n"
-    ));
-    c.response_to(method == "HEAD")
 }
 
 fn accept(coding: &str) -> String {
@@ -378,21 +338,13 @@ fn curl_features() -> Option<String> {
 
 /// `curl --compressed` with `accept_encoding` as the only offer; (decoded body, head).
 fn curl_get(url: &str, accept_encoding: Option<&str>) -> (Vec<u8>, String) {
-    let mut cmd = Command::new("curl");
-    cmd.args([
-        "--max-time",
-        "20",
-        "--fail",
-        "-s",
-        "--compressed",
-        "-D",
-        "/dev/stderr",
-    ]);
-    if let Some(ae) = accept_encoding {
-        cmd.args(["-H", &format!("Accept-Encoding: {ae}")]);
+    let ae = accept_encoding.map(|ae| format!("Accept-Encoding: {ae}"));
+    let mut args = vec!["--compressed", "-D", "/dev/stderr"];
+    if let Some(ae) = &ae {
+        args.extend(["-H", ae]);
     }
-    let out = cmd.arg(url).output().expect("run curl");
-    assert!(out.status.success(), "curl {url}: {:?}", out);
+    args.push(url);
+    let out = common::curl(&args);
     (
         out.stdout,
         String::from_utf8_lossy(&out.stderr).to_lowercase(),
@@ -439,27 +391,15 @@ fn python_gzip_module_decodes() {
     let (server, _gate) = server();
     for path in ["/text", "/big", "/stream"] {
         let r = fetch(server.addr, "GET", path, &accept("gzip"));
-        let mut child = match Command::new("python3")
-            .args([
+        let Some(out) = common::run_python(
+            &[
                 "-c",
                 "import gzip, sys; sys.stdout.buffer.write(gzip.decompress(sys.stdin.buffer.read()))",
-            ])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-        {
-            Ok(child) => child,
-            Err(e) => {
-                eprintln!("skipping: cannot run python3: {e}");
-                return;
-            }
+            ],
+            Some(r.body.clone()),
+        ) else {
+            return;
         };
-        let mut stdin = child.stdin.take().unwrap();
-        let body = r.body.clone();
-        let writer = thread::spawn(move || stdin.write_all(&body));
-        let out = child.wait_with_output().unwrap();
-        writer.join().unwrap().unwrap();
         assert!(out.status.success(), "python3: {out:?}");
         let expected = decode(Coding::Gzip, &r.body);
         assert_eq!(out.stdout, expected, "{path}");
@@ -688,7 +628,7 @@ fn a_failing_stream_is_cut_short_not_ended() {
 
 #[test]
 fn settings() {
-    let server = start(|_| {
+    let server = InProcess::start(|_| {
         Router::new()
             .route("/small", get(|| plain(text(100))))
             .route(

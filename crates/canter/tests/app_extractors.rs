@@ -4,26 +4,25 @@
 //! (400, 413, 415, 422), and Python's http.client.
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod common;
+
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::pin::Pin;
-use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use canter::cookie::Cookie;
 use canter::rt::http::StatusCode;
-use canter::rt::{Config, Server, ShutdownHandle};
 use canter::{
     get, post, Cookies, Json, JsonLines, Multipart, NdJson, Rejection, RouteLimits, Router, State,
     StreamBody,
 };
-use canter_testkit::{chunked, Client, Response};
+use canter_testkit::chunked;
+use common::{curl_any_status, have, run_py_checks, Client, InProcess, Response, TempFile};
 use futures_core::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -219,69 +218,9 @@ fn app(gate: Arc<Notify>) -> Router {
 
 // ---- harness ----
 
-/// A server on 127.0.0.1:0 with one worker, shut down when dropped.
-struct TestServer {
-    addr: SocketAddr,
-    handle: ShutdownHandle,
-    thread: Option<thread::JoinHandle<()>>,
-}
-
-impl TestServer {
-    fn start() -> TestServer {
-        TestServer::start_with(|| app(Arc::new(Notify::new())))
-    }
-
-    fn start_with(make: impl Fn() -> Router + Send + Sync + 'static) -> TestServer {
-        let config = Config {
-            addr: "127.0.0.1:0".parse().unwrap(),
-            workers: 1,
-            ..Config::default()
-        };
-        let server = Server::bind(config).unwrap();
-        let (addr, handle) = (server.local_addr(), server.shutdown_handle());
-        let thread = thread::spawn(move || server.serve(move |_| make()).unwrap());
-        TestServer {
-            addr,
-            handle,
-            thread: Some(thread),
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(self.addr)
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    /// One request with `Connection: close`; the response.
-    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
-        let mut c = self.client();
-        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
-        for (n, v) in headers {
-            req.push_str(&format!("{n}: {v}\r\n"));
-        }
-        if !headers
-            .iter()
-            .any(|(n, _)| n.eq_ignore_ascii_case("transfer-encoding"))
-        {
-            req.push_str(&format!("Content-Length: {}\r\n", body.len()));
-        }
-        req.push_str("\r\n");
-        c.send(req);
-        c.send(body);
-        c.response()
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        self.handle.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// The app of this file on an in-process server.
+fn start() -> InProcess {
+    InProcess::start(|_| app(Arc::new(Notify::new())))
 }
 
 /// The JSON error body of a rejection: its status and message.
@@ -393,61 +332,17 @@ where
     }
 }
 
-fn have(tool: &str) -> bool {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipping: {tool} not found");
-    }
-    ok
-}
-
-/// Runs curl with a 20 s overall limit; asserts it succeeded.
-fn curl(args: &[&str]) -> Output {
-    let out = Command::new("curl")
-        .args(["--max-time", "20", "-s", "-S"])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run curl");
-    assert!(
-        out.status.success(),
-        "curl {args:?} failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-struct TempFile(PathBuf);
-
-impl TempFile {
-    fn new(name: &str, data: &[u8]) -> TempFile {
-        let path =
-            std::env::temp_dir().join(format!("canter-extract-{}-{name}", std::process::id()));
-        std::fs::write(&path, data).unwrap();
-        TempFile(path)
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 const NDJSON: (&str, &str) = ("Content-Type", "application/x-ndjson");
 const CHUNKED: (&str, &str) = ("Transfer-Encoding", "chunked");
+/// The head of an NDJSON upload to the echo route, its body to follow in chunks.
+const NDJSON_ECHO: &str = "POST /ndjson/echo HTTP/1.1\r\nHost: x\r\n\
+    Content-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n";
 
 // ---- NDJSON in ----
 
 #[test]
 fn ndjson_streams_in_over_chunks_and_writes() {
-    let server = TestServer::start();
+    let server = start();
     let mut c = server.client();
     c.send(
         "POST /ndjson/sum HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson; charset=utf-8\r\n\
@@ -484,12 +379,9 @@ fn ndjson_streams_in_over_chunks_and_writes() {
 
 #[test]
 fn ndjson_in_and_out_item_by_item() {
-    let server = TestServer::start();
+    let server = start();
     let mut c = server.client();
-    c.send(
-        "POST /ndjson/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\n\
-         Transfer-Encoding: chunked\r\n\r\n",
-    );
+    c.send(NDJSON_ECHO);
     c.send(chunk(b"{\"n\":1}\n"));
     let head = c.response_head();
     assert_eq!(head.status, 200, "{head:?}");
@@ -509,12 +401,9 @@ fn ndjson_in_and_out_item_by_item() {
 
 #[test]
 fn ndjson_echo_cut_short_by_a_bad_line() {
-    let server = TestServer::start();
+    let server = start();
     let mut c = server.client();
-    c.send(
-        "POST /ndjson/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\n\
-         Transfer-Encoding: chunked\r\n\r\n",
-    );
+    c.send(NDJSON_ECHO);
     c.send(chunk(b"{\"ok\":true}\n{not json}\n"));
     let head = c.response_head();
     assert_eq!(head.status, 200);
@@ -525,7 +414,7 @@ fn ndjson_echo_cut_short_by_a_bad_line() {
 
 #[test]
 fn ndjson_in_errors() {
-    let server = TestServer::start();
+    let server = start();
     let post = |path: &str, headers: &[(&str, &str)], body: &[u8]| {
         error_of(&server.request("POST", path, headers, body))
     };
@@ -592,7 +481,7 @@ fn ndjson_in_errors() {
 
 #[test]
 fn ndjson_out_arrives_before_the_stream_ends() {
-    let server = TestServer::start();
+    let server = start();
     let mut c = server.client();
     c.send("GET /ndjson/gated HTTP/1.1\r\nHost: x\r\n\r\n");
     let head = c.response_head();
@@ -612,7 +501,7 @@ fn ndjson_out_arrives_before_the_stream_ends() {
 
 #[test]
 fn ndjson_out_gathers_ready_items() {
-    let server = TestServer::start();
+    let server = start();
     let mut c = server.client();
     c.send("GET /ndjson/bulk HTTP/1.1\r\nHost: x\r\n\r\n");
     assert_eq!(c.response_head().status, 200);
@@ -640,7 +529,7 @@ fn ndjson_out_gathers_ready_items() {
 
 #[test]
 fn stream_bodies_chunked_sized_and_failing() {
-    let server = TestServer::start();
+    let server = start();
     let mut c = server.client();
     let r = c.get("/stream");
     assert_eq!(r.status, 200);
@@ -665,7 +554,7 @@ fn stream_bodies_chunked_sized_and_failing() {
 
 #[test]
 fn json_depth_limit_default_and_configured() {
-    let server = TestServer::start();
+    let server = start();
     let json = [("Content-Type", "application/json")];
     let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
     let r = server.request("POST", "/json/depth", &json, nested(64).as_bytes());
@@ -685,7 +574,7 @@ fn json_depth_limit_default_and_configured() {
     let r = server.request("POST", "/json/depth", &json, br#"{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}"#);
     assert_eq!((r.status, r.text()), (200, "1\n"));
 
-    let strict = TestServer::start_with(|| {
+    let strict = InProcess::start(|_| {
         Router::new()
             .route("/json/depth", post(depth))
             .json_depth_limit(3)
@@ -743,7 +632,7 @@ fn file_data(n: usize) -> Vec<u8> {
 
 #[test]
 fn multipart_raw_in_one_write_and_byte_by_byte() {
-    let server = TestServer::start();
+    let server = start();
     let data = file_data(100_000);
     let body = multipart_body(&[
         ("title", None, None, "héllo wörld".as_bytes()),
@@ -811,7 +700,7 @@ fn multipart_raw_in_one_write_and_byte_by_byte() {
 
 #[test]
 fn multipart_errors() {
-    let server = TestServer::start();
+    let server = start();
     let ct = form_type();
     let body = multipart_body(&[("a", None, None, b"1")]);
     let post = |path: &str, headers: &[(&str, &str)], body: &[u8]| {
@@ -903,11 +792,11 @@ fn multipart_from_curl() {
     if !have("curl") {
         return;
     }
-    let server = TestServer::start();
+    let server = start();
     let data = file_data(300_000);
     let file = TempFile::new("upload.txt", &data);
-    let at = format!("file=@{};type=text/plain", file.0.display());
-    let out = curl(&[
+    let at = format!("file=@{};type=text/plain", file.path().display());
+    let out = curl_any_status(&[
         "-F",
         "name=canter",
         "-F",
@@ -917,7 +806,7 @@ fn multipart_from_curl() {
         &server.url("/upload"),
     ]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let file_name = file.0.file_name().unwrap().to_str().unwrap();
+    let file_name = file.path().file_name().unwrap().to_str().unwrap();
     assert_eq!(
         v,
         json!([
@@ -928,7 +817,7 @@ fn multipart_from_curl() {
         ])
     );
     // Over the field limit: curl gets the 413 and its JSON body.
-    let out = curl(&["-F", &at, &server.url("/upload/strict")]);
+    let out = curl_any_status(&["-F", &at, &server.url("/upload/strict")]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["status"], 413, "{v}");
 }
@@ -937,7 +826,7 @@ fn multipart_from_curl() {
 
 #[test]
 fn cookies_raw() {
-    let server = TestServer::start();
+    let server = start();
     // Every Cookie field is read; malformed pairs are skipped, not a 400; the first of a
     // name wins.
     let r = server.request(
@@ -994,22 +883,22 @@ fn cookies_with_curl_jar() {
     if !have("curl") {
         return;
     }
-    let server = TestServer::start();
-    let out = curl(&["-b", "x=1; junk; y=2", &server.url("/cookies")]);
+    let server = start();
+    let out = curl_any_status(&["-b", "x=1; junk; y=2", &server.url("/cookies")]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v, json!({ "x": "1", "y": "2" }));
 
     let jar = TempFile::new("jar.txt", b"");
-    let jar_path = jar.0.to_str().unwrap();
-    curl(&["-c", jar_path, "-X", "POST", &server.url("/cookies/login")]);
-    let saved = std::fs::read_to_string(&jar.0).unwrap();
+    let jar_path = jar.path().to_str().unwrap();
+    curl_any_status(&["-c", jar_path, "-X", "POST", &server.url("/cookies/login")]);
+    let saved = std::fs::read_to_string(jar.path()).unwrap();
     assert!(saved.contains("session\ts3cr3t"), "{saved}");
     assert!(saved.contains("#HttpOnly_"), "{saved}");
     assert!(saved.contains("theme\tdark"), "{saved}");
-    let out = curl(&["-b", jar_path, &server.url("/cookies")]);
+    let out = curl_any_status(&["-b", jar_path, &server.url("/cookies")]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v, json!({ "session": "s3cr3t", "theme": "dark" }));
-    curl(&[
+    curl_any_status(&[
         "-b",
         jar_path,
         "-c",
@@ -1018,7 +907,7 @@ fn cookies_with_curl_jar() {
         "POST",
         &server.url("/cookies/logout"),
     ]);
-    let out = curl(&["-b", jar_path, &server.url("/cookies")]);
+    let out = curl_any_status(&["-b", jar_path, &server.url("/cookies")]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v, json!({ "theme": "dark" }));
 }
@@ -1027,48 +916,18 @@ fn cookies_with_curl_jar() {
 
 #[test]
 fn python_http_client_streams_ndjson() {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/py/extractors.py");
-    let server = TestServer::start();
-    let mut child = match Command::new("python3")
-        .arg(script)
-        .arg(server.addr.port().to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(child) => child,
-        Err(e) => {
-            eprintln!("skipping: cannot run python3: {e}");
-            return;
-        }
-    };
-    let start = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            break;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "extractors.py failed ({}):\n{stdout}\n{stderr}",
-        out.status
+    let server = start();
+    run_py_checks(
+        "extractors.py",
+        server.addr.port(),
+        &[
+            "ok ndjson chunked upload",
+            "ok ndjson echo line by line",
+            "ok ndjson 422",
+            "ok multipart",
+            "ok cookies",
+            "ALL OK",
+        ],
+        String::new,
     );
-    for check in [
-        "ok ndjson chunked upload",
-        "ok ndjson echo line by line",
-        "ok ndjson 422",
-        "ok multipart",
-        "ok cookies",
-        "ALL OK",
-    ] {
-        assert!(
-            stdout.lines().any(|l| l == check),
-            "missing {check:?} in:\n{stdout}"
-        );
-    }
 }

@@ -3,14 +3,15 @@
 //! other routes keep the server's limits.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::thread;
 use std::time::Duration;
 
 use bytes::Bytes;
-use canter::rt::{Config, Server, ShutdownHandle};
 use canter::{get, post, RouteLimits, Router};
+use common::InProcess;
 
 fn strict() -> RouteLimits {
     RouteLimits {
@@ -31,18 +32,6 @@ fn app() -> Router {
                 .limits(strict()),
         )
         .route("/loose", post(|body: Bytes| format!("{}\n", body.len())))
-}
-
-fn start() -> (SocketAddr, ShutdownHandle, thread::JoinHandle<()>) {
-    let config = Config {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        workers: 1,
-        ..Config::default()
-    };
-    let server = Server::bind(config).unwrap();
-    let (addr, handle) = (server.local_addr(), server.shutdown_handle());
-    let thread = thread::spawn(move || server.serve(|_| app()).unwrap());
-    (addr, handle, thread)
 }
 
 /// Sends `request` and returns the status code and the response text up to EOF or 1 s of silence.
@@ -68,7 +57,8 @@ fn exchange(addr: SocketAddr, request: &[u8]) -> (u16, String) {
 
 #[test]
 fn route_limits_answer_before_the_handler() {
-    let (addr, handle, thread) = start();
+    let server = InProcess::start(|_| app());
+    let addr = server.addr;
 
     let (status, _) = exchange(
         addr,
@@ -142,6 +132,5 @@ fn route_limits_answer_before_the_handler() {
     assert_eq!(status, 200);
     assert!(text.ends_with("1000\n"), "{text}");
 
-    handle.shutdown();
-    thread.join().unwrap();
+    server.stop();
 }

@@ -4,59 +4,14 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use canter::middleware::{from_fn, Cors, Metrics, Next, RequestId, Timeout};
 use canter::rt::http::{HeaderName, HeaderValue, Method, StatusCode};
-use canter::rt::{Config, Reply, Request, Server, ShutdownHandle};
+use canter::rt::{Reply, Request};
 use canter::{get, post, Extension, Router};
-use canter_testkit::{Client, Response};
-
-struct Running {
-    addr: SocketAddr,
-    handle: ShutdownHandle,
-    thread: Option<thread::JoinHandle<()>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.handle.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn start<S: canter::rt::Service>(app: impl Fn(usize) -> S + Send + Sync + 'static) -> Running {
-    let config = Config {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        workers: 1,
-        ..Config::default()
-    };
-    let server = Server::bind(config).unwrap();
-    let (addr, handle) = (server.local_addr(), server.shutdown_handle());
-    let thread = thread::spawn(move || server.serve(app).unwrap());
-    Running {
-        addr,
-        handle,
-        thread: Some(thread),
-    }
-}
-
-fn request(addr: SocketAddr, raw: &str) -> Response {
-    let mut c = Client::connect(addr);
-    c.send(raw);
-    c.response()
-}
-
-fn get_with(addr: SocketAddr, path: &str, headers: &str) -> Response {
-    request(
-        addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n"),
-    )
-}
+use common::{fetch, fetch_raw, Client, InProcess};
 
 fn tagged(tag: &'static str) -> impl Fn(Request, Next<'_>) -> Reply + 'static {
     move |req, next| {
@@ -72,7 +27,7 @@ fn tagged(tag: &'static str) -> impl Fn(Request, Next<'_>) -> Reply + 'static {
 
 #[test]
 fn request_id_generated_echoed_and_extracted() {
-    let server = start(|_| {
+    let server = InProcess::start(|_| {
         Router::new()
             .route(
                 "/id",
@@ -82,45 +37,45 @@ fn request_id_generated_echoed_and_extracted() {
             .layer(RequestId::layer())
     });
     // Generated: 32 hex digits, the same in the header and in the handler, new per request.
-    let a = get_with(server.addr, "/id", "");
-    let b = get_with(server.addr, "/id", "");
+    let a = fetch(server.addr, "GET", "/id", "");
+    let b = fetch(server.addr, "GET", "/id", "");
     let id_a = a.header("x-request-id").unwrap().to_owned();
     assert_eq!(id_a.len(), 32, "{a:?}");
     assert_eq!(a.text(), id_a);
     assert_ne!(b.header("x-request-id").unwrap(), id_a);
     // A sane client id is kept; a bad one is replaced.
-    let c = get_with(server.addr, "/id", "X-Request-Id: trace-42\r\n");
+    let c = fetch(server.addr, "GET", "/id", "X-Request-Id: trace-42\r\n");
     assert_eq!(c.header("x-request-id"), Some("trace-42"));
     assert_eq!(c.text(), "trace-42");
-    let d = get_with(server.addr, "/id", "X-Request-Id: a<b\r\n");
+    let d = fetch(server.addr, "GET", "/id", "X-Request-Id: a<b\r\n");
     assert_eq!(d.header("x-request-id").unwrap().len(), 32);
     // Async replies get it too.
-    let e = get_with(server.addr, "/slow", "X-Request-Id: async-1\r\n");
+    let e = fetch(server.addr, "GET", "/slow", "X-Request-Id: async-1\r\n");
     assert_eq!((e.status, e.header("x-request-id")), (200, Some("async-1")));
 }
 
 #[test]
 fn extension_without_its_layer_is_a_500() {
-    let server = start(|_| {
+    let server = InProcess::start(|_| {
         Router::new().route(
             "/id",
             get(|Extension(id): Extension<RequestId>| id.as_str().to_owned()),
         )
     });
-    let r = get_with(server.addr, "/id", "");
+    let r = fetch(server.addr, "GET", "/id", "");
     assert_eq!(r.status, 500);
     assert!(r.text().contains("RequestId"), "{r:?}");
 }
 
 #[test]
 fn layers_run_outermost_last_added() {
-    let server = start(|_| {
+    let server = InProcess::start(|_| {
         Router::new()
             .route("/", get(|| "hi"))
             .layer(from_fn(tagged("inner")))
             .layer(from_fn(tagged("outer")))
     });
-    let r = get_with(server.addr, "/", "");
+    let r = fetch(server.addr, "GET", "/", "");
     let order: Vec<&str> = r
         .headers
         .iter()
@@ -133,7 +88,7 @@ fn layers_run_outermost_last_added() {
 
 #[test]
 fn from_fn_can_answer_without_the_router() {
-    let server = start(|_| {
+    let server = InProcess::start(|_| {
         Router::new().route("/", get(|| "secret")).layer(from_fn(
             |req: Request, next: Next<'_>| -> Reply {
                 if req.header("x-api-key") == Some(&b"k"[..]) {
@@ -144,8 +99,8 @@ fn from_fn_can_answer_without_the_router() {
             },
         ))
     });
-    assert_eq!(get_with(server.addr, "/", "").status, 401);
-    let ok = get_with(server.addr, "/", "X-Api-Key: k\r\n");
+    assert_eq!(fetch(server.addr, "GET", "/", "").status, 401);
+    let ok = fetch(server.addr, "GET", "/", "X-Api-Key: k\r\n");
     assert_eq!((ok.status, ok.text()), (200, "secret"));
 }
 
@@ -155,7 +110,7 @@ fn cors_app() -> Router {
 
 #[test]
 fn cors_preflight_and_simple_requests() {
-    let server = start(|_| {
+    let server = InProcess::start(|_| {
         cors_app().layer(
             Cors::new()
                 .allow_origin("https://app.example")
@@ -168,7 +123,7 @@ fn cors_preflight_and_simple_requests() {
     });
     // Preflight from an allowed origin: 204 with the policy, never reaching the router (which
     // has no OPTIONS handler and would say 405).
-    let pre = request(
+    let pre = fetch_raw(
         server.addr,
         "OPTIONS /data HTTP/1.1\r\nHost: x\r\nOrigin: https://app.example\r\n\
          Access-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: content-type\r\n\r\n",
@@ -190,7 +145,7 @@ fn cors_preflight_and_simple_requests() {
     assert_eq!(pre.header("access-control-max-age"), Some("600"));
     assert!(pre.header("vary").unwrap().contains("origin"));
     // Preflight from another origin: no CORS headers.
-    let bad = request(
+    let bad = fetch_raw(
         server.addr,
         "OPTIONS /data HTTP/1.1\r\nHost: x\r\nOrigin: https://evil.example\r\n\
          Access-Control-Request-Method: POST\r\n\r\n",
@@ -198,7 +153,12 @@ fn cors_preflight_and_simple_requests() {
     assert_eq!(bad.status, 204);
     assert_eq!(bad.header("access-control-allow-origin"), None);
     // Actual request: origin echoed (credentials), exposed headers, Vary: origin.
-    let r = get_with(server.addr, "/data", "Origin: https://app.example\r\n");
+    let r = fetch(
+        server.addr,
+        "GET",
+        "/data",
+        "Origin: https://app.example\r\n",
+    );
     assert_eq!((r.status, r.text()), (200, "data"));
     assert_eq!(
         r.header("access-control-allow-origin"),
@@ -206,23 +166,28 @@ fn cors_preflight_and_simple_requests() {
     );
     assert_eq!(r.header("access-control-expose-headers"), Some("x-total"));
     assert_eq!(r.header("vary"), Some("origin"));
-    let r = get_with(server.addr, "/data", "Origin: https://evil.example\r\n");
+    let r = fetch(
+        server.addr,
+        "GET",
+        "/data",
+        "Origin: https://evil.example\r\n",
+    );
     assert_eq!(r.status, 200);
     assert_eq!(r.header("access-control-allow-origin"), None);
     // Not a CORS request: untouched, and OPTIONS still reaches the router (405).
-    let r = get_with(server.addr, "/data", "");
+    let r = fetch(server.addr, "GET", "/data", "");
     assert_eq!(
         (r.header("vary"), r.header("access-control-allow-origin")),
         (None, None)
     );
-    let r = request(server.addr, "OPTIONS /data HTTP/1.1\r\nHost: x\r\n\r\n");
+    let r = fetch_raw(server.addr, "OPTIONS /data HTTP/1.1\r\nHost: x\r\n\r\n");
     assert_eq!(r.status, 405);
 }
 
 #[test]
 fn cors_permissive_uses_a_wildcard_and_mirrors_headers() {
-    let server = start(|_| cors_app().layer(Cors::permissive()));
-    let pre = request(
+    let server = InProcess::start(|_| cors_app().layer(Cors::permissive()));
+    let pre = fetch_raw(
         server.addr,
         "OPTIONS /data HTTP/1.1\r\nHost: x\r\nOrigin: https://any.example\r\n\
          Access-Control-Request-Method: PUT\r\nAccess-Control-Request-Headers: x-custom, content-type\r\n\r\n",
@@ -233,14 +198,19 @@ fn cors_permissive_uses_a_wildcard_and_mirrors_headers() {
         pre.header("access-control-allow-headers"),
         Some("x-custom, content-type")
     );
-    let r = get_with(server.addr, "/data", "Origin: https://any.example\r\n");
+    let r = fetch(
+        server.addr,
+        "GET",
+        "/data",
+        "Origin: https://any.example\r\n",
+    );
     assert_eq!(r.header("access-control-allow-origin"), Some("*"));
     assert_eq!(r.header("vary"), None);
 }
 
 #[test]
 fn timeout_answers_503_for_slow_async_handlers_only() {
-    let server = start(|_| {
+    let server = InProcess::start(|_| {
         Router::new()
             .route(
                 "/slow",
@@ -260,7 +230,7 @@ fn timeout_answers_503_for_slow_async_handlers_only() {
             .layer(Timeout::new(Duration::from_millis(200)))
     });
     let t = Instant::now();
-    let r = get_with(server.addr, "/slow", "");
+    let r = fetch(server.addr, "GET", "/slow", "");
     let waited = t.elapsed();
     assert_eq!(r.status, 503, "{r:?}");
     assert!(r.text().contains("timed out"));
@@ -268,8 +238,8 @@ fn timeout_answers_503_for_slow_async_handlers_only() {
         waited >= Duration::from_millis(190) && waited < Duration::from_secs(3),
         "{waited:?}"
     );
-    assert_eq!(get_with(server.addr, "/quick", "").text(), "quick");
-    assert_eq!(get_with(server.addr, "/sync", "").text(), "sync");
+    assert_eq!(fetch(server.addr, "GET", "/quick", "").text(), "quick");
+    assert_eq!(fetch(server.addr, "GET", "/sync", "").text(), "sync");
     // The connection stays usable after a timeout.
     let mut c = Client::connect(server.addr);
     c.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /sync HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -287,7 +257,7 @@ fn metric(text: &str, name: &str) -> u64 {
 fn metrics_count_requests_statuses_latency_and_bytes() {
     let metrics = Metrics::new();
     let m = metrics.clone();
-    let server = start(move |_| {
+    let server = InProcess::start(move |_| {
         Router::new()
             .route("/ok", get(|| "12345"))
             .route("/upload", post(|b: bytes::Bytes| format!("{}", b.len())))
@@ -295,17 +265,17 @@ fn metrics_count_requests_statuses_latency_and_bytes() {
             .layer(m.layer())
     });
     for _ in 0..5 {
-        assert_eq!(get_with(server.addr, "/ok", "").status, 200);
+        assert_eq!(fetch(server.addr, "GET", "/ok", "").status, 200);
     }
     for _ in 0..3 {
-        assert_eq!(get_with(server.addr, "/nope", "").status, 404);
+        assert_eq!(fetch(server.addr, "GET", "/nope", "").status, 404);
     }
-    let r = request(
+    let r = fetch_raw(
         server.addr,
         "POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789",
     );
     assert_eq!(r.text(), "10");
-    let r = get_with(server.addr, "/metrics", "");
+    let r = fetch(server.addr, "GET", "/metrics", "");
     assert_eq!(r.status, 200);
     assert!(r
         .header("content-type")

@@ -3,6 +3,8 @@
 //! event loop free.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -11,21 +13,13 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use canter::rt::{spawn_blocking, Config, Server};
+use canter::rt::spawn_blocking;
 use canter::{get, Router, State};
-use canter_testkit::Client;
+use common::{Client, InProcess};
 
+/// `app` on `workers` workers; the server lives until the test process exits.
 fn start(workers: usize, app: impl Fn(usize) -> Router + Send + Sync + 'static) -> SocketAddr {
-    let config = Config {
-        addr: "127.0.0.1:0".parse().unwrap(),
-        workers,
-        ..Config::default()
-    };
-    let server = Server::bind(config).unwrap();
-    let addr = server.local_addr();
-    // The server lives until the test process exits.
-    thread::spawn(move || server.serve(app).unwrap());
-    addr
+    InProcess::start_with(InProcess::config(workers), app).detach()
 }
 
 #[test]

@@ -7,17 +7,16 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use canter::rt::{Config, ShutdownHandle};
+use canter::rt::Config;
 use canter::{get, Router, ServeDir};
-use common::{assert_imf_fixdate, random_bytes, Client, Response, Server};
+use common::{assert_imf_fixdate, curl, have, random_bytes, Client, InProcess, Response, Server};
 
 const HELLO: &[u8] = b"hello, static\n";
 const SECRET: &[u8] = b"top secret: outside the root\n";
@@ -746,51 +745,20 @@ fn static_flag_mounts_and_absence_leaves_no_route() {
     assert!(err.contains("not a directory"), "{err}");
 }
 
-/// An in-process server over `make()` on one worker; stopped on drop.
-struct InProcess {
-    addr: SocketAddr,
-    handle: ShutdownHandle,
-    thread: Option<thread::JoinHandle<()>>,
-}
-
-impl InProcess {
-    fn start(make: impl Fn() -> Router + Send + Sync + 'static) -> InProcess {
-        let config = Config {
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            workers: 1,
-            drain_timeout: Duration::from_secs(2),
-            ..Config::default()
-        };
-        let server = canter::rt::Server::bind(config).unwrap();
-        let addr = server.local_addr();
-        let handle = server.shutdown_handle();
-        let thread = thread::spawn(move || server.serve(move |_| make()).unwrap());
-        InProcess {
-            addr,
-            handle,
-            thread: Some(thread),
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(self.addr)
-    }
-}
-
-impl Drop for InProcess {
-    fn drop(&mut self) {
-        self.handle.shutdown();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// `make()` served in this process on one worker, with a 2 s drain on shutdown.
+fn in_process(make: impl Fn() -> Router + Send + Sync + 'static) -> InProcess {
+    let config = Config {
+        drain_timeout: Duration::from_secs(2),
+        ..InProcess::config(1)
+    };
+    InProcess::start_with(config, move |_| make())
 }
 
 #[test]
 fn serve_dir_as_a_route_handler_and_at_the_root() {
     let root = tree().root.clone();
     let files = ServeDir::new(root);
-    let server = InProcess::start(move || {
+    let server = in_process(move || {
         Router::new()
             .route("/files/{*path}", get(files.clone()))
             .route("/one", get(files.clone()))
@@ -810,7 +778,7 @@ fn serve_dir_as_a_route_handler_and_at_the_root() {
 
     let root = tree().root.clone();
     let files = ServeDir::new(root);
-    let server = InProcess::start(move || {
+    let server = in_process(move || {
         Router::new()
             .route("/api/ping", get(|| "pong\n"))
             .serve_dir("/", files.clone())
@@ -841,7 +809,7 @@ fn hidden_files_only_when_asked() {
         ServeDir::new(&base),
         ServeDir::new(&base).serve_hidden(true),
     );
-    let server = InProcess::start(move || {
+    let server = in_process(move || {
         Router::new()
             .serve_dir("/a", a.clone())
             .serve_dir("/b", b.clone())
@@ -859,7 +827,7 @@ fn hidden_files_only_when_asked() {
 fn missing_root_answers_404_until_it_exists() {
     let dir = fresh_dir("late").join("later");
     let files = ServeDir::new(dir.clone());
-    let server = InProcess::start(move || Router::new().serve_dir("/s", files.clone()));
+    let server = in_process(move || Router::new().serve_dir("/s", files.clone()));
     let mut c = server.client();
     assert_eq!(c.get("/s/a.txt").status, 404);
     std::fs::create_dir_all(&dir).unwrap();
@@ -869,39 +837,9 @@ fn missing_root_answers_404_until_it_exists() {
 
 // ---- curl ----------------------------------------------------------------------------------------
 
-fn have_curl() -> bool {
-    let ok = Command::new("curl")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipping: curl not found");
-    }
-    ok
-}
-
-/// Runs curl with a 20 s overall limit; asserts it succeeded.
-fn curl(args: &[&str]) -> Output {
-    let out = Command::new("curl")
-        .args(["--max-time", "20", "--fail", "-s"])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run curl");
-    assert!(
-        out.status.success(),
-        "curl {args:?} failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 #[test]
 fn curl_downloads_resumes_and_follows() {
-    if !have_curl() {
+    if !have("curl") {
         return;
     }
     let tree = tree();

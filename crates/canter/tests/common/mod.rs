@@ -1,18 +1,29 @@
-//! Shared helpers for the integration tests: start the `canter serve` binary on a free port and
-//! talk raw HTTP/1.1 to it with the strict client of `canter-testkit` (re-exported here).
+//! Shared helpers for the integration tests, one copy each:
 //!
-//! Every socket read has a timeout ([`IO_TIMEOUT`]) so a hung server fails a test instead of
-//! hanging the suite.
+//! - [`Server`]: the `canter serve` binary on a free port, killed on drop;
+//! - [`InProcess`]: any [`canter::rt::Service`] served on a free port inside the test process,
+//!   shut down and joined on drop;
+//! - [`Client`] and [`Response`]: the strict raw HTTP/1.1 client of `canter-testkit`
+//!   (re-exported), with [`fetch`] and [`fetch_raw`] for one request on a new connection;
+//! - external clients: [`have`] and [`curl`] (and its variants), [`run_python`] and the
+//!   http.client scripts in `tests/py/` ([`run_py_checks`]);
+//! - [`TempFile`], removed on drop.
+//!
+//! Every socket read has a timeout ([`IO_TIMEOUT`]) and every external client a time limit, so
+//! a hung server fails a test instead of hanging the suite.
 
 #![allow(dead_code, clippy::unwrap_used, missing_docs)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use canter::rt::{Config, ShutdownHandle};
 
 // Not every test binary uses every re-export.
 #[allow(unused_imports)]
@@ -226,4 +237,315 @@ pub fn echo_request(body: &[u8]) -> Vec<u8> {
     .into_bytes();
     req.extend_from_slice(body);
     req
+}
+
+// ---- in-process servers ----------------------------------------------------------------------
+
+/// A [`canter::rt::Server`] running `app` on 127.0.0.1 (a free port) in this process; shut down
+/// gracefully and joined when dropped (or by [`InProcess::stop`]), unless [`detached`].
+///
+/// [`detached`]: InProcess::detach
+pub struct InProcess {
+    pub addr: SocketAddr,
+    handle: ShutdownHandle,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl InProcess {
+    /// The configuration [`InProcess::start`] uses: 127.0.0.1:0 and `workers` workers, the
+    /// defaults otherwise (e.g. a 10 s `drain_timeout`). Start from it to change more.
+    pub fn config(workers: usize) -> Config {
+        Config {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            workers,
+            ..Config::default()
+        }
+    }
+
+    /// Serves `app` (called once per worker with its index) with one worker.
+    pub fn start<S: canter::rt::Service>(
+        app: impl Fn(usize) -> S + Send + Sync + 'static,
+    ) -> InProcess {
+        InProcess::start_with(InProcess::config(1), app)
+    }
+
+    /// Serves `app` with `config` (bind it to port 0: start from [`InProcess::config`]).
+    pub fn start_with<S: canter::rt::Service>(
+        config: Config,
+        app: impl Fn(usize) -> S + Send + Sync + 'static,
+    ) -> InProcess {
+        let server = canter::rt::Server::bind(config).unwrap();
+        let (addr, handle) = (server.local_addr(), server.shutdown_handle());
+        let thread = thread::spawn(move || server.serve(app).unwrap());
+        InProcess {
+            addr,
+            handle,
+            thread: Some(thread),
+        }
+    }
+
+    /// Leaves the server running until the test process exits; its address.
+    pub fn detach(mut self) -> SocketAddr {
+        // Dropping the join handle detaches the thread; `drop` then has nothing to stop.
+        self.thread = None;
+        self.addr
+    }
+
+    /// Shuts the server down and joins it, panicking if serving failed (where dropping only
+    /// waits).
+    pub fn stop(mut self) {
+        self.handle.shutdown();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+
+    /// A raw client connected to the server.
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// One request with `Connection: close` on a new connection: `headers`, then a
+    /// `Content-Length` for `body` unless `headers` has a `Transfer-Encoding` (then `body` must
+    /// be framed already, e.g. with [`canter_testkit::chunked`]); the response.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Response {
+        let mut c = self.client();
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+        for (n, v) in headers {
+            req.push_str(&format!("{n}: {v}\r\n"));
+        }
+        if !headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case("transfer-encoding"))
+        {
+            req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        }
+        req.push_str("\r\n");
+        c.send(req);
+        c.send(body);
+        c.response()
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            self.handle.shutdown();
+            let _ = t.join();
+        }
+    }
+}
+
+// ---- one request on a new connection ---------------------------------------------------------
+
+/// Sends the raw request `raw` on a new connection and reads one response to it (a non-HEAD
+/// request).
+pub fn fetch_raw(addr: SocketAddr, raw: &str) -> Response {
+    let mut c = Client::connect(addr);
+    c.send(raw);
+    c.response()
+}
+
+/// `method path` with the raw header lines `headers` (each ending in CRLF) after `Host: x`, on
+/// a new connection; the response (without a body for HEAD).
+pub fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &str) -> Response {
+    let mut c = Client::connect(addr);
+    c.send(format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n"
+    ));
+    c.response_to(method == "HEAD")
+}
+
+// ---- external clients ------------------------------------------------------------------------
+
+/// Whether `tool --version` runs and succeeds; says "skipping: <tool> not found" when not, so a
+/// test can return early: `if !have("curl") { return; }`.
+pub fn have(tool: &str) -> bool {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipping: {tool} not found");
+    }
+    ok
+}
+
+/// The overall time limit (`--max-time`, seconds) of every curl run.
+pub const CURL_MAX_TIME: &str = "20";
+
+/// Runs `curl --max-time 20 --fail -s ARGS` (stdin empty); asserts it succeeded, so an HTTP
+/// status of 400 or more fails the test.
+pub fn curl(args: &[&str]) -> Output {
+    run_curl(&["--fail", "-s"], args, None)
+}
+
+/// Like [`curl`] with `stdin` written to curl's standard input (e.g. for `-T -`).
+pub fn curl_with_stdin(args: &[&str], stdin: Vec<u8>) -> Output {
+    run_curl(&["--fail", "-s"], args, Some(stdin))
+}
+
+/// Runs `curl --max-time 20 -s -S ARGS` (no `--fail`: an error status is a success, its body on
+/// stdout); asserts curl itself succeeded.
+pub fn curl_any_status(args: &[&str]) -> Output {
+    run_curl(&["-s", "-S"], args, None)
+}
+
+fn run_curl(flags: &[&str], args: &[&str], stdin: Option<Vec<u8>>) -> Output {
+    let out = run(
+        Command::new("curl")
+            .args(["--max-time", CURL_MAX_TIME])
+            .args(flags)
+            .args(args),
+        stdin,
+        None,
+    )
+    .expect("run curl");
+    assert!(
+        out.status.success(),
+        "curl {args:?} failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// How long a Python client may run before it is killed.
+pub const PYTHON_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Runs `python3 ARGS` with `stdin` written to its standard input (empty if `None`), killed if
+/// it runs longer than [`PYTHON_TIMEOUT`] (the output then shows it was killed); `None`, after
+/// saying "skipping: cannot run python3", when python3 cannot be started. Writes no bytecode
+/// next to the scripts.
+pub fn run_python(args: &[&str], stdin: Option<Vec<u8>>) -> Option<Output> {
+    let mut cmd = Command::new("python3");
+    cmd.args(args).env("PYTHONDONTWRITEBYTECODE", "1");
+    match run(&mut cmd, stdin, Some(PYTHON_TIMEOUT)) {
+        Ok(out) => Some(out),
+        Err(e) => {
+            eprintln!("skipping: cannot run python3: {e}");
+            None
+        }
+    }
+}
+
+/// Runs the http.client script `tests/py/<name>` against 127.0.0.1:`port` (the protocol is in
+/// `tests/py/common.py`) and asserts that it exited successfully and printed each line of
+/// `checks`; `context()` (e.g. the server's log) ends the failure message. Returns early, after
+/// saying so, when python3 cannot be started.
+pub fn run_py_checks(name: &str, port: u16, checks: &[&str], context: impl FnOnce() -> String) {
+    let script = format!("{}/tests/py/{name}", env!("CARGO_MANIFEST_DIR"));
+    let Some(out) = run_python(&[&script, &port.to_string()], None) else {
+        return;
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{name} failed ({}):\n{stdout}\n{stderr}{}",
+        out.status,
+        context()
+    );
+    for check in checks {
+        assert!(
+            stdout.lines().any(|l| l == *check),
+            "missing {check:?} in:\n{stdout}"
+        );
+    }
+}
+
+/// Runs `cmd` with `stdin` written from a thread (empty if `None`) and stdout and stderr read
+/// from threads, so no pipe can fill up and stall it; kills it after `limit`, if any.
+fn run(
+    cmd: &mut Command,
+    stdin: Option<Vec<u8>>,
+    limit: Option<Duration>,
+) -> std::io::Result<Output> {
+    let mut child = cmd
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let writer = stdin.map(|data| {
+        let mut pipe = child.stdin.take().unwrap();
+        thread::spawn(move || pipe.write_all(&data))
+    });
+    let stdout = read_all(child.stdout.take().unwrap());
+    let stderr = read_all(child.stderr.take().unwrap());
+    let status = match limit {
+        None => child.wait()?,
+        Some(limit) => {
+            let start = Instant::now();
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    break status;
+                }
+                if start.elapsed() > limit {
+                    let _ = child.kill();
+                    break child.wait()?;
+                }
+                thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    if let Some(w) = writer {
+        let written = w.join().unwrap();
+        // A child that failed may have stopped reading; its output says more than the EPIPE.
+        if status.success() {
+            written.expect("write the child's stdin");
+        }
+    }
+    Ok(Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
+    })
+}
+
+fn read_all(mut pipe: impl Read + Send + 'static) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = pipe.read_to_end(&mut out);
+        out
+    })
+}
+
+// ---- files -----------------------------------------------------------------------------------
+
+/// A file in the temporary directory, named after the test process and `name`; removed on
+/// drop.
+pub struct TempFile(PathBuf);
+
+impl TempFile {
+    pub fn new(name: &str, data: &[u8]) -> TempFile {
+        let path = std::env::temp_dir().join(format!("canter-test-{}-{name}", std::process::id()));
+        std::fs::write(&path, data).unwrap();
+        TempFile(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

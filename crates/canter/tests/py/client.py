@@ -1,25 +1,12 @@
-"""Drives the canter demo server with Python's http.client.
+"""Drives the canter demo server with Python's http.client (see common.py).
 
 Usage: python3 client.py PORT
-Prints one "ok <check>" line per passed check and "ALL OK" at the end; exits non-zero (with a
-traceback) on the first failure.
 """
 
 import email.utils
-import http.client
 import os
-import sys
 
-PORT = int(sys.argv[1])
-TIMEOUT = 10
-
-
-def check(name):
-    print("ok", name, flush=True)
-
-
-def connect():
-    return http.client.HTTPConnection("127.0.0.1", PORT, timeout=TIMEOUT)
+from common import check, connect, run
 
 
 def keep_alive():
@@ -130,15 +117,12 @@ def headers():
     check("response headers")
 
 
-def main():
-    keep_alive()
-    post_echo()
-    chunked_upload()
-    head()
-    not_found()
-    headers()
-    print("ALL OK", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    run(
+        keep_alive,
+        post_echo,
+        chunked_upload,
+        head,
+        not_found,
+        headers,
+    )

@@ -1,25 +1,13 @@
-"""Drives the streaming extractors of tests/app_extractors.rs with Python's http.client.
+"""Drives the streaming extractors of tests/app_extractors.rs with Python's http.client (see
+common.py).
 
 Usage: python3 extractors.py PORT
-Prints one "ok <check>" line per passed check and "ALL OK" at the end; exits non-zero (with a
-traceback) on the first failure.
 """
 
-import http.client
 import http.cookies
 import json
-import sys
 
-PORT = int(sys.argv[1])
-TIMEOUT = 10
-
-
-def check(name):
-    print("ok", name, flush=True)
-
-
-def connect():
-    return http.client.HTTPConnection("127.0.0.1", PORT, timeout=TIMEOUT)
+from common import check, connect, run
 
 
 def ndjson_upload():
@@ -123,14 +111,11 @@ def cookies():
     check("cookies")
 
 
-def main():
-    ndjson_upload()
-    ndjson_echo()
-    ndjson_422()
-    multipart()
-    cookies()
-    print("ALL OK", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    run(
+        ndjson_upload,
+        ndjson_echo,
+        ndjson_422,
+        multipart,
+        cookies,
+    )
