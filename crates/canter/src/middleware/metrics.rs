@@ -231,6 +231,15 @@ impl Metrics {
 
 /// The per-worker recording layer made by [`Metrics::layer`]. Not `Send`: its counters have
 /// a single writer.
+///
+/// ```
+/// use canter::middleware::{Metrics, MetricsLayer};
+///
+/// let metrics = Metrics::new();
+/// let layer: MetricsLayer = metrics.layer(); // in the worker's factory
+/// let app = canter::Router::new().layer(layer);
+/// # let _ = app;
+/// ```
 pub struct MetricsLayer {
     shard: Arc<Shard>,
     _not_send: PhantomData<Rc<()>>,

@@ -187,6 +187,19 @@ where
 }
 
 /// The middleware made by [`from_fn`].
+///
+/// ```
+/// use canter::middleware::{from_fn, FromFn, Next};
+/// use canter::rt::{Reply, Request};
+///
+/// fn log_path(req: Request, next: Next<'_>) -> Reply {
+///     eprintln!("{}", req.path());
+///     next.run(req)
+/// }
+/// let layer: FromFn<_> = from_fn(log_path);
+/// let app = canter::Router::new().layer(layer);
+/// # let _ = app;
+/// ```
 #[derive(Debug, Clone)]
 pub struct FromFn<F>(F);
 

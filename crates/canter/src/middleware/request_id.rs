@@ -11,6 +11,10 @@ use canter_rt::{Reply, Request};
 use super::{Middleware, Next};
 
 /// The header carrying the id both ways: `x-request-id`.
+///
+/// ```
+/// assert_eq!(canter::middleware::REQUEST_ID.as_str(), "x-request-id");
+/// ```
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longest client-supplied id that is reused; longer ones are replaced by a generated id.
@@ -78,6 +82,14 @@ impl RequestId {
 }
 
 /// The middleware made by [`RequestId::layer`].
+///
+/// ```
+/// use canter::middleware::{RequestId, RequestIdLayer};
+///
+/// let layer: RequestIdLayer = RequestId::layer();
+/// let app = canter::Router::new().layer(layer);
+/// # let _ = app;
+/// ```
 #[derive(Debug)]
 pub struct RequestIdLayer {
     prefix: u64,
