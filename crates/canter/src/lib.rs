@@ -17,6 +17,7 @@
 pub mod app;
 pub mod demo;
 pub mod middleware;
+mod negotiate;
 
 pub use app::ServeDir;
 pub use app::{

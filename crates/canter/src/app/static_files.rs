@@ -18,6 +18,8 @@
 //!     .unwrap();
 //! ```
 
+use crate::middleware::Coding;
+use crate::negotiate::AcceptEncoding;
 use std::ffi::OsStr;
 use std::fs::{File, Metadata};
 use std::os::unix::ffi::OsStrExt;
@@ -194,7 +196,8 @@ impl ServeDir {
         let content_type = content_type(&path);
         let mut selected = Representation::identity(file, &meta);
         let mut has_sibling = false;
-        let accepted = accepted_encodings(parts);
+        let accepted =
+            AcceptEncoding::parse(header_values(parts, "accept-encoding")).unwrap_or_default();
         let mut best_q = 0;
         for encoding in [Encoding::Brotli, Encoding::Gzip] {
             let mut name = path.clone().into_os_string();
@@ -202,7 +205,7 @@ impl ServeDir {
             let Some(sibling) = confine_child(&root, PathBuf::from(name)) else {
                 continue;
             };
-            let q = accepted.q(encoding);
+            let q = accepted.weight(encoding.coding());
             // Opened only if it might be served; otherwise its existence is enough for Vary.
             if q > best_q {
                 if let Some((file, meta)) = open_regular(&sibling) {
@@ -356,86 +359,14 @@ impl Encoding {
     }
 
     fn token(self) -> &'static str {
+        self.coding().as_str()
+    }
+
+    fn coding(self) -> Coding {
         match self {
-            Encoding::Brotli => "br",
-            Encoding::Gzip => "gzip",
+            Encoding::Brotli => Coding::Brotli,
+            Encoding::Gzip => Coding::Gzip,
         }
-    }
-}
-
-/// The qvalues (in thousandths) an Accept-Encoding gives `br`, `gzip` and `*`.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Accepted {
-    br: Option<u16>,
-    gzip: Option<u16>,
-    any: Option<u16>,
-}
-
-impl Accepted {
-    /// How much the client wants `encoding` (0: not at all).
-    fn q(&self, encoding: Encoding) -> u16 {
-        let named = match encoding {
-            Encoding::Brotli => self.br,
-            Encoding::Gzip => self.gzip,
-        };
-        named.or(self.any).unwrap_or(0)
-    }
-}
-
-/// Accept-Encoding, all its field lines: `coding[;q=v], …` (RFC 9110 §12.5.3).
-fn accepted_encodings(parts: &Parts) -> Accepted {
-    let mut accepted = Accepted::default();
-    for value in header_values(parts, "accept-encoding") {
-        parse_accept_encoding(value, &mut accepted);
-    }
-    accepted
-}
-
-fn parse_accept_encoding(value: &[u8], accepted: &mut Accepted) {
-    for element in value.split(|&b| b == b',') {
-        let mut params = element.split(|&b| b == b';');
-        let coding = trim(params.next().unwrap_or_default());
-        let mut q = Some(1000);
-        for param in params {
-            let param = trim(param);
-            if let Some(v) = param
-                .strip_prefix(b"q=")
-                .or_else(|| param.strip_prefix(b"Q="))
-            {
-                q = parse_qvalue(v);
-            }
-        }
-        let Some(q) = q else { continue };
-        let slot = if coding.eq_ignore_ascii_case(b"br") {
-            &mut accepted.br
-        } else if coding.eq_ignore_ascii_case(b"gzip") || coding.eq_ignore_ascii_case(b"x-gzip") {
-            &mut accepted.gzip
-        } else if coding == b"*" {
-            &mut accepted.any
-        } else {
-            continue;
-        };
-        *slot = Some(q);
-    }
-}
-
-/// `0`, `0.5`, `1`, `1.000`… as thousandths; `None` if malformed.
-fn parse_qvalue(v: &[u8]) -> Option<u16> {
-    let (int, frac) = match v.iter().position(|&b| b == b'.') {
-        Some(i) => (&v[..i], &v[i + 1..]),
-        None => (v, &b""[..]),
-    };
-    if frac.len() > 3 || !frac.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let mut thousandths = 0u16;
-    for i in 0..3 {
-        thousandths = thousandths * 10 + frac.get(i).map_or(0, |d| u16::from(d - b'0'));
-    }
-    match int {
-        b"0" => Some(thousandths),
-        b"1" if thousandths == 0 => Some(1000),
-        _ => None,
     }
 }
 
@@ -806,43 +737,19 @@ mod tests {
 
     #[test]
     fn accept_encoding() {
-        let parse = |v: &str| {
-            let mut a = Accepted::default();
-            parse_accept_encoding(v.as_bytes(), &mut a);
-            a
+        let q = |v: &str| {
+            let a = AcceptEncoding::parse(std::iter::once(v.as_bytes())).unwrap_or_default();
+            (
+                a.weight(Encoding::Brotli.coding()),
+                a.weight(Encoding::Gzip.coding()),
+            )
         };
-        let a = parse("gzip, deflate, br");
-        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (1000, 1000));
-        let a = parse("br;q=0, gzip;q=0.5");
-        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (0, 500));
-        let a = parse("*;q=0.1, gzip;q=0");
-        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (100, 0));
-        let a = parse("identity");
-        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (0, 0));
-        let a = parse("BR ; Q=1.000 , x-gzip;q=0.001");
-        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (1000, 1));
-        let a = parse("br;q=2, gzip;q=0.1234, *;q=abc");
-        assert_eq!((a.q(Encoding::Brotli), a.q(Encoding::Gzip)), (0, 0));
-    }
-
-    #[test]
-    fn qvalues() {
-        for (v, want) in [
-            ("0", Some(0)),
-            ("0.", Some(0)),
-            ("0.5", Some(500)),
-            ("0.123", Some(123)),
-            ("1", Some(1000)),
-            ("1.0", Some(1000)),
-            ("1.000", Some(1000)),
-            ("1.001", None),
-            ("0.1234", None),
-            ("2", None),
-            ("", None),
-            (".5", None),
-        ] {
-            assert_eq!(parse_qvalue(v.as_bytes()), want, "{v:?}");
-        }
+        assert_eq!(q("gzip, deflate, br"), (1000, 1000));
+        assert_eq!(q("br;q=0, gzip;q=0.5"), (0, 500));
+        assert_eq!(q("*;q=0.1, gzip;q=0"), (100, 0));
+        assert_eq!(q("identity"), (0, 0));
+        assert_eq!(q("BR ; Q=1.000 , x-gzip;q=0.001"), (1000, 1));
+        assert_eq!(q("br;q=2, gzip;q=0.1234, *;q=abc"), (0, 0));
     }
 
     #[test]
