@@ -120,12 +120,20 @@ impl Cors {
     }
 
     /// The request headers preflights allow (default: whatever the preflight asks for).
+    ///
+    /// # Panics
+    ///
+    /// If a name is not a valid header value (a programming error).
     pub fn allow_headers(mut self, headers: &[&str]) -> Cors {
         self.headers = AllowHeaders::List(join(headers.iter().copied()));
         self
     }
 
     /// Response headers the page's script may read.
+    ///
+    /// # Panics
+    ///
+    /// If a name is not a valid header value (a programming error).
     pub fn expose_headers(mut self, headers: &[&str]) -> Cors {
         self.expose = Some(join(headers.iter().copied()));
         self
