@@ -174,11 +174,7 @@ impl Response {
     /// and must not be set here; Server and Date are added by the runtime.
     #[inline]
     pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Response {
-        if name == http::header::CONTENT_TYPE {
-            self.content_type = Some(value);
-        } else {
-            self.headers.push((name, value));
-        }
+        self.append_header(name, value);
         self
     }
 
@@ -228,6 +224,7 @@ impl Response {
     }
 
     /// Appends a header field in place (see [`Response::with_header`]).
+    #[inline]
     pub fn append_header(&mut self, name: HeaderName, value: HeaderValue) {
         if name == http::header::CONTENT_TYPE {
             self.content_type = Some(value);

@@ -370,16 +370,6 @@ impl Encoding {
     }
 }
 
-fn trim(v: &[u8]) -> &[u8] {
-    let start = v.iter().position(|b| !matches!(b, b' ' | b'\t'));
-    let Some(start) = start else { return &[] };
-    let end = v
-        .iter()
-        .rposition(|b| !matches!(b, b' ' | b'\t'))
-        .unwrap_or(start);
-    &v[start..=end]
-}
-
 fn header_values<'a>(parts: &'a Parts, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
     parts
         .head
@@ -515,7 +505,7 @@ impl Representation {
         let Some(value) = parts.header("if-range") else {
             return true;
         };
-        let value = trim(value);
+        let value = value.trim_ascii();
         if value.starts_with(b"\"") || value.starts_with(b"W/") {
             return etag_list_matches(value, &self.etag, true) && !value.starts_with(b"W/");
         }
@@ -597,16 +587,19 @@ enum ByteRange {
 
 /// Parses `bytes=a-b`, `bytes=a-` or `bytes=-n` (RFC 9110 §14.1.2) against `size`.
 fn parse_range(value: &[u8], size: u64) -> ByteRange {
-    let value = trim(value);
+    let value = value.trim_ascii();
     let Some(unit_end) = value.iter().position(|&b| b == b'=') else {
         return ByteRange::Full;
     };
-    if !trim(&value[..unit_end]).eq_ignore_ascii_case(b"bytes") {
+    if !value[..unit_end]
+        .trim_ascii()
+        .eq_ignore_ascii_case(b"bytes")
+    {
         return ByteRange::Full;
     }
     let mut specs = value[unit_end + 1..]
         .split(|&b| b == b',')
-        .map(trim)
+        .map(<[u8]>::trim_ascii)
         .filter(|s| !s.is_empty());
     let (Some(spec), None) = (specs.next(), specs.next()) else {
         return ByteRange::Full;
