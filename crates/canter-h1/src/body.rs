@@ -283,7 +283,7 @@ pub(crate) fn is_tchar(b: u8) -> bool {
     TCHAR[b as usize]
 }
 
-static TCHAR: [bool; 256] = alnum_and(b"!#$%&'*+-.^_`|~");
+pub(crate) static TCHAR: [bool; 256] = alnum_and(b"!#$%&'*+-.^_`|~");
 
 /// A byte-class table: ASCII letters and digits plus the bytes of `extra`.
 pub(crate) const fn alnum_and(extra: &[u8]) -> [bool; 256] {

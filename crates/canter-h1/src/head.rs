@@ -1,11 +1,10 @@
 //! The request head: parsing the request line and header section, and the framing rules of
 //! RFC 9112 §6 that decide how the body is delimited.
 
-use std::mem::MaybeUninit;
-
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
+use crate::body::TCHAR;
 use crate::{Error, Limits};
 
 /// HTTP request method. Common methods are variants; any other valid token is [`Method::Other`]
@@ -76,6 +75,14 @@ struct Span {
 }
 
 impl Span {
+    /// The span `start..end` of a head (shorter than [`Limits::HEAD_CAP`]).
+    fn new(start: usize, end: usize) -> Span {
+        Span {
+            start: start as u16,
+            len: (end - start) as u16,
+        }
+    }
+
     fn of(base: &[u8], part: &[u8]) -> Span {
         // Both slices come from the same buffer: the offset is the difference of the addresses.
         let start = part.as_ptr() as usize - base.as_ptr() as usize;
@@ -210,69 +217,36 @@ fn ascii(bytes: &[u8]) -> &str {
 /// Parses one request head from the front of `buf`. On success the head's bytes are split off
 /// `buf` (zero-copy); `Ok(None)` means more bytes are needed.
 ///
-/// The outcome never depends on how the bytes were split into reads: a limit is reported at the
-/// byte that exceeds it, so only the bytes up to that point are parsed (a syntax error further on
-/// would not have been seen yet had the bytes arrived one at a time).
+/// The outcome never depends on how the bytes were split into reads: every byte is judged by the
+/// bytes before it only, and a limit is reported at the byte that exceeds it (a syntax error
+/// further on would not have been seen yet had the bytes arrived one at a time).
 pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<RequestHead>, Error> {
     // Spans are 16-bit offsets into the head: the head limit is capped to fit.
     let max_head = limits.max_head.min(Limits::HEAD_CAP);
     let window = buf.len().min(max_head);
-    let (scan_len, limit) = match target_overflow(&buf[..window], limits.max_target) {
-        Some(at) => (at, Some(Error::UriTooLong)),
-        None if buf.len() >= max_head => (window, Some(Error::HeadersTooLarge)),
-        None => (buf.len(), None),
-    };
-    let need_more = || limit.map_or(Ok(None), Err);
-
-    let mut storage =
-        [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; Limits::HEADER_COUNT_CAP];
     let max_headers = limits.max_headers.min(Limits::HEADER_COUNT_CAP);
-    let mut req = httparse::Request::new(&mut []);
+    let mut headers = SmallVec::new();
     let base: &[u8] = buf;
-    let status = httparse::ParserConfig::default().parse_request_with_uninit_headers(
-        &mut req,
-        &base[..scan_len],
-        &mut storage[..max_headers],
-    );
-    let len = match status {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) => return need_more(),
-        Err(httparse::Error::Version) => {
-            return match version_error(&base[..scan_len]) {
-                Some(e) => Err(e),
-                None => need_more(),
-            }
-        }
-        Err(e) => return Err(map_httparse(e)),
+    let line = match scan(
+        &base[..window],
+        limits.max_target,
+        max_headers,
+        &mut headers,
+    )? {
+        Some(line) => line,
+        None if buf.len() >= max_head => return Err(Error::HeadersTooLarge),
+        None => return Ok(None),
     };
-    if len > max_head {
-        return Err(Error::HeadersTooLarge);
-    }
-
-    let (Some(method), Some(target), Some(minor)) = (req.method, req.path, req.version) else {
-        return Err(Error::Malformed("incomplete request line"));
-    };
-    // Checked before the line endings: fed byte by byte, the target overflows first.
-    if target.len() > limits.max_target {
-        return Err(Error::UriTooLong);
-    }
-    check_line_endings(base, len, method, req.headers)?;
-    let version = if minor == 1 {
-        Version::Http11
-    } else {
-        Version::Http10
-    };
+    let (method, target) = (ascii(line.method.get(base)), ascii(line.target.get(base)));
     let path = match origin_part(method, target)? {
         Origin::Slice(p) => PathAndQuery::Span(Span::of(base, p.as_bytes())),
         Origin::Root { query } => PathAndQuery::Owned(format!("/{query}").into_boxed_str()),
     };
-
     let mut framing = Framing::default();
-    let mut headers = SmallVec::new();
-    for h in req.headers.iter() {
-        framing.field(h.name, h.value)?;
-        headers.push((Span::of(base, h.name.as_bytes()), Span::of(base, h.value)));
+    for (name, value) in &headers {
+        framing.field(ascii(name.get(base)), value.get(base))?;
     }
+    let version = line.version;
     let (body, keep_alive) = framing.finish(version, limits)?;
     let path_len = {
         let pq = match &path {
@@ -281,10 +255,12 @@ pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Reques
         };
         pq.iter().position(|&b| b == b'?').unwrap_or(pq.len()) as u16
     };
-    let head = RequestHead {
-        method: Method::from_token(method),
-        method_span: Span::of(base, method.as_bytes()),
-        target: Span::of(base, target.as_bytes()),
+    let method_kind = Method::from_token(method);
+    Ok(Some(RequestHead {
+        buf: buf.split_to(line.len).freeze(),
+        method: method_kind,
+        method_span: line.method,
+        target: line.target,
         path,
         path_len,
         version,
@@ -292,16 +268,222 @@ pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Reques
         body,
         keep_alive,
         expect_continue: framing.expect_continue && version == Version::Http11,
-        buf: Bytes::new(),
-    };
-    Ok(Some(RequestHead {
-        buf: buf.split_to(len).freeze(),
-        ..head
     }))
 }
 
-/// Length of the empty lines before the request line (httparse skips CRLF and LF ones; a bare LF
-/// is rejected afterwards by [`check_line_endings`]).
+/// The request line of a complete head and the head's length.
+struct Line {
+    method: Span,
+    target: Span,
+    version: Version,
+    len: usize,
+}
+
+/// Scans a head: the request line and every field line up to the empty line, recording where
+/// the parts are (`headers` gets the name and value of each field, the value without the
+/// whitespace around it). `Ok(None)`: `buf` ends before the head does, with no error so far.
+///
+/// Strict by construction (RFC 9112 §2-5): CRLF line endings only (a bare LF or CR is a 400:
+/// servers that disagree about line ends are a request-smuggling lever), single spaces in the
+/// request line, a token method, a target of visible ASCII only (bytes above 0x7f must be
+/// percent-encoded), `HTTP/1.0` or `HTTP/1.1` (any other well-formed `HTTP/d.d` is a 505), token
+/// field names with no whitespace before the colon, no obs-fold, no control bytes in values
+/// (HTAB and obs-text allowed). Empty lines before the request line are skipped (§2.2).
+fn scan(
+    buf: &[u8],
+    max_target: usize,
+    max_headers: usize,
+    headers: &mut SmallVec<[(Span, Span); 12]>,
+) -> Result<Option<Line>, Error> {
+    let bare_lf = Error::Malformed("bare LF line ending");
+    let bad_end = Error::Malformed("invalid line ending");
+    let mut i = 0;
+    loop {
+        match buf.get(i) {
+            None => return Ok(None),
+            Some(b'\r') => match buf.get(i + 1) {
+                None => return Ok(None),
+                Some(b'\n') => i += 2,
+                Some(_) => return Err(bad_end),
+            },
+            Some(b'\n') => return Err(bare_lf),
+            Some(_) => break,
+        }
+    }
+
+    let start = i;
+    i = skip_tokens(buf, i);
+    match buf.get(i) {
+        None => return Ok(None),
+        Some(b' ') if i > start => {}
+        Some(_) => return Err(Error::Malformed("invalid method")),
+    }
+    let method = Span::new(start, i);
+    i += 1;
+
+    let start = i;
+    i = skip_target(buf, i);
+    // Every byte before `i` is valid: if there are more than `max_target` of them, the limit was
+    // exceeded by a valid byte, before any invalid one.
+    if i - start > max_target {
+        return Err(Error::UriTooLong);
+    }
+    match buf.get(i) {
+        None => return Ok(None),
+        Some(b' ') if i > start => {}
+        Some(_) => return Err(Error::Malformed("invalid byte in request target")),
+    }
+    let target = Span::new(start, i);
+    i += 1;
+
+    const HTTP1: &[u8] = b"HTTP/1.";
+    let rest = &buf[i..];
+    let seen = rest.len().min(HTTP1.len());
+    if rest[..seen] != HTTP1[..seen] {
+        return version_error(buf).map_or(Ok(None), Err);
+    }
+    let version = match rest.get(HTTP1.len()) {
+        None => return Ok(None),
+        Some(b'1') => Version::Http11,
+        Some(b'0') => Version::Http10,
+        Some(_) => return version_error(buf).map_or(Ok(None), Err),
+    };
+    i += HTTP1.len() + 1;
+    match buf.get(i) {
+        None => return Ok(None),
+        Some(b'\r') => {}
+        Some(b'\n') => return Err(bare_lf),
+        Some(_) => return Err(Error::Malformed("invalid HTTP version")),
+    }
+
+    // `i` is at the CR ending the previous line.
+    loop {
+        match buf.get(i + 1) {
+            None => return Ok(None),
+            Some(b'\n') => i += 2,
+            Some(_) => return Err(bad_end),
+        }
+        match buf.get(i) {
+            None => return Ok(None),
+            Some(b'\r') => match buf.get(i + 1) {
+                None => return Ok(None),
+                Some(b'\n') => {
+                    return Ok(Some(Line {
+                        method,
+                        target,
+                        version,
+                        len: i + 2,
+                    }))
+                }
+                Some(_) => return Err(bad_end),
+            },
+            Some(b'\n') => return Err(bare_lf),
+            Some(_) if headers.len() >= max_headers => return Err(Error::HeadersTooLarge),
+            Some(_) => {}
+        }
+        let start = i;
+        i = skip_tokens(buf, i);
+        match buf.get(i) {
+            None => return Ok(None),
+            Some(b':') if i > start => {}
+            Some(_) => return Err(Error::Malformed("invalid header name")),
+        }
+        let name = Span::new(start, i);
+        i += 1;
+        while matches!(buf.get(i), Some(b' ' | b'\t')) {
+            i += 1;
+        }
+        let start = i;
+        i = skip_value(buf, i);
+        match buf.get(i) {
+            None => return Ok(None),
+            Some(b'\r') => {}
+            Some(b'\n') => return Err(bare_lf),
+            Some(_) => return Err(Error::Malformed("invalid header value")),
+        }
+        let mut end = i;
+        while end > start && matches!(buf[end - 1], b' ' | b'\t') {
+            end -= 1;
+        }
+        headers.push((name, Span::new(start, end)));
+    }
+}
+
+/// The index of the first byte at or after `i` that is not a token character (or `buf.len()`).
+#[inline]
+fn skip_tokens(buf: &[u8], i: usize) -> usize {
+    let rest = buf.get(i..).unwrap_or_default();
+    i + rest
+        .iter()
+        .position(|&b| !TCHAR[b as usize])
+        .unwrap_or(rest.len())
+}
+
+/// Eight bytes of `buf` from `i` as a little-endian word (byte `i` lowest), if there are eight.
+#[inline]
+fn word(buf: &[u8], i: usize) -> Option<u64> {
+    let bytes: [u8; 8] = buf.get(i..i + 8)?.try_into().ok()?;
+    Some(u64::from_le_bytes(bytes))
+}
+
+const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+
+/// Per byte of `w`: the high bit set where the byte is below `n` (for `n` <= 0x80; bytes of 0x80
+/// and above count as not below). Carry-free: every byte is masked to seven bits first.
+#[inline]
+fn below(w: u64, n: u8) -> u64 {
+    let low7 = w & !HIGH;
+    !(low7 + ONES * u64::from(0x80 - n)) & !w & HIGH
+}
+
+/// Per byte of `w`: the high bit set where the byte is DEL (0x7f).
+#[inline]
+fn is_del(w: u64) -> u64 {
+    ((w & !HIGH) + ONES) & !w & HIGH
+}
+
+/// The index of the first byte at or after `i` that cannot be in a request target (anything but
+/// visible ASCII, 0x21..=0x7e), or `buf.len()`. Eight bytes per step while they are all valid.
+#[inline]
+fn skip_target(buf: &[u8], mut i: usize) -> usize {
+    while let Some(w) = word(buf, i) {
+        let bad = below(w, 0x21) | is_del(w) | (w & HIGH);
+        if bad != 0 {
+            return i + (bad.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    let rest = buf.get(i..).unwrap_or_default();
+    i + rest
+        .iter()
+        .position(|&b| !(0x21..0x7f).contains(&b))
+        .unwrap_or(rest.len())
+}
+
+/// The index of the first byte at or after `i` that cannot be in a field value (RFC 9110 §5.5:
+/// controls other than HTAB, and DEL; obs-text is allowed), or `buf.len()`. Eight bytes per step
+/// while none is below 0x20 or DEL; a tab only slows its word down.
+#[inline]
+fn skip_value(buf: &[u8], mut i: usize) -> usize {
+    loop {
+        while let Some(w) = word(buf, i) {
+            let suspect = below(w, 0x20) | is_del(w);
+            if suspect != 0 {
+                i += (suspect.trailing_zeros() / 8) as usize;
+                break;
+            }
+            i += 8;
+        }
+        match buf.get(i) {
+            Some(b'\t') => i += 1,
+            Some(&b) if b >= 0x20 && b != 0x7f => i += 1,
+            _ => return i,
+        }
+    }
+}
+
+/// Length of the empty lines before the request line.
 fn empty_lines(buf: &[u8]) -> usize {
     let mut i = 0;
     loop {
@@ -313,38 +495,7 @@ fn empty_lines(buf: &[u8]) -> usize {
     }
 }
 
-/// If the request target in `buf` is already longer than `max_target`, the length of the prefix
-/// of `buf` at which that became visible (the target's `max_target + 1`-th byte).
-fn target_overflow(buf: &[u8], max_target: usize) -> Option<usize> {
-    let line = empty_lines(buf);
-    let method_end = line
-        + buf[line..]
-            .iter()
-            .position(|&b| matches!(b, b' ' | b'\r' | b'\n'))?;
-    if buf[method_end] != b' ' {
-        return None;
-    }
-    let start = method_end + 1;
-    let end = start.checked_add(max_target)?.checked_add(1)?;
-    let target = buf.get(start..end)?;
-    if target.iter().any(|&b| matches!(b, b' ' | b'\r' | b'\n')) {
-        return None;
-    }
-    Some(end)
-}
-
-fn map_httparse(e: httparse::Error) -> Error {
-    match e {
-        httparse::Error::HeaderName => Error::Malformed("invalid header name"),
-        httparse::Error::HeaderValue => Error::Malformed("invalid header value"),
-        httparse::Error::NewLine => Error::Malformed("invalid line ending"),
-        httparse::Error::Token => Error::Malformed("invalid method or request target"),
-        httparse::Error::TooManyHeaders => Error::HeadersTooLarge,
-        _ => Error::Malformed("invalid request line"),
-    }
-}
-
-/// httparse accepted `method SP target SP` and then rejected the version. A well-formed
+/// `scan` accepted `method SP target SP` and then found a version other than HTTP/1.0 or 1.1. A well-formed
 /// `HTTP/d.d` we do not speak is a 505 (RFC 9110 §15.6.6), anything else a 400. `None`: the line
 /// is still open and may yet become `HTTP/d.d`, so wait for more bytes (otherwise the answer would
 /// depend on where the reads were split).
@@ -372,35 +523,6 @@ fn version_error(buf: &[u8]) -> Option<Error> {
     }
 }
 
-/// RFC 9112 §2.2 allows a recipient to accept a bare LF as a line terminator. We do not: a
-/// lone LF is a classic request-smuggling lever between servers that disagree, so it is a 400.
-fn check_line_endings(
-    base: &[u8],
-    len: usize,
-    method: &str,
-    headers: &[httparse::Header<'_>],
-) -> Result<(), Error> {
-    // httparse accepts a line end only where a line may end (it refuses obs-fold and control
-    // bytes elsewhere), so only those places need a look, not every byte: the empty lines it
-    // skipped before the request line, the end of each line (the two bytes before the next
-    // field name) and the final empty line.
-    let bare_lf = Err(Error::Malformed("bare LF line ending"));
-    let start = Span::of(base, method.as_bytes()).start as usize;
-    if !base[..start].chunks(2).all(|pair| pair == b"\r\n") {
-        return bare_lf;
-    }
-    for h in headers {
-        let at = Span::of(base, h.name.as_bytes()).start as usize;
-        if at < 2 || &base[at - 2..at] != b"\r\n" {
-            return bare_lf;
-        }
-    }
-    if len < 4 || &base[len - 4..len] != b"\r\n\r\n" {
-        return bare_lf;
-    }
-    Ok(())
-}
-
 /// The origin-form part of a target.
 enum Origin<'a> {
     /// A slice of the target: the target itself for origin-form, `*` and authority-form, the path
@@ -414,11 +536,7 @@ enum Origin<'a> {
 /// The origin-form part of a target: the target itself for origin-form, the path after the
 /// authority for absolute-form, `*` or the authority for the special forms (RFC 9112 §3.2).
 fn origin_part<'a>(method: &str, target: &'a str) -> Result<Origin<'a>, Error> {
-    // httparse already refused controls, space and DEL; only bytes above 0x7f remain to refuse
-    // (they must be percent-encoded), which also makes the target valid UTF-8.
-    if !target.is_ascii() {
-        return Err(Error::Malformed("invalid byte in request target"));
-    }
+    // `scan` accepted visible ASCII only: no controls, space, DEL or bytes above 0x7f.
     if method == "CONNECT" {
         // RFC 9110 §9.3.6: only authority-form, and the port is mandatory.
         return match authority(target.as_bytes()) {
@@ -619,4 +737,59 @@ fn trim(v: &[u8]) -> &[u8] {
         .rposition(|b| !matches!(b, b' ' | b'\t'))
         .map_or(start, |i| i + 1);
     &v[start..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The word-at-a-time scanners agree with a byte-at-a-time definition for every byte value
+    /// at every position of a word, in every alignment and at the tail.
+    #[test]
+    fn scanners_agree_with_bytewise() {
+        let target_ok = |b: u8| (0x21..0x7f).contains(&b);
+        let value_ok = |b: u8| b == b'\t' || (b >= 0x20 && b != 0x7f);
+        for b in 0..=255u8 {
+            for len in [1, 7, 8, 9, 15, 16, 17, 24] {
+                for at in 0..len {
+                    for from in [0, 1, 3] {
+                        if from > at {
+                            continue;
+                        }
+                        let mut buf = vec![b'a'; len];
+                        buf[at] = b;
+                        let naive = |ok: &dyn Fn(u8) -> bool| {
+                            from + buf[from..]
+                                .iter()
+                                .position(|&x| !ok(x))
+                                .unwrap_or(len - from)
+                        };
+                        assert_eq!(
+                            skip_target(&buf, from),
+                            naive(&target_ok),
+                            "target {b:#x} at {at}/{len}"
+                        );
+                        assert_eq!(
+                            skip_value(&buf, from),
+                            naive(&value_ok),
+                            "value {b:#x} at {at}/{len}"
+                        );
+                        assert_eq!(
+                            skip_tokens(&buf, from),
+                            naive(&|x| TCHAR[x as usize]),
+                            "token {b:#x} at {at}/{len}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn scanners_stop_at_the_end() {
+        assert_eq!(skip_target(b"", 0), 0);
+        assert_eq!(skip_value(b"abc", 3), 3);
+        assert_eq!(skip_tokens(b"abc", 5), 5);
+        assert_eq!(skip_value(b"a\tb\tc\td\te\tf\tg\th\t\x01", 0), 16);
+    }
 }

@@ -328,7 +328,7 @@ fn valid_cases() -> Vec<HeadCase> {
             |h| assert_eq!(h.body_kind(), BodyKind::Length(7)),
         ),
         ok(
-            // httparse strips the whitespace around a value (RFC 9110 §5.5: OWS is not part of
+            // The parser strips the whitespace around a value (RFC 9110 §5.5: OWS is not part of
             // the field value), so "5 " is the value "5".
             "Content-Length with surrounding whitespace",
             "POST / HTTP/1.1\r\nHost: x\r\nContent-Length:  5 \t\r\n\r\n",
