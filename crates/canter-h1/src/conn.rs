@@ -249,29 +249,43 @@ impl Conn {
         server: &[u8],
         out: &mut BytesMut,
     ) -> bool {
-        self.encode_head::<true>(status, headers, len, Preamble::Parts { date, server }, out)
+        let parts = Preamble::Parts { date, server };
+        self.encode_head::<true>(status, None, headers, len, parts, out)
     }
 
-    /// The fast form of [`Conn::start_response`] for a driver that keeps the Server and Date
-    /// fields preformatted: `preamble` is `Server: …\r\nDate: …\r\n` exactly, and `headers`
-    /// are fields already known to be valid, such as `http::HeaderName`/`http::HeaderValue`
-    /// pairs (their constructors refuse anything that is not a token or that contains CR, LF
-    /// or NUL). Nothing is checked per byte; passing unchecked peer-derived bytes here would
-    /// allow response splitting.
+    /// The fast form of [`Conn::start_response`] for a driver that keeps the status line of a
+    /// 200 and the Server and Date fields preformatted: `preamble` is
+    /// `HTTP/1.1 200 OK\r\nServer: …\r\nDate: …\r\n` exactly (see [`OK_LINE`]; it is written
+    /// whole for a 200 and without its first line otherwise). `content_type` is the value of a
+    /// Content-Type field; `headers` are further fields. Both must be already known to be valid,
+    /// such as `http::HeaderName`/`http::HeaderValue` pairs (their constructors refuse anything
+    /// that is not a token or that contains CR, LF or NUL). Nothing is checked per byte; passing
+    /// unchecked peer-derived bytes here would allow response splitting.
     pub fn start_response_prevalidated<'h>(
         &mut self,
         status: u16,
+        content_type: Option<&[u8]>,
         headers: impl IntoIterator<Item = (&'h [u8], &'h [u8])>,
         len: BodyLen,
         preamble: &[u8],
         out: &mut BytesMut,
     ) -> bool {
-        self.encode_head::<false>(status, headers, len, Preamble::Ready(preamble), out)
+        self.encode_head::<false>(
+            status,
+            content_type,
+            headers,
+            len,
+            Preamble::Ready(preamble),
+            out,
+        )
     }
 
+    /// Few and mostly fixed-size copies: the status line and the Server and Date fields come as
+    /// one preformatted block, Content-Length as one piece.
     fn encode_head<'h, const CHECK: bool>(
         &mut self,
         status: u16,
+        content_type: Option<&[u8]>,
         headers: impl IntoIterator<Item = (&'h [u8], &'h [u8])>,
         len: BodyLen,
         preamble: Preamble<'_>,
@@ -284,17 +298,16 @@ impl Conn {
         }
         let no_body = status == 204 || status == 304 || (100..200).contains(&status);
         out.reserve(256);
-        match status_line(status) {
-            Some(line) => out.extend_from_slice(line),
-            None => {
-                out.extend_from_slice(b"HTTP/1.1 ");
-                put_status(status, out);
-            }
-        }
-        out.extend_from_slice(b"\r\n");
         match preamble {
-            Preamble::Ready(bytes) => out.extend_from_slice(bytes),
+            Preamble::Ready(block) => match block.strip_prefix(OK_LINE) {
+                Some(_) if status == 200 => out.extend_from_slice(block),
+                fields => {
+                    put_status_line(status, out);
+                    out.extend_from_slice(fields.unwrap_or(block));
+                }
+            },
             Preamble::Parts { date, server } => {
+                put_status_line(status, out);
                 out.extend_from_slice(b"Server: ");
                 out.extend_from_slice(server);
                 out.extend_from_slice(b"\r\nDate: ");
@@ -305,9 +318,7 @@ impl Conn {
         self.send = match len {
             _ if no_body => Send::NoBody,
             BodyLen::Known(n) => {
-                out.extend_from_slice(b"Content-Length: ");
-                out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-                out.extend_from_slice(b"\r\n");
+                put_content_length(n, out);
                 if self.head_request {
                     Send::NoBody
                 } else {
@@ -328,6 +339,13 @@ impl Conn {
             out.extend_from_slice(b"Connection: close\r\n");
         } else if self.version == Version::Http10 {
             out.extend_from_slice(b"Connection: keep-alive\r\n");
+        }
+        if let Some(value) = content_type {
+            if !CHECK || valid_field(b"content-type", value) {
+                out.extend_from_slice(b"Content-Type: ");
+                out.extend_from_slice(value);
+                out.extend_from_slice(b"\r\n");
+            }
         }
         for (name, value) in headers {
             if !CHECK || valid_field(name, value) {
@@ -470,6 +488,42 @@ fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
 }
 
 /// The whole status line (without CRLF) of the most common statuses, copied in one go.
+/// The first line of the preformatted block [`Conn::start_response_prevalidated`] takes.
+pub const OK_LINE: &[u8] = b"HTTP/1.1 200 OK\r\n";
+
+fn put_status_line(status: u16, out: &mut BytesMut) {
+    match status_line(status) {
+        Some(line) => out.extend_from_slice(line),
+        None => {
+            out.extend_from_slice(b"HTTP/1.1 ");
+            put_status(status, out);
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `Content-Length: n\r\n`, assembled on the stack and appended in one copy.
+fn put_content_length(n: u64, out: &mut BytesMut) {
+    const NAME: &[u8; 16] = b"Content-Length: ";
+    // The name, then room for u64::MAX (20 digits), then CRLF; the digits are written from the
+    // right and the name is moved up against them.
+    let mut line = [0u8; 16 + 20 + 2];
+    let end = line.len() - 2;
+    line[end..].copy_from_slice(b"\r\n");
+    let mut at = end;
+    let mut n = n;
+    loop {
+        at -= 1;
+        line[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    line[at - NAME.len()..at].copy_from_slice(NAME);
+    out.extend_from_slice(&line[at - NAME.len()..]);
+}
+
 fn status_line(status: u16) -> Option<&'static [u8]> {
     Some(match status {
         200 => b"HTTP/1.1 200 OK",
@@ -532,5 +586,25 @@ pub fn reason(status: u16) -> &'static str {
         504 => "Gateway Timeout",
         505 => "HTTP Version Not Supported",
         _ => "",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_length_line() {
+        for (n, line) in [
+            (0, "Content-Length: 0\r\n"),
+            (7, "Content-Length: 7\r\n"),
+            (13, "Content-Length: 13\r\n"),
+            (1_000_000, "Content-Length: 1000000\r\n"),
+            (u64::MAX, "Content-Length: 18446744073709551615\r\n"),
+        ] {
+            let mut out = BytesMut::new();
+            put_content_length(n, &mut out);
+            assert_eq!(&out[..], line.as_bytes());
+        }
     }
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use canter_h1::{BodyEvent, BodyLen, Conn, Next, RequestHead};
-use http::StatusCode;
+use http::{HeaderValue, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
@@ -374,17 +374,20 @@ impl<S: Service> Driver<S> {
             Body::File { len, .. } => BodyLen::Known(*len),
         };
         self.out.prepare(&self.worker);
-        let content_type = content_type
-            .as_ref()
-            .map(|v| (&b"content-type"[..], v.as_bytes()));
-        let fields = content_type.into_iter().chain(
-            headers
-                .iter()
-                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
-        );
+        let content_type = content_type.as_ref().map(HeaderValue::as_bytes);
+        let fields = headers
+            .iter()
+            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
         let (h1, out) = (&mut self.h1, &mut self.out.buf);
         let with_body = self.worker.with_preamble(|preamble| {
-            h1.start_response_prevalidated(status.as_u16(), fields, len, preamble, out)
+            h1.start_response_prevalidated(
+                status.as_u16(),
+                content_type,
+                fields,
+                len,
+                preamble,
+                out,
+            )
         });
         (with_body, body)
     }

@@ -82,6 +82,7 @@ impl Worker {
         }
         let mut preamble = self.preamble.borrow_mut();
         preamble.clear();
+        preamble.extend_from_slice(canter_h1::OK_LINE);
         preamble.extend_from_slice(b"Server: ");
         preamble.extend_from_slice(self.server.as_bytes());
         preamble.extend_from_slice(b"\r\nDate: ");
@@ -89,7 +90,7 @@ impl Worker {
         preamble.extend_from_slice(b"\r\n");
     }
 
-    /// Runs `f` with the preformatted `Server: …\r\nDate: …\r\n` fields.
+    /// Runs `f` with the preformatted `HTTP/1.1 200 OK\r\nServer: …\r\nDate: …\r\n` block.
     pub(crate) fn with_preamble<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         f(&self.preamble.borrow())
     }
