@@ -18,6 +18,8 @@ use std::time::Instant;
 
 use bytes::{BufMut, BytesMut};
 
+use crate::head::HostCache;
+
 use crate::{
     head, BodyDecoder, BodyEvent, BodyKind, Error, Limits, Method, RequestHead, Timeouts, Version,
 };
@@ -67,6 +69,7 @@ enum Send {
 #[derive(Debug)]
 pub struct Conn {
     limits: Limits,
+    host_cache: HostCache,
     timeouts: Timeouts,
     recv: Recv,
     send: Send,
@@ -82,6 +85,7 @@ impl Conn {
     pub fn new(limits: Limits, timeouts: Timeouts, now: Instant) -> Conn {
         Conn {
             limits,
+            host_cache: HostCache::default(),
             timeouts,
             recv: Recv::Idle,
             send: Send::Idle,
@@ -114,7 +118,7 @@ impl Conn {
         if buf.is_empty() {
             return Ok(None);
         }
-        match head::parse(buf, &self.limits) {
+        match head::parse(buf, &self.limits, &mut self.host_cache) {
             Ok(Some(head)) => {
                 self.recv = match head.body_kind() {
                     BodyKind::Length(0) => Recv::Done,
@@ -299,13 +303,18 @@ impl Conn {
         let no_body = status == 204 || status == 304 || (100..200).contains(&status);
         out.reserve(256);
         match preamble {
-            Preamble::Ready(block) => match block.strip_prefix(OK_LINE) {
-                Some(_) if status == 200 => out.extend_from_slice(block),
-                fields => {
+            Preamble::Ready(block) => {
+                debug_assert!(
+                    block.starts_with(OK_LINE),
+                    "preamble without its status line"
+                );
+                if status == 200 {
+                    out.extend_from_slice(block);
+                } else {
                     put_status_line(status, out);
-                    out.extend_from_slice(fields.unwrap_or(block));
+                    out.extend_from_slice(block.get(OK_LINE.len()..).unwrap_or_default());
                 }
-            },
+            }
             Preamble::Parts { date, server } => {
                 put_status_line(status, out);
                 out.extend_from_slice(b"Server: ");

@@ -35,16 +35,17 @@ pub enum Method {
 
 impl Method {
     fn from_token(token: &str) -> Method {
-        match token {
-            "GET" => Method::Get,
-            "HEAD" => Method::Head,
-            "POST" => Method::Post,
-            "PUT" => Method::Put,
-            "DELETE" => Method::Delete,
-            "PATCH" => Method::Patch,
-            "OPTIONS" => Method::Options,
-            "CONNECT" => Method::Connect,
-            "TRACE" => Method::Trace,
+        // Byte patterns rather than string literals: compared inline, without a call to bcmp.
+        match token.as_bytes() {
+            [b'G', b'E', b'T'] => Method::Get,
+            [b'H', b'E', b'A', b'D'] => Method::Head,
+            [b'P', b'O', b'S', b'T'] => Method::Post,
+            [b'P', b'U', b'T'] => Method::Put,
+            [b'D', b'E', b'L', b'E', b'T', b'E'] => Method::Delete,
+            [b'P', b'A', b'T', b'C', b'H'] => Method::Patch,
+            [b'O', b'P', b'T', b'I', b'O', b'N', b'S'] => Method::Options,
+            [b'C', b'O', b'N', b'N', b'E', b'C', b'T'] => Method::Connect,
+            [b'T', b'R', b'A', b'C', b'E'] => Method::Trace,
             _ => Method::Other,
         }
     }
@@ -220,7 +221,11 @@ fn ascii(bytes: &[u8]) -> &str {
 /// The outcome never depends on how the bytes were split into reads: every byte is judged by the
 /// bytes before it only, and a limit is reported at the byte that exceeds it (a syntax error
 /// further on would not have been seen yet had the bytes arrived one at a time).
-pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<RequestHead>, Error> {
+pub(crate) fn parse(
+    buf: &mut BytesMut,
+    limits: &Limits,
+    host_cache: &mut HostCache,
+) -> Result<Option<RequestHead>, Error> {
     // Spans are 16-bit offsets into the head: the head limit is capped to fit.
     let max_head = limits.max_head.min(Limits::HEAD_CAP);
     let window = buf.len().min(max_head);
@@ -238,13 +243,14 @@ pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Reques
         None => return Ok(None),
     };
     let (method, target) = (ascii(line.method.get(base)), ascii(line.target.get(base)));
-    let path = match origin_part(method, target)? {
+    let method_kind = Method::from_token(method);
+    let path = match origin_part(method_kind, target)? {
         Origin::Slice(p) => PathAndQuery::Span(Span::of(base, p.as_bytes())),
         Origin::Root { query } => PathAndQuery::Owned(format!("/{query}").into_boxed_str()),
     };
     let mut framing = Framing::default();
     for (name, value) in &headers {
-        framing.field(ascii(name.get(base)), value.get(base))?;
+        framing.field(ascii(name.get(base)), value.get(base), host_cache)?;
     }
     let version = line.version;
     let (body, keep_alive) = framing.finish(version, limits)?;
@@ -255,7 +261,6 @@ pub(crate) fn parse(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Reques
         };
         pq.iter().position(|&b| b == b'?').unwrap_or(pq.len()) as u16
     };
-    let method_kind = Method::from_token(method);
     Ok(Some(RequestHead {
         buf: buf.split_to(line.len).freeze(),
         method: method_kind,
@@ -535,9 +540,9 @@ enum Origin<'a> {
 
 /// The origin-form part of a target: the target itself for origin-form, the path after the
 /// authority for absolute-form, `*` or the authority for the special forms (RFC 9112 §3.2).
-fn origin_part<'a>(method: &str, target: &'a str) -> Result<Origin<'a>, Error> {
+fn origin_part(method: Method, target: &str) -> Result<Origin<'_>, Error> {
     // `scan` accepted visible ASCII only: no controls, space, DEL or bytes above 0x7f.
-    if method == "CONNECT" {
+    if method == Method::Connect {
         // RFC 9110 §9.3.6: only authority-form, and the port is mandatory.
         return match authority(target.as_bytes()) {
             Some((host, Some(port))) if !host.is_empty() && !port.is_empty() => {
@@ -549,7 +554,7 @@ fn origin_part<'a>(method: &str, target: &'a str) -> Result<Origin<'a>, Error> {
     if target.starts_with('/') {
         return Ok(Origin::Slice(target));
     }
-    if target == "*" && method == "OPTIONS" {
+    if target == "*" && method == Method::Options {
         return Ok(Origin::Slice(target));
     }
     let lower_scheme = target.get(..8).map(|s| s.to_ascii_lowercase());
@@ -611,6 +616,41 @@ fn is_reg_name_char(b: u8) -> bool {
 
 static REG_NAME: [bool; 256] = crate::body::alnum_and(b"-._~%!$&'()*+,;=");
 
+/// The last Host value a connection found valid. Clients send the same Host on every request of
+/// a connection, so an equal value needs no second look.
+#[derive(Debug, Clone)]
+pub(crate) struct HostCache {
+    len: u8,
+    bytes: [u8; HostCache::MAX],
+}
+
+impl Default for HostCache {
+    fn default() -> HostCache {
+        HostCache {
+            len: 0,
+            bytes: [0; HostCache::MAX],
+        }
+    }
+}
+
+impl HostCache {
+    /// Longer values are validated every time.
+    const MAX: usize = 48;
+
+    /// Whether `value` is a valid Host field value (`uri-host [ ":" port ]`).
+    fn valid(&mut self, value: &[u8]) -> bool {
+        if self.bytes.get(..self.len as usize) == Some(value) {
+            return true;
+        }
+        let ok = authority(value).is_some();
+        if let (true, Some(slot)) = (ok, self.bytes.get_mut(..value.len())) {
+            slot.copy_from_slice(value);
+            self.len = value.len() as u8;
+        }
+        ok
+    }
+}
+
 /// Accumulates the header fields that decide framing and connection management.
 #[derive(Default)]
 struct Framing {
@@ -626,7 +666,7 @@ struct Framing {
 }
 
 impl Framing {
-    fn field(&mut self, name: &str, value: &[u8]) -> Result<(), Error> {
+    fn field(&mut self, name: &str, value: &[u8], host_cache: &mut HostCache) -> Result<(), Error> {
         // Dispatch on length first: most fields match none of these, at the cost of one compare.
         let is = |known: &str| name.eq_ignore_ascii_case(known);
         match name.len() {
@@ -651,7 +691,7 @@ impl Framing {
             }
             4 if is("host") => {
                 // RFC 9112 §3.2: a Host with an invalid field value is a 400.
-                if authority(value).is_none() {
+                if !host_cache.valid(value) {
                     return Err(Error::Malformed("invalid Host"));
                 }
                 self.hosts += 1;
@@ -783,6 +823,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn host_cache_remembers_only_valid_values() {
+        let mut cache = HostCache::default();
+        assert!(cache.valid(b"example.com:80"));
+        assert!(cache.valid(b"example.com:80"));
+        assert!(!cache.valid(b"example.com:8x"));
+        assert!(!cache.valid(b"a b"));
+        assert!(cache.valid(b"example.com:80"));
+        assert!(cache.valid(b""));
+        assert!(!cache.valid(b"u@h"));
+        let long = [b'a'; 49];
+        assert!(cache.valid(&long));
+        assert!(!cache.valid(b"h/p"));
     }
 
     #[test]
