@@ -42,7 +42,7 @@ fn exact_plaintext_response_bytes() {
     let date = r.header("date").unwrap().to_owned();
     let expected = format!(
         "HTTP/1.1 200 OK\r\nServer: canter\r\nDate: {date}\r\nContent-Length: 13\r\n\
-         content-type: text/plain\r\n\r\n"
+         Content-Type: text/plain\r\n\r\n"
     );
     assert_eq!(String::from_utf8_lossy(&r.head), expected);
     assert_eq!(r.body, b"Hello, World!");
