@@ -603,6 +603,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn prevalidated_head_uses_the_block_whole_only_for_200() {
+        let block = b"HTTP/1.1 200 OK\r\nServer: s\r\nDate: d\r\n";
+        let now = Instant::now();
+        for (status, expected) in [
+            (200, "HTTP/1.1 200 OK\r\nServer: s\r\nDate: d\r\n"),
+            (404, "HTTP/1.1 404 Not Found\r\nServer: s\r\nDate: d\r\n"),
+            (
+                422,
+                "HTTP/1.1 422 Unprocessable Content\r\nServer: s\r\nDate: d\r\n",
+            ),
+        ] {
+            let mut conn = Conn::new(Limits::default(), Timeouts::default(), now);
+            let mut out = BytesMut::new();
+            let fields = [(&b"x-a"[..], &b"1"[..])];
+            let body = conn.start_response_prevalidated(
+                status,
+                Some(b"text/plain"),
+                fields,
+                BodyLen::Known(2),
+                block,
+                &mut out,
+            );
+            assert!(body);
+            let tail = "Content-Length: 2\r\nContent-Type: text/plain\r\nx-a: 1\r\n\r\n";
+            assert_eq!(String::from_utf8_lossy(&out), format!("{expected}{tail}"));
+        }
+    }
+
+    #[test]
     fn content_length_line() {
         for (n, line) in [
             (0, "Content-Length: 0\r\n"),
