@@ -93,6 +93,11 @@ impl Span {
         }
     }
 
+    /// The offset just past the span.
+    fn end(&self) -> usize {
+        self.start as usize + self.len as usize
+    }
+
     fn get<'a>(&self, buf: &'a [u8]) -> &'a [u8] {
         let start = self.start as usize;
         buf.get(start..start + self.len as usize)
@@ -316,15 +321,10 @@ fn scan(
         }
     }
 
-    let start = i;
-    i = skip_tokens(buf, i);
-    match buf.get(i) {
-        None => return Ok(None),
-        Some(b' ') if i > start => {}
-        Some(_) => return Err(Error::Malformed("invalid method")),
-    }
-    let method = Span::new(start, i);
-    i += 1;
+    let Some(method) = token_until(buf, i, b' ', "invalid method")? else {
+        return Ok(None);
+    };
+    i = method.end() + 1;
 
     let start = i;
     i = skip_target(buf, i);
@@ -386,15 +386,10 @@ fn scan(
             Some(_) if headers.len() >= max_headers => return Err(Error::HeadersTooLarge),
             Some(_) => {}
         }
-        let start = i;
-        i = skip_tokens(buf, i);
-        match buf.get(i) {
-            None => return Ok(None),
-            Some(b':') if i > start => {}
-            Some(_) => return Err(Error::Malformed("invalid header name")),
-        }
-        let name = Span::new(start, i);
-        i += 1;
+        let Some(name) = token_until(buf, i, b':', "invalid header name")? else {
+            return Ok(None);
+        };
+        i = name.end() + 1;
         while matches!(buf.get(i), Some(b' ' | b'\t')) {
             i += 1;
         }
@@ -411,6 +406,18 @@ fn scan(
             end -= 1;
         }
         headers.push((name, Span::new(start, end)));
+    }
+}
+
+/// The non-empty token starting at `i` and ended by `delim`; `Ok(None)` if `buf` ends first, a
+/// 400 saying `what` if another byte ends it (or nothing precedes `delim`).
+#[inline]
+fn token_until(buf: &[u8], i: usize, delim: u8, what: &'static str) -> Result<Option<Span>, Error> {
+    let end = skip_tokens(buf, i);
+    match buf.get(end) {
+        None => Ok(None),
+        Some(&b) if b == delim && end > i => Ok(Some(Span::new(i, end))),
+        Some(_) => Err(Error::Malformed(what)),
     }
 }
 
