@@ -52,7 +52,8 @@ pub struct Config {
     pub backlog: i32,
     /// How long a graceful shutdown waits for in-flight requests.
     pub drain_timeout: Duration,
-    /// Value of the Server header.
+    /// Value of the Server header: 1 to [`canter_h1::HeadBlock::MAX_SERVER`] visible ASCII
+    /// characters ([`Server::bind`] refuses others).
     pub server_name: String,
 }
 
@@ -135,6 +136,9 @@ pub struct Server {
 impl Server {
     /// Binds one SO_REUSEPORT listener per worker.
     pub fn bind(config: Config) -> io::Result<Server> {
+        if canter_h1::HeadBlock::new(config.server_name.as_bytes(), &[b' '; 29]).is_none() {
+            return Err(crate::worker::bad_server(&config.server_name));
+        }
         let workers = config.workers.max(1);
         let first = listen(config.addr, config.backlog)?;
         let local_addr = first.local_addr()?;
@@ -259,7 +263,7 @@ where
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         let listener = TcpListener::from_std(listener)?;
-        let worker = Rc::new(Worker::new(&config.server_name, stats));
+        let worker = Rc::new(Worker::new(&config.server_name, stats)?);
         let svc = Rc::new(factory(index));
         let cfg = Rc::new(config);
         let ticker = {

@@ -3,7 +3,7 @@
 //! that disconnect mid-request (checked for leaked connection tasks), async body reading with
 //! chunked and pipelined requests, `max_connections`, and graceful shutdown with a request in
 //! flight. Also two response-stream cases beyond the list (a stalled stream whose
-//! client left, a slowly trickling stream).
+//! client left, a slowly trickling stream), and the check of the configured Server value.
 //!
 //! Tests marked `#[ignore = "bug: …"]` fail today and document a runtime bug; run them with
 //! `cargo test -p canter-rt --test faults -- --ignored`.
@@ -821,4 +821,31 @@ fn body_below_the_minimum_rate_is_cut_off() {
     let r = fast.response();
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.text(), "15000");
+}
+
+// ---- configuration -------------------------------------------------------------------------
+
+/// A configured Server value goes out on every response (the preformatted 200 block and the
+/// other statuses alike); one that could split a response or does not fit is refused by `bind`.
+#[test]
+fn server_name_is_sent_and_checked() {
+    let mut config = test_config();
+    config.server_name = "edge/2.1 (test)".to_owned();
+    let server = start(config);
+    let mut c = server.client();
+    c.send(get_request("/hello") + &get_request("/missing"));
+    for status in [200, 404] {
+        let r = c.response();
+        assert_eq!(r.status, status, "{r:?}");
+        assert_eq!(r.header("server"), Some("edge/2.1 (test)"), "{r:?}");
+    }
+    server.stop();
+
+    let too_long = "s".repeat(canter_h1::HeadBlock::MAX_SERVER + 1);
+    for bad in ["", "a\r\nX-Injected: 1", "caf\u{e9}", too_long.as_str()] {
+        let mut config = test_config();
+        config.server_name = bad.to_owned();
+        let err = canter_rt::Server::bind(config).expect_err(bad);
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad:?}");
+    }
 }
