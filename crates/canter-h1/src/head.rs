@@ -259,12 +259,14 @@ pub(crate) fn parse(
     }
     let version = line.version;
     let (body, keep_alive) = framing.finish(version, limits)?;
-    let path_len = {
-        let pq = match &path {
-            PathAndQuery::Span(span) => span.get(base),
-            PathAndQuery::Owned(pq) => pq.as_bytes(),
-        };
-        pq.iter().position(|&b| b == b'?').unwrap_or(pq.len()) as u16
+    let path_len = match (&path, line.query) {
+        // The path ends the target, so the target's first `?` is the path's if it is in it.
+        (PathAndQuery::Span(span), None) => span.len,
+        (PathAndQuery::Span(span), Some(q)) if q >= usize::from(span.start) => {
+            (q - usize::from(span.start)) as u16
+        }
+        (PathAndQuery::Span(span), Some(_)) => span.len,
+        (PathAndQuery::Owned(pq), _) => pq.find('?').unwrap_or(pq.len()) as u16,
     };
     Ok(Some(RequestHead {
         buf: buf.split_to(line.len).freeze(),
@@ -285,6 +287,8 @@ pub(crate) fn parse(
 struct Line {
     method: Span,
     target: Span,
+    /// Where the first `?` of the target is, if it has one.
+    query: Option<usize>,
     version: Version,
     len: usize,
 }
@@ -327,7 +331,8 @@ fn scan(
     i = method.end() + 1;
 
     let start = i;
-    i = skip_target(buf, i);
+    let query;
+    (i, query) = skip_target(buf, i);
     // Every byte before `i` is valid: if there are more than `max_target` of them, the limit was
     // exceeded by a valid byte, before any invalid one.
     if i - start > max_target {
@@ -381,6 +386,7 @@ fn scan(
                     return Ok(Some(Line {
                         method,
                         target,
+                        query,
                         version,
                         len: i + 2,
                     }))
@@ -461,21 +467,37 @@ fn is_del(w: u64) -> u64 {
 }
 
 /// The index of the first byte at or after `i` that cannot be in a request target (anything but
-/// visible ASCII, 0x21..=0x7e), or `buf.len()`. Eight bytes per step while they are all valid.
+/// visible ASCII, 0x21..=0x7e), or `buf.len()`; and the index of the first `?` before it, if
+/// any (where the query starts, found in the same pass). Eight bytes per step while they are
+/// all valid.
 #[inline]
-fn skip_target(buf: &[u8], mut i: usize) -> usize {
+fn skip_target(buf: &[u8], mut i: usize) -> (usize, Option<usize>) {
+    const QUESTION: u64 = ONES * b'?' as u64;
+    let mut query = None;
     while let Some(w) = word(buf, i) {
         let bad = below(w, 0x21) | is_del(w) | (w & HIGH);
+        if query.is_none() {
+            let q = below(w ^ QUESTION, 1);
+            if q != 0 {
+                query = Some(i + (q.trailing_zeros() / 8) as usize);
+            }
+        }
         if bad != 0 {
-            return i + (bad.trailing_zeros() / 8) as usize;
+            let end = i + (bad.trailing_zeros() / 8) as usize;
+            return (end, query.filter(|&q| q < end));
         }
         i += 8;
     }
     let rest = buf.get(i..).unwrap_or_default();
-    i + rest
+    let end = i + rest
         .iter()
         .position(|&b| !(0x21..0x7f).contains(&b))
-        .unwrap_or(rest.len())
+        .unwrap_or(rest.len());
+    let query = query.or_else(|| {
+        let tail = buf.get(i..end).unwrap_or_default();
+        tail.iter().position(|&b| b == b'?').map(|q| i + q)
+    });
+    (end, query)
 }
 
 /// The index of the first byte at or after `i` that cannot be in a field value (RFC 9110 §5.5:
@@ -848,10 +870,13 @@ mod tests {
                                 .position(|&x| !ok(x))
                                 .unwrap_or(len - from)
                         };
+                        let (end, query) = skip_target(&buf, from);
+                        assert_eq!(end, naive(&target_ok), "target {b:#x} at {at}/{len}");
+                        let first_q = buf[from..end].iter().position(|&x| x == b'?');
                         assert_eq!(
-                            skip_target(&buf, from),
-                            naive(&target_ok),
-                            "target {b:#x} at {at}/{len}"
+                            query,
+                            first_q.map(|q| from + q),
+                            "query {b:#x} at {at}/{len}"
                         );
                         assert_eq!(
                             skip_value(&buf, from),
@@ -910,7 +935,12 @@ mod tests {
 
     #[test]
     fn scanners_stop_at_the_end() {
-        assert_eq!(skip_target(b"", 0), 0);
+        assert_eq!(skip_target(b"", 0), (0, None));
+        // The first `?` only, and none past the end of the target.
+        assert_eq!(skip_target(b"/a?b?c d?", 0), (6, Some(2)));
+        assert_eq!(skip_target(b"/abcdefgh?x/yz?", 0), (15, Some(9)));
+        assert_eq!(skip_target(b"/abcdefg ?", 0), (8, None));
+        assert_eq!(skip_target(b"/abcdefghijk ?", 0), (12, None));
         assert_eq!(skip_value(b"abc", 3), 3);
         assert_eq!(skip_tokens(b"abc", 5), 5);
         assert_eq!(skip_value(b"a\tb\tc\td\te\tf\tg\th\t\x01", 0), 16);
