@@ -29,7 +29,7 @@ mod worker;
 
 pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 pub use canter_h1::{Limits, Timeouts};
-pub use server::{shutdown_on_signals, Config, Server, ShutdownHandle, Stats};
+pub use server::{shutdown_on_signals, Config, Server, ShutdownHandle, Stats, MAX_SERVER_NAME};
 pub use service::{Reply, Request, Response, Service};
 
 pub use http;

@@ -52,8 +52,8 @@ pub struct Config {
     pub backlog: i32,
     /// How long a graceful shutdown waits for in-flight requests.
     pub drain_timeout: Duration,
-    /// Value of the Server header: 1 to [`canter_h1::HeadBlock::MAX_SERVER`] visible ASCII
-    /// characters ([`Server::bind`] refuses others).
+    /// Value of the Server header: 1 to [`MAX_SERVER_NAME`] visible ASCII characters or spaces
+    /// ([`Server::bind`] refuses others: the value goes into every response as it is).
     pub server_name: String,
 }
 
@@ -136,9 +136,7 @@ pub struct Server {
 impl Server {
     /// Binds one SO_REUSEPORT listener per worker.
     pub fn bind(config: Config) -> io::Result<Server> {
-        if canter_h1::HeadBlock::new(config.server_name.as_bytes(), &[b' '; 29]).is_none() {
-            return Err(crate::worker::bad_server(&config.server_name));
-        }
+        check_server_name(&config.server_name)?;
         let workers = config.workers.max(1);
         let first = listen(config.addr, config.backlog)?;
         let local_addr = first.local_addr()?;
@@ -232,6 +230,24 @@ pub fn shutdown_on_signals(handle: ShutdownHandle) -> io::Result<()> {
     Ok(())
 }
 
+/// The longest [`Config::server_name`].
+pub const MAX_SERVER_NAME: usize = 64;
+
+/// Refuses a Server value that is empty, too long, or not printable ASCII: it is written into
+/// every response head without further checks, so CR or LF in it would split responses.
+fn check_server_name(name: &str) -> io::Result<()> {
+    let printable = name.bytes().all(|b| (0x20..0x7f).contains(&b));
+    if name.is_empty() || name.len() > MAX_SERVER_NAME || !printable {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "server_name {name:?}: must be 1 to {MAX_SERVER_NAME} printable ASCII characters"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn listen(addr: SocketAddr, backlog: i32) -> io::Result<StdListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
@@ -263,7 +279,7 @@ where
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
         let listener = TcpListener::from_std(listener)?;
-        let worker = Rc::new(Worker::new(&config.server_name, stats)?);
+        let worker = Rc::new(Worker::new(&config.server_name, stats));
         let svc = Rc::new(factory(index));
         let cfg = Rc::new(config);
         let ticker = {

@@ -91,9 +91,9 @@ impl Request {
         &mut self.extensions
     }
 
-    /// Splits the request into method, head, body and extensions.
-    pub fn into_parts(self) -> (Method, RequestHead, RequestBody, Extensions) {
-        (self.method, self.head, self.body, self.extensions)
+    /// Splits the request into head, body and extensions.
+    pub fn into_parts(self) -> (RequestHead, RequestBody, Extensions) {
+        (self.head, self.body, self.extensions)
     }
 }
 

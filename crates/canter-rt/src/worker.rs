@@ -3,26 +3,13 @@
 //! Nothing here is shared across threads.
 
 use std::cell::{Cell, RefCell};
-use std::io;
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::BytesMut;
-use canter_h1::HeadBlock;
 
 use crate::server::Stats;
-
-/// The error for a Server value that cannot go in a [`HeadBlock`].
-pub(crate) fn bad_server(server: &str) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidInput,
-        format!(
-            "server_name {server:?}: must be 1 to {} visible ASCII characters",
-            HeadBlock::MAX_SERVER
-        ),
-    )
-}
 
 /// Size of a fresh read buffer.
 pub(crate) const READ_BUF: usize = 8 * 1024;
@@ -40,8 +27,8 @@ const POOL_MAX: usize = 256;
 
 pub(crate) struct Worker {
     date: RefCell<[u8; 29]>,
-    /// `HTTP/1.1 200 OK\r\nServer: …\r\nDate: …\r\n`, rebuilt when the second changes.
-    preamble: RefCell<HeadBlock>,
+    /// `Server: …\r\nDate: …\r\n`, rebuilt when the second changes.
+    preamble: RefCell<Vec<u8>>,
     server: String,
     stats: Arc<Stats>,
     now: Cell<Instant>,
@@ -61,13 +48,10 @@ struct Slab {
 }
 
 impl Worker {
-    /// `server` must be a valid Server value for a [`HeadBlock`] (checked by `Server::bind`).
-    pub(crate) fn new(server: &str, stats: Arc<Stats>) -> io::Result<Worker> {
-        let date = [b' '; 29];
-        let block = HeadBlock::new(server.as_bytes(), &date).ok_or_else(|| bad_server(server))?;
+    pub(crate) fn new(server: &str, stats: Arc<Stats>) -> Worker {
         let w = Worker {
-            date: RefCell::new(date),
-            preamble: RefCell::new(block),
+            date: RefCell::new([0; 29]),
+            preamble: RefCell::new(Vec::new()),
             server: server.to_owned(),
             stats,
             now: Cell::new(Instant::now()),
@@ -77,7 +61,7 @@ impl Worker {
             conns: RefCell::new(Slab::default()),
         };
         w.tick();
-        Ok(w)
+        w
     }
 
     /// Refreshes the clock, and the Date header when the second changed; called every
@@ -96,15 +80,18 @@ impl Worker {
         if date.len() == cached.len() {
             cached.copy_from_slice(date.as_bytes());
         }
-        // The server value was accepted when the worker was built and the date is 29 visible
-        // bytes, so this always succeeds.
-        if let Some(block) = HeadBlock::new(self.server.as_bytes(), &cached[..]) {
-            *self.preamble.borrow_mut() = block;
-        }
+        let mut preamble = self.preamble.borrow_mut();
+        preamble.clear();
+        preamble.extend_from_slice(canter_h1::OK_LINE);
+        preamble.extend_from_slice(b"Server: ");
+        preamble.extend_from_slice(self.server.as_bytes());
+        preamble.extend_from_slice(b"\r\nDate: ");
+        preamble.extend_from_slice(&cached[..]);
+        preamble.extend_from_slice(b"\r\n");
     }
 
     /// Runs `f` with the preformatted `HTTP/1.1 200 OK\r\nServer: …\r\nDate: …\r\n` block.
-    pub(crate) fn with_preamble<R>(&self, f: impl FnOnce(&HeadBlock) -> R) -> R {
+    pub(crate) fn with_preamble<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
         f(&self.preamble.borrow())
     }
 

@@ -841,7 +841,7 @@ fn server_name_is_sent_and_checked() {
     }
     server.stop();
 
-    let too_long = "s".repeat(canter_h1::HeadBlock::MAX_SERVER + 1);
+    let too_long = "s".repeat(canter_rt::MAX_SERVER_NAME + 1);
     for bad in ["", "a\r\nX-Injected: 1", "caf\u{e9}", too_long.as_str()] {
         let mut config = test_config();
         config.server_name = bad.to_owned();
