@@ -95,6 +95,7 @@ pub(crate) async fn serve<S: Service>(
         closing: false,
         errored: false,
         deferred: 0,
+        in_handler: false,
     };
     let result = driver.run().await;
     if matches!(result, Ok(()) | Err(Stop::Done)) {
@@ -139,6 +140,8 @@ struct Driver<S> {
     errored: bool,
     /// Reads since a pending head was last parsed.
     deferred: u32,
+    /// Set while the service's `call` runs: tells a handler's panic from any other.
+    in_handler: bool,
 }
 
 impl<S: Service> Driver<S> {
@@ -160,41 +163,79 @@ impl<S: Service> Driver<S> {
     async fn process(&mut self) -> Res<()> {
         let mut answered = 0;
         loop {
+            // One unwinding boundary per run of requests answered without suspending, not one
+            // per request: returning each reply through `catch_unwind` copied it twice more.
+            self.in_handler = false;
+            let step = match catch_unwind(AssertUnwindSafe(|| self.answer_ready(&mut answered))) {
+                Ok(step) => step,
+                Err(_) => self.unwound(),
+            };
+            match step {
+                Step::Done => return Ok(()),
+                Step::Flush => self.flush().await?,
+                Step::Yield => {
+                    // Enough pipelined requests answered in one turn: send them, and let the
+                    // worker's other connections run before parsing more.
+                    answered = 0;
+                    self.flush().await?;
+                    tokio::task::yield_now().await;
+                }
+                // Boxed: the slow path's state would otherwise sit in every idle connection's
+                // task.
+                Step::Slow(slow) => Box::pin(self.exchange(slow)).await?,
+            }
+        }
+    }
+
+    /// Parses and answers requests while that needs no waiting; says what must happen next.
+    fn answer_ready(&mut self, answered: &mut usize) -> Step {
+        loop {
             if self.closing {
-                return Ok(());
+                return Step::Done;
             }
             if self.out.len() >= self.cfg.high_water {
-                self.flush().await?;
+                return Step::Flush;
             }
-            if answered >= self.cfg.max_pipeline {
-                // Enough pipelined requests answered in one turn: send them, and let the
-                // worker's other connections run before parsing more.
-                answered = 0;
-                self.flush().await?;
-                tokio::task::yield_now().await;
+            if *answered >= self.cfg.max_pipeline {
+                return Step::Yield;
             }
-            answered += 1;
+            *answered += 1;
             match self.h1.poll_request(&mut self.rbuf, self.worker.now()) {
                 Ok(Some(head)) => {
                     if let Some(slow) = self.exchange_sync(head) {
-                        // Boxed: the slow path's state would otherwise sit in every idle
-                        // connection's task.
-                        Box::pin(self.exchange(slow)).await?;
+                        return Step::Slow(slow);
                     }
                 }
-                Ok(None) => return Ok(()),
+                Ok(None) => return Step::Done,
                 Err(e) => {
                     tracing::info!(peer = %self.peer, status = e.status(), error = %e, "bad request");
                     self.reject(e.status());
-                    return Ok(());
+                    return Step::Done;
                 }
             }
         }
     }
 
+    /// After a panic in [`Driver::answer_ready`]: a handler's is answered 500 (and the
+    /// connection closes); anywhere else the exchange's state is unknown, so the connection
+    /// closes without another byte.
+    fn unwound(&mut self) -> Step {
+        if std::mem::take(&mut self.in_handler) {
+            return Step::Slow(Slow {
+                reply: None,
+                pipe: None,
+            });
+        }
+        tracing::error!(peer = %self.peer, "panic while serving the connection; closing it");
+        self.closing = true;
+        self.errored = true;
+        Step::Done
+    }
+
     /// Starts an exchange and completes it without suspending when it can: no request body
     /// and a ready response with a full or empty body (the common case). Otherwise returns what
-    /// [`Driver::exchange`] needs to finish it.
+    /// [`Driver::exchange`] needs to finish it. A panic in the handler unwinds through here to
+    /// [`Driver::process`], with `in_handler` set.
     fn exchange_sync(&mut self, head: RequestHead) -> Option<Slow> {
         if self.worker.draining() {
             self.h1.set_close();
@@ -213,8 +254,11 @@ impl<S: Service> Driver<S> {
         // The body is decoded only once the handler asks for it, so that limits it sets first
         // (`RequestBody::restrict`) cover every byte.
         let req = Request::new(head, body);
-        let reply = match catch_unwind(AssertUnwindSafe(|| self.svc.call(req))) {
-            Ok(Reply::Ready(response))
+        self.in_handler = true;
+        let reply = self.svc.call(req);
+        self.in_handler = false;
+        match reply {
+            Reply::Ready(response)
                 if pipe.is_none() && matches!(response.body, Body::Empty | Body::Full(_)) =>
             {
                 let (with_body, body) = self.begin(response);
@@ -223,12 +267,13 @@ impl<S: Service> Driver<S> {
                     _ => true,
                 };
                 self.end(complete);
-                return None;
+                None
             }
-            Ok(reply) => Some(reply),
-            Err(_) => None,
-        };
-        Some(Slow { reply, pipe })
+            reply => Some(Slow {
+                reply: Some(reply),
+                pipe,
+            }),
+        }
     }
 
     /// Completes an exchange that needs to wait: for the handler's future, for the request
@@ -790,6 +835,18 @@ impl<S: Service> Driver<S> {
             self.worker.give_buf(std::mem::take(&mut self.out.buf));
         }
     }
+}
+
+/// What [`Driver::process`] does after answering what was ready.
+enum Step {
+    /// Nothing more to parse now (or the connection is closing).
+    Done,
+    /// The output is above its high-water mark: flush before parsing more.
+    Flush,
+    /// The turn's pipeline allowance is used up: flush and let other connections run.
+    Yield,
+    /// An exchange has to wait for its handler, its body, or the peer.
+    Slow(Slow),
 }
 
 /// An exchange that could not complete synchronously: the reply (`None` if the handler

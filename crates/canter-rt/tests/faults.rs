@@ -218,6 +218,45 @@ fn sync_panic_answers_500_and_closes() {
     panic_answers_500("/panic");
 }
 
+/// A synchronous panic while the request's body is still unread (whole or in part, by
+/// Content-Length and chunked), and one after pipelined requests answered in the same turn:
+/// the 500 arrives in full after the earlier responses, then the connection closes.
+#[test]
+fn sync_panic_with_a_body_or_after_pipelined_requests() {
+    let server = start(test_config());
+    let body = "b".repeat(20_000);
+    for request in [
+        format!(
+            "POST /panic HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+        "POST /panic HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nabc".to_owned(),
+        format!(
+            "POST /panic HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        ),
+    ] {
+        let mut c = server.client();
+        c.send(request);
+        let r = c.response();
+        assert_eq!(r.status, 500, "{r:?}");
+        assert!(r.closes(), "{r:?}");
+        c.expect_closed();
+    }
+    let mut c = server.client();
+    c.send(get_request("/hello") + &get_request("/hello") + &get_request("/panic"));
+    for _ in 0..2 {
+        let r = c.response();
+        assert_eq!((r.status, r.text()), (200, "hello"), "{r:?}");
+    }
+    let r = c.response();
+    assert_eq!(r.status, 500, "{r:?}");
+    c.expect_closed();
+    drop(c);
+    assert_worker_alive(&server);
+    server.stop();
+}
+
 #[test]
 fn async_panic_answers_500_and_closes() {
     panic_answers_500("/panic-async");
