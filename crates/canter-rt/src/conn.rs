@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use canter_h1::{BodyEvent, BodyLen, Conn, Next, RequestHead};
-use http::{HeaderValue, StatusCode};
+use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
@@ -258,10 +258,14 @@ impl<S: Service> Driver<S> {
         let reply = self.svc.call(req);
         self.in_handler = false;
         match reply {
-            Reply::Ready(response)
-                if pipe.is_none() && matches!(response.body, Body::Empty | Body::Full(_)) =>
-            {
-                let (with_body, body) = self.begin(response);
+            Reply::Ready(Response {
+                status,
+                content_type,
+                headers,
+                body,
+            }) if pipe.is_none() && matches!(body, Body::Empty | Body::Full(_)) => {
+                let with_body = self.begin(status, content_type.as_ref(), &headers, &body);
+                release_fields(headers);
                 let complete = match body {
                     Body::Full(data) => !with_body || self.send(data),
                     _ => true,
@@ -348,7 +352,14 @@ impl<S: Service> Driver<S> {
     /// Encodes `response`; streams its body under backpressure. Returns false if the body was
     /// cut short (the connection must close without completing the framing).
     async fn respond(&mut self, response: Response, pipe: Option<&RefCell<Pipe>>) -> Res<bool> {
-        let (with_body, body) = self.begin(response);
+        let Response {
+            status,
+            content_type,
+            headers,
+            body,
+        } = response;
+        let with_body = self.begin(status, content_type.as_ref(), &headers, &body);
+        release_fields(headers);
         match body {
             Body::Empty => Ok(true),
             Body::Full(data) => Ok(!with_body || self.send(data)),
@@ -395,9 +406,16 @@ impl<S: Service> Driver<S> {
         }
     }
 
-    /// Encodes the status line and header section; returns whether body bytes go out and the
-    /// body.
-    fn begin(&mut self, response: Response) -> (bool, Body) {
+    /// Encodes the status line and header section of a response whose body is `body`; returns
+    /// whether body bytes go out. The response's parts come by reference: moving the whole
+    /// `Response` in and its body back out cost a copy each way per request.
+    fn begin(
+        &mut self,
+        status: StatusCode,
+        content_type: Option<&HeaderValue>,
+        headers: &[(HeaderName, HeaderValue)],
+        body: &Body,
+    ) -> bool {
         // Decide now whether the connection survives, so the head can say `Connection: close`.
         if self.worker.draining() || self.closing {
             self.h1.set_close();
@@ -406,25 +424,19 @@ impl<S: Service> Driver<S> {
             // An unread body too large (or of unknown size) to discard cheaply afterwards.
             self.h1.set_close();
         }
-        let Response {
-            status,
-            content_type,
-            headers,
-            body,
-        } = response;
-        let len = match &body {
+        let len = match body {
             Body::Empty => BodyLen::Known(0),
             Body::Full(b) => BodyLen::Known(b.len() as u64),
             Body::Stream { len, .. } => len.map_or(BodyLen::Unknown, BodyLen::Known),
             Body::File { len, .. } => BodyLen::Known(*len),
         };
         self.out.prepare(&self.worker);
-        let content_type = content_type.as_ref().map(HeaderValue::as_bytes);
+        let content_type = content_type.map(HeaderValue::as_bytes);
         let fields = headers
             .iter()
             .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
         let (h1, out) = (&mut self.h1, &mut self.out.buf);
-        let with_body = self.worker.with_preamble(|preamble| {
+        self.worker.with_preamble(|preamble| {
             h1.start_response_prevalidated(
                 status.as_u16(),
                 content_type,
@@ -433,8 +445,7 @@ impl<S: Service> Driver<S> {
                 preamble,
                 out,
             )
-        });
-        (with_body, body)
+        })
     }
 
     /// Queues one piece of body with its framing. False if it overran the Content-Length.
@@ -834,6 +845,16 @@ impl<S: Service> Driver<S> {
         if self.out.is_empty() && self.out.buf.capacity() > 0 {
             self.worker.give_buf(std::mem::take(&mut self.out.buf));
         }
+    }
+}
+
+/// Drops a response's extra fields; the usual empty, never-allocated list without the call
+/// into `Vec`'s destructor.
+#[inline]
+fn release_fields(headers: Vec<(HeaderName, HeaderValue)>) {
+    if headers.capacity() == 0 {
+        // Nothing was allocated and there are no elements: nothing to drop or free.
+        std::mem::forget(headers);
     }
 }
 
