@@ -163,7 +163,8 @@ pub struct RequestBody {
 }
 
 impl RequestBody {
-    pub(crate) fn empty() -> RequestBody {
+    /// A body of zero bytes (what a request without one carries).
+    pub fn empty() -> RequestBody {
         RequestBody {
             pipe: None,
             declared: Some(0),

@@ -45,6 +45,18 @@ impl Request {
         }
     }
 
+    /// A request with `method` and `head`, an empty body and no connection behind it: for
+    /// benchmarks and tests of services. Not part of the stable API.
+    #[doc(hidden)]
+    pub fn detached(method: Method, head: RequestHead) -> Request {
+        Request {
+            head,
+            method,
+            body: RequestBody::empty(),
+            extensions: Extensions::new(),
+        }
+    }
+
     /// The request method.
     pub fn method(&self) -> &Method {
         &self.method

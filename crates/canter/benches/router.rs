@@ -1,9 +1,9 @@
 //! The cost of the application layer: routing and dispatch through a [`Router`] with 100 routes
 //! against calling a bare handler, and a `Json` response against serializing by hand.
 //!
-//! The runtime's `Request` has no public constructor, so requests are parsed heads (built once
-//! with `canter_h1::Conn`, cloned per iteration on both sides) given to
-//! `Router::dispatch_head`, the same path `Service::call` takes after splitting the request.
+//! Requests are parsed heads (built once with `canter_h1::Conn`, cloned per iteration on both
+//! sides) given to `Router::dispatch_head`, which wraps them in a body-less `Request` and takes
+//! the same path as `Service::call`.
 //!
 //! ```sh
 //! cargo bench -p canter --bench router

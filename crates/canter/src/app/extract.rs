@@ -17,7 +17,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use canter_h1::RequestHead;
 use canter_rt::http::{header, Extensions, Method, StatusCode};
-use canter_rt::{BodyError, RequestBody, Response};
+use canter_rt::{BodyError, Request, RequestBody, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use smallvec::SmallVec;
@@ -57,63 +57,66 @@ pub const DEFAULT_JSON_DEPTH_LIMIT: usize = 64;
 /// }
 /// ```
 pub struct Parts {
-    pub(crate) method: Method,
-    pub(crate) head: RequestHead,
-    pub(crate) body: Option<RequestBody>,
+    /// The request as the runtime handed it over (moved in whole: one copy, not one per part).
+    pub(crate) req: Request,
+    /// Set once an extractor has taken the body.
+    pub(crate) body_taken: bool,
     pub(crate) params: Params,
     pub(crate) states: Rc<States>,
     pub(crate) body_limit: usize,
-    pub(crate) extensions: Extensions,
     pub(crate) json_depth_limit: usize,
 }
 
 impl Parts {
     /// The request method.
     pub fn method(&self) -> &Method {
-        &self.method
+        self.req.method()
     }
 
     /// The parsed head: target, version, every header field.
     pub fn head(&self) -> &RequestHead {
-        &self.head
+        self.req.head()
     }
 
     /// The path, still percent-encoded.
     pub fn path(&self) -> &str {
-        self.head.path()
+        self.req.path()
     }
 
     /// The query string without `?`.
     pub fn query(&self) -> Option<&str> {
-        self.head.query()
+        self.req.query()
     }
 
     /// The first value of header `name` (case-insensitive).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.head.header(name)
+        self.req.header(name)
     }
 
     /// The raw (percent-encoded) value of path parameter `name`.
     pub fn param(&self, name: &str) -> Option<&str> {
         self.params
-            .iter(self.head.path())
+            .iter(self.req.path())
             .find(|(n, _)| *n == name)
             .map(|(_, v)| v)
     }
 
     /// Takes the request body; `None` if an extractor took it already.
     pub fn take_body(&mut self) -> Option<RequestBody> {
-        self.body.take()
+        if std::mem::replace(&mut self.body_taken, true) {
+            return None;
+        }
+        Some(std::mem::replace(self.req.body_mut(), RequestBody::empty()))
     }
 
     /// Values middleware attached to the request (see [`Extension`]).
     pub fn extensions(&self) -> &Extensions {
-        &self.extensions
+        self.req.extensions()
     }
 
     /// The extensions, to insert into or take from.
     pub fn extensions_mut(&mut self) -> &mut Extensions {
-        &mut self.extensions
+        self.req.extensions_mut()
     }
 
     /// The body limit set with [`Router::body_limit`](super::Router::body_limit).
@@ -130,7 +133,7 @@ impl Parts {
     /// Takes the body for an extractor that streams it, refusing (413) a declared length over
     /// [`Parts::body_limit`] before any byte is read; the extractor counts the rest.
     pub(crate) fn take_body_within_limit(&mut self) -> Result<RequestBody, Rejection> {
-        let Some(body) = self.body.take() else {
+        let Some(body) = self.take_body() else {
             return Err(Rejection::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "the request body was already taken by another extractor",
@@ -148,7 +151,7 @@ impl Parts {
 
     /// Reads the whole body up to [`Parts::body_limit`].
     pub async fn collect_body(&mut self) -> Result<Bytes, Rejection> {
-        let Some(mut body) = self.body.take() else {
+        let Some(mut body) = self.take_body() else {
             return Err(Rejection::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "the request body was already taken by another extractor",
@@ -161,8 +164,8 @@ impl Parts {
 impl fmt::Debug for Parts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Parts")
-            .field("method", &self.method)
-            .field("target", &self.head.target())
+            .field("method", self.method())
+            .field("target", &self.head().target())
             .finish_non_exhaustive()
     }
 }
@@ -320,7 +323,7 @@ pub struct Path<T>(pub T);
 
 impl<T: DeserializeOwned> FromParts for Path<T> {
     fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
-        let path = parts.head.path();
+        let path = parts.req.path();
         let mut decoded: SmallVec<[(&str, Cow<'_, str>); 4]> = SmallVec::new();
         for (name, raw) in parts.params.iter(path) {
             // The path is ASCII already: only escapes need decoding and UTF-8 checking.
@@ -421,7 +424,7 @@ pub struct Extension<T>(pub T);
 
 impl<T: Clone + Send + Sync + 'static> FromParts for Extension<T> {
     fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
-        match parts.extensions.get::<T>() {
+        match parts.extensions().get::<T>() {
             Some(v) => Ok(Extension(v.clone())),
             None => Err(Rejection::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -458,7 +461,7 @@ impl Headers {
 
 impl FromParts for Headers {
     fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
-        Ok(Headers(parts.head.clone()))
+        Ok(Headers(parts.head().clone()))
     }
 }
 
@@ -471,7 +474,7 @@ impl<T: FromParts> FromParts for Option<T> {
 
 impl FromParts for Method {
     fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {
-        Ok(parts.method.clone())
+        Ok(parts.method().clone())
     }
 }
 

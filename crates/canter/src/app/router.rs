@@ -8,8 +8,8 @@ use std::marker::PhantomData;
 use std::rc::Rc;
 
 use canter_h1::RequestHead;
-use canter_rt::http::{header, Extensions, HeaderValue, Method, StatusCode};
-use canter_rt::{Reply, Request, RequestBody, Response, Service};
+use canter_rt::http::{header, HeaderValue, Method, StatusCode};
+use canter_rt::{Reply, Request, Response, Service};
 use smallvec::SmallVec;
 
 use super::extract::{
@@ -632,29 +632,21 @@ impl Router {
 
     /// Routes one request: match the path, pick the method's handler, run it.
     #[inline]
-    fn dispatch(
-        &self,
-        method: Method,
-        head: RequestHead,
-        body: Option<RequestBody>,
-        extensions: Extensions,
-    ) -> Reply {
+    fn dispatch(&self, mut req: Request) -> Reply {
         let table = &*self.table;
-        let path = head.path();
+        let path = req.path();
         let (route, spans) = if let Some(&i) = table.statics.get(path) {
             (&table.routes[i], SmallVec::new())
         } else {
             let Ok(found) = table.matcher.at(path) else {
                 return match &table.fallback {
                     Some(fallback) => fallback.call(Parts {
-                        method,
-                        head,
-                        body,
+                        req,
+                        body_taken: false,
                         params: Params::default(),
                         states: table.states.clone(),
                         body_limit: table.body_limit.unwrap_or(DEFAULT_BODY_LIMIT),
                         json_depth_limit: table.json_depth_limit,
-                        extensions,
                     }),
                     None => Reply::Ready(
                         Response::text("not found\n").with_status(StatusCode::NOT_FOUND),
@@ -673,7 +665,7 @@ impl Router {
             }
             (route, spans)
         };
-        let Some(endpoint) = route.methods.find(&method) else {
+        let Some(endpoint) = route.methods.find(req.method()) else {
             return Reply::Ready(
                 Response::text("method not allowed\n")
                     .with_status(StatusCode::METHOD_NOT_ALLOWED)
@@ -685,26 +677,22 @@ impl Router {
             .or(table.body_limit)
             .unwrap_or(DEFAULT_BODY_LIMIT);
         let mut body_limit = base;
-        let mut body = body;
         if route.methods.limited {
             let limits = &route.methods.limits;
-            if let Err(rejection) = limits.check(&head) {
+            if let Err(rejection) = limits.check(req.head()) {
                 return Reply::Ready(rejection.into_response());
             }
             body_limit = limits.max_body.map_or(base, |max| max.min(base));
             if limits.max_body.is_some() || limits.max_chunk_ext.is_some() {
-                if let Some(body) = &mut body {
-                    body.restrict(
-                        limits.max_body.map_or(u64::MAX, |n| n as u64),
-                        limits.max_chunk_ext.unwrap_or(usize::MAX),
-                    );
-                }
+                req.body_mut().restrict(
+                    limits.max_body.map_or(u64::MAX, |n| n as u64),
+                    limits.max_chunk_ext.unwrap_or(usize::MAX),
+                );
             }
         }
         endpoint.call(Parts {
-            method,
-            head,
-            body,
+            req,
+            body_taken: false,
             params: Params {
                 names: route.names.clone(),
                 spans,
@@ -712,7 +700,6 @@ impl Router {
             states: table.states.clone(),
             body_limit,
             json_depth_limit: table.json_depth_limit,
-            extensions,
         })
     }
 
@@ -734,16 +721,14 @@ impl Router {
     /// cannot build a runtime `Request`; not part of the stable API.
     #[doc(hidden)]
     pub fn dispatch_head(&self, method: Method, head: RequestHead) -> Reply {
-        self.dispatch(method, head, None, Extensions::new())
+        self.dispatch(Request::detached(method, head))
     }
 }
 
 impl Service for Router {
     #[inline]
     fn call(&self, req: Request) -> Reply {
-        let method = req.method().clone();
-        let (head, body, extensions) = req.into_parts();
-        self.dispatch(method, head, Some(body), extensions)
+        self.dispatch(req)
     }
 }
 

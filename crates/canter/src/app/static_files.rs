@@ -228,9 +228,9 @@ pub enum ViaServeDir {}
 
 impl Handler<ViaServeDir> for ServeDir {
     fn call(&self, parts: Parts) -> Reply {
-        let path = parts.head.path();
+        let path = parts.path();
         let rel = parts.params.iter(path).last().map_or("", |(_, v)| v);
-        Reply::Ready(self.serve(&parts.method, rel, &parts))
+        Reply::Ready(self.serve(parts.method(), rel, &parts))
     }
 }
 
@@ -372,7 +372,7 @@ impl Encoding {
 
 fn header_values<'a>(parts: &'a Parts, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
     parts
-        .head
+        .head()
         .headers()
         .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
         .map(|(_, v)| v)
