@@ -165,7 +165,6 @@ impl<S: Service> Driver<S> {
         loop {
             // One unwinding boundary per run of requests answered without suspending, not one
             // per request: returning each reply through `catch_unwind` copied it twice more.
-            self.in_handler = false;
             let step = match catch_unwind(AssertUnwindSafe(|| self.answer_ready(&mut answered))) {
                 Ok(step) => step,
                 Err(_) => self.unwound(),
