@@ -348,8 +348,13 @@ fn scan(
 
     const HTTP1: &[u8] = b"HTTP/1.";
     let rest = &buf[i..];
-    let seen = rest.len().min(HTTP1.len());
-    if rest[..seen] != HTTP1[..seen] {
+    // A fixed-length compare in the usual case (inlined), a partial one only when the version
+    // is not all here yet.
+    let prefix_ok = match rest.first_chunk::<7>() {
+        Some(seven) => seven == b"HTTP/1.",
+        None => HTTP1.starts_with(rest),
+    };
+    if !prefix_ok {
         return version_error(buf).map_or(Ok(None), Err);
     }
     let version = match rest.get(HTTP1.len()) {
@@ -668,7 +673,7 @@ impl HostCache {
 
     /// Whether `value` is a valid Host field value (`uri-host [ ":" port ]`).
     fn valid(&mut self, value: &[u8]) -> bool {
-        if self.bytes.get(..self.len as usize) == Some(value) {
+        if eq_bytes(&self.bytes[..usize::from(self.len)], value) {
             return true;
         }
         let ok = authority(value).is_some();
@@ -678,6 +683,38 @@ impl HostCache {
         }
         ok
     }
+}
+
+/// Byte-slice equality compared eight bytes at a time, inlined: for the short keys of the
+/// request path (a Host value, a route path) a call to `memcmp` costs more than the compare.
+#[inline]
+fn eq_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    if n >= 8 {
+        let mut at = 0;
+        while at + 8 < n {
+            if word(a, at) != word(b, at) {
+                return false;
+            }
+            at += 8;
+        }
+        // The last (possibly overlapping) word.
+        return word(a, n - 8) == word(b, n - 8);
+    }
+    if n >= 4 {
+        return half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4);
+    }
+    a.iter().zip(b).all(|(x, y)| x == y)
+}
+
+/// The four bytes at `i`, little-endian.
+#[inline]
+fn half(buf: &[u8], i: usize) -> Option<u32> {
+    let bytes: [u8; 4] = buf.get(i..i + 4)?.try_into().ok()?;
+    Some(u32::from_le_bytes(bytes))
 }
 
 /// Accumulates the header fields that decide framing and connection management.
@@ -853,6 +890,30 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    /// `eq_bytes` agrees with `==` at every length, for equal slices and for slices differing
+    /// in any one byte, and for slices of different lengths.
+    #[test]
+    fn eq_bytes_is_slice_equality() {
+        let a: Vec<u8> = (0..40u8)
+            .map(|b| b.wrapping_mul(73).wrapping_add(5))
+            .collect();
+        for n in 0..=a.len() {
+            let x = &a[..n];
+            // A copy elsewhere in memory: equality of contents, not of addresses.
+            let copy = x.to_vec();
+            assert!(eq_bytes(x, &copy), "length {n}");
+            for i in 0..n {
+                let mut y = x.to_vec();
+                y[i] ^= 0x20;
+                assert!(!eq_bytes(x, &y), "length {n}, byte {i}");
+            }
+            if n > 0 {
+                assert!(!eq_bytes(x, &a[..n - 1]));
+                assert!(!eq_bytes(&x[..n - 1], x));
             }
         }
     }
