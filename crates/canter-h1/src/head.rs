@@ -688,7 +688,7 @@ impl HostCache {
 /// Byte-slice equality compared eight bytes at a time, inlined: for the short keys of the
 /// request path (a Host value, a route path) a call to `memcmp` costs more than the compare.
 #[inline]
-fn eq_bytes(a: &[u8], b: &[u8]) -> bool {
+pub fn eq_bytes(a: &[u8], b: &[u8]) -> bool {
     let n = a.len();
     if n != b.len() {
         return false;

@@ -39,5 +39,5 @@ mod limits;
 pub use body::{BodyDecoder, BodyEvent};
 pub use conn::{reason, BodyLen, Conn, LengthMismatch, Next, OK_LINE};
 pub use error::Error;
-pub use head::{BodyKind, Method, RequestHead, Version};
+pub use head::{eq_bytes, BodyKind, Method, RequestHead, Version};
 pub use limits::{Limits, Timeouts};

@@ -347,10 +347,13 @@ impl std::hash::Hasher for PathHasher {
         }
         let rest = chunks.remainder();
         if !rest.is_empty() {
-            let mut w = [0u8; 8];
-            w[..rest.len()].copy_from_slice(rest);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+            self.0 = (self.0.rotate_left(5) ^ tail_word(bytes, rest.len())).wrapping_mul(K);
         }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
     }
 
     #[inline]
@@ -366,12 +369,52 @@ impl std::hash::Hasher for PathHasher {
 
 type BuildPathHasher = std::hash::BuildHasherDefault<PathHasher>;
 
+/// The last `r` (1 to 7) bytes of `bytes` as a little-endian word, zero above them: read with
+/// whole-word loads (overlapping what came before) rather than copied into a zeroed array,
+/// which costs a call to memcpy and a stalled load.
+#[inline]
+fn tail_word(bytes: &[u8], r: usize) -> u64 {
+    let n = bytes.len();
+    let le8 = |i: usize| {
+        bytes
+            .get(i..i + 8)
+            .and_then(|s| s.try_into().ok())
+            .map_or(0, u64::from_le_bytes)
+    };
+    let le4 = |i: usize| {
+        bytes
+            .get(i..i + 4)
+            .and_then(|s| s.try_into().ok())
+            .map_or(0, |w| u64::from(u32::from_le_bytes(w)))
+    };
+    if n >= 8 {
+        le8(n - 8) >> (8 * (8 - r))
+    } else if r >= 4 {
+        // Two overlapping halves; the bytes they share are equal, so OR is exact.
+        le4(0) | (le4(n - 4) << (8 * (r - 4)))
+    } else {
+        bytes
+            .iter()
+            .rev()
+            .fold(0u64, |w, &b| (w << 8) | u64::from(b))
+    }
+}
+
+/// The key of a path in [`Table::statics`].
+#[inline]
+fn path_hash(path: &str) -> u64 {
+    let mut h = PathHasher::default();
+    std::hash::Hasher::write(&mut h, path.as_bytes());
+    h.0
+}
+
 #[derive(Clone)]
 struct Table {
     matcher: matchit::Router<usize>,
-    /// Routes without parameters, by exact path: found by one hash lookup instead of a tree
-    /// walk (the tree gives static segments priority, so an exact match is its answer too).
-    statics: HashMap<Box<str>, usize, BuildPathHasher>,
+    /// Routes without parameters, by the hash of their exact path ([`path_hash`]): found by
+    /// one lookup instead of a tree walk (the tree gives static segments priority, so an exact
+    /// match is its answer too). Candidates are checked against the route's pattern.
+    statics: HashMap<u64, SmallVec<[usize; 1]>, BuildPathHasher>,
     routes: Vec<Route>,
     fallback: Option<Endpoint>,
     states: Rc<States>,
@@ -397,7 +440,10 @@ impl Table {
         let index = self.routes.len();
         self.matcher.insert(pattern.clone(), index)?;
         if !pattern.contains(['{', '}']) {
-            self.statics.insert(pattern.as_str().into(), index);
+            self.statics
+                .entry(path_hash(&pattern))
+                .or_default()
+                .push(index);
         }
         let names: Vec<Box<str>> = param_names(&pattern);
         let allow = methods.allow();
@@ -635,8 +681,14 @@ impl Router {
     fn dispatch(&self, mut req: Request) -> Reply {
         let table = &*self.table;
         let path = req.path();
-        let (route, spans) = if let Some(&i) = table.statics.get(path) {
-            (&table.routes[i], SmallVec::new())
+        let exact = table.statics.get(&path_hash(path)).and_then(|candidates| {
+            candidates
+                .iter()
+                .map(|&i| &table.routes[i])
+                .find(|r| canter_h1::eq_bytes(r.pattern.as_bytes(), path.as_bytes()))
+        });
+        let (route, spans) = if let Some(route) = exact {
+            (route, SmallVec::new())
         } else {
             let Ok(found) = table.matcher.at(path) else {
                 return match &table.fallback {
@@ -754,6 +806,24 @@ fn param_names(pattern: &str) -> Vec<Box<str>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tail_word_is_the_zero_padded_remainder() {
+        let bytes: Vec<u8> = (1..=40u8).map(|b| b.wrapping_mul(37)).collect();
+        for n in 1..=bytes.len() {
+            let r = n % 8;
+            if r == 0 {
+                continue;
+            }
+            let mut w = [0u8; 8];
+            w[..r].copy_from_slice(&bytes[n - r..n]);
+            assert_eq!(
+                tail_word(&bytes[..n], r),
+                u64::from_le_bytes(w),
+                "length {n}"
+            );
+        }
+    }
 
     #[test]
     fn names_in_order() {
