@@ -265,7 +265,12 @@ pub(crate) fn parse(
         (PathAndQuery::Span(span), Some(q)) if q >= usize::from(span.start) => {
             (q - usize::from(span.start)) as u16
         }
-        (PathAndQuery::Span(span), Some(_)) => span.len,
+        // A `?` before the path (not produced by `origin_part`, whose authority ends at the
+        // first `?`): look in the path itself.
+        (PathAndQuery::Span(span), Some(_)) => {
+            let pq = span.get(base);
+            pq.iter().position(|&b| b == b'?').unwrap_or(pq.len()) as u16
+        }
         (PathAndQuery::Owned(pq), _) => pq.find('?').unwrap_or(pq.len()) as u16,
     };
     Ok(Some(RequestHead {

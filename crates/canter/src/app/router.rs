@@ -335,30 +335,33 @@ struct Route {
 #[derive(Default, Clone, Copy)]
 struct PathHasher(u64);
 
+impl PathHasher {
+    /// Folds one word into the state.
+    #[inline]
+    fn mix(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
 impl std::hash::Hasher for PathHasher {
     #[inline]
     fn write(&mut self, bytes: &[u8]) {
-        const K: u64 = 0x517c_c1b7_2722_0a95;
         let mut chunks = bytes.chunks_exact(8);
         for c in &mut chunks {
             let mut w = [0u8; 8];
             w.copy_from_slice(c);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+            self.mix(u64::from_le_bytes(w));
         }
         let rest = chunks.remainder();
         if !rest.is_empty() {
-            self.0 = (self.0.rotate_left(5) ^ tail_word(bytes, rest.len())).wrapping_mul(K);
+            self.mix(tail_word(bytes, rest.len()));
         }
     }
 
+    /// The statics map's keys are already path hashes: one more mix spreads them.
     #[inline]
     fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-
-    #[inline]
-    fn write_u8(&mut self, b: u8) {
-        self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(0x517c_c1b7_2722_0a95);
+        self.mix(n);
     }
 
     #[inline]
