@@ -247,8 +247,8 @@ pub(crate) fn parse(
         None if buf.len() >= max_head => return Err(Error::HeadersTooLarge),
         None => return Ok(None),
     };
-    let (method, target) = (ascii(line.method.get(base)), ascii(line.target.get(base)));
-    let method_kind = Method::from_token(method);
+    let target = ascii(line.target.get(base));
+    let method_kind = line.kind;
     let path = match origin_part(method_kind, target)? {
         Origin::Slice(p) => PathAndQuery::Span(Span::of(base, p.as_bytes())),
         Origin::Root { query } => PathAndQuery::Owned(format!("/{query}").into_boxed_str()),
@@ -291,6 +291,7 @@ pub(crate) fn parse(
 /// The request line of a complete head and the head's length.
 struct Line {
     method: Span,
+    kind: Method,
     target: Span,
     /// Where the first `?` of the target is, if it has one.
     query: Option<usize>,
@@ -330,8 +331,14 @@ fn scan(
         }
     }
 
-    let Some(method) = token_until(buf, i, b' ', "invalid method")? else {
-        return Ok(None);
+    // `GET ` with one compare: the usual method skips the token scan and its lookup.
+    let (method, kind) = if buf.get(i..i + 4) == Some(b"GET ") {
+        (Span::new(i, i + 3), Method::Get)
+    } else {
+        let Some(method) = token_until(buf, i, b' ', "invalid method")? else {
+            return Ok(None);
+        };
+        (method, Method::from_token(ascii(method.get(buf))))
     };
     i = method.end() + 1;
 
@@ -390,6 +397,7 @@ fn scan(
                 Some(b'\n') => {
                     return Ok(Some(Line {
                         method,
+                        kind,
                         target,
                         query,
                         version,
