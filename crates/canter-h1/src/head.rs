@@ -516,7 +516,7 @@ fn skip_target(buf: &[u8], mut i: usize) -> (usize, Option<usize>) {
 /// The index of the first byte at or after `i` that cannot be in a field value (RFC 9110 §5.5:
 /// controls other than HTAB, and DEL; obs-text is allowed), or `buf.len()`. Eight bytes per step
 /// while none is below 0x20 or DEL; a tab only slows its word down.
-#[inline]
+#[inline(always)]
 fn skip_value(buf: &[u8], mut i: usize) -> usize {
     loop {
         while let Some(w) = word(buf, i) {
