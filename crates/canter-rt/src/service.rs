@@ -4,6 +4,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -17,7 +18,8 @@ pub struct Request {
     head: RequestHead,
     method: Method,
     body: RequestBody,
-    extensions: Extensions,
+    /// `None` until something is inserted: dropping `None` is one test, inline.
+    extensions: Option<Extensions>,
 }
 
 impl Request {
@@ -41,7 +43,7 @@ impl Request {
             head,
             method,
             body,
-            extensions: Extensions::new(),
+            extensions: None,
         }
     }
 
@@ -53,7 +55,7 @@ impl Request {
             head,
             method,
             body: RequestBody::empty(),
-            extensions: Extensions::new(),
+            extensions: None,
         }
     }
 
@@ -95,17 +97,18 @@ impl Request {
     /// Typed values attached to this request by middleware (a request id, an authenticated
     /// user…). Empty, and allocation-free, unless something is inserted.
     pub fn extensions(&self) -> &Extensions {
-        &self.extensions
+        static EMPTY: LazyLock<Extensions> = LazyLock::new(Extensions::new);
+        self.extensions.as_ref().unwrap_or(&EMPTY)
     }
 
     /// The extensions, to insert into.
     pub fn extensions_mut(&mut self) -> &mut Extensions {
-        &mut self.extensions
+        self.extensions.get_or_insert_with(Extensions::new)
     }
 
     /// Splits the request into head, body and extensions.
     pub fn into_parts(self) -> (RequestHead, RequestBody, Extensions) {
-        (self.head, self.body, self.extensions)
+        (self.head, self.body, self.extensions.unwrap_or_default())
     }
 }
 
