@@ -107,6 +107,7 @@ impl Conn {
     /// Parses the next request head from `buf`. `Ok(None)`: need more bytes (or the receive side
     /// is not waiting for a head). On success the head's bytes are removed from `buf`; body
     /// bytes stay there for [`Conn::poll_body`].
+    #[inline(always)]
     pub fn poll_request(
         &mut self,
         buf: &mut BytesMut,

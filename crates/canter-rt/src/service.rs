@@ -23,6 +23,7 @@ pub struct Request {
 }
 
 impl Request {
+    #[inline(always)]
     pub(crate) fn new(head: RequestHead, body: RequestBody) -> Request {
         let method = match head.method() {
             canter_h1::Method::Get => Method::GET,

@@ -153,23 +153,33 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let metrics = args
         .metrics
         .then(|| Metrics::new().with_stats(server.stats()));
+    let metrics_layer = metrics.clone();
     let access_log = args.access_log;
     let compress = args.compress;
-    server
-        .serve(move |_| {
-            let mut app = match &files {
-                Some(files) => canter::demo::app_with_static(store.clone(), files.clone()),
-                None => canter::demo::app(store.clone()),
-            };
-            if let Some(metrics) = &metrics {
-                app = app.route("/metrics", canter::get(metrics.endpoint()));
-            }
-            app.layer(compress.then(canter::middleware::Compression::new))
-                .layer(metrics.as_ref().map(Metrics::layer))
+    let app = move || {
+        let app = match &files {
+            Some(files) => canter::demo::app_with_static(store.clone(), files.clone()),
+            None => canter::demo::app(store.clone()),
+        };
+        match &metrics {
+            Some(metrics) => app.route("/metrics", canter::get(metrics.endpoint())),
+            None => app,
+        }
+    };
+    let layered = compress || access_log || args.metrics;
+    // Without middleware the router is served as it is: no layer to step through per request.
+    if layered {
+        server.serve(move |_| {
+            app()
+                .layer(compress.then(canter::middleware::Compression::new))
+                .layer(metrics_layer.as_ref().map(Metrics::layer))
                 .layer(access_log.then(AccessLog::new))
                 .layer(access_log.then(RequestId::layer))
         })
-        .map_err(|e| e.to_string())?;
+    } else {
+        server.serve(move |_| app())
+    }
+    .map_err(|e| e.to_string())?;
     tracing::info!("canter stopped");
     Ok(())
 }
