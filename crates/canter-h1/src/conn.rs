@@ -522,17 +522,34 @@ fn put_content_length(n: u64, out: &mut BytesMut) {
     line[end..].copy_from_slice(b"\r\n");
     let mut at = end;
     let mut n = n;
-    loop {
+    // Two digits per division.
+    while n >= 100 {
+        let pair = (n % 100) as usize;
+        n /= 100;
+        at -= 2;
+        line[at..at + 2].copy_from_slice(&DIGIT_PAIRS[pair]);
+    }
+    if n >= 10 {
+        at -= 2;
+        line[at..at + 2].copy_from_slice(&DIGIT_PAIRS[n as usize]);
+    } else {
         at -= 1;
-        line[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
+        line[at] = b'0' + n as u8;
     }
     line[at - NAME.len()..at].copy_from_slice(NAME);
     out.extend_from_slice(&line[at - NAME.len()..]);
 }
+
+/// "00" to "99".
+static DIGIT_PAIRS: [[u8; 2]; 100] = {
+    let mut pairs = [[0u8; 2]; 100];
+    let mut i = 0;
+    while i < 100 {
+        pairs[i] = [b'0' + (i / 10) as u8, b'0' + (i % 10) as u8];
+        i += 1;
+    }
+    pairs
+};
 
 fn status_line(status: u16) -> Option<&'static [u8]> {
     Some(match status {
@@ -637,13 +654,24 @@ mod tests {
         for (n, line) in [
             (0, "Content-Length: 0\r\n"),
             (7, "Content-Length: 7\r\n"),
+            (10, "Content-Length: 10\r\n"),
             (13, "Content-Length: 13\r\n"),
+            (99, "Content-Length: 99\r\n"),
+            (100, "Content-Length: 100\r\n"),
+            (4_096, "Content-Length: 4096\r\n"),
+            (10_007, "Content-Length: 10007\r\n"),
             (1_000_000, "Content-Length: 1000000\r\n"),
             (u64::MAX, "Content-Length: 18446744073709551615\r\n"),
         ] {
             let mut out = BytesMut::new();
             put_content_length(n, &mut out);
             assert_eq!(&out[..], line.as_bytes());
+        }
+        // Every length up to 100,000 against the standard formatting.
+        for n in 0..100_000u64 {
+            let mut out = BytesMut::new();
+            put_content_length(n, &mut out);
+            assert_eq!(out, format!("Content-Length: {n}\r\n").as_bytes(), "{n}");
         }
     }
 }
