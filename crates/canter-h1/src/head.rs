@@ -723,6 +723,37 @@ pub fn eq_bytes(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).all(|(x, y)| x == y)
 }
 
+/// Whether `token` equals `lower` ignoring ASCII case, where `token` was validated as a token
+/// and `lower` is lowercase letters and `-` only (a field name we act on). Compared a word at a
+/// time with the case bit (0x20) set in every byte of `token`: within token bytes only the two
+/// cases of a letter, and only `-` itself, map to those bytes (0x0d would map to `-`, but CR is
+/// not a token byte).
+#[inline]
+fn token_is(token: &[u8], lower: &[u8]) -> bool {
+    const CASE64: u64 = u64::from_ne_bytes([0x20; 8]);
+    const CASE32: u32 = u32::from_ne_bytes([0x20; 4]);
+    debug_assert!(lower.iter().all(|&b| b.is_ascii_lowercase() || b == b'-'));
+    let n = lower.len();
+    if token.len() != n {
+        return false;
+    }
+    if n >= 8 {
+        let mut at = 0;
+        while at + 8 < n {
+            if word(token, at).map(|w| w | CASE64) != word(lower, at) {
+                return false;
+            }
+            at += 8;
+        }
+        return word(token, n - 8).map(|w| w | CASE64) == word(lower, n - 8);
+    }
+    if n >= 4 {
+        return half(token, 0).map(|w| w | CASE32) == half(lower, 0)
+            && half(token, n - 4).map(|w| w | CASE32) == half(lower, n - 4);
+    }
+    token.eq_ignore_ascii_case(lower)
+}
+
 /// The four bytes at `i`, little-endian.
 #[inline]
 fn half(buf: &[u8], i: usize) -> Option<u32> {
@@ -747,7 +778,7 @@ struct Framing {
 impl Framing {
     fn field(&mut self, name: &str, value: &[u8], host_cache: &mut HostCache) -> Result<(), Error> {
         // Dispatch on length first: most fields match none of these, at the cost of one compare.
-        let is = |known: &str| name.eq_ignore_ascii_case(known);
+        let is = |known: &str| token_is(name.as_bytes(), known.as_bytes());
         match name.len() {
             14 if is("content-length") => {
                 let n = parse_content_length(value)?;
@@ -909,6 +940,36 @@ mod tests {
 
     /// `eq_bytes` agrees with `==` at every length, for equal slices and for slices differing
     /// in any one byte, and for slices of different lengths.
+    #[test]
+    fn token_is_matches_case_insensitive_equality_for_tokens() {
+        let names = [
+            "host",
+            "expect",
+            "connection",
+            "content-length",
+            "transfer-encoding",
+        ];
+        // Every token byte in every position of every name, in both cases where it has them.
+        let tchars: Vec<u8> = (0..=255u8).filter(|&b| TCHAR[b as usize]).collect();
+        for name in names {
+            let lower = name.as_bytes();
+            assert!(token_is(name.to_ascii_uppercase().as_bytes(), lower));
+            for at in 0..lower.len() {
+                for &b in &tchars {
+                    let mut token = lower.to_vec();
+                    token[at] = b;
+                    assert_eq!(
+                        token_is(&token, lower),
+                        token.eq_ignore_ascii_case(lower),
+                        "{name} with {:?} at {at}",
+                        b as char
+                    );
+                }
+            }
+            assert!(!token_is(&lower[1..], lower));
+        }
+    }
+
     #[test]
     fn eq_bytes_is_slice_equality() {
         let a: Vec<u8> = (0..40u8)
