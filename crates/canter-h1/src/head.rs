@@ -359,21 +359,19 @@ fn scan(
     i += 1;
 
     const HTTP1: &[u8] = b"HTTP/1.";
-    let rest = &buf[i..];
-    // A fixed-length compare in the usual case (inlined), a partial one only when the version
-    // is not all here yet.
-    let prefix_ok = match rest.first_chunk::<7>() {
-        Some(seven) => seven == b"HTTP/1.",
-        None => HTTP1.starts_with(rest),
-    };
-    if !prefix_ok {
-        return version_error(buf).map_or(Ok(None), Err);
-    }
-    let version = match rest.get(HTTP1.len()) {
-        None => return Ok(None),
-        Some(b'1') => Version::Http11,
-        Some(b'0') => Version::Http10,
+    // One 8-byte compare in the usual case; byte by byte only when the version is not all here
+    // yet or is not 1.0 or 1.1.
+    let version = match word(buf, i) {
+        Some(w) if w == u64::from_le_bytes(*b"HTTP/1.1") => Version::Http11,
+        Some(w) if w == u64::from_le_bytes(*b"HTTP/1.0") => Version::Http10,
         Some(_) => return version_error(buf).map_or(Ok(None), Err),
+        None => {
+            let rest = buf.get(i..).unwrap_or_default();
+            if !HTTP1.starts_with(rest) {
+                return version_error(buf).map_or(Ok(None), Err);
+            }
+            return Ok(None);
+        }
     };
     i += HTTP1.len() + 1;
     match buf.get(i) {
