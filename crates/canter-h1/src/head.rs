@@ -936,8 +936,8 @@ mod tests {
         }
     }
 
-    /// `eq_bytes` agrees with `==` at every length, for equal slices and for slices differing
-    /// in any one byte, and for slices of different lengths.
+    /// `token_is` agrees with `eq_ignore_ascii_case` for every name it is used with, with any
+    /// token byte in any position.
     #[test]
     fn token_is_matches_case_insensitive_equality_for_tokens() {
         let names = [
@@ -968,6 +968,8 @@ mod tests {
         }
     }
 
+    /// `eq_bytes` agrees with `==` at every length, for equal slices and for slices differing
+    /// in any one byte, and for slices of different lengths.
     #[test]
     fn eq_bytes_is_slice_equality() {
         let a: Vec<u8> = (0..40u8)
