@@ -700,25 +700,7 @@ impl HostCache {
 /// request path (a Host value, a route path) a call to `memcmp` costs more than the compare.
 #[inline]
 pub fn eq_bytes(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len();
-    if n != b.len() {
-        return false;
-    }
-    if n >= 8 {
-        let mut at = 0;
-        while at + 8 < n {
-            if word(a, at) != word(b, at) {
-                return false;
-            }
-            at += 8;
-        }
-        // The last (possibly overlapping) word.
-        return word(a, n - 8) == word(b, n - 8);
-    }
-    if n >= 4 {
-        return half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4);
-    }
-    a.iter().zip(b).all(|(x, y)| x == y)
+    eq_with_bits(a, b, 0)
 }
 
 /// Whether `token` equals `lower` ignoring ASCII case, where `token` was validated as a token
@@ -728,28 +710,35 @@ pub fn eq_bytes(a: &[u8], b: &[u8]) -> bool {
 /// not a token byte).
 #[inline]
 fn token_is(token: &[u8], lower: &[u8]) -> bool {
-    const CASE64: u64 = u64::from_ne_bytes([0x20; 8]);
-    const CASE32: u32 = u32::from_ne_bytes([0x20; 4]);
     debug_assert!(lower.iter().all(|&b| b.is_ascii_lowercase() || b == b'-'));
-    let n = lower.len();
-    if token.len() != n {
+    eq_with_bits(token, lower, 0x20)
+}
+
+/// Whether `a`, with the bits of `set` set in each of its bytes, equals `b`: eight bytes at a
+/// time, the last word overlapping the one before.
+#[inline(always)]
+fn eq_with_bits(a: &[u8], b: &[u8], set: u8) -> bool {
+    let set64 = u64::from_ne_bytes([set; 8]);
+    let set32 = u32::from_ne_bytes([set; 4]);
+    let n = a.len();
+    if n != b.len() {
         return false;
     }
     if n >= 8 {
         let mut at = 0;
         while at + 8 < n {
-            if word(token, at).map(|w| w | CASE64) != word(lower, at) {
+            if word(a, at).map(|w| w | set64) != word(b, at) {
                 return false;
             }
             at += 8;
         }
-        return word(token, n - 8).map(|w| w | CASE64) == word(lower, n - 8);
+        return word(a, n - 8).map(|w| w | set64) == word(b, n - 8);
     }
     if n >= 4 {
-        return half(token, 0).map(|w| w | CASE32) == half(lower, 0)
-            && half(token, n - 4).map(|w| w | CASE32) == half(lower, n - 4);
+        return half(a, 0).map(|w| w | set32) == half(b, 0)
+            && half(a, n - 4).map(|w| w | set32) == half(b, n - 4);
     }
-    token.eq_ignore_ascii_case(lower)
+    a.iter().zip(b).all(|(&x, &y)| x | set == y)
 }
 
 /// The four bytes at `i`, little-endian.
