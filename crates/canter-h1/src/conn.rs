@@ -18,8 +18,7 @@ use std::time::Instant;
 
 use bytes::{BufMut, BytesMut};
 
-use crate::head::{HeadStore, HostCache};
-use crate::put::put;
+use crate::head::HostCache;
 
 use crate::{
     head, BodyDecoder, BodyEvent, BodyKind, Error, Limits, Method, RequestHead, Timeouts, Version,
@@ -71,7 +70,6 @@ enum Send {
 pub struct Conn {
     limits: Limits,
     host_cache: HostCache,
-    heads: HeadStore,
     timeouts: Timeouts,
     recv: Recv,
     send: Send,
@@ -88,7 +86,6 @@ impl Conn {
         Conn {
             limits,
             host_cache: HostCache::default(),
-            heads: HeadStore::default(),
             timeouts,
             recv: Recv::Idle,
             send: Send::Idle,
@@ -122,7 +119,7 @@ impl Conn {
         if buf.is_empty() {
             return Ok(None);
         }
-        match head::parse(buf, &self.limits, &mut self.host_cache, &mut self.heads) {
+        match head::parse(buf, &self.limits, &mut self.host_cache) {
             Ok(Some(head)) => {
                 self.recv = match head.body_kind() {
                     BodyKind::Length(0) => Recv::Done,
@@ -207,12 +204,6 @@ impl Conn {
     /// Whether the receive side is between requests with nothing buffered of the next one.
     pub fn is_idle(&self) -> bool {
         matches!(self.recv, Recv::Idle) && self.send == Send::Idle
-    }
-
-    /// Lets go of memory an idle connection should not hold: the buffer of an earlier large
-    /// head, kept between requests to copy the next head into.
-    pub fn release_idle(&mut self) {
-        self.heads.release_large();
     }
 
     /// Whether the connection will be kept open after the current exchange.
@@ -319,10 +310,10 @@ impl Conn {
                     "preamble without its status line"
                 );
                 if status == 200 {
-                    put(out, block);
+                    out.extend_from_slice(block);
                 } else {
                     put_status_line(status, out);
-                    put(out, block.get(OK_LINE.len()..).unwrap_or_default());
+                    out.extend_from_slice(block.get(OK_LINE.len()..).unwrap_or_default());
                 }
             }
             Preamble::Parts { date, server } => {
@@ -362,15 +353,15 @@ impl Conn {
         if let Some(value) = content_type {
             if !CHECK || valid_field(b"content-type", value) {
                 out.extend_from_slice(b"Content-Type: ");
-                put(out, value);
+                out.extend_from_slice(value);
                 out.extend_from_slice(b"\r\n");
             }
         }
         for (name, value) in headers {
             if !CHECK || valid_field(name, value) {
-                put(out, name);
+                out.extend_from_slice(name);
                 out.extend_from_slice(b": ");
-                put(out, value);
+                out.extend_from_slice(value);
                 out.extend_from_slice(b"\r\n");
             }
         }
@@ -512,7 +503,7 @@ pub const OK_LINE: &[u8] = b"HTTP/1.1 200 OK\r\n";
 
 fn put_status_line(status: u16, out: &mut BytesMut) {
     match status_line(status) {
-        Some(line) => put(out, line),
+        Some(line) => out.extend_from_slice(line),
         None => {
             out.extend_from_slice(b"HTTP/1.1 ");
             put_status(status, out);
@@ -546,7 +537,7 @@ fn put_content_length(n: u64, out: &mut BytesMut) {
         line[at] = b'0' + n as u8;
     }
     line[at - NAME.len()..at].copy_from_slice(NAME);
-    put(out, &line[at - NAME.len()..]);
+    out.extend_from_slice(&line[at - NAME.len()..]);
 }
 
 /// "00" to "99".

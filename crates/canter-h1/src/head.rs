@@ -1,9 +1,7 @@
 //! The request head: parsing the request line and header section, and the framing rules of
 //! RFC 9112 §6 that decide how the body is delimited.
 
-use std::rc::Rc;
-
-use bytes::{Buf, BytesMut};
+use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
 use crate::body::TCHAR;
@@ -117,11 +115,11 @@ enum PathAndQuery {
     Owned(Box<str>),
 }
 
-/// A parsed request head. It owns a copy of the bytes it was parsed from (see [`HeadStore`]) and
-/// answers every question about them without further allocation.
+/// A parsed request head. It owns the bytes it was parsed from (a zero-copy slice of the read
+/// buffer) and answers every question about them without further allocation.
 #[derive(Debug, Clone)]
 pub struct RequestHead {
-    buf: Rc<Vec<u8>>,
+    buf: Bytes,
     method: Method,
     method_span: Span,
     target: Span,
@@ -208,7 +206,7 @@ impl RequestHead {
 
     /// The raw bytes of the head, request line to the final empty line (including any empty
     /// lines before the request line, which RFC 9112 §2.2 says to ignore).
-    pub fn raw(&self) -> &[u8] {
+    pub fn raw(&self) -> &Bytes {
         &self.buf
     }
 }
@@ -222,8 +220,8 @@ fn ascii(bytes: &[u8]) -> &str {
     unsafe { std::str::from_utf8_unchecked(bytes) }
 }
 
-/// Parses one request head from the front of `buf`. On success the head's bytes are copied into
-/// `store`'s buffer and removed from `buf`; `Ok(None)` means more bytes are needed.
+/// Parses one request head from the front of `buf`. On success the head's bytes are split off
+/// `buf` (zero-copy); `Ok(None)` means more bytes are needed.
 ///
 /// The outcome never depends on how the bytes were split into reads: every byte is judged by the
 /// bytes before it only, and a limit is reported at the byte that exceeds it (a syntax error
@@ -232,7 +230,6 @@ pub(crate) fn parse(
     buf: &mut BytesMut,
     limits: &Limits,
     host_cache: &mut HostCache,
-    store: &mut HeadStore,
 ) -> Result<Option<RequestHead>, Error> {
     // Spans are 16-bit offsets into the head: the head limit is capped to fit.
     let max_head = limits.max_head.min(Limits::HEAD_CAP);
@@ -276,10 +273,8 @@ pub(crate) fn parse(
         }
         (PathAndQuery::Owned(pq), _) => pq.find('?').unwrap_or(pq.len()) as u16,
     };
-    let raw = store.keep(&base[..line.len]);
-    buf.advance(line.len);
     Ok(Some(RequestHead {
-        buf: raw,
+        buf: buf.split_to(line.len).freeze(),
         method: method_kind,
         method_span: line.method,
         target: line.target,
@@ -666,53 +661,6 @@ fn is_reg_name_char(b: u8) -> bool {
 
 static REG_NAME: [bool; 256] = crate::body::alnum_and(b"-._~%!$&'()*+,;=");
 
-/// Where a connection's request heads keep their bytes: one buffer per head, shared by
-/// reference count with the [`RequestHead`] and taken back for the next head once that head is
-/// dropped. A connection answers a request before it parses the next one unless a handler keeps
-/// the request, so heads usually cost one short copy and no allocation; and the count is not
-/// atomic, unlike that of a `Bytes` split off the read buffer (two atomic operations per request
-/// were a measurable share of the pipelined path).
-#[derive(Debug, Default)]
-pub(crate) struct HeadStore {
-    buf: Option<Rc<Vec<u8>>>,
-}
-
-impl HeadStore {
-    /// A buffer of at most this capacity is kept while the connection is idle (enough for the
-    /// heads of most clients; a larger one is allocated again for each head that needs it).
-    const IDLE_MAX: usize = 1024;
-    /// The smallest buffer allocated, so that slightly longer heads reuse it.
-    const MIN: usize = 128;
-
-    /// A shared copy of `head`, in the previous head's buffer if nothing else holds it.
-    #[inline]
-    fn keep(&mut self, head: &[u8]) -> Rc<Vec<u8>> {
-        if let Some(shared) = &mut self.buf {
-            if let Some(buf) = Rc::get_mut(shared) {
-                buf.clear();
-                crate::put::put_vec(buf, head);
-                return Rc::clone(shared);
-            }
-        }
-        let mut buf = Vec::with_capacity(head.len().max(Self::MIN));
-        buf.extend_from_slice(head);
-        let shared = Rc::new(buf);
-        self.buf = Some(Rc::clone(&shared));
-        shared
-    }
-
-    /// Lets go of a buffer grown by a large head, for a connection about to idle.
-    pub(crate) fn release_large(&mut self) {
-        if self
-            .buf
-            .as_ref()
-            .is_some_and(|b| b.capacity() > Self::IDLE_MAX)
-        {
-            self.buf = None;
-        }
-    }
-}
-
 /// The last Host value a connection found valid. Clients send the same Host on every request of
 /// a connection, so an equal value needs no second look.
 #[derive(Debug, Clone)]
@@ -1046,76 +994,6 @@ mod tests {
         let long = [b'a'; 49];
         assert!(cache.valid(&long));
         assert!(!cache.valid(b"h/p"));
-    }
-
-    /// A head still held (a handler kept its request) keeps its bytes while later heads are
-    /// parsed; a dropped head's buffer is taken back for the next one; a buffer grown by a large
-    /// head is let go when the connection idles, a small one is kept.
-    #[test]
-    fn head_store_reuses_only_buffers_no_head_holds() {
-        let mut store = HeadStore::default();
-        let kept = store.keep(b"GET /kept HTTP/1.1\r\n\r\n");
-        let second = store.keep(b"GET /second HTTP/1.1\r\n\r\n");
-        assert!(!Rc::ptr_eq(&kept, &second));
-        let second_buf = second.as_ptr();
-        drop(second);
-        let third = store.keep(b"GET /3 HTTP/1.1\r\n\r\n");
-        assert_eq!(
-            third.as_ptr(),
-            second_buf,
-            "the dropped head's buffer is reused"
-        );
-        assert_eq!(&third[..], b"GET /3 HTTP/1.1\r\n\r\n");
-        assert_eq!(&kept[..], b"GET /kept HTTP/1.1\r\n\r\n");
-        drop(third);
-
-        let large = vec![b'a'; HeadStore::IDLE_MAX + 1];
-        assert_eq!(&store.keep(&large)[..], &large[..]);
-        store.release_large();
-        assert!(store.buf.is_none());
-        assert_eq!(&store.keep(b"short")[..], b"short");
-        store.release_large();
-        assert!(store.buf.is_some());
-    }
-
-    /// Through `parse`: pipelined heads each get exactly their own bytes, whether or not the
-    /// earlier ones are still held, and the read buffer keeps only what follows them.
-    #[test]
-    fn parsed_heads_own_their_bytes() {
-        let one = b"GET /one HTTP/1.1\r\nHost: a\r\n\r\n";
-        let two = b"POST /two HTTP/1.1\r\nHost: b\r\nContent-Length: 2\r\n\r\n";
-        let mut buf = BytesMut::new();
-        for _ in 0..3 {
-            buf.extend_from_slice(one);
-            buf.extend_from_slice(two);
-            buf.extend_from_slice(b"hi");
-        }
-        let (limits, mut hosts, mut store) = (
-            Limits::default(),
-            HostCache::default(),
-            HeadStore::default(),
-        );
-        let mut held = Vec::new();
-        for round in 0..3 {
-            let Ok(Some(a)) = parse(&mut buf, &limits, &mut hosts, &mut store) else {
-                panic!("round {round}: no head");
-            };
-            assert_eq!(a.raw(), one);
-            assert_eq!((a.path(), a.header("host")), ("/one", Some(&b"a"[..])));
-            if round == 1 {
-                held.push(a); // kept across the next heads
-            }
-            let Ok(Some(b)) = parse(&mut buf, &limits, &mut hosts, &mut store) else {
-                panic!("round {round}: no head");
-            };
-            assert_eq!(b.raw(), two);
-            assert_eq!((b.path(), b.body_kind()), ("/two", BodyKind::Length(2)));
-            assert!(buf.starts_with(b"hi"));
-            buf.advance(2);
-        }
-        assert!(buf.is_empty());
-        assert_eq!(held[0].raw(), one);
-        assert_eq!(held[0].header("host"), Some(&b"a"[..]));
     }
 
     #[test]

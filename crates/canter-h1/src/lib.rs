@@ -35,11 +35,9 @@ mod conn;
 mod error;
 mod head;
 mod limits;
-mod put;
 
 pub use body::{BodyDecoder, BodyEvent};
 pub use conn::{reason, BodyLen, Conn, LengthMismatch, Next, OK_LINE};
 pub use error::Error;
 pub use head::{eq_bytes, BodyKind, Method, RequestHead, Version};
 pub use limits::{Limits, Timeouts};
-pub use put::put;

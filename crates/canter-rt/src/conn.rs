@@ -838,7 +838,6 @@ impl<S: Service> Driver<S> {
     }
 
     fn release_idle_buffers(&mut self) {
-        self.h1.release_idle();
         if self.rbuf.is_empty() && self.rbuf.capacity() > 0 {
             self.worker.give_buf(std::mem::take(&mut self.rbuf));
         }
@@ -923,7 +922,7 @@ impl Out {
 
     fn push(&mut self, data: Bytes) {
         if data.len() < ZERO_COPY_MIN {
-            canter_h1::put(&mut self.buf, &data);
+            self.buf.extend_from_slice(&data);
             return;
         }
         if !self.buf.is_empty() {

@@ -122,10 +122,9 @@ impl Worker {
     /// Returns an empty buffer for reuse (only if it is still a plain, uniquely owned buffer).
     pub(crate) fn give_buf(&self, mut buf: BytesMut) {
         buf.clear();
-        // Parsing advances past the front of the read buffer (and body pieces are split off
-        // it), which leaves it short of its full capacity; with nothing left in it, this takes
-        // the whole allocation back (no copy) when no body piece still shares it, so the buffer
-        // can be pooled instead of freed.
+        // Request heads are split off the front of the read buffer, which leaves it short of
+        // its full capacity; with nothing left in it, this takes the whole allocation back
+        // (no copy) when no head still shares it, so the buffer can be pooled instead of freed.
         buf.reserve(READ_BUF);
         if buf.capacity() >= READ_BUF && buf.capacity() <= 4 * READ_BUF {
             let mut pool = self.pool.borrow_mut();

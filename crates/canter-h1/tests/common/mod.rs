@@ -93,7 +93,7 @@ pub fn parse_whole(input: &[u8], limits: Limits) -> Parsed {
     match c.poll_request(&mut buf, now()) {
         Ok(Some(h)) => {
             assert_eq!(before - buf.len(), h.raw().len(), "consumed != head length");
-            assert_eq!(&input[..h.raw().len()], h.raw());
+            assert_eq!(&input[..h.raw().len()], &h.raw()[..]);
             Parsed::Head(summary(&h), buf.to_vec())
         }
         Ok(None) => {
