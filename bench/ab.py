@@ -21,6 +21,7 @@ BENCH = os.path.join(ROOT, "bench")
 LOAD = os.path.join(ROOT, "target", "release", "canter")
 PEERS = {
     "ceiling": lambda port: [os.path.join(BENCH, "build", "ceiling"), str(port)],
+    "ceiling-uring": lambda port: [os.path.join(BENCH, "build", "ceiling-uring"), str(port)],
     "may-minihttp": lambda port: [os.path.join(BENCH, "target", "release", "peer-may-minihttp"), str(port)],
     "hyper": lambda port: [os.path.join(BENCH, "target", "release", "peer-hyper"), str(port)],
 }

@@ -2,9 +2,9 @@
 # Build everything the side-by-side benchmarks need. Idempotent.
 #   bench/build.sh            # install missing tools, build peers and canter
 #   SKIP_APT=1 bench/build.sh # do not try apt-get
-# Installs (if missing): wrk nginx-light h2o nghttp2-client gcc (apt-get), Go (needed for
+# Installs (if missing): wrk nginx-light h2o nghttp2-client gcc liburing-dev (apt-get), Go (needed for
 # the Go peers; not installed here if absent: those peers are then reported and skipped).
-# Builds: bench/build/ceiling, bench/build/go-nethttp, bench/build/fasthttp,
+# Builds: bench/build/ceiling, bench/build/ceiling-uring, bench/build/go-nethttp, bench/build/fasthttp,
 #         bench/target/release/peer-{hyper,actix,may-minihttp}, target/release/canter.
 # A peer that fails to build is reported at the end (and skipped by run.py, which says so).
 set -u
@@ -26,6 +26,7 @@ command -v h2o    >/dev/null || need+=(h2o)
 command -v h2load >/dev/null || need+=(nghttp2-client)
 command -v gcc    >/dev/null || need+=(gcc)
 command -v taskset >/dev/null || need+=(util-linux)
+[ -e /usr/include/liburing.h ] || need+=(liburing-dev)
 if [ ${#need[@]} -gt 0 ] && [ -z "${SKIP_APT:-}" ]; then
   echo "== apt-get install ${need[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -52,6 +53,12 @@ if gcc -O2 -Wall -o "$BUILD/ceiling.tmp" "$BENCH/peers/ceiling/ceiling.c" 2>"$BU
   mv "$BUILD/ceiling.tmp" "$BUILD/ceiling"; ok "ceiling -> bench/build/ceiling"
 else
   fail ceiling "gcc: $(tail -3 "$BUILD/logs/ceiling.log" | tr '\n' ' ')"
+fi
+if gcc -O2 -Wall -o "$BUILD/ceiling-uring.tmp" "$BENCH/peers/ceiling/ceiling_uring.c" -luring \
+    2>"$BUILD/logs/ceiling-uring.log"; then
+  mv "$BUILD/ceiling-uring.tmp" "$BUILD/ceiling-uring"; ok "ceiling-uring -> bench/build/ceiling-uring"
+else
+  fail ceiling-uring "gcc: $(tail -3 "$BUILD/logs/ceiling-uring.log" | tr '\n' ' ')"
 fi
 
 # --- Go peers --------------------------------------------------------------------------

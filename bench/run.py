@@ -114,6 +114,11 @@ def server_defs():
             # canned JSON response so that the response bytes match.
             lambda port, sc, prefix: [ceiling, str(port)] + (["json"] if sc.path == "/json" else []),
             note="C epoll responder, parses nothing (bench/peers/ceiling/ceiling.c)"),
+        "ceiling-uring": ServerDef(
+            "ceiling-uring", "ceiling", ceiling + "-uring",
+            lambda port, sc, prefix: [ceiling + "-uring", str(port)] + (["json"] if sc.path == "/json" else []),
+            note="the ceiling on io_uring: one system call submits and reaps for all ready "
+                 "connections (bench/peers/ceiling/ceiling_uring.c)"),
         "may-minihttp": ServerDef(
             "may-minihttp", "peer", os.path.join(RUST_TARGET, "peer-may-minihttp"),
             lambda port, sc, prefix: [os.path.join(RUST_TARGET, "peer-may-minihttp"), str(port)],
@@ -147,7 +152,7 @@ def server_defs():
     }
 
 
-ALL_SERVERS = ["canter", "ceiling", "may-minihttp", "hyper", "actix", "fasthttp",
+ALL_SERVERS = ["canter", "ceiling", "ceiling-uring", "may-minihttp", "hyper", "actix", "fasthttp",
                "go-nethttp", "nginx", "h2o"]
 
 
@@ -1006,7 +1011,7 @@ def write_json(results):
 # SVG plots (hand-written, no dependencies)
 # --------------------------------------------------------------------------------------
 
-COLORS = {"canter": "#d62728", "ceiling": "#7f7f7f"}
+COLORS = {"canter": "#d62728", "ceiling": "#7f7f7f", "ceiling-uring": "#bdbdbd"}
 PEER_COLOR = "#1f77b4"
 PCT_COLORS = ["#9ecae1", "#4292c6", "#2171b5", "#08306b"]
 
