@@ -81,20 +81,18 @@ impl Worker {
     pub(crate) fn tick(&self) {
         self.now.set(Instant::now());
         self.epoch.set(self.epoch.get().wrapping_add(1));
-        let holders = std::mem::take(&mut *self.holders.borrow_mut());
+        let mut holders = std::mem::take(&mut *self.holders.borrow_mut());
         if !holders.is_empty() {
             let conns = self.conns.borrow();
-            for id in &holders {
-                if let Some(Some(waker)) = conns.slots.get(*id) {
+            for id in holders.drain(..) {
+                if let Some(Some(waker)) = conns.slots.get(id) {
                     waker.wake_by_ref();
                 }
             }
-            drop(conns);
-            // Keep the allocation for the next tick's list.
+            // Keep the allocation for the next tick's list (unless a wake-up listed someone).
             let mut list = self.holders.borrow_mut();
             if list.is_empty() {
                 *list = holders;
-                list.clear();
             }
         }
         let wall = SystemTime::now();
