@@ -9,7 +9,8 @@
  *
  * Listens on 127.0.0.1:PORT (env CEILING_ADDR overrides the address).
  */
-#define _GNU_SOURCE
+#include "ceiling.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -37,24 +38,8 @@ struct conn {
 
 static struct conn *conns;
 static int nconns;
-static char resp[512];
-static size_t resp_len;
-static char *date_pos;           /* where the 29-byte date lives inside resp */
-static time_t last_date;
 static char *wbuf;               /* scratch buffer for one batch of responses */
 static size_t wbuf_cap;
-
-static void update_date(void) {
-    time_t now = time(NULL);
-    if (now == last_date) return;
-    last_date = now;
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    char d[64];
-    strftime(d, sizeof d, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-    memcpy(date_pos, d, 29);
-}
-
 static struct conn *get_conn(int fd) {
     if (fd >= nconns) {
         int n = nconns ? nconns : 1024;
@@ -142,34 +127,8 @@ static void send_responses(int ep, int fd, struct conn *c, size_t count) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) { fprintf(stderr, "usage: %s PORT [json]\n", argv[0]); return 2; }
-    int port = atoi(argv[1]);
-    int json = argc > 2 && strcmp(argv[2], "json") == 0;
-    const char *body = json ? "{\"message\":\"Hello, World!\"}" : "Hello, World!";
-    const char *ctype = json ? "application/json" : "text/plain";
-    const char *DATE0 = "Thu, 01 Jan 1970 00:00:00 GMT";
-    resp_len = (size_t)snprintf(resp, sizeof resp,
-        "HTTP/1.1 200 OK\r\nServer: ceiling\r\nDate: %s\r\nContent-Type: %s\r\n"
-        "Content-Length: %zu\r\n\r\n%s", DATE0, ctype, strlen(body), body);
-    date_pos = strstr(resp, DATE0);
-    update_date();
-
-    signal(SIGPIPE, SIG_IGN);
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-
-    int ls = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (ls < 0) { perror("socket"); return 1; }
+    int ls = ceiling_start(argc, argv, SOCK_NONBLOCK, "ceiling");
     int one = 1;
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    const char *addr = getenv("CEILING_ADDR");
-    inet_pton(AF_INET, addr ? addr : "127.0.0.1", &sa.sin_addr);
-    if (bind(ls, (struct sockaddr *)&sa, sizeof sa) < 0) { perror("bind"); return 1; }
-    if (listen(ls, 65535) < 0) { perror("listen"); return 1; }
 
     int ep = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event ev = { .events = EPOLLIN, .data.fd = ls };
@@ -177,8 +136,6 @@ int main(int argc, char **argv) {
 
     static char rbuf[RDBUF];
     struct epoll_event evs[MAXEV];
-    fprintf(stderr, "ceiling listening on %s:%d (%s)\n", addr ? addr : "127.0.0.1", port,
-            json ? "json" : "plaintext");
     for (;;) {
         int n = epoll_wait(ep, evs, MAXEV, 1000);
         if (n < 0) { if (errno == EINTR) continue; perror("epoll_wait"); return 1; }
@@ -208,17 +165,7 @@ int main(int argc, char **argv) {
                     continue;
                 }
                 if (r < 0) continue;
-                /* count "\r\n\r\n" occurrences, carrying the partial match across reads */
-                size_t count = 0;
-                int st = c->state;
-                for (ssize_t k = 0; k < r; k++) {
-                    char ch = rbuf[k];
-                    if (ch == '\r') st = (st == 2) ? 3 : 1;
-                    else if (ch == '\n' && (st == 1 || st == 3)) {
-                        if (st == 3) { count++; st = 0; } else st = 2;
-                    } else st = 0;
-                }
-                c->state = st;
+                size_t count = count_heads(&c->state, rbuf, (size_t)r);
                 if (count) send_responses(ep, fd, c, count);
             }
         }

@@ -15,7 +15,8 @@
  *   gcc -O2 -o ceiling-uring ceiling_uring.c -luring
  *   ./ceiling-uring PORT [json]
  */
-#define _GNU_SOURCE
+#include "ceiling.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <liburing.h>
@@ -45,23 +46,7 @@ struct conn {
 
 static struct conn **conns;
 static int nconns;
-static char resp[512];
-static size_t resp_len;
-static char *date_pos;
-static time_t last_date;
 static struct io_uring ring;
-
-static void update_date(void) {
-    time_t now = time(NULL);
-    if (now == last_date) return;
-    last_date = now;
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    char d[64];
-    strftime(d, sizeof d, "%a, %d %b %Y %H:%M:%S GMT", &tm);
-    memcpy(date_pos, d, 29);
-}
-
 static struct io_uring_sqe *sqe(void) {
     struct io_uring_sqe *s = io_uring_get_sqe(&ring);
     if (!s) {
@@ -118,16 +103,7 @@ static void close_conn(int fd) {
 
 static void on_recv(int fd, struct conn *c, int r) {
     if (r <= 0) { close_conn(fd); return; }
-    size_t count = 0;
-    int st = c->state;
-    for (int k = 0; k < r; k++) {
-        char ch = c->in[k];
-        if (ch == '\r') st = (st == 2) ? 3 : 1;
-        else if (ch == '\n' && (st == 1 || st == 3)) {
-            if (st == 3) { count++; st = 0; } else st = 2;
-        } else st = 0;
-    }
-    c->state = st;
+    size_t count = count_heads(&c->state, c->in, (size_t)r);
     if (!count) { post_recv(fd, c); return; }
     size_t need = count * resp_len;
     if (need > c->out_cap) {
@@ -149,33 +125,8 @@ static void on_send(int fd, struct conn *c, int r) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) { fprintf(stderr, "usage: %s PORT [json]\n", argv[0]); return 2; }
-    int port = atoi(argv[1]);
-    int json = argc > 2 && strcmp(argv[2], "json") == 0;
-    const char *body = json ? "{\"message\":\"Hello, World!\"}" : "Hello, World!";
-    const char *ctype = json ? "application/json" : "text/plain";
-    const char *DATE0 = "Thu, 01 Jan 1970 00:00:00 GMT";
-    resp_len = (size_t)snprintf(resp, sizeof resp,
-        "HTTP/1.1 200 OK\r\nServer: ceiling\r\nDate: %s\r\nContent-Type: %s\r\n"
-        "Content-Length: %zu\r\n\r\n%s", DATE0, ctype, strlen(body), body);
-    date_pos = strstr(resp, DATE0);
-    update_date();
-
-    signal(SIGPIPE, SIG_IGN);
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-        rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
-    }
-    int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (ls < 0) { perror("socket"); return 1; }
+    int ls = ceiling_start(argc, argv, 0, "ceiling-uring");
     int one = 1;
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    const char *addr = getenv("CEILING_ADDR");
-    inet_pton(AF_INET, addr ? addr : "127.0.0.1", &sa.sin_addr);
-    if (bind(ls, (struct sockaddr *)&sa, sizeof sa) < 0) { perror("bind"); return 1; }
-    if (listen(ls, 65535) < 0) { perror("listen"); return 1; }
 
     struct io_uring_params p = { 0 };
     p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_CQSIZE;
@@ -183,8 +134,6 @@ int main(int argc, char **argv) {
     int e = io_uring_queue_init_params(ENTRIES, &ring, &p);
     if (e < 0) { fprintf(stderr, "io_uring_queue_init: %s\n", strerror(-e)); return 1; }
     post_accept(ls);
-    fprintf(stderr, "ceiling-uring listening on %s:%d (%s)\n", addr ? addr : "127.0.0.1", port,
-            json ? "json" : "plaintext");
     for (;;) {
         int w = io_uring_submit_and_wait(&ring, 1);
         if (w < 0 && w != -EINTR && w != -EAGAIN && w != -EBUSY) {
