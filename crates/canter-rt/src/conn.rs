@@ -7,8 +7,8 @@
 //!    high-water mark it flushes before parsing the next request, so a peer that does not read
 //!    stops being read from.
 //! 2. `flush`: write the whole batch with one `write`/`writev`.
-//! 3. `read`: wait for more bytes under the idle or head timeout (empty buffers go back to the
-//!    worker's pool while waiting, at the latest after the worker's next tick), then loop.
+//! 3. `read`: wait for more bytes under the idle or head timeout (buffers go back to the worker's
+//!    pool while waiting), then loop.
 //!
 //! A handler that returns a future is polled by this same task; when it waits for request body
 //! bytes the task reads the socket for it (see [`crate::body`]).
@@ -96,9 +96,6 @@ pub(crate) async fn serve<S: Service>(
         errored: false,
         deferred: 0,
         in_handler: false,
-        id: registration.id,
-        hold: None,
-        listed: u64::MAX,
     };
     let result = driver.run().await;
     if matches!(result, Ok(()) | Err(Stop::Done)) {
@@ -145,27 +142,6 @@ struct Driver<S> {
     deferred: u32,
     /// Set while the service's `call` runs: tells a handler's panic from any other.
     in_handler: bool,
-    /// This connection's slot in the worker's registry.
-    id: usize,
-    /// The tick in which the connection started keeping its empty buffers through a wait.
-    hold: Option<u64>,
-    /// The tick for which the connection last asked the worker to wake it.
-    listed: u64,
-}
-
-impl<S> Drop for Driver<S> {
-    fn drop(&mut self) {
-        self.end_hold();
-    }
-}
-
-impl<S> Driver<S> {
-    /// Gives back the worker's permission to keep idle buffers, if the connection has it.
-    fn end_hold(&mut self) {
-        if self.hold.take().is_some() {
-            self.worker.unhold();
-        }
-    }
 }
 
 impl<S: Service> Driver<S> {
@@ -755,6 +731,7 @@ impl<S: Service> Driver<S> {
             self.read_in_turn = 0;
             tokio::task::yield_now().await;
         }
+        self.release_idle_buffers();
         let result = poll_fn(|cx| {
             if self.worker.draining() && self.rbuf.is_empty() && self.h1.is_idle() {
                 return Poll::Ready(Err(Stop::Done));
@@ -763,19 +740,15 @@ impl<S: Service> Driver<S> {
                 Poll::Ready(Ok(0)) => Poll::Ready(Err(Stop::Eof)),
                 Poll::Ready(Ok(_)) => Poll::Ready(Ok(())),
                 Poll::Ready(Err(e)) => Poll::Ready(Err(Stop::Io(e))),
-                Poll::Pending => {
-                    self.idle_buffers();
-                    match self.h1.deadline() {
-                        Some(at) if self.timer.poll_expired(cx, at) => {
-                            Poll::Ready(Err(Stop::Timeout("read")))
-                        }
-                        _ => Poll::Pending,
+                Poll::Pending => match self.h1.deadline() {
+                    Some(at) if self.timer.poll_expired(cx, at) => {
+                        Poll::Ready(Err(Stop::Timeout("read")))
                     }
-                }
+                    _ => Poll::Pending,
+                },
             }
         })
         .await;
-        self.end_hold();
         if result.is_ok() {
             let head_pending = !self.h1.is_idle();
             let max_head = self.cfg.limits.max_head.min(canter_h1::Limits::HEAD_CAP);
@@ -862,34 +835,6 @@ impl<S: Service> Driver<S> {
             }
         }
         self.worker.give_buf(scratch);
-    }
-
-    /// Decides what happens to empty buffers while the connection waits for the peer: kept
-    /// through the wait when the worker allows it ([`Worker::try_hold`]) and no tick has passed
-    /// since the wait began, otherwise returned to the worker's pool. The worker wakes a holding
-    /// connection at its next tick, so an idle connection holds buffers for one tick at most.
-    fn idle_buffers(&mut self) {
-        let spare = (self.rbuf.is_empty() && self.rbuf.capacity() > 0)
-            || (self.out.is_empty() && self.out.buf.capacity() > 0);
-        if !spare {
-            return;
-        }
-        let epoch = self.worker.epoch();
-        match self.hold {
-            Some(since) if since == epoch => {}
-            Some(_) => {
-                self.end_hold();
-                self.release_idle_buffers();
-            }
-            None if !self.worker.draining() && self.worker.try_hold() => {
-                self.hold = Some(epoch);
-                if self.listed != epoch {
-                    self.listed = epoch;
-                    self.worker.wake_at_tick(self.id);
-                }
-            }
-            None => self.release_idle_buffers(),
-        }
     }
 
     fn release_idle_buffers(&mut self) {

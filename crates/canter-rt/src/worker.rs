@@ -24,9 +24,6 @@ pub(crate) fn later(at: Instant, d: Duration) -> Instant {
 pub(crate) const TICK: Duration = Duration::from_millis(100);
 /// Buffers kept for reuse per worker.
 const POOL_MAX: usize = 256;
-/// Connections per worker that may keep their (empty) buffers while they wait for the peer's
-/// next request; see [`Worker::try_hold`].
-const HOLD_MAX: usize = 256;
 
 pub(crate) struct Worker {
     date: RefCell<[u8; 29]>,
@@ -39,12 +36,6 @@ pub(crate) struct Worker {
     pool: RefCell<Vec<BytesMut>>,
     draining: Cell<bool>,
     conns: RefCell<Slab>,
-    /// Connections holding empty buffers through a wait, at most [`HOLD_MAX`].
-    held: Cell<usize>,
-    /// Ticks so far: a connection that started holding in an earlier tick gives its buffers back.
-    epoch: Cell<u64>,
-    /// Connections to wake at the next tick so that they can give their buffers back.
-    holders: RefCell<Vec<usize>>,
 }
 
 /// Wakers of live connections, so draining can wake the idle ones. A slot per connection,
@@ -68,9 +59,6 @@ impl Worker {
             pool: RefCell::new(Vec::new()),
             draining: Cell::new(false),
             conns: RefCell::new(Slab::default()),
-            held: Cell::new(0),
-            epoch: Cell::new(0),
-            holders: RefCell::new(Vec::new()),
         };
         w.tick();
         w
@@ -80,21 +68,6 @@ impl Worker {
     /// [`TICK`] by the worker's ticker.
     pub(crate) fn tick(&self) {
         self.now.set(Instant::now());
-        self.epoch.set(self.epoch.get().wrapping_add(1));
-        let mut holders = std::mem::take(&mut *self.holders.borrow_mut());
-        if !holders.is_empty() {
-            let conns = self.conns.borrow();
-            for id in holders.drain(..) {
-                if let Some(Some(waker)) = conns.slots.get(id) {
-                    waker.wake_by_ref();
-                }
-            }
-            // Keep the allocation for the next tick's list (unless a wake-up listed someone).
-            let mut list = self.holders.borrow_mut();
-            if list.is_empty() {
-                *list = holders;
-            }
-        }
         let wall = SystemTime::now();
         let second = wall
             .duration_since(SystemTime::UNIX_EPOCH)
@@ -161,36 +134,6 @@ impl Worker {
         }
     }
 
-    /// The number of the current tick.
-    pub(crate) fn epoch(&self) -> u64 {
-        self.epoch.get()
-    }
-
-    /// Asks whether one more connection may keep its empty buffers while it waits for the
-    /// peer, instead of returning them to the pool now and taking them back for the next
-    /// request (on a busy connection that round trip costs about as much as parsing the
-    /// request). At most [`HOLD_MAX`] connections per worker hold at once, so the memory held
-    /// is bounded; each one is woken at the next tick (see [`Worker::wake_at_tick`]) and gives
-    /// its buffers back if it is still waiting. Pair every `true` with [`Worker::unhold`].
-    pub(crate) fn try_hold(&self) -> bool {
-        let held = self.held.get();
-        if held >= HOLD_MAX {
-            return false;
-        }
-        self.held.set(held + 1);
-        true
-    }
-
-    /// Ends a hold granted by [`Worker::try_hold`].
-    pub(crate) fn unhold(&self) {
-        self.held.set(self.held.get().saturating_sub(1));
-    }
-
-    /// Wakes connection `id` at the next tick.
-    pub(crate) fn wake_at_tick(&self, id: usize) {
-        self.holders.borrow_mut().push(id);
-    }
-
     pub(crate) fn draining(&self) -> bool {
         self.draining.get()
     }
@@ -249,75 +192,5 @@ impl Worker {
 
     pub(crate) fn live(&self) -> usize {
         self.conns.borrow().live
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::Wake;
-
-    use super::*;
-
-    /// Counts its wake-ups.
-    #[derive(Default)]
-    struct Count(AtomicUsize);
-
-    impl Wake for Count {
-        fn wake(self: Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-        fn wake_by_ref(self: &Arc<Self>) {
-            self.0.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn woken(c: &Arc<Count>) -> usize {
-        c.0.load(Ordering::Relaxed)
-    }
-
-    #[test]
-    fn holds_are_bounded() {
-        let w = Worker::new("t", Arc::default());
-        for _ in 0..HOLD_MAX {
-            assert!(w.try_hold());
-        }
-        assert!(!w.try_hold(), "more than HOLD_MAX holds granted");
-        w.unhold();
-        assert!(w.try_hold(), "a hold given back can be granted again");
-        assert!(!w.try_hold());
-    }
-
-    #[test]
-    fn tick_wakes_each_listed_connection_once_and_advances_the_epoch() {
-        let w = Worker::new("t", Arc::default());
-        let (a, b) = (Arc::new(Count::default()), Arc::new(Count::default()));
-        let ia = w.register();
-        w.set_waker(ia, Waker::from(a.clone()));
-        let ib = w.register();
-        w.set_waker(ib, Waker::from(b.clone()));
-
-        let e0 = w.epoch();
-        w.wake_at_tick(ia);
-        w.tick();
-        assert_eq!(w.epoch(), e0 + 1);
-        assert_eq!(
-            (woken(&a), woken(&b)),
-            (1, 0),
-            "only the listed connection is woken"
-        );
-
-        // The list is emptied by the tick: the next tick wakes nobody.
-        w.tick();
-        assert_eq!((woken(&a), woken(&b)), (1, 0));
-
-        // A connection that closed meanwhile is skipped; its slot may be reused later.
-        w.wake_at_tick(ib);
-        w.unregister(ib);
-        w.tick();
-        assert_eq!((woken(&a), woken(&b)), (1, 0));
-        assert_eq!(w.epoch(), e0 + 3);
     }
 }
