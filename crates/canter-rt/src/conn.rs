@@ -937,7 +937,16 @@ impl Out {
     fn poll_write(&mut self, io: &mut TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while !self.is_empty() {
             let n = if self.queue.is_empty() {
-                ready!(Pin::new(&mut *io).poll_write(cx, &self.buf))?
+                // While the socket is known writable (the usual case) `try_write` skips the
+                // waker and budget bookkeeping of `poll_write`; once it is not, `poll_write`
+                // arranges the wake-up.
+                match io.try_write(&self.buf) {
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        ready!(Pin::new(&mut *io).poll_write(cx, &self.buf))?
+                    }
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
             } else {
                 let mut iov = [IoSlice::new(&[]); 16];
                 let mut k = 0;
