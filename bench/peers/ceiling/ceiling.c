@@ -41,14 +41,7 @@ static int nconns;
 static char *wbuf;               /* scratch buffer for one batch of responses */
 static size_t wbuf_cap;
 static struct conn *get_conn(int fd) {
-    if (fd >= nconns) {
-        int n = nconns ? nconns : 1024;
-        while (n <= fd) n *= 2;
-        conns = realloc(conns, (size_t)n * sizeof *conns);
-        if (!conns) { perror("realloc"); exit(1); }
-        memset(conns + nconns, 0, (size_t)(n - nconns) * sizeof *conns);
-        nconns = n;
-    }
+    conns = fd_table_fit(conns, &nconns, fd, sizeof *conns);
     return &conns[fd];
 }
 

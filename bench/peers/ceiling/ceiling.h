@@ -1,7 +1,8 @@
 /*
  * What the two ceiling responders (ceiling.c on epoll, ceiling_uring.c on io_uring)
- * share: the canned response with its once-a-second Date, the listening socket and
- * the "\r\n\r\n" counter. Header-only; each responder is one translation unit.
+ * share: the canned response with its once-a-second Date, the listening socket, the
+ * "\r\n\r\n" counter and the growth of the fd-indexed connection table. Header-only;
+ * each responder is one translation unit.
  */
 #ifndef CEILING_H
 #define CEILING_H
@@ -17,6 +18,19 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <time.h>
+
+/* Grows a table indexed by file descriptor, zero-filling the new slots, so that `fd`
+ * fits; returns the (possibly moved) table and updates *len. Exits if out of memory. */
+static void *fd_table_fit(void *table, int *len, int fd, size_t elem) {
+    if (fd < *len) return table;
+    int n = *len ? *len : 1024;
+    while (n <= fd) n *= 2;
+    char *t = realloc(table, (size_t)n * elem);
+    if (!t) { perror("realloc"); exit(1); }
+    memset(t + (size_t)*len * elem, 0, (size_t)(n - *len) * elem);
+    *len = n;
+    return t;
+}
 
 static char resp[512];
 static size_t resp_len;

@@ -80,14 +80,7 @@ static void post_accept(int ls) {
 }
 
 static struct conn *new_conn(int fd) {
-    if (fd >= nconns) {
-        int n = nconns ? nconns : 1024;
-        while (n <= fd) n *= 2;
-        conns = realloc(conns, (size_t)n * sizeof *conns);
-        if (!conns) { perror("realloc"); exit(1); }
-        memset(conns + nconns, 0, (size_t)(n - nconns) * sizeof *conns);
-        nconns = n;
-    }
+    conns = fd_table_fit(conns, &nconns, fd, sizeof *conns);
     struct conn *c = calloc(1, sizeof *c);
     if (!c || !(c->in = malloc(RDBUF))) { perror("malloc"); exit(1); }
     conns[fd] = c;
