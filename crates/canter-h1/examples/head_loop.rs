@@ -7,6 +7,9 @@
 //! taskset -c 0 cargo run --release -p canter-h1 --example head_loop
 //! ```
 //!
+//! With `BROWSER=1` the request is a browser-like head instead (a 47-byte target with a query
+//! and eight fields, 471 bytes in all), where the scans of long values weigh most.
+//!
 //! Prints the fastest of 40 runs of 160,000 requests, in nanoseconds per request. Noise on a
 //! shared machine mostly adds time, so the minimum is far steadier than whole-server timings
 //! (within about 2% over a few minutes, where rounds of a server benchmark spread by 10-25%),
@@ -26,13 +29,17 @@ const BATCHES: usize = 10_000;
 const RUNS: usize = 40;
 
 fn main() {
-    let request = b"GET /plaintext HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n".repeat(DEPTH);
+    let request = if std::env::var_os("BROWSER").is_some() {
+        b"GET /static/app/main.3f2a9c1e.js?v=20261122&lang=en HTTP/1.1\r\nHost: www.example.com\r\nUser-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0\r\nAccept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8\r\nAccept-Language: en-US,en;q=0.5\r\nAccept-Encoding: gzip, deflate, br, zstd\r\nReferer: https://www.example.com/products/list?page=2\r\nCookie: session=8f14e45fceea167a5a36dedd4bea2543; theme=dark; consent=1\r\nConnection: keep-alive\r\n\r\n".repeat(DEPTH)
+    } else {
+        b"GET /plaintext HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n".repeat(DEPTH)
+    };
     let preamble: &[u8] =
         b"HTTP/1.1 200 OK\r\nServer: canter\r\nDate: Sun, 22 Nov 2026 12:00:00 GMT\r\n";
     let body: &[u8] = std::hint::black_box(b"Hello, World!");
     let now = Instant::now();
     let mut conn = Conn::new(Limits::default(), Timeouts::default(), now);
-    let mut input = BytesMut::with_capacity(4096);
+    let mut input = BytesMut::with_capacity(16384);
     let mut out = BytesMut::with_capacity(8192);
     let mut best = f64::MAX;
     let mut path_bytes = 0usize;
@@ -67,6 +74,6 @@ fn main() {
         let per_request = start.elapsed().as_nanos() as f64 / (BATCHES * DEPTH) as f64;
         best = best.min(per_request);
     }
-    assert_eq!(path_bytes, "/plaintext".len() * BATCHES * DEPTH * RUNS);
+    assert!(path_bytes > 0);
     println!("{best:.2} ns per request (fastest of {RUNS} runs of {BATCHES} x {DEPTH})");
 }
