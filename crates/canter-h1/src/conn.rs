@@ -16,7 +16,7 @@
 
 use std::time::Instant;
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 
 use crate::head::HostCache;
 
@@ -302,7 +302,7 @@ impl Conn {
             self.keep_alive = false;
         }
         let no_body = status == 204 || status == 304 || (100..200).contains(&status);
-        out.reserve(256);
+        let mut w = HeadWriter::new(out, 256);
         match preamble {
             Preamble::Ready(block) => {
                 debug_assert!(
@@ -310,25 +310,25 @@ impl Conn {
                     "preamble without its status line"
                 );
                 if status == 200 {
-                    out.extend_from_slice(block);
+                    w.put(block);
                 } else {
-                    put_status_line(status, out);
-                    out.extend_from_slice(block.get(OK_LINE.len()..).unwrap_or_default());
+                    put_status_line(status, &mut w);
+                    w.put(block.get(OK_LINE.len()..).unwrap_or_default());
                 }
             }
             Preamble::Parts { date, server } => {
-                put_status_line(status, out);
-                out.extend_from_slice(b"Server: ");
-                out.extend_from_slice(server);
-                out.extend_from_slice(b"\r\nDate: ");
-                out.extend_from_slice(date);
-                out.extend_from_slice(b"\r\n");
+                put_status_line(status, &mut w);
+                w.put(b"Server: ");
+                w.put(server);
+                w.put(b"\r\nDate: ");
+                w.put(date);
+                w.put(b"\r\n");
             }
         }
         self.send = match len {
             _ if no_body => Send::NoBody,
             BodyLen::Known(n) => {
-                put_content_length(n, out);
+                put_content_length(n, &mut w);
                 if self.head_request {
                     Send::NoBody
                 } else {
@@ -337,7 +337,7 @@ impl Conn {
             }
             BodyLen::Unknown if self.head_request => Send::NoBody,
             BodyLen::Unknown if self.version == Version::Http11 => {
-                out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
+                w.put(b"Transfer-Encoding: chunked\r\n");
                 Send::Chunked
             }
             BodyLen::Unknown => {
@@ -346,26 +346,27 @@ impl Conn {
             }
         };
         if !self.keep_alive {
-            out.extend_from_slice(b"Connection: close\r\n");
+            w.put(b"Connection: close\r\n");
         } else if self.version == Version::Http10 {
-            out.extend_from_slice(b"Connection: keep-alive\r\n");
+            w.put(b"Connection: keep-alive\r\n");
         }
         if let Some(value) = content_type {
             if !CHECK || valid_field(b"content-type", value) {
-                out.extend_from_slice(b"Content-Type: ");
-                out.extend_from_slice(value);
-                out.extend_from_slice(b"\r\n");
+                w.put(b"Content-Type: ");
+                w.put(value);
+                w.put(b"\r\n");
             }
         }
         for (name, value) in headers {
             if !CHECK || valid_field(name, value) {
-                out.extend_from_slice(name);
-                out.extend_from_slice(b": ");
-                out.extend_from_slice(value);
-                out.extend_from_slice(b"\r\n");
+                w.put(name);
+                w.put(b": ");
+                w.put(value);
+                w.put(b"\r\n");
             }
         }
-        out.extend_from_slice(b"\r\n");
+        w.put(b"\r\n");
+        w.finish();
         !matches!(self.send, Send::NoBody)
     }
 
@@ -501,40 +502,40 @@ fn hex_len(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
 /// The first line of the preformatted block [`Conn::start_response_prevalidated`] takes.
 pub const OK_LINE: &[u8] = b"HTTP/1.1 200 OK\r\n";
 
-fn put_status_line(status: u16, out: &mut BytesMut) {
+fn put_status_line(status: u16, w: &mut HeadWriter<'_>) {
     match status_line(status) {
-        Some(line) => out.extend_from_slice(line),
+        Some(line) => w.put(line),
         None => {
-            out.extend_from_slice(b"HTTP/1.1 ");
-            put_status(status, out);
+            w.put(b"HTTP/1.1 ");
+            put_status(status, w);
         }
     }
-    out.extend_from_slice(b"\r\n");
+    w.put(b"\r\n");
 }
 
 /// `Content-Length: n\r\n`. Lengths below 10,000 (every small response) are appended from
 /// constant pieces: assembling the line on the stack and copying it out cost a store-forwarding
 /// stall per response (narrow stores read back by a wide load), several times the work itself.
-fn put_content_length(n: u64, out: &mut BytesMut) {
-    out.extend_from_slice(b"Content-Length: ");
+fn put_content_length(n: u64, w: &mut HeadWriter<'_>) {
+    w.put(b"Content-Length: ");
     match n {
-        0..=9 => out.extend_from_slice(&[b'0' + n as u8]),
-        10..=99 => out.extend_from_slice(&DIGIT_PAIRS[n as usize]),
+        0..=9 => w.put(&[b'0' + n as u8]),
+        10..=99 => w.put(&DIGIT_PAIRS[n as usize]),
         100..=999 => {
-            out.extend_from_slice(&[b'0' + (n / 100) as u8]);
-            out.extend_from_slice(&DIGIT_PAIRS[(n % 100) as usize]);
+            w.put(&[b'0' + (n / 100) as u8]);
+            w.put(&DIGIT_PAIRS[(n % 100) as usize]);
         }
         1000..=9999 => {
-            out.extend_from_slice(&DIGIT_PAIRS[(n / 100) as usize]);
-            out.extend_from_slice(&DIGIT_PAIRS[(n % 100) as usize]);
+            w.put(&DIGIT_PAIRS[(n / 100) as usize]);
+            w.put(&DIGIT_PAIRS[(n % 100) as usize]);
         }
-        _ => put_digits(n, out),
+        _ => put_digits(n, w),
     }
-    out.extend_from_slice(b"\r\n");
+    w.put(b"\r\n");
 }
 
 /// The decimal digits of `n`, assembled on the stack from the right and appended in one copy.
-fn put_digits(n: u64, out: &mut BytesMut) {
+fn put_digits(n: u64, w: &mut HeadWriter<'_>) {
     // Room for u64::MAX (20 digits).
     let mut digits = [0u8; 20];
     let mut at = digits.len();
@@ -553,7 +554,7 @@ fn put_digits(n: u64, out: &mut BytesMut) {
         at -= 1;
         digits[at] = b'0' + n as u8;
     }
-    out.extend_from_slice(&digits[at..]);
+    w.put(&digits[at..]);
 }
 
 /// "00" to "99".
@@ -579,15 +580,70 @@ fn status_line(status: u16) -> Option<&'static [u8]> {
     })
 }
 
-fn put_status(status: u16, out: &mut BytesMut) {
+fn put_status(status: u16, w: &mut HeadWriter<'_>) {
     let status = if (100..1000).contains(&status) {
         status
     } else {
         500
     };
-    out.put_slice(itoa::Buffer::new().format(status).as_bytes());
-    out.put_u8(b' ');
-    out.put_slice(reason(status).as_bytes());
+    w.put(itoa::Buffer::new().format(status).as_bytes());
+    w.put(b" ");
+    w.put(reason(status).as_bytes());
+}
+
+/// Appends a response head to a buffer: the pieces go into capacity reserved up front, and the
+/// buffer's length is set once, by [`HeadWriter::finish`]. With `extend_from_slice` per piece,
+/// each piece checked the capacity and stored the length, and the next piece's address waited
+/// for that store to be loaded back.
+struct HeadWriter<'a> {
+    out: &'a mut BytesMut,
+    /// Where the next piece goes; every byte of `out` before it has been written.
+    at: usize,
+}
+
+impl<'a> HeadWriter<'a> {
+    /// A writer appending to `out`, with room for `reserve` bytes before it has to grow it.
+    #[inline(always)]
+    fn new(out: &'a mut BytesMut, reserve: usize) -> HeadWriter<'a> {
+        out.reserve(reserve);
+        let at = out.len();
+        HeadWriter { out, at }
+    }
+
+    #[inline(always)]
+    fn put(&mut self, piece: &[u8]) {
+        let end = self.at + piece.len();
+        if end > self.out.capacity() {
+            self.grow(piece.len());
+        }
+        // SAFETY: `at + piece.len()` is within the capacity (checked above; `grow` makes room),
+        // so the destination is inside the buffer's allocation, and it cannot overlap `piece`,
+        // which the caller lends while the buffer is borrowed mutably here.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                piece.as_ptr(),
+                self.out.as_mut_ptr().add(self.at),
+                piece.len(),
+            );
+        }
+        self.at += piece.len();
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, n: usize) {
+        // SAFETY: every byte before `at` has been written (the invariant of `at`), and `at` is
+        // within the capacity.
+        unsafe { self.out.set_len(self.at) };
+        self.out.reserve(n.max(256));
+    }
+
+    /// Makes the written pieces part of the buffer.
+    #[inline(always)]
+    fn finish(self) {
+        // SAFETY: as in `grow`.
+        unsafe { self.out.set_len(self.at) };
+    }
 }
 
 /// The reason phrase of a status code ("" for unknown codes, which RFC 9112 allows).
@@ -680,13 +736,17 @@ mod tests {
             (u64::MAX, "Content-Length: 18446744073709551615\r\n"),
         ] {
             let mut out = BytesMut::new();
-            put_content_length(n, &mut out);
+            let mut w = HeadWriter::new(&mut out, 0);
+            put_content_length(n, &mut w);
+            w.finish();
             assert_eq!(&out[..], line.as_bytes());
         }
         // Every length up to 100,000 against the standard formatting.
         for n in 0..100_000u64 {
             let mut out = BytesMut::new();
-            put_content_length(n, &mut out);
+            let mut w = HeadWriter::new(&mut out, 0);
+            put_content_length(n, &mut w);
+            w.finish();
             assert_eq!(out, format!("Content-Length: {n}\r\n").as_bytes(), "{n}");
         }
     }
