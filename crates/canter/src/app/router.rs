@@ -403,7 +403,7 @@ fn tail_word(bytes: &[u8], r: usize) -> u64 {
     }
 }
 
-/// The key of a path in [`Table::statics`].
+/// The key of a path in [`Statics::hashed`].
 #[inline]
 fn path_hash(path: &str) -> u64 {
     let mut h = PathHasher::default();
@@ -411,13 +411,61 @@ fn path_hash(path: &str) -> u64 {
     h.0
 }
 
+/// Routes without parameters, found by their exact path instead of a tree walk (the tree gives
+/// static segments priority, so an exact match is its answer too). Candidates are checked
+/// against the route's pattern.
+#[derive(Clone)]
+struct Statics {
+    /// For paths shorter than [`Statics::SHORT`] bytes, by length: the routes of that length,
+    /// compared in turn, or `None` once more than [`Statics::SCAN`] share it (then `hashed`
+    /// answers). An index and a compare or two cost less than hashing the path.
+    by_len: Vec<Option<SmallVec<[usize; 2]>>>,
+    /// Every static route, by the hash of its path ([`path_hash`]).
+    hashed: HashMap<u64, SmallVec<[usize; 1]>, BuildPathHasher>,
+}
+
+impl Statics {
+    const SHORT: usize = 64;
+    const SCAN: usize = 4;
+
+    fn new() -> Statics {
+        Statics {
+            by_len: vec![Some(SmallVec::new()); Statics::SHORT],
+            hashed: HashMap::default(),
+        }
+    }
+
+    fn add(&mut self, pattern: &str, index: usize) {
+        self.hashed
+            .entry(path_hash(pattern))
+            .or_default()
+            .push(index);
+        if let Some(slot) = self.by_len.get_mut(pattern.len()) {
+            match slot {
+                Some(same_len) if same_len.len() < Statics::SCAN => same_len.push(index),
+                _ => *slot = None,
+            }
+        }
+    }
+
+    /// Indexes of the routes whose pattern may be `path` (exactly those of its length, or those
+    /// of its hash).
+    #[inline]
+    fn candidates(&self, path: &str) -> &[usize] {
+        match self.by_len.get(path.len()) {
+            Some(Some(same_len)) => same_len,
+            _ => self
+                .hashed
+                .get(&path_hash(path))
+                .map_or(&[], |c| c.as_slice()),
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Table {
     matcher: matchit::Router<usize>,
-    /// Routes without parameters, by the hash of their exact path ([`path_hash`]): found by
-    /// one lookup instead of a tree walk (the tree gives static segments priority, so an exact
-    /// match is its answer too). Candidates are checked against the route's pattern.
-    statics: HashMap<u64, SmallVec<[usize; 1]>, BuildPathHasher>,
+    statics: Statics,
     routes: Vec<Route>,
     fallback: Option<Endpoint>,
     states: Rc<States>,
@@ -443,10 +491,7 @@ impl Table {
         let index = self.routes.len();
         self.matcher.insert(pattern.clone(), index)?;
         if !pattern.contains(['{', '}']) {
-            self.statics
-                .entry(path_hash(&pattern))
-                .or_default()
-                .push(index);
+            self.statics.add(&pattern, index);
         }
         let names: Vec<Box<str>> = param_names(&pattern);
         let allow = methods.allow();
@@ -513,7 +558,7 @@ impl Router {
         Router {
             table: Rc::new(Table {
                 matcher: matchit::Router::new(),
-                statics: HashMap::default(),
+                statics: Statics::new(),
                 routes: Vec::new(),
                 fallback: None,
                 states: Rc::new(States::default()),
@@ -684,12 +729,12 @@ impl Router {
     fn dispatch(&self, mut req: Request) -> Reply {
         let table = &*self.table;
         let path = req.path();
-        let exact = table.statics.get(&path_hash(path)).and_then(|candidates| {
-            candidates
-                .iter()
-                .map(|&i| &table.routes[i])
-                .find(|r| canter_h1::eq_bytes(r.pattern.as_bytes(), path.as_bytes()))
-        });
+        let exact = table
+            .statics
+            .candidates(path)
+            .iter()
+            .map(|&i| &table.routes[i])
+            .find(|r| canter_h1::eq_bytes(r.pattern.as_bytes(), path.as_bytes()));
         let (route, spans) = if let Some(route) = exact {
             (route, SmallVec::new())
         } else {

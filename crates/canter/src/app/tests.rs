@@ -339,3 +339,31 @@ fn limits_survive_merging_routes() {
     );
     assert_eq!(text(&ready(&app, "GET", "/x")), "get");
 }
+
+#[test]
+fn static_paths_shared_lengths_and_long_paths() {
+    // Six static paths of one length (more than are compared in turn), paths of 63, 64 and 100
+    // bytes (either side of the by-length table's end), and a parameterized route they shadow.
+    let long = |n: usize| format!("/{}", "x".repeat(n - 1));
+    let mut app = Router::new().route("/{p}", get(|Path(p): Path<String>| format!("param {p}")));
+    for name in ["/aa", "/bb", "/cc", "/dd", "/ee", "/ff"] {
+        app = app.route(name, get(move || name));
+    }
+    for n in [63, 64, 100] {
+        let path = long(n);
+        app = app.route(&path, get(move || format!("long {n}")));
+    }
+    for name in ["/aa", "/bb", "/cc", "/dd", "/ee", "/ff"] {
+        assert_eq!(text(&ready(&app, "GET", name)), name);
+    }
+    assert_eq!(text(&ready(&app, "GET", "/gg")), "param gg");
+    for n in [63, 64, 100] {
+        assert_eq!(text(&ready(&app, "GET", &long(n))), format!("long {n}"));
+        // Same length, other bytes: not the static route.
+        let other = format!("/y{}", "x".repeat(n - 2));
+        assert_eq!(
+            text(&ready(&app, "GET", &other)),
+            format!("param {}", &other[1..])
+        );
+    }
+}
