@@ -8,6 +8,9 @@
 # `GET PATH` on one connection (Python standard library), stops the server and prints the
 # whole program's instruction count divided by the 32,000 requests (start-up included, a few
 # thousand instructions in all). Leaves the profile in bench/results/callgrind.out.
+#
+# SERVER="..." runs another server command instead (it must listen on 127.0.0.1:31050), e.g.
+#   SERVER="target/release/examples/app_overhead bare 127.0.0.1:31050" bench/cg_pipeline.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${1:-$ROOT/target/release/canter}"
@@ -18,8 +21,13 @@ DEPTH=16
 OUT="$ROOT/bench/results/callgrind.out"
 command -v valgrind >/dev/null || { echo "needs valgrind: apt-get install -y valgrind" >&2; exit 1; }
 mkdir -p "$ROOT/bench/results"
+if [ -n "${SERVER:-}" ]; then
+    read -r -a CMD <<<"$SERVER"
+else
+    CMD=("$BIN" serve --addr 127.0.0.1:$PORT --workers 1)
+fi
 valgrind --tool=callgrind --callgrind-out-file="$OUT" --dump-instr=no \
-    "$BIN" serve --addr 127.0.0.1:$PORT --workers 1 >/dev/null 2>&1 &
+    "${CMD[@]}" >/dev/null 2>&1 &
 SERVER=$!
 trap 'kill -INT $SERVER 2>/dev/null || true' EXIT
 python3 - "$PORT" "$BATCHES" "$DEPTH" "$TARGET" <<'PY'
