@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use canter_rt::http::StatusCode;
 use canter_rt::{Body, Config, Reply, Request, Response};
+use canter_testkit::random_bytes;
 
 use common::{test_config, TestServer};
 
@@ -35,20 +36,6 @@ fn test_dir(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// `n` pseudo-random bytes (xorshift; deterministic for a seed).
-fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(n + 8);
-    while out.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(n);
-    out
 }
 
 /// Serves files of `dir`:

@@ -1,6 +1,6 @@
 //! Test-only helpers shared by the integration tests of `canter-rt` and `canter`: a small,
-//! strict raw HTTP/1.1 client ([`Client`], [`Response`], [`chunked`]) and probes of processes
-//! ([`rss_kib`], [`open_files_limit`]).
+//! strict raw HTTP/1.1 client ([`Client`], [`Response`], [`chunked`]), probes of processes
+//! ([`rss_kib`], [`open_files_limit`]) and test data ([`random_bytes`]).
 //!
 //! Every socket operation has a timeout ([`IO_TIMEOUT`]) so a hung server fails a test instead
 //! of hanging the suite.
@@ -10,7 +10,9 @@
 #![allow(clippy::unwrap_used)]
 
 mod client;
+mod data;
 mod process;
 
 pub use client::{chunked, connect_stream, Client, Response, IO_TIMEOUT};
+pub use data::random_bytes;
 pub use process::{open_files_limit, rss_kib};

@@ -27,7 +27,7 @@ use canter::rt::{Config, ShutdownHandle};
 
 // Not every test binary uses every re-export.
 #[allow(unused_imports)]
-pub use canter_testkit::{Client, Response, IO_TIMEOUT};
+pub use canter_testkit::{random_bytes, Client, Response, IO_TIMEOUT};
 
 /// A running `canter serve` child process; killed when dropped.
 pub struct Server {
@@ -212,20 +212,6 @@ pub fn assert_imf_fixdate(d: &str) {
             assert!(c.is_ascii_digit(), "{d:?}");
         }
     }
-}
-
-/// `n` pseudo-random bytes (xorshift; deterministic for a seed).
-pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(n + 8);
-    while out.len() < n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(n);
-    out
 }
 
 /// A POST /echo request with a Content-Length body.
