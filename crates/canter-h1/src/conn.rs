@@ -721,6 +721,43 @@ mod tests {
         }
     }
 
+    /// Heads longer than the capacity reserved up front, appended after what the buffer
+    /// already holds (the responses before them in a pipelined batch): the writer grows the
+    /// buffer mid-head and keeps every byte.
+    #[test]
+    fn heads_that_outgrow_the_reservation() {
+        let now = Instant::now();
+        for (before, value_len) in [(0, 200), (100, 300), (4_000, 5_000), (8_191, 70_000)] {
+            let mut conn = Conn::new(Limits::default(), Timeouts::default(), now);
+            let mut out = BytesMut::with_capacity(before + 1);
+            out.extend_from_slice(&b"p".repeat(before));
+            let value = "v".repeat(value_len);
+            let server = "s".repeat(value_len / 3);
+            let fields = [
+                (&b"x-long"[..], value.as_bytes()),
+                (&b"x-short"[..], &b"1"[..]),
+            ];
+            let date = b"Sun, 22 Nov 2026 12:00:00 GMT";
+            let body = conn.start_response(
+                201,
+                fields,
+                BodyLen::Known(12_345),
+                date,
+                server.as_bytes(),
+                &mut out,
+            );
+            assert!(body);
+            let expected = format!(
+                "{}HTTP/1.1 201 Created\r\nServer: {server}\r\nDate: {}\r\n\
+                 Content-Length: 12345\r\nx-long: {value}\r\nx-short: 1\r\n\r\n",
+                "p".repeat(before),
+                String::from_utf8_lossy(date),
+            );
+            assert_eq!(out.len(), expected.len(), "{before} + {value_len}");
+            assert!(out[..] == *expected.as_bytes(), "{before} + {value_len}");
+        }
+    }
+
     #[test]
     fn content_length_line() {
         for (n, line) in [
