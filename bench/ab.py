@@ -5,8 +5,11 @@
         --peer may-minihttp --rounds 5 --duration 4s --pipeline 16 --conns 256
 
 Each round starts every server in turn (pinned to CPU 0, one worker), warms it for 1 s with
-`canter load` on CPU 1, then measures for --duration. Prints per round and the medians of
-requests/s and of user, system and total CPU time per request (from /proc/PID/stat).
+`canter load` on CPU 1, then measures for --duration. The order rotates from round to round
+(A B C, B C A, C A B, ...): on this machine the place in a round can matter as much as the
+change measured. Prints per round and the medians of requests/s and of user, system and total
+CPU time per request (from /proc/PID/stat), and for two or more builds, how many rounds each
+build used less user time than the first.
 Python 3 standard library only; peers come from bench/build.sh.
 """
 import argparse
@@ -63,8 +66,11 @@ def main():
         ap.error("give at least one --build or --peer")
     results = {name: [] for name in servers}
     port = args.port_base
+    names = list(servers)
     for r in range(args.rounds):
-        for name, argv in servers.items():
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            argv = servers[name]
             port += 1
             srv = subprocess.Popen(["taskset", "-c", "0"] + argv(port),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -87,6 +93,10 @@ def main():
         med = lambda f: statistics.median(f(x) for x in rows)
         print(f"  {name:14} {med(lambda x: x[2]):>12,.0f} req/s  user {med(lambda x: x[0]):.3f}  "
               f"system {med(lambda x: x[1]):.3f}  total {med(lambda x: x[0] + x[1]):.3f} us/request")
+    builds = [spec.partition("=")[0] for spec in args.build]
+    for name in builds[1:]:
+        fewer = sum(b[0] < a[0] for a, b in zip(results[builds[0]], results[name]))
+        print(f"{name} used less user time than {builds[0]} in {fewer} of {args.rounds} rounds")
 
 
 if __name__ == "__main__":
