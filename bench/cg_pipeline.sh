@@ -9,6 +9,9 @@
 # whole program's instruction count divided by the 32,000 requests (start-up included, a few
 # thousand instructions in all). Leaves the profile in bench/results/callgrind.out.
 #
+# DEPTH=1 (requests per batch, default 16) measures requests sent one at a time; BATCHES sets
+# how many batches (default 2,000).
+#
 # SERVER="..." runs another server command instead (it must listen on 127.0.0.1:31050), e.g.
 #   SERVER="target/release/examples/app_overhead bare 127.0.0.1:31050" bench/cg_pipeline.sh
 set -euo pipefail
@@ -16,8 +19,8 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="${1:-$ROOT/target/release/canter}"
 TARGET="${2:-/plaintext}"
 PORT=31050
-BATCHES=2000
-DEPTH=16
+BATCHES=${BATCHES:-2000}
+DEPTH=${DEPTH:-16}
 OUT="$ROOT/bench/results/callgrind.out"
 command -v valgrind >/dev/null || { echo "needs valgrind: apt-get install -y valgrind" >&2; exit 1; }
 mkdir -p "$ROOT/bench/results"

@@ -262,13 +262,13 @@ fn run_worker<S, F>(
     index: usize,
     listener: StdListener,
     config: Config,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     stats: Arc<Stats>,
     factory: F,
 ) -> io::Result<()>
 where
     S: Service,
-    F: FnOnce(usize) -> S,
+    F: FnOnce(usize) -> S + 'static,
 {
     if config.pin_workers {
         pin_to_cpu(index);
@@ -277,61 +277,91 @@ where
         .enable_all()
         .build()?;
     let local = tokio::task::LocalSet::new();
+    // The accept loop runs as a task of its own: `block_on`'s future is polled every time the
+    // worker wakes up, and awaiting a join handle costs far less than polling the listener and
+    // the shutdown channel each time.
     local.block_on(&rt, async move {
-        let listener = TcpListener::from_std(listener)?;
-        let worker = Rc::new(Worker::new(&config.server_name, stats));
-        let svc = Rc::new(factory(index));
-        let cfg = Rc::new(config);
-        let ticker = {
-            let worker = worker.clone();
-            tokio::task::spawn_local(async move {
-                let mut every = tokio::time::interval(crate::worker::TICK);
-                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-                loop {
-                    every.tick().await;
-                    worker.tick();
-                }
-            })
-        };
-        loop {
-            while worker.live() >= cfg.max_connections {
-                // At capacity: leave new connections in the kernel's backlog.
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(5)) => {}
-                    _ = shutdown.changed() => break,
-                }
+        let main = tokio::task::spawn_local(accept_loop(
+            index, listener, config, shutdown, stats, factory,
+        ));
+        main.await
+            .unwrap_or_else(|_| Err(io::Error::other("accept loop panicked")))
+    })
+}
+
+/// Accepts connections and spawns a task for each until shutdown, then drains them.
+async fn accept_loop<S, F>(
+    index: usize,
+    listener: StdListener,
+    config: Config,
+    mut shutdown: watch::Receiver<bool>,
+    stats: Arc<Stats>,
+    factory: F,
+) -> io::Result<()>
+where
+    S: Service,
+    F: FnOnce(usize) -> S,
+{
+    let listener = TcpListener::from_std(listener)?;
+    let worker = Rc::new(Worker::new(&config.server_name, stats));
+    let svc = Rc::new(factory(index));
+    let cfg = Rc::new(config);
+    let ticker = {
+        let worker = worker.clone();
+        tokio::task::spawn_local(async move {
+            let mut every = tokio::time::interval(crate::worker::TICK);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                every.tick().await;
+                worker.tick();
             }
-            if *shutdown.borrow() {
-                break;
-            }
+        })
+    };
+    loop {
+        while worker.live() >= cfg.max_connections {
+            // At capacity: leave new connections in the kernel's backlog.
             tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((io, peer)) => {
-                        let _ = io.set_nodelay(true);
-                        let registration = crate::conn::Registration { id: worker.register(), worker: worker.clone() };
-                        tokio::task::spawn_local(crate::conn::serve(registration, io, peer, svc.clone(), worker.clone(), cfg.clone()));
-                    }
-                    Err(e) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                },
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
                 _ = shutdown.changed() => break,
             }
         }
-        drop(listener);
-        worker.drain();
-        let deadline = tokio::time::Instant::from_std(crate::worker::later(std::time::Instant::now(), cfg.drain_timeout));
-        while worker.live() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        if *shutdown.borrow() {
+            break;
         }
-        if worker.live() > 0 {
-            tracing::warn!(worker = index, open = worker.live(), "drain timeout: closing remaining connections");
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((io, peer)) => {
+                    let _ = io.set_nodelay(true);
+                    let registration = crate::conn::Registration { id: worker.register(), worker: worker.clone() };
+                    tokio::task::spawn_local(crate::conn::serve(registration, io, peer, svc.clone(), worker.clone(), cfg.clone()));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = shutdown.changed() => break,
         }
-        ticker.abort();
-        Ok(())
-    })
+    }
+    drop(listener);
+    worker.drain();
+    let deadline = tokio::time::Instant::from_std(crate::worker::later(
+        std::time::Instant::now(),
+        cfg.drain_timeout,
+    ));
+    while worker.live() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if worker.live() > 0 {
+        tracing::warn!(
+            worker = index,
+            open = worker.live(),
+            "drain timeout: closing remaining connections"
+        );
+    }
+    ticker.abort();
+    Ok(())
 }
 
 fn pin_to_cpu(cpu: usize) {
