@@ -278,15 +278,52 @@ where
         .build()?;
     let local = tokio::task::LocalSet::new();
     // The accept loop runs as a task of its own: `block_on`'s future is polled every time the
-    // worker wakes up, and awaiting a join handle costs far less than polling the listener and
-    // the shutdown channel each time.
+    // worker wakes up, so it only looks at a cell the loop fills when it ends (or unwinds).
+    let outcome = Rc::new(Outcome::default());
     local.block_on(&rt, async move {
-        let main = tokio::task::spawn_local(accept_loop(
-            index, listener, config, shutdown, stats, factory,
-        ));
-        main.await
-            .unwrap_or_else(|_| Err(io::Error::other("accept loop panicked")))
+        let guard = OutcomeGuard(outcome.clone());
+        tokio::task::spawn_local(async move {
+            let result = accept_loop(index, listener, config, shutdown, stats, factory).await;
+            guard.0.set(result);
+        });
+        std::future::poll_fn(|cx| outcome.poll(cx)).await
     })
+}
+
+/// How a worker's accept loop ended, and who waits for it.
+#[derive(Default)]
+struct Outcome {
+    result: std::cell::RefCell<Option<io::Result<()>>>,
+    waiter: std::cell::RefCell<Option<std::task::Waker>>,
+}
+
+impl Outcome {
+    fn set(&self, result: io::Result<()>) {
+        self.result.borrow_mut().get_or_insert(result);
+        if let Some(w) = self.waiter.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    fn poll(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+        if let Some(result) = self.result.borrow_mut().take() {
+            return std::task::Poll::Ready(result);
+        }
+        let mut waiter = self.waiter.borrow_mut();
+        if !waiter.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *waiter = Some(cx.waker().clone());
+        }
+        std::task::Poll::Pending
+    }
+}
+
+/// Reports a panic of the accept loop: its task drops the guard without a result set.
+struct OutcomeGuard(Rc<Outcome>);
+
+impl Drop for OutcomeGuard {
+    fn drop(&mut self) {
+        self.0.set(Err(io::Error::other("accept loop panicked")));
+    }
 }
 
 /// Accepts connections and spawns a task for each until shutdown, then drains them.

@@ -3,7 +3,8 @@
 //! that disconnect mid-request (checked for leaked connection tasks), async body reading with
 //! chunked and pipelined requests, `max_connections`, and graceful shutdown with a request in
 //! flight. Also two response-stream cases beyond the list (a stalled stream whose
-//! client left, a slowly trickling stream), and the check of the configured Server value.
+//! client left, a slowly trickling stream), the check of the configured Server value, and a
+//! service factory that panics.
 //!
 //! Tests marked `#[ignore = "bug: …"]` fail today and document a runtime bug; run them with
 //! `cargo test -p canter-rt --test faults -- --ignored`.
@@ -887,4 +888,21 @@ fn server_name_is_sent_and_checked() {
         let err = canter_rt::Server::bind(config).expect_err(bad);
         assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad:?}");
     }
+}
+
+// ---- worker start-up -----------------------------------------------------------------------
+
+#[test]
+fn a_panicking_service_factory_ends_serve_with_an_error() {
+    let server = canter_rt::Server::bind(test_config()).expect("bind");
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let result = server.serve(|_worker| -> fn(Request) -> Reply { panic!("no service today") });
+        let _ = tx.send(result);
+    });
+    let result = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("serve() returned");
+    let err = result.expect_err("a worker without a service must fail serve()");
+    assert!(err.to_string().contains("panicked"), "{err}");
 }
