@@ -42,10 +42,13 @@ use crate::worker::{later, Worker, READ_BUF};
 const ZERO_COPY_MIN: usize = 16 * 1024;
 /// Unread request body the connection is willing to read and discard to keep the connection.
 const DISCARD_MAX: u64 = 64 * 1024;
-/// Lingering close: how long in all, and how long per read, the connection keeps draining the
-/// peer's input after its final response.
+/// Buffered input up to which the connection keeps reading while a handler is pending, to
+/// notice a peer that goes away.
+const LOOKAHEAD: usize = READ_BUF;
 /// Reads into a pending request head after which it is parsed again even without a new line.
 const DEFER_MAX: u32 = 16;
+/// Lingering close: how long in all, and how long per read, the connection keeps draining the
+/// peer's input after its final response.
 const LINGER_TOTAL: Duration = Duration::from_secs(5);
 const LINGER_READ: Duration = Duration::from_secs(2);
 
@@ -293,6 +296,10 @@ impl<S: Service> Driver<S> {
                 {
                     Driven::Done(response) => response,
                     Driven::Panicked => self.panicked(),
+                    Driven::Gone => {
+                        tracing::debug!(peer = %self.peer, "peer closed the connection; handler cancelled");
+                        return Err(Stop::Eof);
+                    }
                     Driven::TimedOut => {
                         tracing::warn!(peer = %self.peer, "handler timed out");
                         self.h1.set_close();
@@ -398,6 +405,10 @@ impl<S: Service> Driver<S> {
                         Driven::Panicked => {
                             tracing::error!(peer = %self.peer, "response body stream panicked; closing");
                             return Ok(false);
+                        }
+                        Driven::Gone => {
+                            tracing::debug!(peer = %self.peer, "peer closed the connection; response body stream dropped");
+                            return Err(Stop::Eof);
                         }
                     }
                 }
@@ -584,8 +595,13 @@ impl<S: Service> Driver<S> {
                     Poll::Pending => break,
                 }
             }
-            // The future waits on something else: send what is ready meanwhile (earlier
-            // pipelined responses, the head and pieces of a streamed body).
+            // The future waits on something else. Unless configured otherwise, watch the peer
+            // meanwhile: if it closed the connection, nobody waits for this answer.
+            if !self.cfg.half_close && self.h1.body_done() && !self.closing && self.peer_gone(cx) {
+                return Poll::Ready(Ok(Driven::Gone));
+            }
+            // Send what is ready meanwhile (earlier pipelined responses, the head and pieces of
+            // a streamed body).
             if !self.out.is_empty() {
                 if let Poll::Ready(Err(e)) = self.out.poll_write(&mut self.io, cx) {
                     return Poll::Ready(Err(Stop::Io(e)));
@@ -619,6 +635,20 @@ impl<S: Service> Driver<S> {
             Poll::Pending
         })
         .await
+    }
+
+    /// Reads what the peer sends while a handler is pending and no request body is being read
+    /// (the next pipelined request), up to [`LOOKAHEAD`] buffered bytes; true if the peer closed
+    /// or reset the connection. Once the buffer holds that much the peer is no longer watched.
+    fn peer_gone(&mut self, cx: &mut Context<'_>) -> bool {
+        while self.rbuf.len() < LOOKAHEAD {
+            match self.poll_read(cx) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return true,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Pending => return false,
+            }
+        }
+        false
     }
 
     /// Moves decoded body bytes from the read buffer into the pipe while it has room. Returns
@@ -892,6 +922,8 @@ enum Driven<T> {
     Done(T),
     Panicked,
     TimedOut,
+    /// The peer closed or reset the connection while the future was pending.
+    Gone,
 }
 
 /// The output queue: small writes are copied into `buf`; large body pieces are queued as they

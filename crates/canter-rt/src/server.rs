@@ -52,6 +52,13 @@ pub struct Config {
     pub backlog: i32,
     /// How long a graceful shutdown waits for in-flight requests.
     pub drain_timeout: Duration,
+    /// Whether a peer that shuts down its sending side still waits for the answer of a request
+    /// whose handler is pending. `false` (the default, as in hyper): while a handler's future
+    /// waits, the connection watches the socket, and end of input or a reset means the client is
+    /// gone; the future is dropped (its work cancelled) and the connection closed. `true`: the
+    /// handler runs to completion (up to [`Config::handler_timeout`]) and its response is sent.
+    /// Handlers that answer without waiting are answered either way.
+    pub half_close: bool,
     /// Value of the Server header: 1 to [`MAX_SERVER_NAME`] visible ASCII characters or spaces
     /// ([`Server::bind`] refuses others: the value goes into every response as it is).
     pub server_name: String,
@@ -74,6 +81,7 @@ impl Default for Config {
             max_connections: 65_536,
             backlog: 4096,
             drain_timeout: Duration::from_secs(10),
+            half_close: false,
             server_name: "canter".to_owned(),
         }
     }

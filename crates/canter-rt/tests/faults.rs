@@ -85,8 +85,44 @@ fn app(mut req: Request) -> Reply {
             tokio::time::sleep(Duration::from_millis(500)).await;
             Response::text("slept")
         }),
+        path if path.starts_with("/hold/") => {
+            let k: usize = path["/hold/".len()..].parse().unwrap_or(0) % HOLDS;
+            Reply::future(async move {
+                let _guard = Hold(k);
+                HOLD_STARTED[k].fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(HOLD_FOR).await;
+                HOLD_DONE[k].fetch_add(1, Ordering::SeqCst);
+                Response::text("held")
+            })
+        }
         _ => Response::new(StatusCode::NOT_FOUND).into(),
     }
+}
+
+/// `/hold/{k}` sleeps this long before answering; counters per `k`, one `k` per test.
+const HOLD_FOR: Duration = Duration::from_millis(1500);
+const HOLDS: usize = 4;
+static HOLD_STARTED: [AtomicUsize; HOLDS] = [const { AtomicUsize::new(0) }; HOLDS];
+static HOLD_DONE: [AtomicUsize; HOLDS] = [const { AtomicUsize::new(0) }; HOLDS];
+static HOLD_DROPPED: [AtomicUsize; HOLDS] = [const { AtomicUsize::new(0) }; HOLDS];
+
+/// Counts the drops of `/hold/{k}` handler futures, finished or not.
+struct Hold(usize);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        HOLD_DROPPED[self.0].fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Waits until `counter` reaches `n`; panics after `timeout`. Returns how long it took.
+fn wait_count(counter: &AtomicUsize, n: usize, timeout: Duration, what: &str) -> Duration {
+    let start = Instant::now();
+    while counter.load(Ordering::SeqCst) < n {
+        assert!(start.elapsed() < timeout, "{what}: not within {timeout:?}");
+        thread::sleep(Duration::from_millis(2));
+    }
+    start.elapsed()
 }
 
 async fn boom() -> Response {
@@ -452,32 +488,27 @@ fn disconnect_mid_stream_leaks_nothing() {
 }
 
 /// Beyond the list: a response body stream that stops producing (its source stalled)
-/// while the client goes away. No timeout covers a body stream (`handler_timeout` only bounds
-/// the future that produces the `Response`), and while the connection task waits on the
-/// stream in `Driver::drive` without a request body pipe it neither polls the socket nor arms
-/// a timer (`let Some(pipe) = pipe else { break };` at conn.rs:373, and `respond` passes no
-/// deadline at conn.rs:279), so the peer's FIN/RST is never seen and the task lives on until
-/// shutdown's drain timeout. (The head is not even sent: see the next test.)
+/// while the client goes away. While the connection task waits on the stream it watches the
+/// socket (`Driver::peer_gone`), so the peer's FIN ends the connection at once; without that,
+/// only the stream's stall timeout (`handler_timeout`) would.
 #[test]
 fn stalled_response_stream_does_not_outlive_the_client() {
     let server = start(test_config());
     let mut c = server.client();
     c.send(get_request("/stall-stream"));
     server.wait_accepted(1, Duration::from_secs(2));
-    // Nothing can be read here: see `streamed_pieces_are_sent_as_they_come`.
-    thread::sleep(Duration::from_millis(200));
+    let head = c.response_head();
+    assert_eq!(head.status, 200, "{head:?}");
     drop(c);
-    // Allow for the 5 s write timeout and more: the client is gone.
-    server.wait_idle(Duration::from_secs(7), "stalled stream, client gone");
+    // Well below `handler_timeout` (5 s in these tests).
+    let took = server.wait_idle(Duration::from_secs(1), "stalled stream, client gone");
+    println!("stalled stream: connection gone {took:?} after the client left");
     server.stop();
 }
 
 /// Beyond the list: a streamed body whose pieces come slowly (a progress or event
-/// stream). The head and each piece should reach the client as they are produced. Today
-/// nothing is written until the stream ends or 64 KiB accumulate: `Driver::respond` flushes
-/// only above `high_water` (conn.rs:275-277) and `Driver::drive` without a request body pipe
-/// returns `Pending` without writing the output buffer (conn.rs:373), so a 5-piece stream
-/// spread over 800 ms arrives all at once at the end.
+/// stream). The head and each piece reach the client as they are produced: while the stream
+/// is pending, `Driver::drive` writes what is buffered.
 #[test]
 fn streamed_pieces_are_sent_as_they_come() {
     let server = start(test_config());
@@ -905,4 +936,87 @@ fn a_panicking_service_factory_ends_serve_with_an_error() {
         .expect("serve() returned");
     let err = result.expect_err("a worker without a service must fail serve()");
     assert!(err.to_string().contains("panicked"), "{err}");
+}
+
+// ---- peers that leave while a handler is pending -------------------------------------------
+
+/// A client that closes its connection while its request's handler is pending: the handler's
+/// future is dropped at once (its work cancelled), not run to the end for nobody.
+#[test]
+fn a_closing_client_cancels_its_pending_handler() {
+    let server = start(test_config());
+    for (round, close) in [(1, true), (2, false)] {
+        let mut c = server.client();
+        c.send(get_request("/hold/0"));
+        wait_count(
+            &HOLD_STARTED[0],
+            round,
+            Duration::from_secs(2),
+            "handler start",
+        );
+        let left = Instant::now();
+        if close {
+            drop(c);
+        } else {
+            // Half-closed: by default also taken to mean the client is gone.
+            c.shutdown_write();
+            c.expect_closed();
+        }
+        let took = wait_count(
+            &HOLD_DROPPED[0],
+            round,
+            Duration::from_secs(1),
+            "handler dropped",
+        );
+        println!(
+            "round {round}: handler dropped {took:?} after the client left ({:?} since)",
+            left.elapsed()
+        );
+        assert_eq!(
+            HOLD_DONE[0].load(Ordering::SeqCst),
+            0,
+            "handler ran to the end"
+        );
+    }
+    server.wait_idle(Duration::from_secs(1), "after cancelled handlers");
+    assert_worker_alive(&server);
+    server.stop();
+}
+
+/// With `half_close` set, a client that half-closes after its request gets the answer.
+#[test]
+fn half_close_config_lets_the_pending_handler_answer() {
+    let mut config = test_config();
+    config.half_close = true;
+    let server = start(config);
+    let mut c = server.client();
+    c.send(get_request("/hold/1"));
+    wait_count(&HOLD_STARTED[1], 1, Duration::from_secs(2), "handler start");
+    c.shutdown_write();
+    let r = c.response();
+    assert_eq!((r.status, r.text()), (200, "held"), "{r:?}");
+    assert_eq!(HOLD_DONE[1].load(Ordering::SeqCst), 1);
+    drop(c);
+    server.wait_idle(Duration::from_secs(2), "after the half-closed exchange");
+    server.stop();
+}
+
+/// The next pipelined request, sent while the handler of the one before is pending (and so read
+/// while watching the peer), is answered after it, in order.
+#[test]
+fn request_sent_while_a_handler_is_pending_is_answered_after_it() {
+    let server = start(test_config());
+    let mut c = server.client();
+    c.send(get_request("/hold/2"));
+    wait_count(&HOLD_STARTED[2], 1, Duration::from_secs(2), "handler start");
+    thread::sleep(Duration::from_millis(50));
+    c.send(get_request("/hello"));
+    let first = c.response();
+    assert_eq!((first.status, first.text()), (200, "held"), "{first:?}");
+    let second = c.response();
+    assert_eq!((second.status, second.text()), (200, "hello"), "{second:?}");
+    assert_eq!(HOLD_DONE[2].load(Ordering::SeqCst), 1);
+    drop(c);
+    server.wait_idle(Duration::from_secs(2), "after the pipelined exchange");
+    server.stop();
 }
