@@ -71,6 +71,10 @@ struct ServeArgs {
     /// Connections per worker before new ones wait in the backlog.
     #[arg(long, default_value_t = 65_536)]
     max_connections: usize,
+    /// Let a client that half-closes while its handler is pending still get the answer (by
+    /// default the handler is cancelled and the connection closed).
+    #[arg(long)]
+    half_close: bool,
     /// Log every request (target `canter::access`) and give each one an `x-request-id`.
     #[arg(long)]
     access_log: bool,
@@ -130,6 +134,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     config.handler_timeout = Duration::from_secs(args.handler_timeout);
     config.timeouts.write = Duration::from_secs(args.write_timeout);
     config.max_connections = args.max_connections;
+    config.half_close = args.half_close;
     let workers = config.workers;
     let files = match &args.static_dir {
         Some(dir) if dir.is_dir() => Some(canter::ServeDir::new(dir)),
