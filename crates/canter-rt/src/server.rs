@@ -1,11 +1,14 @@
 //! Thread-per-core serving: one event loop per worker thread, each with its own SO_REUSEPORT
 //! listener, so accepted connections never cross threads.
 
+use std::cell::RefCell;
+use std::future::poll_fn;
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::Duration;
 
@@ -294,15 +297,15 @@ where
             let result = accept_loop(index, listener, config, shutdown, stats, factory).await;
             guard.0.set(result);
         });
-        std::future::poll_fn(|cx| outcome.poll(cx)).await
+        poll_fn(|cx| outcome.poll(cx)).await
     })
 }
 
 /// How a worker's accept loop ended, and who waits for it.
 #[derive(Default)]
 struct Outcome {
-    result: std::cell::RefCell<Option<io::Result<()>>>,
-    waiter: std::cell::RefCell<Option<std::task::Waker>>,
+    result: RefCell<Option<io::Result<()>>>,
+    waiter: RefCell<Option<Waker>>,
 }
 
 impl Outcome {
@@ -313,15 +316,15 @@ impl Outcome {
         }
     }
 
-    fn poll(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<io::Result<()>> {
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if let Some(result) = self.result.borrow_mut().take() {
-            return std::task::Poll::Ready(result);
+            return Poll::Ready(result);
         }
         let mut waiter = self.waiter.borrow_mut();
         if !waiter.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
             *waiter = Some(cx.waker().clone());
         }
-        std::task::Poll::Pending
+        Poll::Pending
     }
 }
 
