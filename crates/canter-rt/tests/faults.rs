@@ -3,8 +3,9 @@
 //! that disconnect mid-request (checked for leaked connection tasks), async body reading with
 //! chunked and pipelined requests, `max_connections`, and graceful shutdown with a request in
 //! flight. Also two response-stream cases beyond the list (a stalled stream whose
-//! client left, a slowly trickling stream), the check of the configured Server value, and a
-//! service factory that panics.
+//! client left, a slowly trickling stream), the check of the configured Server value, a
+//! service factory that panics, and clients that close or half-close while their handler is
+//! pending (cancelled unless `Config::half_close`).
 //!
 //! Tests marked `#[ignore = "bug: …"]` fail today and document a runtime bug; run them with
 //! `cargo test -p canter-rt --test faults -- --ignored`.
@@ -758,11 +759,7 @@ fn graceful_shutdown_finishes_the_request_in_flight() {
     let mut busy = server.client();
     let sent = Instant::now();
     busy.send(get_request("/sleep"));
-    let until = Instant::now() + Duration::from_secs(2);
-    while SLEEPERS.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < until, "/sleep handler never started");
-        thread::sleep(Duration::from_millis(2));
-    }
+    wait_count(&SLEEPERS, 1, Duration::from_secs(2), "/sleep handler start");
 
     server.begin_shutdown();
     let shutdown_at = Instant::now();
