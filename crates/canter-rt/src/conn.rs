@@ -430,8 +430,14 @@ impl<S: Service> Driver<S> {
         if self.worker.draining() || self.closing {
             self.h1.set_close();
         }
-        if !self.h1.body_done() && self.h1.body_remaining().is_none_or(|n| n > DISCARD_MAX) {
-            // An unread body too large (or of unknown size) to discard cheaply afterwards.
+        if !self.h1.body_done()
+            && self.h1.body_remaining().is_none_or(|n| n > DISCARD_MAX)
+            && !matches!(body, Body::Stream { .. })
+        {
+            // An unread body too large (or of unknown size) to discard cheaply afterwards. A
+            // streamed response may still be reading it (an echo, a transform of the upload):
+            // that is decided once the stream ends (`discard_body`), where a body still unread
+            // closes the connection after the response.
             self.h1.set_close();
         }
         let len = match body {

@@ -53,6 +53,15 @@ fn echo(lines: JsonLines<Value>) -> NdJson {
     NdJson::try_new(lines)
 }
 
+/// The first posted line back, then the end: the rest of the upload is never read.
+fn first(lines: JsonLines<Value>) -> NdJson {
+    NdJson::try_new(unfold(Some(lines), |lines| async move {
+        let mut lines = lines?;
+        let item = lines.next().await?;
+        Some((item, None))
+    }))
+}
+
 #[derive(Serialize)]
 struct Tick {
     n: u32,
@@ -198,6 +207,7 @@ fn app(gate: Arc<Notify>) -> Router {
         .route("/ndjson/small", post(sum).limits(small))
         .route("/ndjson/short-lines", post(sum_short_lines))
         .route("/ndjson/echo", post(echo))
+        .route("/ndjson/first", post(first))
         .route("/ndjson/gated", get(gated))
         .route("/ndjson/bulk", get(bulk))
         .route("/gate", post(open_gate))
@@ -397,6 +407,37 @@ fn ndjson_in_and_out_item_by_item() {
     assert_eq!(read_items(&mut c, 1), [json!([3])]);
     c.send("0\r\n\r\n");
     assert_eq!(read_chunk(&mut c), None);
+    // The stream read the whole upload: the head did not announce a close, and the same
+    // connection takes the next request.
+    assert_eq!(head.header("connection"), None, "{head:?}");
+    c.send(NDJSON_ECHO);
+    c.send(chunk(b"{\"again\":true}\n"));
+    c.send("0\r\n\r\n");
+    assert_eq!(c.response_head().status, 200);
+    assert_eq!(read_items(&mut c, 1), [json!({ "again": true })]);
+    assert_eq!(read_chunk(&mut c), None);
+}
+
+#[test]
+fn streamed_response_leaving_a_large_upload_unread_closes_after_it() {
+    let server = start();
+    let mut c = server.client();
+    // The stream answers from the first line alone and never reads the rest: a body this size
+    // is not worth draining, so the connection closes once the response has gone out whole.
+    c.send(
+        "POST /ndjson/first HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-ndjson\r\n\
+         Transfer-Encoding: chunked\r\n\r\n",
+    );
+    c.send(chunk(b"{\"n\":1}\n"));
+    let filler = vec![b' '; 16 * 1024];
+    for _ in 0..8 {
+        c.send(chunk(&filler));
+    }
+    let head = c.response_head();
+    assert_eq!(head.status, 200, "{head:?}");
+    assert_eq!(read_items(&mut c, 1), [json!({ "n": 1 })]);
+    assert_eq!(read_chunk(&mut c), None);
+    c.expect_closed();
 }
 
 #[test]
