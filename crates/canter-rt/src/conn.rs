@@ -266,7 +266,7 @@ impl<S: Service> Driver<S> {
                 headers,
                 body,
             }) if pipe.is_none() && matches!(body, Body::Empty | Body::Full(_)) => {
-                let with_body = self.begin(status, content_type.as_ref(), &headers, &body);
+                let with_body = self.begin(status, content_type.as_ref(), &headers, &body, false);
                 release_fields(headers);
                 let complete = match body {
                     Body::Full(data) => !with_body || self.send(data),
@@ -310,7 +310,7 @@ impl<S: Service> Driver<S> {
             }
             None => self.panicked(),
         };
-        let complete = self.respond(response, pipe.as_deref()).await?;
+        let complete = self.respond(response, pipe.as_ref()).await?;
         if let Some(pipe) = &pipe {
             pipe.borrow_mut()
                 .close(PipeState::Failed(BodyError::Detached));
@@ -357,14 +357,18 @@ impl<S: Service> Driver<S> {
 
     /// Encodes `response`; streams its body under backpressure. Returns false if the body was
     /// cut short (the connection must close without completing the framing).
-    async fn respond(&mut self, response: Response, pipe: Option<&RefCell<Pipe>>) -> Res<bool> {
+    async fn respond(&mut self, response: Response, pipe: Option<&Rc<RefCell<Pipe>>>) -> Res<bool> {
         let Response {
             status,
             content_type,
             headers,
             body,
         } = response;
-        let with_body = self.begin(status, content_type.as_ref(), &headers, &body);
+        // Something besides the connection still holds the request body: a streamed response
+        // reading the upload as it answers (an echo), which may yet consume all of it.
+        let body_held = pipe.is_some_and(|p| Rc::strong_count(p) > 1);
+        let pipe = pipe.map(|p| &**p);
+        let with_body = self.begin(status, content_type.as_ref(), &headers, &body, body_held);
         release_fields(headers);
         match body {
             Body::Empty => Ok(true),
@@ -418,13 +422,15 @@ impl<S: Service> Driver<S> {
 
     /// Encodes the status line and header section of a response whose body is `body`; returns
     /// whether body bytes go out. The response's parts come by reference: moving the whole
-    /// `Response` in and its body back out cost a copy each way per request.
+    /// `Response` in and its body back out cost a copy each way per request. `body_held`: the
+    /// request body may still be read (by the response's stream).
     fn begin(
         &mut self,
         status: StatusCode,
         content_type: Option<&HeaderValue>,
         headers: &[(HeaderName, HeaderValue)],
         body: &Body,
+        body_held: bool,
     ) -> bool {
         // Decide now whether the connection survives, so the head can say `Connection: close`.
         if self.worker.draining() || self.closing {
@@ -432,12 +438,11 @@ impl<S: Service> Driver<S> {
         }
         if !self.h1.body_done()
             && self.h1.body_remaining().is_none_or(|n| n > DISCARD_MAX)
-            && !matches!(body, Body::Stream { .. })
+            && !body_held
         {
-            // An unread body too large (or of unknown size) to discard cheaply afterwards. A
-            // streamed response may still be reading it (an echo, a transform of the upload):
-            // that is decided once the stream ends (`discard_body`), where a body still unread
-            // closes the connection after the response.
+            // An unread body too large (or of unknown size) to discard cheaply afterwards, and
+            // nothing left to read it. One still held is judged once the response has gone out
+            // (`discard_body`): a remainder still unread then closes the connection after it.
             self.h1.set_close();
         }
         let len = match body {

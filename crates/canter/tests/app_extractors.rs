@@ -419,6 +419,25 @@ fn ndjson_in_and_out_item_by_item() {
 }
 
 #[test]
+fn streamed_response_to_an_upload_nobody_reads_announces_the_close() {
+    let server = start();
+    let mut c = server.client();
+    // The handler never takes the body, so nothing can read it any more: the head says at once
+    // that the connection closes after this response.
+    c.send("GET /stream HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+    c.send(chunk(&[b'x'; 1000]));
+    let head = c.response_head();
+    assert_eq!(head.status, 200, "{head:?}");
+    assert_eq!(head.header("connection"), Some("close"), "{head:?}");
+    let mut body = Vec::new();
+    while let Some(piece) = read_chunk(&mut c) {
+        body.extend(piece);
+    }
+    assert_eq!(body, b"piece 0\npiece 1\npiece 2\n");
+    c.expect_closed();
+}
+
+#[test]
 fn streamed_response_leaving_a_large_upload_unread_closes_after_it() {
     let server = start();
     let mut c = server.client();
