@@ -29,13 +29,13 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, Bytes, BytesMut};
 use canter_h1::{BodyEvent, BodyLen, Conn, Next, RequestHead};
 use http::{HeaderName, HeaderValue, StatusCode};
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::io::{Interest, ReadBuf};
 use tokio::time::Sleep;
 
 use crate::body::{Body, BodyError, Pipe, PipeState, RequestBody};
 use crate::server::Config;
 use crate::service::{Reply, Request, Response, Service};
+use crate::transport::Transport;
 use crate::worker::{later, Worker, READ_BUF};
 
 /// A body piece at least this large is queued for `writev` instead of copied.
@@ -56,6 +56,9 @@ const LINGER_READ: Duration = Duration::from_secs(2);
 const FILE_PIECE: usize = 256 * 1024;
 /// File body bytes sent in one turn before yielding to the worker's other connections.
 const FILE_TURN: usize = 1024 * 1024;
+/// Piece of a file read into memory for a transport that cannot take `sendfile(2)` (TLS): one
+/// full TLS record's plaintext.
+const COPY_PIECE: usize = 16 * 1024;
 
 /// Why a connection ended.
 #[derive(Debug)]
@@ -73,9 +76,9 @@ enum Stop {
 type Res<T> = Result<T, Stop>;
 
 /// Serves one accepted connection until it closes.
-pub(crate) async fn serve<S: Service>(
+pub(crate) async fn serve<S: Service, T: Transport>(
     registration: Registration,
-    io: TcpStream,
+    io: T,
     peer: SocketAddr,
     svc: Rc<S>,
     worker: Rc<Worker>,
@@ -86,6 +89,7 @@ pub(crate) async fn serve<S: Service>(
     let now = worker.now();
     let mut driver = Driver {
         h1: Conn::new(cfg.limits, cfg.timeouts, now),
+        peer_certs: io.peer_certificates(),
         io,
         peer,
         rbuf: BytesMut::new(),
@@ -112,6 +116,24 @@ pub(crate) async fn serve<S: Service>(
     driver.release_idle_buffers();
 }
 
+/// Runs the TLS handshake of an accepted connection under the handshake timeout, then serves
+/// it as [`serve`] does. A failed or stalled handshake closes the connection (a debug line: the
+/// peer's fault, and any peer can cause it).
+pub(crate) async fn serve_tls<S: Service>(
+    registration: Registration,
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: crate::tls::TlsAcceptor,
+    svc: Rc<S>,
+    worker: Rc<Worker>,
+    cfg: Rc<Config>,
+) {
+    match acceptor.accept(tcp).await {
+        Ok(tls) => serve(registration, tls, peer, svc, worker, cfg).await,
+        Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+    }
+}
+
 /// A connection's place in its worker's registry. Created at accept and moved into the task,
 /// it unregisters when dropped, even if the task never ran to completion (runtime shut down after
 /// a drain timeout), so the counts stay true.
@@ -126,9 +148,12 @@ impl Drop for Registration {
     }
 }
 
-struct Driver<S> {
+struct Driver<S, T> {
     h1: Conn,
-    io: TcpStream,
+    /// The client's verified certificates (TLS with client authentication), given to every
+    /// request as an extension.
+    peer_certs: Option<crate::tls::PeerCertificates>,
+    io: T,
     peer: SocketAddr,
     rbuf: BytesMut,
     out: Out,
@@ -147,7 +172,7 @@ struct Driver<S> {
     in_handler: bool,
 }
 
-impl<S: Service> Driver<S> {
+impl<S: Service, T: Transport> Driver<S, T> {
     async fn run(&mut self) -> Res<()> {
         let mut parse = true;
         loop {
@@ -255,7 +280,10 @@ impl<S: Service> Driver<S> {
         };
         // The body is decoded only once the handler asks for it, so that limits it sets first
         // (`RequestBody::restrict`) cover every byte.
-        let req = Request::new(head, body);
+        let mut req = Request::new(head, body);
+        if let Some(certs) = &self.peer_certs {
+            req.extensions_mut().insert(certs.clone());
+        }
         self.in_handler = true;
         let reply = self.svc.call(req);
         self.in_handler = false;
@@ -492,6 +520,9 @@ impl<S: Service> Driver<S> {
     /// write timeout. Returns false if the file ended early or could not be read (the
     /// connection must close without completing the framing).
     async fn send_file(&mut self, file: &File, offset: u64, len: u64) -> Res<bool> {
+        if self.io.raw_tcp().is_none() {
+            return self.copy_file(file, offset, len).await;
+        }
         self.flush().await?;
         let Some(mut off) = offset
             .checked_add(len)
@@ -515,7 +546,10 @@ impl<S: Service> Driver<S> {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                match self.io.poll_write_ready(cx) {
+                let Some(tcp) = self.io.raw_tcp() else {
+                    return Poll::Ready(Ok(false));
+                };
+                match tcp.poll_write_ready(cx) {
                     Poll::Ready(Ok(())) => {}
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(Stop::Io(e))),
                     Poll::Pending => {
@@ -526,8 +560,8 @@ impl<S: Service> Driver<S> {
                     }
                 }
                 let count = left.min(FILE_PIECE as u64) as usize;
-                let dst = self.io.as_raw_fd();
-                let sent = self.io.try_io(Interest::WRITABLE, || {
+                let dst = tcp.as_raw_fd();
+                let sent = tcp.try_io(Interest::WRITABLE, || {
                     // SAFETY: both descriptors are open for the duration of the call (`self.io`
                     // and `file` are borrowed), `off` is a valid, exclusively borrowed off_t
                     // that the kernel reads and advances, and no user-space buffer is involved.
@@ -558,6 +592,50 @@ impl<S: Service> Driver<S> {
             }
         })
         .await
+    }
+
+    /// Sends `len` bytes of `file` from `offset` through a transport that transforms what it
+    /// sends (TLS): read in pieces into the output, flushed whenever it reaches the high-water
+    /// mark, so at most that much is held per connection. Returns false as
+    /// [`Driver::send_file`] does.
+    async fn copy_file(&mut self, file: &File, offset: u64, len: u64) -> Res<bool> {
+        use std::os::unix::fs::FileExt;
+        let mut at = offset;
+        let mut left = len;
+        let mut turn = 0;
+        while left > 0 {
+            if self.out.len() >= self.cfg.high_water {
+                self.flush().await?;
+            }
+            if turn >= FILE_TURN {
+                turn = 0;
+                self.flush().await?;
+                tokio::task::yield_now().await;
+            }
+            let want = left.min(COPY_PIECE as u64) as usize;
+            let mut piece = BytesMut::zeroed(want);
+            match file.read_at(&mut piece, at) {
+                Ok(0) => {
+                    tracing::error!(peer = %self.peer, missing = left, "file ended before its Content-Length; closing");
+                    return Ok(false);
+                }
+                Ok(n) => {
+                    piece.truncate(n);
+                    if !self.send(piece.freeze()) {
+                        return Ok(false);
+                    }
+                    at += n as u64;
+                    left -= n as u64;
+                    turn += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::error!(peer = %self.peer, error = %e, "file body could not be read; closing");
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Polls `fut` to completion on this task, reading request body bytes for it whenever it
@@ -840,7 +918,7 @@ impl<S: Service> Driver<S> {
         }
         let spare = self.rbuf.spare_capacity_mut();
         let mut rb = ReadBuf::uninit(spare);
-        ready!(Pin::new(&mut self.io).poll_read(cx, &mut rb))?;
+        ready!(self.io.poll_read(cx, &mut rb))?;
         let n = rb.filled().len();
         // SAFETY: `poll_read` initialized the first `n` bytes of the spare capacity, which
         // directly follows the buffer's current length.
@@ -853,26 +931,21 @@ impl<S: Service> Driver<S> {
     /// answered mid-request, an unread body), reads and discards for a bounded time first, so
     /// the kernel does not reset the connection before the peer has read our response.
     async fn linger(&mut self) {
-        use tokio::io::AsyncWriteExt;
-        if self.io.shutdown().await.is_err()
+        if poll_fn(|cx| self.io.poll_shutdown(cx)).await.is_err()
             || (self.h1.body_done() && self.rbuf.is_empty() && !self.errored)
         {
             return;
         }
         let until = tokio::time::Instant::now() + LINGER_TOTAL;
         let mut scratch = self.worker.take_buf();
-        scratch.resize(scratch.capacity(), 0);
         loop {
             let step = until.min(tokio::time::Instant::now() + LINGER_READ);
-            match tokio::time::timeout_at(step, self.io.readable()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => break,
-            }
-            match self.io.try_read(&mut scratch) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => break,
+            scratch.clear();
+            let read =
+                poll_fn(|cx| crate::transport::poll_read_buf(&mut self.io, cx, &mut scratch));
+            match tokio::time::timeout_at(step, read).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => break,
             }
         }
         self.worker.give_buf(scratch);
@@ -977,19 +1050,14 @@ impl Out {
         self.queue.push_back(data);
     }
 
-    fn poll_write(&mut self, io: &mut TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_write<T: Transport>(
+        &mut self,
+        io: &mut T,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
         while !self.is_empty() {
             let n = if self.queue.is_empty() {
-                // While the socket is known writable (the usual case) `try_write` skips the
-                // waker and budget bookkeeping of `poll_write`; once it is not, `poll_write`
-                // arranges the wake-up.
-                match io.try_write(&self.buf) {
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        ready!(Pin::new(&mut *io).poll_write(cx, &self.buf))?
-                    }
-                    Err(e) => return Poll::Ready(Err(e)),
-                }
+                ready!(io.poll_write(cx, &self.buf))?
             } else {
                 let mut iov = [IoSlice::new(&[]); 16];
                 let mut k = 0;
@@ -1001,14 +1069,15 @@ impl Out {
                     iov[k] = IoSlice::new(&self.buf);
                     k += 1;
                 }
-                ready!(Pin::new(&mut *io).poll_write_vectored(cx, &iov[..k]))?
+                ready!(io.poll_write_vectored(cx, &iov[..k]))?
             };
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.consume(n);
         }
-        Poll::Ready(Ok(()))
+        // What the transport keeps of its own (TLS records not yet on the wire).
+        io.poll_flush(cx)
     }
 
     fn consume(&mut self, mut n: usize) {

@@ -23,14 +23,22 @@
 
 mod body;
 mod conn;
+mod outbound;
 mod server;
 mod service;
+mod tls;
+mod transport;
 mod worker;
 
 pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 pub use canter_h1::{Limits, Timeouts};
-pub use server::{shutdown_on_signals, Config, Server, ShutdownHandle, Stats, MAX_SERVER_NAME};
+pub use outbound::{connect, connect_tls};
+pub use server::{
+    shutdown_on_signals, Config, Server, ShutdownHandle, Stats, TlsListener, MAX_SERVER_NAME,
+};
 pub use service::{Reply, Request, Response, Service};
+pub use tls::{reload_on_sighup, ClientTls, PeerCertificates, ServerTls, TlsAcceptor, TlsError};
+pub use transport::{Stream, TlsStream, Transport};
 
 pub use http;
 

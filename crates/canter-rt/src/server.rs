@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::service::Service;
+use crate::tls::TlsAcceptor;
 use crate::worker::Worker;
 
 /// Server settings. `Config::default()` serves 127.0.0.1:8080 on every core.
@@ -65,6 +66,18 @@ pub struct Config {
     /// Value of the Server header: 1 to [`MAX_SERVER_NAME`] visible ASCII characters or spaces
     /// ([`Server::bind`] refuses others: the value goes into every response as it is).
     pub server_name: String,
+    /// A TLS listener beside the plain one: same service, same limits, each worker accepting
+    /// on both.
+    pub tls: Option<TlsListener>,
+}
+
+/// Where and how to accept TLS connections.
+#[derive(Debug, Clone)]
+pub struct TlsListener {
+    /// Address of the TLS listener; port 0 picks a free port (shared by all workers).
+    pub addr: SocketAddr,
+    /// Certificates and TLS settings, built with [`crate::ServerTls::build`].
+    pub acceptor: TlsAcceptor,
 }
 
 impl Default for Config {
@@ -86,6 +99,7 @@ impl Default for Config {
             drain_timeout: Duration::from_secs(10),
             half_close: false,
             server_name: "canter".to_owned(),
+            tls: None,
         }
     }
 }
@@ -139,6 +153,8 @@ pub struct Server {
     config: Config,
     listeners: Vec<StdListener>,
     local_addr: SocketAddr,
+    tls_listeners: Vec<StdListener>,
+    tls_local_addr: Option<SocketAddr>,
     shutdown: ShutdownHandle,
     rx: watch::Receiver<bool>,
     stats: Arc<Stats>,
@@ -155,11 +171,24 @@ impl Server {
         for _ in 1..workers {
             listeners.push(listen(local_addr, config.backlog)?);
         }
+        let mut tls_listeners = Vec::new();
+        let mut tls_local_addr = None;
+        if let Some(tls) = &config.tls {
+            let first = listen(tls.addr, config.backlog)?;
+            let addr = first.local_addr()?;
+            tls_listeners.push(first);
+            for _ in 1..workers {
+                tls_listeners.push(listen(addr, config.backlog)?);
+            }
+            tls_local_addr = Some(addr);
+        }
         let (tx, rx) = watch::channel(false);
         Ok(Server {
             config,
             listeners,
             local_addr,
+            tls_listeners,
+            tls_local_addr,
             shutdown: ShutdownHandle { tx: Arc::new(tx) },
             rx,
             stats: Arc::default(),
@@ -169,6 +198,11 @@ impl Server {
     /// The bound address (with the actual port when port 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// The bound address of the TLS listener, if there is one.
+    pub fn tls_local_addr(&self) -> Option<SocketAddr> {
+        self.tls_local_addr
     }
 
     /// The server's counters (open connections, accepted connections).
@@ -190,14 +224,19 @@ impl Server {
     {
         let factory = Arc::new(factory);
         let mut threads = Vec::new();
+        let mut tls_listeners = self.tls_listeners.into_iter();
         for (i, listener) in self.listeners.into_iter().enumerate() {
             let factory = factory.clone();
             let config = self.config.clone();
             let rx = self.rx.clone();
             let stats = self.stats.clone();
+            let listeners = Listeners {
+                plain: listener,
+                tls: tls_listeners.next(),
+            };
             let t = thread::Builder::new()
                 .name(format!("canter-worker-{i}"))
-                .spawn(move || run_worker(i, listener, config, rx, stats, move |i| factory(i)))?;
+                .spawn(move || run_worker(i, listeners, config, rx, stats, move |i| factory(i)))?;
             threads.push(t);
         }
         let mut result = Ok(());
@@ -269,9 +308,15 @@ fn listen(addr: SocketAddr, backlog: i32) -> io::Result<StdListener> {
     Ok(socket.into())
 }
 
+/// A worker's listening sockets.
+struct Listeners {
+    plain: StdListener,
+    tls: Option<StdListener>,
+}
+
 fn run_worker<S, F>(
     index: usize,
-    listener: StdListener,
+    listener: Listeners,
     config: Config,
     shutdown: watch::Receiver<bool>,
     stats: Arc<Stats>,
@@ -340,7 +385,7 @@ impl Drop for OutcomeGuard {
 /// Accepts connections and spawns a task for each until shutdown, then drains them.
 async fn accept_loop<S, F>(
     index: usize,
-    listener: StdListener,
+    listeners: Listeners,
     config: Config,
     mut shutdown: watch::Receiver<bool>,
     stats: Arc<Stats>,
@@ -350,7 +395,11 @@ where
     S: Service,
     F: FnOnce(usize) -> S,
 {
-    let listener = TcpListener::from_std(listener)?;
+    let listener = TcpListener::from_std(listeners.plain)?;
+    let tls = match (listeners.tls, config.tls.as_ref()) {
+        (Some(l), Some(t)) => Some((TcpListener::from_std(l)?, t.acceptor.clone())),
+        _ => None,
+    };
     let worker = Rc::new(Worker::new(&config.server_name, stats));
     let svc = Rc::new(factory(index));
     let cfg = Rc::new(config);
@@ -383,16 +432,21 @@ where
                     let registration = crate::conn::Registration { id: worker.register(), worker: worker.clone() };
                     tokio::task::spawn_local(crate::conn::serve(registration, io, peer, svc.clone(), worker.clone(), cfg.clone()));
                 }
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                Err(e) => accept_failed(e).await,
+            },
+            accepted = accept_tls(tls.as_ref()) => match accepted {
+                Ok((io, peer, acceptor)) => {
+                    let _ = io.set_nodelay(true);
+                    let registration = crate::conn::Registration { id: worker.register(), worker: worker.clone() };
+                    tokio::task::spawn_local(crate::conn::serve_tls(registration, io, peer, acceptor, svc.clone(), worker.clone(), cfg.clone()));
                 }
+                Err(e) => accept_failed(e).await,
             },
             _ = shutdown.changed() => break,
         }
     }
     drop(listener);
+    drop(tls);
     worker.drain();
     let deadline = tokio::time::Instant::from_std(crate::worker::later(
         std::time::Instant::now(),
@@ -410,6 +464,25 @@ where
     }
     ticker.abort();
     Ok(())
+}
+
+/// Accepts on the TLS listener, if there is one; never completes otherwise.
+async fn accept_tls(
+    tls: Option<&(TcpListener, TlsAcceptor)>,
+) -> io::Result<(tokio::net::TcpStream, SocketAddr, TlsAcceptor)> {
+    match tls {
+        Some((listener, acceptor)) => {
+            let (io, peer) = listener.accept().await?;
+            Ok((io, peer, acceptor.clone()))
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// EMFILE and friends: back off instead of spinning.
+async fn accept_failed(e: io::Error) {
+    tracing::warn!(error = %e, "accept failed");
+    tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
 fn pin_to_cpu(cpu: usize) {

@@ -87,6 +87,27 @@ struct ServeArgs {
     /// Compress responses (zstd, br or gzip, as the client accepts) of text types from 1 KiB.
     #[arg(long)]
     compress: bool,
+    /// Also serve over TLS (HTTPS) on this address; needs --tls-cert/--tls-key or
+    /// --tls-self-signed.
+    #[arg(long, value_name = "ADDR")]
+    tls_addr: Option<SocketAddr>,
+    /// Certificate chain (PEM, leaf first); repeat with --tls-key for several names (SNI picks
+    /// one; the first is the default).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Vec<PathBuf>,
+    /// Private key (PEM) of the --tls-cert at the same position.
+    #[arg(long, value_name = "FILE")]
+    tls_key: Vec<PathBuf>,
+    /// Generate a development certificate for localhost and 127.0.0.1 at start (its SHA-256
+    /// fingerprint is logged).
+    #[arg(long, conflicts_with = "tls_cert")]
+    tls_self_signed: bool,
+    /// Seconds a client may take to complete the TLS handshake.
+    #[arg(long, default_value_t = 10)]
+    tls_handshake_timeout: u64,
+    /// Require client certificates signed by a CA in this PEM bundle.
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -113,6 +134,33 @@ fn main() -> ExitCode {
     }
 }
 
+/// Builds the TLS settings the flags ask for (none without `--tls-addr`).
+fn tls_acceptor(args: &ServeArgs) -> Result<Option<canter_rt::TlsAcceptor>, String> {
+    let Some(addr) = args.tls_addr else {
+        if !args.tls_cert.is_empty() || args.tls_self_signed {
+            return Err("--tls-cert and --tls-self-signed need --tls-addr".into());
+        }
+        return Ok(None);
+    };
+    if args.tls_cert.len() != args.tls_key.len() {
+        return Err("give one --tls-key for each --tls-cert".into());
+    }
+    let mut tls = canter_rt::ServerTls::new()
+        .handshake_timeout(Duration::from_secs(args.tls_handshake_timeout));
+    for (cert, key) in args.tls_cert.iter().zip(&args.tls_key) {
+        tls = tls.cert(cert, key);
+    }
+    if args.tls_self_signed {
+        tls = tls.self_signed();
+    }
+    if let Some(ca) = &args.tls_client_ca {
+        tls = tls.client_ca(ca);
+    }
+    tls.build()
+        .map(Some)
+        .map_err(|e| format!("--tls-addr {addr}: {e}"))
+}
+
 fn serve(args: ServeArgs) -> Result<(), String> {
     let mut config = canter_rt::Config {
         addr: args.addr,
@@ -135,6 +183,13 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     config.timeouts.write = Duration::from_secs(args.write_timeout);
     config.max_connections = args.max_connections;
     config.half_close = args.half_close;
+    let acceptor = tls_acceptor(&args)?;
+    if let (Some(addr), Some(acceptor)) = (args.tls_addr, &acceptor) {
+        config.tls = Some(canter_rt::TlsListener {
+            addr,
+            acceptor: acceptor.clone(),
+        });
+    }
     let workers = config.workers;
     let files = match &args.static_dir {
         Some(dir) if dir.is_dir() => Some(canter::ServeDir::new(dir)),
@@ -144,9 +199,21 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let server = canter_rt::Server::bind(config)
         .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
     canter_rt::shutdown_on_signals(server.shutdown_handle()).map_err(|e| e.to_string())?;
+    if let Some(acceptor) = &acceptor {
+        canter_rt::reload_on_sighup(acceptor.clone()).map_err(|e| e.to_string())?;
+        if let Some(fingerprint) = acceptor.self_signed_fingerprint() {
+            tracing::info!(
+                sha256 = fingerprint,
+                "TLS: self-signed development certificate"
+            );
+        }
+    }
     // Before the address line, which tests wait for.
     if let Some(dir) = &args.static_dir {
         tracing::info!("serving the files under {} at /static/", dir.display());
+    }
+    if let Some(addr) = server.tls_local_addr() {
+        tracing::info!("canter serving the demo app over TLS on https://{addr}/");
     }
     tracing::info!(
         workers,
