@@ -14,10 +14,9 @@
 //! bytes the task reads the socket for it (see [`crate::body`]).
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::fs::File;
 use std::future::{poll_fn, Future};
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -26,20 +25,19 @@ use std::rc::Rc;
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use canter_h1::{BodyEvent, BodyLen, Conn, Next, RequestHead};
 use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::io::{Interest, ReadBuf};
 use tokio::time::Sleep;
 
 use crate::body::{Body, BodyError, Pipe, PipeState, RequestBody};
+use crate::output::Out;
 use crate::server::Config;
 use crate::service::{Reply, Request, Response, Service};
 use crate::transport::Transport;
-use crate::worker::{later, Worker, READ_BUF};
+use crate::worker::{later, Registration, Worker, READ_BUF};
 
-/// A body piece at least this large is queued for `writev` instead of copied.
-const ZERO_COPY_MIN: usize = 16 * 1024;
 /// Unread request body the connection is willing to read and discard to keep the connection.
 const DISCARD_MAX: u64 = 64 * 1024;
 /// Buffered input up to which the connection keeps reading while a handler is pending, to
@@ -89,7 +87,6 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     let now = worker.now();
     let mut driver = Driver {
         h1: Conn::new(cfg.limits, cfg.timeouts, now),
-        peer_certs: io.peer_certificates(),
         io,
         peer,
         rbuf: BytesMut::new(),
@@ -134,25 +131,8 @@ pub(crate) async fn serve_tls<S: Service>(
     }
 }
 
-/// A connection's place in its worker's registry. Created at accept and moved into the task,
-/// it unregisters when dropped, even if the task never ran to completion (runtime shut down after
-/// a drain timeout), so the counts stay true.
-pub(crate) struct Registration {
-    pub(crate) id: usize,
-    pub(crate) worker: Rc<Worker>,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        self.worker.unregister(self.id);
-    }
-}
-
 struct Driver<S, T> {
     h1: Conn,
-    /// The client's verified certificates (TLS with client authentication), given to every
-    /// request as an extension.
-    peer_certs: Option<crate::tls::PeerCertificates>,
     io: T,
     peer: SocketAddr,
     rbuf: BytesMut,
@@ -281,8 +261,10 @@ impl<S: Service, T: Transport> Driver<S, T> {
         // The body is decoded only once the handler asks for it, so that limits it sets first
         // (`RequestBody::restrict`) cover every byte.
         let mut req = Request::new(head, body);
-        if let Some(certs) = &self.peer_certs {
-            req.extensions_mut().insert(certs.clone());
+        // The client's verified certificates (TLS with client authentication). Nothing at all
+        // on plain TCP, where the transport's answer is a constant `None`.
+        if let Some(certs) = self.io.peer_certificates() {
+            req.extensions_mut().insert(certs);
         }
         self.in_handler = true;
         let reply = self.svc.call(req);
@@ -1008,98 +990,6 @@ enum Driven<T> {
     TimedOut,
     /// The peer closed or reset the connection while the future was pending.
     Gone,
-}
-
-/// The output queue: small writes are copied into `buf`; large body pieces are queued as they
-/// are and written with `writev`.
-#[derive(Default)]
-struct Out {
-    buf: BytesMut,
-    queue: VecDeque<Bytes>,
-    queued: usize,
-}
-
-impl Out {
-    fn len(&self) -> usize {
-        self.queued + self.buf.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Makes sure the copy buffer has an allocation (it is returned to the pool while idle).
-    #[inline]
-    fn prepare(&mut self, worker: &Worker) {
-        if self.buf.capacity() == 0 {
-            self.buf = worker.take_buf();
-        }
-    }
-
-    fn push(&mut self, data: Bytes) {
-        if data.len() < ZERO_COPY_MIN {
-            self.buf.extend_from_slice(&data);
-            return;
-        }
-        if !self.buf.is_empty() {
-            let head = self.buf.split().freeze();
-            self.queued += head.len();
-            self.queue.push_back(head);
-        }
-        self.queued += data.len();
-        self.queue.push_back(data);
-    }
-
-    fn poll_write<T: Transport>(
-        &mut self,
-        io: &mut T,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<()>> {
-        while !self.is_empty() {
-            let n = if self.queue.is_empty() {
-                ready!(io.poll_write(cx, &self.buf))?
-            } else {
-                let mut iov = [IoSlice::new(&[]); 16];
-                let mut k = 0;
-                for piece in self.queue.iter().take(iov.len()) {
-                    iov[k] = IoSlice::new(piece);
-                    k += 1;
-                }
-                if k < iov.len() && k == self.queue.len() && !self.buf.is_empty() {
-                    iov[k] = IoSlice::new(&self.buf);
-                    k += 1;
-                }
-                ready!(io.poll_write_vectored(cx, &iov[..k]))?
-            };
-            if n == 0 {
-                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
-            }
-            self.consume(n);
-        }
-        // What the transport keeps of its own (TLS records not yet on the wire).
-        io.poll_flush(cx)
-    }
-
-    fn consume(&mut self, mut n: usize) {
-        while n > 0 {
-            match self.queue.front_mut() {
-                Some(front) if front.len() <= n => {
-                    n -= front.len();
-                    self.queued -= front.len();
-                    self.queue.pop_front();
-                }
-                Some(front) => {
-                    front.advance(n);
-                    self.queued -= n;
-                    return;
-                }
-                None => {
-                    self.buf.advance(n.min(self.buf.len()));
-                    return;
-                }
-            }
-        }
-    }
 }
 
 /// One lazily re-armed timer per connection: moving a deadline later costs nothing until the

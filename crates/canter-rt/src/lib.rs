@@ -23,7 +23,10 @@
 
 mod body;
 mod conn;
+pub mod framing;
 mod outbound;
+mod output;
+pub mod proto;
 mod server;
 mod service;
 mod tls;

@@ -14,12 +14,12 @@ use std::time::Duration;
 
 use canter_h1::{Limits, Timeouts};
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::service::Service;
 use crate::tls::TlsAcceptor;
-use crate::worker::Worker;
+use crate::worker::{Registration, Worker};
 
 /// Server settings. `Config::default()` serves 127.0.0.1:8080 on every core.
 #[derive(Debug, Clone)]
@@ -222,6 +222,29 @@ impl Server {
         S: Service,
         F: Fn(usize) -> S + Send + Sync + 'static,
     {
+        self.run(move |i| HttpAccept(Rc::new(factory(i))))
+    }
+
+    /// Runs the workers with a custom protocol instead of HTTP until shutdown; blocks the
+    /// calling thread. `factory(i)` runs once on worker `i`'s thread and returns that worker's
+    /// per-connection constructor, called with each accepted peer's address. Connections from the
+    /// TLS listener (if configured) complete their handshake before [`Protocol::on_open`].
+    ///
+    /// [`Protocol::on_open`]: crate::proto::Protocol::on_open
+    pub fn serve_protocol<P, G, F>(self, factory: F) -> io::Result<()>
+    where
+        P: crate::proto::Protocol,
+        G: FnMut(SocketAddr) -> P + 'static,
+        F: Fn(usize) -> G + Send + Sync + 'static,
+    {
+        self.run(move |i| crate::proto::ProtocolAccept::new(factory(i)))
+    }
+
+    fn run<A, F>(self, factory: F) -> io::Result<()>
+    where
+        A: Accept,
+        F: Fn(usize) -> A + Send + Sync + 'static,
+    {
         let factory = Arc::new(factory);
         let mut threads = Vec::new();
         let mut tls_listeners = self.tls_listeners.into_iter();
@@ -314,7 +337,59 @@ struct Listeners {
     tls: Option<StdListener>,
 }
 
-fn run_worker<S, F>(
+/// What a worker does with each accepted connection: drive HTTP/1.1 around a service, or a
+/// custom protocol. Runs on the worker's thread.
+pub(crate) trait Accept: 'static {
+    /// Spawns the connection's task on the current worker. `tls`: the connection came from the
+    /// TLS listener and its handshake is still to run.
+    fn spawn(
+        &mut self,
+        registration: Registration,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        tls: Option<TlsAcceptor>,
+        worker: &Rc<Worker>,
+        cfg: &Rc<Config>,
+    );
+}
+
+/// HTTP/1.1 connections around the worker's service.
+struct HttpAccept<S>(Rc<S>);
+
+impl<S: Service> Accept for HttpAccept<S> {
+    fn spawn(
+        &mut self,
+        registration: Registration,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        tls: Option<TlsAcceptor>,
+        worker: &Rc<Worker>,
+        cfg: &Rc<Config>,
+    ) {
+        let (svc, worker, cfg) = (self.0.clone(), worker.clone(), cfg.clone());
+        match tls {
+            None => tokio::task::spawn_local(crate::conn::serve(
+                registration,
+                tcp,
+                peer,
+                svc,
+                worker,
+                cfg,
+            )),
+            Some(acceptor) => tokio::task::spawn_local(crate::conn::serve_tls(
+                registration,
+                tcp,
+                peer,
+                acceptor,
+                svc,
+                worker,
+                cfg,
+            )),
+        };
+    }
+}
+
+fn run_worker<A, F>(
     index: usize,
     listener: Listeners,
     config: Config,
@@ -323,8 +398,8 @@ fn run_worker<S, F>(
     factory: F,
 ) -> io::Result<()>
 where
-    S: Service,
-    F: FnOnce(usize) -> S + 'static,
+    A: Accept,
+    F: FnOnce(usize) -> A + 'static,
 {
     if config.pin_workers {
         pin_to_cpu(index);
@@ -383,7 +458,7 @@ impl Drop for OutcomeGuard {
 }
 
 /// Accepts connections and spawns a task for each until shutdown, then drains them.
-async fn accept_loop<S, F>(
+async fn accept_loop<A, F>(
     index: usize,
     listeners: Listeners,
     config: Config,
@@ -392,8 +467,8 @@ async fn accept_loop<S, F>(
     factory: F,
 ) -> io::Result<()>
 where
-    S: Service,
-    F: FnOnce(usize) -> S,
+    A: Accept,
+    F: FnOnce(usize) -> A,
 {
     let listener = TcpListener::from_std(listeners.plain)?;
     let tls = match (listeners.tls, config.tls.as_ref()) {
@@ -401,7 +476,7 @@ where
         _ => None,
     };
     let worker = Rc::new(Worker::new(&config.server_name, stats));
-    let svc = Rc::new(factory(index));
+    let mut accept = factory(index);
     let cfg = Rc::new(config);
     let ticker = {
         let worker = worker.clone();
@@ -429,16 +504,16 @@ where
             accepted = listener.accept() => match accepted {
                 Ok((io, peer)) => {
                     let _ = io.set_nodelay(true);
-                    let registration = crate::conn::Registration { id: worker.register(), worker: worker.clone() };
-                    tokio::task::spawn_local(crate::conn::serve(registration, io, peer, svc.clone(), worker.clone(), cfg.clone()));
+                    let registration = Registration { id: worker.register(), worker: worker.clone() };
+                    accept.spawn(registration, io, peer, None, &worker, &cfg);
                 }
                 Err(e) => accept_failed(e).await,
             },
             accepted = accept_tls(tls.as_ref()) => match accepted {
                 Ok((io, peer, acceptor)) => {
                     let _ = io.set_nodelay(true);
-                    let registration = crate::conn::Registration { id: worker.register(), worker: worker.clone() };
-                    tokio::task::spawn_local(crate::conn::serve_tls(registration, io, peer, acceptor, svc.clone(), worker.clone(), cfg.clone()));
+                    let registration = Registration { id: worker.register(), worker: worker.clone() };
+                    accept.spawn(registration, io, peer, Some(acceptor), &worker, &cfg);
                 }
                 Err(e) => accept_failed(e).await,
             },
@@ -469,7 +544,7 @@ where
 /// Accepts on the TLS listener, if there is one; never completes otherwise.
 async fn accept_tls(
     tls: Option<&(TcpListener, TlsAcceptor)>,
-) -> io::Result<(tokio::net::TcpStream, SocketAddr, TlsAcceptor)> {
+) -> io::Result<(TcpStream, SocketAddr, TlsAcceptor)> {
     match tls {
         Some((listener, acceptor)) => {
             let (io, peer) = listener.accept().await?;

@@ -3,6 +3,7 @@
 //! Nothing here is shared across threads.
 
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant, SystemTime};
@@ -192,5 +193,19 @@ impl Worker {
 
     pub(crate) fn live(&self) -> usize {
         self.conns.borrow().live
+    }
+}
+
+/// A connection's place in its worker's registry. Created at accept and moved into the task,
+/// it unregisters when dropped, even if the task never ran to completion (runtime shut down after
+/// a drain timeout), so the counts stay true.
+pub(crate) struct Registration {
+    pub(crate) id: usize,
+    pub(crate) worker: Rc<Worker>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.worker.unregister(self.id);
     }
 }

@@ -1,0 +1,832 @@
+//! Custom protocols on the connection actor: "the connection is the actor, the protocol is a
+//! value it owns".
+//!
+//! A [`Protocol`] is sans-IO: it never sees a socket or a clock. The actor ([`run`], or
+//! [`Server::serve_protocol`](crate::Server::serve_protocol) for accepted connections) owns the
+//! transport, reads into its input buffer and calls the protocol with what arrived; the protocol
+//! answers through [`Conn`]: [`Conn::send`] (accepted or refused, never queued without bound),
+//! [`Conn::mute`]/[`Conn::unmute`], one timer, [`Conn::close`] and [`Conn::start_tls`]. What every
+//! protocol gets from the actor, from one place:
+//!
+//! - **Backpressure.** Output above the high-water mark refuses further sends and stops reading;
+//!   once the peer has taken it down to the low-water mark, [`Protocol::on_writable`] says so.
+//! - **A read budget per turn**, after which the connection yields to the worker's others.
+//! - **Timeouts**: the protocol's own timer, and the write timeout (a peer that stops reading).
+//! - **Buffers released while idle**, to the worker's pool.
+//! - **Graceful shutdown**: [`Protocol::on_shutdown`] when the server drains.
+//! - **The transport underneath**: plain TCP or TLS, and the upgrade from one to the other.
+//!
+//! Calls happen in this order: [`Protocol::on_open`] once, then any of the event calls, then
+//! [`Protocol::on_close`] once. Everything a call sends leaves after it returns, batched with
+//! whatever else was sent in the same turn.
+//!
+//! ```no_run
+//! use bytes::BytesMut;
+//! use canter_rt::proto::{Conn, Protocol};
+//! use canter_rt::{Config, Server};
+//!
+//! /// Echoes every byte back.
+//! struct Echo;
+//!
+//! impl Protocol for Echo {
+//!     fn on_data(&mut self, conn: &mut Conn<'_>, input: &mut BytesMut) {
+//!         if conn.send(input.split().freeze()).is_err() {
+//!             conn.mute(); // the peer is slow: stop reading until it catches up
+//!         }
+//!     }
+//!     fn on_writable(&mut self, conn: &mut Conn<'_>) {
+//!         conn.unmute();
+//!     }
+//! }
+//!
+//! Server::bind(Config::default())?.serve_protocol(|_worker| |_peer| Echo)?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+use crate::output::Out;
+use crate::server::{Accept, Config};
+use crate::tls::{ClientTls, TlsAcceptor};
+use crate::transport::{poll_read_buf, Stream, Transport};
+use crate::worker::{Registration, Worker, READ_BUF};
+
+/// A protocol driven by the connection actor. Only [`Protocol::on_data`] is required.
+pub trait Protocol: 'static {
+    /// The connection is up (after the TLS handshake, on a TLS listener). Called once, first.
+    fn on_open(&mut self, conn: &mut Conn<'_>) {
+        let _ = conn;
+    }
+
+    /// Bytes arrived. `input` holds everything received and not yet consumed: take what forms
+    /// complete messages (`split_to`, `advance`) and leave the rest, which is handed back with
+    /// the next bytes. While muted, nothing new arrives; after [`Conn::unmute`] what was left
+    /// is handed back at once.
+    fn on_data(&mut self, conn: &mut Conn<'_>, input: &mut BytesMut);
+
+    /// The peer ended its sending side. The default closes the connection (after sending what
+    /// is queued); a protocol that still has answers to give can send them and close later.
+    fn on_eof(&mut self, conn: &mut Conn<'_>) {
+        conn.close();
+    }
+
+    /// After a refused [`Conn::send`], the peer has taken the output down to the low-water
+    /// mark: sending is possible again.
+    fn on_writable(&mut self, conn: &mut Conn<'_>) {
+        let _ = conn;
+    }
+
+    /// The timer set with [`Conn::set_timer`] expired.
+    fn on_timer(&mut self, conn: &mut Conn<'_>) {
+        let _ = conn;
+    }
+
+    /// Somebody called [`Handle::wake`] (another task of this worker with something for the
+    /// connection).
+    fn on_wake(&mut self, conn: &mut Conn<'_>) {
+        let _ = conn;
+    }
+
+    /// The upgrade asked for with [`Conn::start_tls`] completed: what is sent from now on is
+    /// encrypted. (A failed upgrade closes the connection with [`Close::Tls`] instead.)
+    fn on_tls(&mut self, conn: &mut Conn<'_>) {
+        let _ = conn;
+    }
+
+    /// The server is shutting down gracefully. The default closes the connection after what is
+    /// queued; a protocol may finish its current exchange first (the drain timeout bounds it).
+    fn on_shutdown(&mut self, conn: &mut Conn<'_>) {
+        conn.close();
+    }
+
+    /// The connection is gone; `why` says how. Called once, last.
+    fn on_close(&mut self, why: &Close) {
+        let _ = why;
+    }
+}
+
+/// How a connection ended.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Close {
+    /// The protocol closed it ([`Conn::close`]), after sending what was queued.
+    Local,
+    /// The peer closed the connection and the protocol closed its side ([`Protocol::on_eof`]).
+    PeerClosed,
+    /// The peer stopped taking output for longer than the write timeout.
+    WriteTimeout,
+    /// The input buffer grew past [`Settings::max_input`] without the protocol consuming it.
+    InputLimit,
+    /// A [`Conn::start_tls`] was refused or its handshake failed.
+    Tls(StartTlsError),
+    /// The socket failed (reset, broken pipe, a TLS error from the peer).
+    Io(io::Error),
+}
+
+impl fmt::Display for Close {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Close::Local => f.write_str("closed"),
+            Close::PeerClosed => f.write_str("closed by the peer"),
+            Close::WriteTimeout => f.write_str("write timed out"),
+            Close::InputLimit => f.write_str("input buffer limit reached"),
+            Close::Tls(e) => write!(f, "TLS upgrade failed: {e}"),
+            Close::Io(e) => write!(f, "connection error: {e}"),
+        }
+    }
+}
+
+/// Why [`Conn::start_tls`] did not upgrade the connection.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StartTlsError {
+    /// Bytes that arrived after the upgrade command were already buffered: they came before the
+    /// handshake and would be taken as part of the protected stream (the STARTTLS injection
+    /// class, CVE-2021-23222), so the connection is refused.
+    PlaintextBuffered,
+    /// What was sent before the upgrade could not all be written out first.
+    WritesPending,
+    /// The connection is already encrypted.
+    AlreadyTls,
+    /// This transport cannot be upgraded (an in-memory test pipe).
+    Unsupported,
+    /// The handshake failed or timed out.
+    Handshake(io::Error),
+}
+
+impl fmt::Display for StartTlsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartTlsError::PlaintextBuffered => {
+                f.write_str("plaintext received after the upgrade command")
+            }
+            StartTlsError::WritesPending => f.write_str("earlier output not yet written"),
+            StartTlsError::AlreadyTls => f.write_str("already TLS"),
+            StartTlsError::Unsupported => f.write_str("transport cannot be upgraded"),
+            StartTlsError::Handshake(e) => write!(f, "handshake: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartTlsError {}
+
+/// Which side of the handshake [`Conn::start_tls`] plays.
+#[derive(Debug, Clone)]
+pub enum TlsUpgrade {
+    /// Server side, with these certificates and settings.
+    Server(TlsAcceptor),
+    /// Client side, verifying the server as `tls` says and sending `server_name` (SNI).
+    Client {
+        /// Verification and ALPN settings.
+        tls: ClientTls,
+        /// The name the certificate must be valid for.
+        server_name: String,
+    },
+}
+
+/// A transport whose connection can be upgraded to TLS in place.
+pub trait StartTls: Transport + Sized {
+    /// Runs the handshake over this connection and returns the encrypted transport.
+    fn start_tls(
+        self,
+        how: TlsUpgrade,
+    ) -> impl Future<Output = Result<Self, StartTlsError>> + 'static;
+}
+
+impl StartTls for Stream {
+    #[allow(clippy::manual_async_fn)] // the trait's future must be 'static, spelled out
+    fn start_tls(
+        self,
+        how: TlsUpgrade,
+    ) -> impl Future<Output = Result<Self, StartTlsError>> + 'static {
+        async move {
+            let tcp = match self {
+                Stream::Plain(tcp) => tcp,
+                Stream::Tls(_) => return Err(StartTlsError::AlreadyTls),
+            };
+            let tls = match how {
+                TlsUpgrade::Server(acceptor) => acceptor.accept(tcp).await,
+                TlsUpgrade::Client { tls, server_name } => {
+                    let handshake = tls.connect(&server_name, tcp);
+                    match tokio::time::timeout(CLIENT_HANDSHAKE, handshake).await {
+                        Ok(r) => r,
+                        Err(_) => Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "TLS handshake timed out",
+                        )),
+                    }
+                }
+            };
+            tls.map(|s| Stream::Tls(Box::new(s)))
+                .map_err(StartTlsError::Handshake)
+        }
+    }
+}
+
+impl StartTls for tokio::io::DuplexStream {
+    fn start_tls(
+        self,
+        _how: TlsUpgrade,
+    ) -> impl Future<Output = Result<Self, StartTlsError>> + 'static {
+        std::future::ready(Err(StartTlsError::Unsupported))
+    }
+}
+
+/// How long the client side of a [`Conn::start_tls`] waits for the server.
+const CLIENT_HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// The actor's limits for one connection.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Settings {
+    /// Output bytes at or above which [`Conn::send`] refuses and reading stops.
+    pub high_water: usize,
+    /// Output bytes at or below which a refused sender hears [`Protocol::on_writable`].
+    pub low_water: usize,
+    /// Bytes read before the connection yields to the worker's other connections.
+    pub read_budget: usize,
+    /// Longest the peer may take no output while some is queued.
+    pub write_timeout: Duration,
+    /// Input the protocol may leave unconsumed (a partial message) before the connection is
+    /// closed with [`Close::InputLimit`].
+    pub max_input: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            high_water: 64 * 1024,
+            low_water: 16 * 1024,
+            read_budget: 256 * 1024,
+            write_timeout: Duration::from_secs(30),
+            max_input: 4 * 1024 * 1024,
+        }
+    }
+}
+
+impl Settings {
+    /// Sets the high-water mark (and the low-water mark to a quarter of it).
+    pub fn high_water(mut self, bytes: usize) -> Settings {
+        self.high_water = bytes.max(1);
+        self.low_water = self.high_water / 4;
+        self
+    }
+
+    /// Sets the read budget per turn.
+    pub fn read_budget(mut self, bytes: usize) -> Settings {
+        self.read_budget = bytes.max(1);
+        self
+    }
+
+    /// Sets the write timeout.
+    pub fn write_timeout(mut self, timeout: Duration) -> Settings {
+        self.write_timeout = timeout;
+        self
+    }
+
+    /// Sets the most input left unconsumed.
+    pub fn max_input(mut self, bytes: usize) -> Settings {
+        self.max_input = bytes.max(1);
+        self
+    }
+
+    fn from_config(cfg: &Config) -> Settings {
+        Settings::default()
+            .high_water(cfg.high_water)
+            .read_budget(cfg.read_budget)
+            .write_timeout(cfg.timeouts.write)
+    }
+}
+
+/// What the protocol can do to its connection, during a call.
+pub struct Conn<'a> {
+    core: &'a mut Core,
+}
+
+impl fmt::Debug for Conn<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Conn")
+            .field("peer", &self.core.peer)
+            .field("queued", &self.core.out.len())
+            .field("muted", &self.core.muted)
+            .field("closing", &self.core.closing)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A refused [`Conn::send`]: the output is at its high-water mark (or the connection is
+/// closing). The data is handed back; [`Protocol::on_writable`] says when to try again.
+#[derive(Debug)]
+pub struct Refused(pub Bytes);
+
+impl<'a> Conn<'a> {
+    /// Queues `data` to send, unless the output is at its high-water mark or the connection is
+    /// closing. Queued data leaves when the call returns, batched with the rest of the turn.
+    pub fn send(&mut self, data: impl Into<Bytes>) -> Result<(), Refused> {
+        let data = data.into();
+        if !self.can_send() {
+            self.core.refused = true;
+            return Err(Refused(data));
+        }
+        self.core.out.prepare_with(self.core.worker.as_deref());
+        self.core.out.push(data);
+        Ok(())
+    }
+
+    /// Whether [`Conn::send`] would accept now.
+    pub fn can_send(&self) -> bool {
+        !self.core.closing && self.core.out.len() < self.core.settings.high_water
+    }
+
+    /// Asks for [`Protocol::on_writable`] once the output is down to the low-water mark (as a
+    /// refused [`Conn::send`] does).
+    pub fn notify_writable(&mut self) {
+        self.core.refused = true;
+    }
+
+    /// Output queued and not yet written.
+    pub fn queued(&self) -> usize {
+        self.core.out.len()
+    }
+
+    /// Stops reading: [`Protocol::on_data`] is not called until [`Conn::unmute`].
+    pub fn mute(&mut self) {
+        self.core.muted = true;
+    }
+
+    /// Reads again; input left over from before is handed to [`Protocol::on_data`] at once.
+    pub fn unmute(&mut self) {
+        if self.core.muted {
+            self.core.muted = false;
+            self.core.redeliver = true;
+        }
+    }
+
+    /// Whether reading is stopped.
+    pub fn is_muted(&self) -> bool {
+        self.core.muted
+    }
+
+    /// Calls [`Protocol::on_timer`] after `after` (replacing any timer set before).
+    pub fn set_timer(&mut self, after: Duration) {
+        self.core.timer = Some(Instant::now() + after);
+    }
+
+    /// Cancels the timer.
+    pub fn cancel_timer(&mut self) {
+        self.core.timer = None;
+    }
+
+    /// Closes the connection once what is queued has been written.
+    pub fn close(&mut self) {
+        self.core.closing = true;
+    }
+
+    /// Whether [`Conn::close`] was called.
+    pub fn is_closing(&self) -> bool {
+        self.core.closing
+    }
+
+    /// Upgrades the connection to TLS when the current call returns: what was sent before goes
+    /// out in plaintext first, then the handshake runs, then [`Protocol::on_tls`]. Refused (and
+    /// the connection closed with [`Close::Tls`]) if input is left over after the upgrade
+    /// command (it would have been injected before the handshake) or if the earlier output
+    /// cannot be written at once.
+    pub fn start_tls(&mut self, how: TlsUpgrade) {
+        self.core.upgrade = Some(how);
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.core.peer
+    }
+
+    /// Whether the connection is encrypted.
+    pub fn is_tls(&self) -> bool {
+        self.core.tls
+    }
+
+    /// A handle through which other tasks of this worker can wake the connection
+    /// ([`Protocol::on_wake`]).
+    pub fn handle(&self) -> Handle {
+        Handle {
+            cell: self.core.wake.clone(),
+        }
+    }
+}
+
+/// Wakes a connection from another task of the same worker (same thread).
+#[derive(Clone)]
+pub struct Handle {
+    cell: Rc<WakeCell>,
+}
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handle")
+            .field("closed", &self.cell.closed.get())
+            .finish()
+    }
+}
+
+impl Handle {
+    /// Calls [`Protocol::on_wake`] on the connection's next turn (once, however often this is
+    /// called before then).
+    pub fn wake(&self) {
+        self.cell.woken.set(true);
+        if let Some(w) = self.cell.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// Whether the connection has closed.
+    pub fn is_closed(&self) -> bool {
+        self.cell.closed.get()
+    }
+}
+
+#[derive(Default)]
+struct WakeCell {
+    woken: Cell<bool>,
+    closed: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+/// The actor's state that the protocol reaches through [`Conn`].
+struct Core {
+    out: Out,
+    settings: Settings,
+    peer: SocketAddr,
+    tls: bool,
+    muted: bool,
+    closing: bool,
+    /// A send was refused: say when the output is down to the low-water mark.
+    refused: bool,
+    /// Hand the leftover input to the protocol again (after an unmute).
+    redeliver: bool,
+    timer: Option<Instant>,
+    upgrade: Option<TlsUpgrade>,
+    wake: Rc<WakeCell>,
+    worker: Option<Rc<Worker>>,
+}
+
+impl Out {
+    /// Makes sure the copy buffer has an allocation, from the worker's pool if there is one.
+    fn prepare_with(&mut self, worker: Option<&Worker>) {
+        if self.buf.capacity() == 0 {
+            self.buf = match worker {
+                Some(w) => w.take_buf(),
+                None => BytesMut::with_capacity(READ_BUF),
+            };
+        }
+    }
+}
+
+/// What woke the actor.
+enum Event {
+    Data,
+    Eof,
+    Writable,
+    Timer,
+    Wake,
+    Shutdown,
+    Yield,
+    /// Closing, and everything queued is written.
+    Flushed,
+    Failed(Close),
+}
+
+/// Runs `protocol` on a connected transport (accepted or from [`crate::connect`]) until the
+/// connection closes; returns how it closed (after [`Protocol::on_close`]). Runs on the calling
+/// task: any tokio runtime, a canter worker or a test's.
+pub async fn run<T: StartTls, P: Protocol>(
+    io: T,
+    peer: SocketAddr,
+    protocol: &mut P,
+    settings: &Settings,
+) -> Close {
+    Actor::new(peer, settings.clone(), None)
+        .run(io, protocol)
+        .await
+}
+
+/// Per-worker constructor of protocol connections, behind [`crate::Server::serve_protocol`].
+pub(crate) struct ProtocolAccept<G> {
+    make: G,
+}
+
+impl<G> ProtocolAccept<G> {
+    pub(crate) fn new(make: G) -> Self {
+        ProtocolAccept { make }
+    }
+}
+
+impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept<G> {
+    fn spawn(
+        &mut self,
+        registration: Registration,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        tls: Option<TlsAcceptor>,
+        worker: &Rc<Worker>,
+        cfg: &Rc<Config>,
+    ) {
+        let mut protocol = (self.make)(peer);
+        let settings = Settings::from_config(cfg);
+        let worker = worker.clone();
+        tokio::task::spawn_local(async move {
+            let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+            worker.set_waker(registration.id, waker);
+            let stream = match tls {
+                None => Stream::Plain(tcp),
+                Some(acceptor) => match acceptor.accept(tcp).await {
+                    Ok(s) => Stream::Tls(Box::new(s)),
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                },
+            };
+            let actor = Actor::new(peer, settings, Some(worker));
+            let why = actor.run(stream, &mut protocol).await;
+            tracing::debug!(%peer, %why, "connection closed");
+            drop(registration);
+        });
+    }
+}
+
+struct Actor {
+    core: Core,
+    input: BytesMut,
+    eof: bool,
+    read_in_turn: usize,
+    shutdown_told: bool,
+    /// When queued output last went out (or was first queued), for the write timeout.
+    write_since: Option<Instant>,
+    sleep: Option<Pin<Box<Sleep>>>,
+    armed: Option<Instant>,
+}
+
+impl Actor {
+    fn new(peer: SocketAddr, settings: Settings, worker: Option<Rc<Worker>>) -> Actor {
+        Actor {
+            core: Core {
+                out: Out::default(),
+                settings,
+                peer,
+                tls: false,
+                muted: false,
+                closing: false,
+                refused: false,
+                redeliver: false,
+                timer: None,
+                upgrade: None,
+                wake: Rc::default(),
+                worker,
+            },
+            input: BytesMut::new(),
+            eof: false,
+            read_in_turn: 0,
+            shutdown_told: false,
+            write_since: None,
+            sleep: None,
+            armed: None,
+        }
+    }
+
+    async fn run<T: StartTls, P: Protocol>(mut self, io: T, protocol: &mut P) -> Close {
+        let why = self.drive(io, protocol).await;
+        self.core.wake.closed.set(true);
+        self.release_buffers();
+        protocol.on_close(&why);
+        why
+    }
+
+    async fn drive<T: StartTls, P: Protocol>(&mut self, mut io: T, protocol: &mut P) -> Close {
+        self.core.tls = io.raw_tcp().is_none();
+        protocol.on_open(&mut Conn {
+            core: &mut self.core,
+        });
+        loop {
+            if let Some(how) = self.core.upgrade.take() {
+                io = match self.upgrade(io, how).await {
+                    Ok(io) => io,
+                    Err(e) => {
+                        tracing::debug!(peer = %self.core.peer, error = %e, "TLS upgrade refused or failed");
+                        return Close::Tls(e);
+                    }
+                };
+                self.core.tls = true;
+                protocol.on_tls(&mut Conn {
+                    core: &mut self.core,
+                });
+                continue;
+            }
+            let event = poll_fn(|cx| self.poll_event(&mut io, cx)).await;
+            let conn = &mut Conn {
+                core: &mut self.core,
+            };
+            match event {
+                Event::Data => {
+                    protocol.on_data(conn, &mut self.input);
+                    if self.input.len() >= self.core.settings.max_input {
+                        tracing::warn!(peer = %self.core.peer, "input buffer limit reached; closing");
+                        return Close::InputLimit;
+                    }
+                }
+                Event::Eof => protocol.on_eof(conn),
+                Event::Writable => protocol.on_writable(conn),
+                Event::Timer => protocol.on_timer(conn),
+                Event::Wake => protocol.on_wake(conn),
+                Event::Shutdown => protocol.on_shutdown(conn),
+                Event::Yield => tokio::task::yield_now().await,
+                Event::Flushed => {
+                    let shutdown = poll_fn(|cx| io.poll_shutdown(cx));
+                    let _ = tokio::time::timeout(self.core.settings.write_timeout, shutdown).await;
+                    return if self.eof {
+                        Close::PeerClosed
+                    } else {
+                        Close::Local
+                    };
+                }
+                Event::Failed(why) => return why,
+            }
+            if self.input.is_empty() && self.input.capacity() > 0 {
+                let input = std::mem::take(&mut self.input);
+                self.give_buf(input);
+            }
+        }
+    }
+
+    /// The checks and the handshake of a [`Conn::start_tls`].
+    async fn upgrade<T: StartTls>(
+        &mut self,
+        mut io: T,
+        how: TlsUpgrade,
+    ) -> Result<T, StartTlsError> {
+        if !self.input.is_empty() {
+            return Err(StartTlsError::PlaintextBuffered);
+        }
+        if !self.core.out.is_empty() {
+            // What was sent before the upgrade goes out in plaintext first, at once or never:
+            // the peer starts its handshake only after reading it.
+            let flushed = poll_fn(|cx| Poll::Ready(self.core.out.poll_write(&mut io, cx))).await;
+            if !matches!(flushed, Poll::Ready(Ok(()))) || !self.core.out.is_empty() {
+                return Err(StartTlsError::WritesPending);
+            }
+        }
+        io.start_tls(how).await
+    }
+
+    fn poll_event<T: Transport>(&mut self, io: &mut T, cx: &mut Context<'_>) -> Poll<Event> {
+        let core = &mut self.core;
+        // Write what is queued.
+        if !core.out.is_empty() {
+            let before = core.out.len();
+            match core.out.poll_write(io, cx) {
+                Poll::Ready(Ok(())) => self.write_since = None,
+                Poll::Ready(Err(e)) => return Poll::Ready(Event::Failed(Close::Io(e))),
+                Poll::Pending => {
+                    if core.out.len() < before || self.write_since.is_none() {
+                        self.write_since = Some(Instant::now());
+                    }
+                }
+            }
+        }
+        if core.out.is_empty() {
+            self.write_since = None;
+            if core.out.buf.capacity() > 0 {
+                let buf = std::mem::take(&mut core.out.buf);
+                give(core.worker.as_deref(), buf);
+            }
+            if core.closing {
+                return Poll::Ready(Event::Flushed);
+            }
+        }
+        if core.refused && core.out.len() <= core.settings.low_water && !core.closing {
+            core.refused = false;
+            return Poll::Ready(Event::Writable);
+        }
+        if core.wake.woken.replace(false) {
+            return Poll::Ready(Event::Wake);
+        }
+        if !self.shutdown_told && core.worker.as_ref().is_some_and(|w| w.draining()) {
+            self.shutdown_told = true;
+            return Poll::Ready(Event::Shutdown);
+        }
+        // Read, unless muted, closing or held back by unwritten output.
+        let reading = !core.muted && !core.closing && core.out.len() < core.settings.high_water;
+        if reading && core.redeliver {
+            core.redeliver = false;
+            if !self.input.is_empty() {
+                return Poll::Ready(Event::Data);
+            }
+        }
+        if reading && !self.eof {
+            if self.read_in_turn >= core.settings.read_budget {
+                self.read_in_turn = 0;
+                return Poll::Ready(Event::Yield);
+            }
+            match self.poll_read(io, cx) {
+                Poll::Ready(Ok(0)) => {
+                    self.eof = true;
+                    return Poll::Ready(Event::Eof);
+                }
+                Poll::Ready(Ok(_)) => return Poll::Ready(Event::Data),
+                Poll::Ready(Err(e)) => return Poll::Ready(Event::Failed(Close::Io(e))),
+                Poll::Pending => {}
+            }
+        }
+        // Timers: the protocol's, and the write timeout.
+        let write_deadline = self
+            .write_since
+            .map(|at| at + self.core.settings.write_timeout);
+        let next = [self.core.timer, write_deadline]
+            .into_iter()
+            .flatten()
+            .min();
+        if let Some(at) = next {
+            if self.poll_sleep(cx, at) {
+                let now = Instant::now();
+                if write_deadline.is_some_and(|d| d <= now) {
+                    return Poll::Ready(Event::Failed(Close::WriteTimeout));
+                }
+                if self.core.timer.is_some_and(|t| t <= now) {
+                    self.core.timer = None;
+                    return Poll::Ready(Event::Timer);
+                }
+            }
+        }
+        let mut waker = self.core.wake.waker.borrow_mut();
+        if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *waker = Some(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// Reads once; holds no buffer until the transport is readable.
+    fn poll_read<T: Transport>(
+        &mut self,
+        io: &mut T,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<usize>> {
+        if self.input.capacity() == 0 {
+            match io.poll_read_ready(cx) {
+                Poll::Ready(Ok(())) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+            self.input = match self.core.worker.as_deref() {
+                Some(w) => w.take_buf(),
+                None => BytesMut::with_capacity(READ_BUF),
+            };
+        }
+        if self.input.capacity() - self.input.len() < READ_BUF / 2 {
+            self.input.reserve(READ_BUF);
+        }
+        let n = std::task::ready!(poll_read_buf(io, cx, &mut self.input))?;
+        self.read_in_turn += n;
+        Poll::Ready(Ok(n))
+    }
+
+    /// Whether `at` has passed; otherwise arranges a wake-up for then.
+    fn poll_sleep(&mut self, cx: &mut Context<'_>, at: Instant) -> bool {
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        if self.armed != Some(at) {
+            sleep.as_mut().reset(at);
+            self.armed = Some(at);
+        }
+        sleep.as_mut().poll(cx).is_ready()
+    }
+
+    fn give_buf(&self, buf: BytesMut) {
+        give(self.core.worker.as_deref(), buf);
+    }
+
+    fn release_buffers(&mut self) {
+        let input = std::mem::take(&mut self.input);
+        self.give_buf(input);
+        let out = std::mem::take(&mut self.core.out.buf);
+        self.give_buf(out);
+    }
+}
+
+fn give(worker: Option<&Worker>, buf: BytesMut) {
+    if let (Some(w), true) = (worker, buf.capacity() > 0) {
+        w.give_buf(buf);
+    }
+}
