@@ -224,7 +224,8 @@ impl<D: Decoder, H: FrameHandler> Protocol for Framed<D, H> {
     }
 
     fn on_data(&mut self, conn: &mut Conn<'_>, input: &mut BytesMut) {
-        while !conn.is_closing() && !conn.is_muted() {
+        // Stop at an upgrade command: what follows it came before the handshake.
+        while !conn.is_closing() && !conn.is_muted() && !conn.is_upgrading() {
             if !conn.can_send() {
                 // Hold the rest until the peer has read what is queued.
                 self.held = true;
@@ -265,5 +266,88 @@ impl<D: Decoder, H: FrameHandler> Protocol for Framed<D, H> {
 
     fn on_close(&mut self, why: &Close) {
         self.handler.on_close(why);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Feeds `wire` to `decoder` in pieces of `step` bytes, collecting frames until an error.
+    fn feed(
+        decoder: &mut impl Decoder,
+        wire: &[u8],
+        step: usize,
+    ) -> (Vec<Bytes>, Option<FrameTooLarge>) {
+        let mut input = BytesMut::new();
+        let mut frames = Vec::new();
+        for piece in wire.chunks(step) {
+            input.extend_from_slice(piece);
+            loop {
+                match decoder.decode(&mut input) {
+                    Ok(Some(f)) => frames.push(f),
+                    Ok(None) => break,
+                    Err(e) => return (frames, Some(e)),
+                }
+            }
+        }
+        (frames, None)
+    }
+
+    #[test]
+    fn length_prefixed_whole_and_byte_by_byte() {
+        let mut wire = BytesMut::new();
+        for p in [&b"one"[..], b"", b"three three"] {
+            LengthPrefixed::encode(p, &mut wire);
+        }
+        for step in [1, 2, 3, 5, wire.len()] {
+            let (frames, err) = feed(&mut LengthPrefixed::new(64), &wire, step);
+            assert_eq!(err, None);
+            assert_eq!(frames, [&b"one"[..], b"", b"three three"], "step {step}");
+        }
+    }
+
+    #[test]
+    fn length_prefixed_refuses_oversized_before_the_payload() {
+        // Only the prefix has arrived: the limit applies at once, not after buffering 1 GiB.
+        let (frames, err) = feed(&mut LengthPrefixed::new(10), &(1u32 << 30).to_be_bytes(), 1);
+        assert!(frames.is_empty());
+        assert_eq!(
+            err,
+            Some(FrameTooLarge {
+                len: 1 << 30,
+                max: 10
+            })
+        );
+        let (frames, err) = feed(
+            &mut LengthPrefixed::new(10),
+            &LengthPrefixed::frame(&[0; 10]),
+            3,
+        );
+        assert_eq!((frames.len(), err), (1, None));
+    }
+
+    #[test]
+    fn lines_crlf_lf_and_byte_by_byte() {
+        let wire = b"a\r\nbb\n\n\r\nccc\n";
+        for step in 1..=wire.len() {
+            let (frames, err) = feed(&mut Lines::new(8), wire, step);
+            assert_eq!(err, None);
+            assert_eq!(frames, [&b"a"[..], b"bb", b"", b"", b"ccc"], "step {step}");
+        }
+    }
+
+    #[test]
+    fn lines_over_the_limit() {
+        // Exactly at the limit, with CRLF: fine.
+        let (frames, err) = feed(&mut Lines::new(4), b"abcd\r\n", 1);
+        assert_eq!((frames.len(), err), (1, None));
+        // Over it, line end present or not yet: refused, without waiting for the end.
+        let (_, err) = feed(&mut Lines::new(4), b"abcde\n", 6);
+        assert_eq!(err, Some(FrameTooLarge { len: 5, max: 4 }));
+        let (_, err) = feed(&mut Lines::new(4), b"abcdefgh", 1);
+        assert!(err.is_some());
     }
 }

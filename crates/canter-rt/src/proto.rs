@@ -408,6 +408,13 @@ impl<'a> Conn<'a> {
         self.core.upgrade = Some(how);
     }
 
+    /// Whether a [`Conn::start_tls`] is waiting for the current call to return. A protocol
+    /// that handles several messages per call stops at the upgrade command: whatever follows
+    /// it in the input must not be read as plaintext (it makes the upgrade refused).
+    pub fn is_upgrading(&self) -> bool {
+        self.core.upgrade.is_some()
+    }
+
     /// The peer's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.core.peer
