@@ -56,3 +56,24 @@ where
         .await
         .map_err(std::io::Error::other)
 }
+
+/// Raises this process's soft limit on open files to its hard limit (as Go's runtime does at
+/// start), so a server is not capped at the usual 1,024 connections; returns the new limit.
+pub fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, exclusively borrowed rlimit that getrlimit fills in.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: `lim` is a valid rlimit that setrlimit only reads.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(lim.rlim_cur)
+}

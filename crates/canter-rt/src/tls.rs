@@ -278,13 +278,7 @@ fn self_signed(provider: &CryptoProvider) -> Result<(Arc<CertifiedKey>, String),
         .push(rcgen::DnType::CommonName, "canter development certificate");
     let cert = params.self_signed(&key).map_err(generate)?;
     let der = cert.der().clone();
-    let digest = ring::digest::digest(&ring::digest::SHA256, &der);
-    let fingerprint = digest
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02X}"))
-        .collect::<Vec<_>>()
-        .join(":");
+    let fingerprint = sha256_fingerprint(&der);
     let key_der = PrivateKeyDer::try_from(key.serialize_der())
         .map_err(|e| TlsError::Generate(e.to_owned()))?;
     let certified = CertifiedKey::from_der(vec![der], key_der, provider)?;
@@ -398,6 +392,24 @@ impl TlsAcceptor {
 /// connection that presented one ([`ServerTls::client_ca`]).
 #[derive(Debug, Clone)]
 pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
+
+impl PeerCertificates {
+    /// The SHA-256 fingerprint of the leaf certificate, as colon-separated hex pairs (the form
+    /// `openssl x509 -fingerprint -sha256` prints).
+    pub fn leaf_sha256(&self) -> Option<String> {
+        self.0.first().map(|der| sha256_fingerprint(der))
+    }
+}
+
+fn sha256_fingerprint(der: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, der);
+    digest
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
 
 /// Re-reads the acceptor's certificate files on SIGHUP (watched from a small background
 /// thread), logging the outcome; a broken file keeps the old certificates.

@@ -11,8 +11,10 @@
 
 mod client;
 mod data;
+mod pki;
 mod process;
 
 pub use client::{chunked, connect_stream, Client, Response, IO_TIMEOUT};
 pub use data::random_bytes;
+pub use pki::{fingerprint, CertFiles, Pki};
 pub use process::{open_files_limit, rss_kib};

@@ -80,6 +80,7 @@ pub fn app(store: Arc<Store>) -> Router {
         .route("/bytes/{*n}", get(bytes))
         .route("/hello/{name}", get(hello))
         .route("/page", get(page))
+        .route("/tls/client-cert", get(client_cert))
         .nest("/api", api)
         .fallback(|| error(StatusCode::NOT_FOUND, "no such endpoint"))
         .with_state(store)
@@ -267,5 +268,14 @@ impl BodyStream for Repeat {
         let n = self.left.min(FILL.len() as u64) as usize;
         self.left -= n as u64;
         Poll::Ready(Some(Ok(Bytes::from_static(&FILL[..n]))))
+    }
+}
+
+/// `GET /tls/client-cert`: the SHA-256 fingerprint of the client's verified certificate (TLS with
+/// `--tls-client-ca`), or 404 when the connection has none.
+fn client_cert(cert: Option<crate::Extension<canter_rt::PeerCertificates>>) -> Response {
+    match cert.and_then(|crate::Extension(c)| c.leaf_sha256()) {
+        Some(fingerprint) => Response::text(format!("{fingerprint}\n")),
+        None => error(StatusCode::NOT_FOUND, "no client certificate"),
     }
 }

@@ -162,6 +162,9 @@ fn tls_acceptor(args: &ServeArgs) -> Result<Option<canter_rt::TlsAcceptor>, Stri
 }
 
 fn serve(args: ServeArgs) -> Result<(), String> {
+    if let Err(e) = canter_rt::raise_open_files_limit() {
+        tracing::warn!(error = %e, "could not raise the open files limit");
+    }
     let mut config = canter_rt::Config {
         addr: args.addr,
         pin_workers: args.pin,

@@ -116,6 +116,18 @@ impl Server {
         format!("http://127.0.0.1:{}{}", self.port, path)
     }
 
+    /// The TLS listener's port (`--tls-addr 127.0.0.1:0`), read from the log line that comes
+    /// before the plain address line.
+    pub fn tls_port(&self) -> u16 {
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .find_map(|line| {
+                let rest = line.split("over TLS on https://127.0.0.1:").nth(1)?;
+                rest.split('/').next()?.parse().ok()
+            })
+            .unwrap_or_else(|| panic!("no TLS address in the log:\n{}", log.join("\n")))
+    }
+
     /// A raw client connected to the server.
     pub fn client(&self) -> Client {
         Client::connect(self.addr())
