@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use canter_rt::Stream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
 use crate::parse::{Event, ResponseParser};
@@ -26,6 +26,8 @@ const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
 pub struct ConnConfig {
     /// Resolved loopback address.
     pub addr: SocketAddr,
+    /// For https: the client settings and the server name to verify.
+    pub tls: Option<(canter_rt::ClientTls, String)>,
     /// `pipeline` copies of the request, back to back.
     pub batch: Vec<u8>,
     /// Length of one request in `batch`.
@@ -95,7 +97,7 @@ struct Conn<'a> {
     buf: Vec<u8>,
     start: usize,
     end: usize,
-    stream: Option<TcpStream>,
+    stream: Option<Stream>,
     /// Lazily re-armed wake-up for timeouts and the end of the run. Its
     /// deadline is never later than the real one (see `check_deadline`).
     timer: Pin<Box<Sleep>>,
@@ -186,19 +188,23 @@ impl Conn<'_> {
         if self.stream.is_some() {
             return true;
         }
-        let give_up = c_deadline(self.cfg, Instant::now() + self.cfg.timeout);
-        let res = tokio::time::timeout_at(give_up.into(), TcpStream::connect(self.cfg.addr)).await;
+        let now = Instant::now();
+        let give_up = c_deadline(self.cfg, now + self.cfg.timeout);
+        let within = give_up.saturating_duration_since(now);
+        let res = match &self.cfg.tls {
+            None => canter_rt::connect(self.cfg.addr, within).await,
+            Some((tls, name)) => canter_rt::connect_tls(self.cfg.addr, name, tls, within).await,
+        };
         self.now = Instant::now();
         if self.stopped(self.now) {
             return false;
         }
         match res {
-            Ok(Ok(s)) => {
-                let _ = s.set_nodelay(true);
+            Ok(s) => {
                 self.stream = Some(s);
                 true
             }
-            Ok(Err(_)) | Err(_) => {
+            Err(_) => {
                 self.error(ErrorKind::Connect, 1);
                 let until = c_deadline(self.cfg, self.now + CONNECT_BACKOFF);
                 tokio::time::sleep_until(until.into()).await;

@@ -125,6 +125,15 @@ pub struct LoadArgs {
     #[arg(long)]
     pub json: bool,
 
+    /// https: accept any server certificate (a development certificate), verifying nothing.
+    #[arg(short = 'k', long)]
+    pub insecure: bool,
+
+    /// https: verify the server against the CA certificates in this PEM file instead of the
+    /// Mozilla root store.
+    #[arg(long, value_name = "FILE", conflicts_with = "insecure")]
+    pub cacert: Option<PathBuf>,
+
     /// Do not print the once-per-second progress line on stderr.
     #[arg(long)]
     pub no_progress: bool,
@@ -133,6 +142,8 @@ pub struct LoadArgs {
 /// Validated, resolved plan for a run.
 struct Plan {
     addrs: Vec<std::net::SocketAddr>,
+    /// TLS settings and the server name to verify, for https.
+    tls: Option<(canter_rt::ClientTls, String)>,
     protocol: Protocol,
     request: Vec<u8>,
     head_only: bool,
@@ -183,6 +194,19 @@ fn plan(args: &LoadArgs) -> Result<Plan, String> {
         (None, None) => Vec::new(),
     };
     let request = target::build_request(&args.method, &target, &args.headers, &body)?;
+    let tls = if target.tls {
+        let alpn: &[&[u8]] = &[b"http/1.1"];
+        let client = match (&args.cacert, args.insecure) {
+            (Some(ca), _) => {
+                canter_rt::ClientTls::ca_file(ca, alpn).map_err(|e| format!("--cacert: {e}"))?
+            }
+            (None, true) => canter_rt::ClientTls::insecure(alpn),
+            (None, false) => canter_rt::ClientTls::webpki_roots(alpn),
+        };
+        Some((client, target.host.clone()))
+    } else {
+        None
+    };
     let duration = match (args.duration, args.requests) {
         (Some(d), _) => Some(d),
         (None, Some(_)) => None,
@@ -190,6 +214,7 @@ fn plan(args: &LoadArgs) -> Result<Plan, String> {
     };
     Ok(Plan {
         addrs,
+        tls,
         protocol: Protocol::Http1,
         request,
         head_only: args.method.eq_ignore_ascii_case("HEAD"),
@@ -293,6 +318,7 @@ pub fn run(args: LoadArgs) -> Result<Report, String> {
         });
         let cfg = ConnConfig {
             addr,
+            tls: p.tls.clone(),
             batch: batch.to_vec(),
             req_len: p.request.len(),
             pipeline: p.pipeline,

@@ -25,18 +25,23 @@ pub struct Target {
     pub port: u16,
     /// Path and query, starting with `/`.
     pub path: String,
+    /// `https://`: TLS to the server.
+    pub tls: bool,
 }
 
 impl Target {
-    /// Parses an absolute URL. Only `http://` is accepted for now.
+    /// Parses an absolute `http://` or `https://` URL.
     pub fn parse(url: &str) -> Result<Target, String> {
-        let rest = if let Some(r) = strip_prefix_ci(url, "http://") {
-            r
-        } else if strip_prefix_ci(url, "https://").is_some() {
-            return Err("https (TLS) is not supported yet; use http://".to_string());
+        let (rest, tls) = if let Some(r) = strip_prefix_ci(url, "http://") {
+            (r, false)
+        } else if let Some(r) = strip_prefix_ci(url, "https://") {
+            (r, true)
         } else {
-            return Err(format!("URL must start with http:// (got {url:?})"));
+            return Err(format!(
+                "URL must start with http:// or https:// (got {url:?})"
+            ));
         };
+        let default_port = if tls { 443 } else { 80 };
         let rest = rest.split('#').next().unwrap_or("");
         let end = rest.find(['/', '?']).unwrap_or(rest.len());
         let (authority, path) = rest.split_at(end);
@@ -54,14 +59,14 @@ impl Target {
             let after = &v6[close + 1..];
             let port = match after.strip_prefix(':') {
                 Some(p) => parse_port(p)?,
-                None if after.is_empty() => 80,
+                None if after.is_empty() => default_port,
                 None => return Err(format!("bad authority in {url:?}")),
             };
             (host.to_string(), port)
         } else {
             match authority.rsplit_once(':') {
                 Some((h, p)) => (h.to_string(), parse_port(p)?),
-                None => (authority.to_string(), 80),
+                None => (authority.to_string(), default_port),
             }
         };
         if host.is_empty() {
@@ -82,6 +87,7 @@ impl Target {
             host,
             port,
             path,
+            tls,
         })
     }
 
@@ -201,7 +207,11 @@ mod tests {
         );
         let t = Target::parse("HTTP://localhost?x=1#frag").expect("ok");
         assert_eq!((t.port, t.path.as_str()), (80, "/?x=1"));
-        assert!(Target::parse("https://127.0.0.1/").is_err());
+        let t = Target::parse("https://127.0.0.1/").expect("ok");
+        assert_eq!((t.port, t.tls), (443, true));
+        let t = Target::parse("HTTPS://localhost:8443/x").expect("ok");
+        assert_eq!((t.host.as_str(), t.port, t.tls), ("localhost", 8443, true));
+        assert!(Target::parse("ftp://127.0.0.1/").is_err());
         assert!(Target::parse("ftp://127.0.0.1/").is_err());
         assert!(Target::parse("http://127.0.0.1:0/").is_err());
         assert!(Target::parse("http:///x").is_err());

@@ -189,6 +189,48 @@ impl Stream {
     }
 }
 
+/// `Stream` as a tokio byte stream, for code written against `AsyncRead`/`AsyncWrite` (the load
+/// generator, clients).
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Transport::poll_read(self.get_mut(), cx, buf)
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Transport::poll_write(self.get_mut(), cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Transport::poll_write_vectored(self.get_mut(), cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Transport::poll_flush(self.get_mut(), cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Transport::poll_shutdown(self.get_mut(), cx)
+    }
+}
+
 macro_rules! both {
     ($self:ident, $s:ident => $e:expr) => {
         match $self {

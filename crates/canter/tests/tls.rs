@@ -609,3 +609,45 @@ asyncio.run(main())
     let out = python(script, &[&port]);
     assert_eq!(out.trim(), "1000 []", "{out}");
 }
+
+/// `canter load` over TLS: verified against the CA, with `-k`, and pipelined; a server it
+/// cannot verify gives connect errors and no responses.
+#[test]
+fn canter_load_over_tls() {
+    let pki = Pki::new();
+    let cert = pki.server("localhost", &["localhost", "127.0.0.1"]);
+    let server = tls_server(&with_cert(&cert, &[]));
+    let url = format!("https://127.0.0.1:{}/plaintext", server.tls_port());
+    let load = |extra: &[&str]| -> serde_json::Value {
+        let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+            .args(["load", "--json", "--no-progress", "-c", "4"])
+            .args(extra)
+            .arg(&url)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let ca = pki.ca();
+    for extra in [
+        &["-n", "2000", "--cacert", ca.to_str().unwrap()][..],
+        &["-n", "2000", "-k"],
+        &["-n", "4000", "-k", "--pipeline", "16"],
+    ] {
+        let report = load(extra);
+        let want = extra[1].parse::<u64>().unwrap();
+        assert_eq!(report["requests"], want, "{extra:?}: {report}");
+        assert_eq!(report["status"]["200"], want, "{extra:?}: {report}");
+        assert_eq!(report["errors"]["connect"], 0, "{report}");
+    }
+    let report = load(&["-d", "1s"]);
+    assert_eq!(report["requests"], 0, "{report}");
+    assert!(
+        report["errors"]["connect"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+}
