@@ -1,6 +1,8 @@
 // go-nethttp: Go net/http peer (HTTP/1.1 + h2c via golang.org/x/net/http2/h2c).
 //
-//	go build -o go-nethttp . && GOMAXPROCS=1 ./go-nethttp PORT
+//	go build -o go-nethttp . && GOMAXPROCS=1 ./go-nethttp PORT [CERT.pem KEY.pem]
+//
+// With CERT and KEY it serves HTTPS (crypto/tls defaults: TLS 1.2 and 1.3, session tickets).
 package main
 
 import (
@@ -49,5 +51,9 @@ func main() {
 		Handler: h2c.NewHandler(mux, &http2.Server{}),
 	}
 	log.Printf("go-nethttp listening on %s", srv.Addr)
+	if len(os.Args) > 3 {
+		srv.Handler = mux
+		log.Fatal(srv.ListenAndServeTLS(os.Args[2], os.Args[3]))
+	}
 	log.Fatal(srv.ListenAndServe())
 }

@@ -134,6 +134,11 @@ pub struct LoadArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "insecure")]
     pub cacert: Option<PathBuf>,
 
+    /// https: never resume a TLS session, so each new connection runs a full handshake (by
+    /// default sessions are resumed, as browsers do).
+    #[arg(long)]
+    pub tls_no_resume: bool,
+
     /// Do not print the once-per-second progress line on stderr.
     #[arg(long)]
     pub no_progress: bool,
@@ -202,6 +207,11 @@ fn plan(args: &LoadArgs) -> Result<Plan, String> {
             }
             (None, true) => canter_rt::ClientTls::insecure(alpn),
             (None, false) => canter_rt::ClientTls::webpki_roots(alpn),
+        };
+        let client = if args.tls_no_resume {
+            client.without_resumption()
+        } else {
+            client
         };
         Some((client, target.host.clone()))
     } else {

@@ -43,6 +43,7 @@ pub use service::{Reply, Request, Response, Service};
 pub use tls::{reload_on_sighup, ClientTls, PeerCertificates, ServerTls, TlsAcceptor, TlsError};
 pub use transport::{Stream, TlsStream, Transport};
 
+pub use bytes;
 pub use http;
 
 /// Runs blocking work on the runtime's blocking pool and awaits its result, keeping the worker's

@@ -496,6 +496,16 @@ impl ClientTls {
         }
     }
 
+    /// The same settings with session resumption off: every connection runs a full handshake
+    /// (by default a client resumes its sessions with the server).
+    pub fn without_resumption(self) -> ClientTls {
+        let mut config = rustls::ClientConfig::clone(self.connector.config());
+        config.resumption = rustls::client::Resumption::disabled();
+        ClientTls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+        }
+    }
+
     /// Runs the client side of a handshake on `tcp`, sending `server_name` (SNI) and verifying
     /// the certificate against it.
     pub async fn connect(&self, server_name: &str, tcp: TcpStream) -> io::Result<TlsStream> {

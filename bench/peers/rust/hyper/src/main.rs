@@ -1,5 +1,5 @@
 //! hyper 1.x peer: hyper-util auto (HTTP/1.1 + h2c prior knowledge), current_thread tokio.
-//! `peer-hyper PORT`
+//! `peer-hyper PORT` or, over TLS with tokio-rustls, `peer-hyper PORT CERT.pem KEY.pem`.
 use std::cell::RefCell;
 use std::convert::Infallible;
 use std::time::{Duration, SystemTime};
@@ -61,13 +61,38 @@ async fn handle(req: Request<hyper::body::Incoming>) -> Result<Response<Full<Byt
     Ok(res)
 }
 
+/// rustls settings as canter's: ring, TLS 1.2 and 1.3, a session cache and rotating tickets.
+fn tls_acceptor(cert: &str, key: &str) -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(cert).unwrap().collect::<Result<Vec<_>, _>>().unwrap();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.ticketer = rustls::crypto::ring::Ticketer::new().unwrap();
+    config.session_storage = rustls::server::ServerSessionMemoryCache::new(4096);
+    tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
+}
+
 fn main() {
-    let port: u16 = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().collect();
+    let port: u16 = args
+        .get(1)
+        .cloned()
         .or_else(|| std::env::var("PORT").ok())
         .unwrap_or_else(|| "8080".into())
         .parse()
         .expect("port");
+    let tls = match (args.get(2), args.get(3)) {
+        (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)),
+        _ => None,
+    };
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async move {
         let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
@@ -78,10 +103,20 @@ fn main() {
                 Err(_) => continue,
             };
             let _ = stream.set_nodelay(true);
+            let tls = tls.clone();
             tokio::task::spawn(async move {
                 let mut b = auto::Builder::new(TokioExecutor::new());
                 b.http1().pipeline_flush(true);
-                let _ = b.serve_connection(TokioIo::new(stream), service_fn(handle)).await;
+                match tls {
+                    None => {
+                        let _ = b.serve_connection(TokioIo::new(stream), service_fn(handle)).await;
+                    }
+                    Some(acceptor) => {
+                        if let Ok(stream) = acceptor.accept(stream).await {
+                            let _ = b.serve_connection(TokioIo::new(stream), service_fn(handle)).await;
+                        }
+                    }
+                }
             });
         }
     });
