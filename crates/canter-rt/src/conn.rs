@@ -126,7 +126,16 @@ pub(crate) async fn serve_tls<S: Service>(
     cfg: Rc<Config>,
 ) {
     match acceptor.accept(tcp).await {
-        Ok(tls) => serve(registration, tls, peer, svc, worker, cfg).await,
+        Ok(tls) => {
+            let session = tls.get_ref().1;
+            tracing::debug!(
+                %peer,
+                version = ?session.protocol_version(),
+                kind = ?session.handshake_kind(),
+                "TLS handshake done"
+            );
+            serve(registration, tls, peer, svc, worker, cfg).await
+        }
         Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
     }
 }

@@ -54,14 +54,13 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
 use crate::output::Out;
-use crate::server::{Accept, Config};
+use crate::server::{Accept, Accepted, Config};
 use crate::tls::{ClientTls, TlsAcceptor};
 use crate::transport::{poll_read_buf, Stream, Transport};
-use crate::worker::{Registration, Worker, READ_BUF};
+use crate::worker::{Worker, READ_BUF};
 
 /// A protocol driven by the connection actor. Only [`Protocol::on_data`] is required.
 pub trait Protocol: 'static {
@@ -541,15 +540,13 @@ impl<G> ProtocolAccept<G> {
 }
 
 impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept<G> {
-    fn spawn(
-        &mut self,
-        registration: Registration,
-        tcp: TcpStream,
-        peer: SocketAddr,
-        tls: Option<TlsAcceptor>,
-        worker: &Rc<Worker>,
-        cfg: &Rc<Config>,
-    ) {
+    fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>) {
+        let Accepted {
+            registration,
+            tcp,
+            peer,
+            tls,
+        } = conn;
         let mut protocol = (self.make)(peer);
         let settings = Settings::from_config(cfg);
         let worker = worker.clone();

@@ -340,32 +340,30 @@ struct Listeners {
 /// What a worker does with each accepted connection: drive HTTP/1.1 around a service, or a
 /// custom protocol. Runs on the worker's thread.
 pub(crate) trait Accept: 'static {
-    /// Spawns the connection's task on the current worker. `tls`: the connection came from the
-    /// TLS listener and its handshake is still to run.
-    fn spawn(
-        &mut self,
-        registration: Registration,
-        tcp: TcpStream,
-        peer: SocketAddr,
-        tls: Option<TlsAcceptor>,
-        worker: &Rc<Worker>,
-        cfg: &Rc<Config>,
-    );
+    /// Spawns the connection's task on the current worker.
+    fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>);
+}
+
+/// A connection just accepted, counted in its worker's registry.
+pub(crate) struct Accepted {
+    pub(crate) registration: Registration,
+    pub(crate) tcp: TcpStream,
+    pub(crate) peer: SocketAddr,
+    /// Set when the connection came from the TLS listener: its handshake is still to run.
+    pub(crate) tls: Option<TlsAcceptor>,
 }
 
 /// HTTP/1.1 connections around the worker's service.
 struct HttpAccept<S>(Rc<S>);
 
 impl<S: Service> Accept for HttpAccept<S> {
-    fn spawn(
-        &mut self,
-        registration: Registration,
-        tcp: TcpStream,
-        peer: SocketAddr,
-        tls: Option<TlsAcceptor>,
-        worker: &Rc<Worker>,
-        cfg: &Rc<Config>,
-    ) {
+    fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>) {
+        let Accepted {
+            registration,
+            tcp,
+            peer,
+            tls,
+        } = conn;
         let (svc, worker, cfg) = (self.0.clone(), worker.clone(), cfg.clone());
         match tls {
             None => tokio::task::spawn_local(crate::conn::serve(
@@ -505,7 +503,7 @@ where
                 Ok((io, peer)) => {
                     let _ = io.set_nodelay(true);
                     let registration = Registration { id: worker.register(), worker: worker.clone() };
-                    accept.spawn(registration, io, peer, None, &worker, &cfg);
+                    accept.spawn(Accepted { registration, tcp: io, peer, tls: None }, &worker, &cfg);
                 }
                 Err(e) => accept_failed(e).await,
             },
@@ -513,7 +511,7 @@ where
                 Ok((io, peer, acceptor)) => {
                     let _ = io.set_nodelay(true);
                     let registration = Registration { id: worker.register(), worker: worker.clone() };
-                    accept.spawn(registration, io, peer, Some(acceptor), &worker, &cfg);
+                    accept.spawn(Accepted { registration, tcp: io, peer, tls: Some(acceptor) }, &worker, &cfg);
                 }
                 Err(e) => accept_failed(e).await,
             },

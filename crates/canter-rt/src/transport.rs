@@ -98,6 +98,33 @@ impl Transport for TcpStream {
     }
 }
 
+/// The write half of a `Transport` that is a tokio `AsyncWrite` as it is.
+macro_rules! forward_writes {
+    () => {
+        fn poll_write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            AsyncWrite::poll_write(Pin::new(self), cx, buf)
+        }
+
+        fn poll_write_vectored(
+            &mut self,
+            cx: &mut Context<'_>,
+            bufs: &[IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            // For TLS, rustls encrypts the pieces as one plaintext (`OutboundChunks`), so a
+            // pipelined batch leaves in as few records as its size allows.
+            AsyncWrite::poll_write_vectored(Pin::new(self), cx, bufs)
+        }
+
+        fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            AsyncWrite::poll_flush(Pin::new(self), cx)
+        }
+
+        fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            AsyncWrite::poll_shutdown(Pin::new(self), cx)
+        }
+    };
+}
+
 /// A TLS session over TCP, either side.
 pub type TlsStream = tokio_rustls::TlsStream<TcpStream>;
 
@@ -126,27 +153,7 @@ impl Transport for TlsStream {
         }
     }
 
-    fn poll_write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        AsyncWrite::poll_write(Pin::new(self), cx, buf)
-    }
-
-    fn poll_write_vectored(
-        &mut self,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        // rustls encrypts the pieces as one plaintext (`OutboundChunks`), so a pipelined batch
-        // leaves in as few records as its size allows.
-        AsyncWrite::poll_write_vectored(Pin::new(self), cx, bufs)
-    }
-
-    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        AsyncWrite::poll_flush(Pin::new(self), cx)
-    }
-
-    fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        AsyncWrite::poll_shutdown(Pin::new(self), cx)
-    }
+    forward_writes!();
 
     fn peer_certificates(&self) -> Option<crate::tls::PeerCertificates> {
         let chain = self.get_ref().1.peer_certificates()?;
@@ -299,21 +306,7 @@ impl Transport for tokio::io::DuplexStream {
         AsyncRead::poll_read(Pin::new(self), cx, buf)
     }
 
-    fn poll_write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        AsyncWrite::poll_write(Pin::new(self), cx, buf)
-    }
-
-    fn poll_write_vectored(
-        &mut self,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        AsyncWrite::poll_write_vectored(Pin::new(self), cx, bufs)
-    }
-
-    fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        AsyncWrite::poll_shutdown(Pin::new(self), cx)
-    }
+    forward_writes!();
 }
 
 /// Reads into the spare capacity of `buf` (growing nothing), returning the count; 0 is end of

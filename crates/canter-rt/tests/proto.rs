@@ -99,6 +99,14 @@ fn connect(addr: SocketAddr) -> TcpStream {
     s
 }
 
+/// A runtime on the test's thread for client protocols.
+fn client_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn frame(payload: &[u8]) -> Vec<u8> {
     LengthPrefixed::frame(payload).to_vec()
 }
@@ -241,10 +249,7 @@ impl Protocol for Counter {
 #[test]
 fn client_protocol_over_connect() {
     let server = echo_server();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = client_runtime();
     let mut counter = Counter {
         sent: 0,
         want: 100_000,
@@ -270,10 +275,7 @@ fn protocol_on_a_tls_listener() {
     });
     let server = ProtoServer::start(config, |_| |_| framed_echo::protocol());
     let tls_addr = server.tls_addr.unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = client_runtime();
     let mut counter = Counter {
         sent: 0,
         want: 10_000,
@@ -357,10 +359,7 @@ impl Protocol for LineClient {
 #[test]
 fn starttls_upgrade_between_two_canter_actors() {
     let server = starttls_server();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = client_runtime();
     let mut client = LineClient {
         script: vec![
             "PING",
