@@ -3,7 +3,8 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use crate::{Error, Limits};
+use crate::error::{BadBody, Error};
+use crate::Limits;
 
 /// One step of body decoding.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -183,7 +184,7 @@ impl BodyDecoder {
             Chunk::Size { size, digits } => match b {
                 b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
                     if digits >= MAX_SIZE_DIGITS {
-                        return Err(Error::BadBody("chunk size too long"));
+                        return Err(Error::BadBody(BadBody::ChunkSizeTooLong));
                     }
                     let v = (b as char).to_digit(16).unwrap_or(0) as u64;
                     Chunk::Size {
@@ -191,21 +192,21 @@ impl BodyDecoder {
                         digits: digits + 1,
                     }
                 }
-                _ if digits == 0 => return Err(Error::BadBody("chunk size is not hex")),
+                _ if digits == 0 => return Err(Error::BadBody(BadBody::ChunkSizeNotHex)),
                 b'\r' => Chunk::SizeLf { size },
                 b';' | b' ' | b'\t' => Chunk::Ext { size, len: 1 },
-                _ => return Err(Error::BadBody("invalid byte after chunk size")),
+                _ => return Err(Error::BadBody(BadBody::AfterChunkSize)),
             },
             Chunk::Ext { size, len } => match b {
                 b'\r' => Chunk::SizeLf { size },
-                b'\n' => return Err(Error::BadBody("bare LF in chunk line")),
+                b'\n' => return Err(Error::BadBody(BadBody::BareLfInChunkLine)),
                 b'\t' | b' '..=b'~' | 0x80..=0xff if len < self.max_chunk_ext => {
                     Chunk::Ext { size, len: len + 1 }
                 }
                 _ if len >= self.max_chunk_ext => {
-                    return Err(Error::BadBody("chunk extension too long"))
+                    return Err(Error::BadBody(BadBody::ChunkExtensionTooLong))
                 }
-                _ => return Err(Error::BadBody("invalid byte in chunk extension")),
+                _ => return Err(Error::BadBody(BadBody::ChunkExtensionByte)),
             },
             Chunk::SizeLf { size } => match b {
                 b'\n' if size == 0 => Chunk::Trailer {
@@ -219,16 +220,16 @@ impl BodyDecoder {
                     }
                     Chunk::Data { remaining: size }
                 }
-                _ => return Err(Error::BadBody("expected LF after chunk size")),
+                _ => return Err(Error::BadBody(BadBody::LfAfterChunkSize)),
             },
             Chunk::Data { .. } => state,
             Chunk::DataCr => match b {
                 b'\r' => Chunk::DataLf,
-                _ => return Err(Error::BadBody("chunk data longer than its size")),
+                _ => return Err(Error::BadBody(BadBody::ChunkDataTooLong)),
             },
             Chunk::DataLf => match b {
                 b'\n' => Chunk::Size { size: 0, digits: 0 },
-                _ => return Err(Error::BadBody("expected LF after chunk data")),
+                _ => return Err(Error::BadBody(BadBody::LfAfterChunkData)),
             },
             Chunk::Trailer { line, total, colon } => {
                 // The CRLF that ends the body is not part of the trailer section (RFC 9112 §7.1),
@@ -244,15 +245,15 @@ impl BodyDecoder {
                 };
                 match b {
                     b'\r' if line > 0 && !colon => {
-                        return Err(Error::BadBody("trailer field without a colon"))
+                        return Err(Error::BadBody(BadBody::TrailerWithoutColon))
                     }
                     b'\r' => Chunk::TrailerLf {
                         line,
                         total: total + 1,
                     },
-                    b'\n' => return Err(Error::BadBody("bare LF in trailer section")),
+                    b'\n' => return Err(Error::BadBody(BadBody::BareLfInTrailer)),
                     b':' if !colon && line == 0 => {
-                        return Err(Error::BadBody("empty trailer field name"))
+                        return Err(Error::BadBody(BadBody::EmptyTrailerName))
                     }
                     b':' if !colon => Chunk::Trailer {
                         line: line + 1,
@@ -261,7 +262,7 @@ impl BodyDecoder {
                     },
                     _ if !colon && is_tchar(b) => next,
                     b'\t' | b' '..=b'~' | 0x80..=0xff if colon => next,
-                    _ => return Err(Error::BadBody("invalid byte in trailer")),
+                    _ => return Err(Error::BadBody(BadBody::TrailerByte)),
                 }
             }
             Chunk::TrailerLf { line, total } => match b {
@@ -272,7 +273,7 @@ impl BodyDecoder {
                     total: total + 1,
                     colon: false,
                 },
-                _ => return Err(Error::BadBody("expected LF in trailer section")),
+                _ => return Err(Error::BadBody(BadBody::LfInTrailer)),
             },
         }))
     }

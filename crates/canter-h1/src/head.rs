@@ -5,7 +5,8 @@ use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 
 use crate::body::TCHAR;
-use crate::{Error, Limits};
+use crate::error::{Error, Malformed};
+use crate::Limits;
 
 /// HTTP request method. Common methods are variants; any other valid token is [`Method::Other`]
 /// (its text is available through [`RequestHead::method_str`]).
@@ -315,8 +316,8 @@ fn scan(
     max_headers: usize,
     headers: &mut SmallVec<[(Span, Span); 12]>,
 ) -> Result<Option<Line>, Error> {
-    let bare_lf = Error::Malformed("bare LF line ending");
-    let bad_end = Error::Malformed("invalid line ending");
+    let bare_lf = Error::Malformed(Malformed::BareLf);
+    let bad_end = Error::Malformed(Malformed::LineEnding);
     let mut i = 0;
     loop {
         match buf.get(i) {
@@ -335,7 +336,7 @@ fn scan(
     let (method, kind) = if buf.get(i..i + 4) == Some(b"GET ") {
         (Span::new(i, i + 3), Method::Get)
     } else {
-        let Some(method) = token_until(buf, i, b' ', "invalid method")? else {
+        let Some(method) = token_until(buf, i, b' ', Malformed::Method)? else {
             return Ok(None);
         };
         (method, Method::from_token(ascii(method.get(buf))))
@@ -353,7 +354,7 @@ fn scan(
     match buf.get(i) {
         None => return Ok(None),
         Some(b' ') if i > start => {}
-        Some(_) => return Err(Error::Malformed("invalid byte in request target")),
+        Some(_) => return Err(Error::Malformed(Malformed::TargetByte)),
     }
     let target = Span::new(start, i);
     i += 1;
@@ -378,7 +379,7 @@ fn scan(
         None => return Ok(None),
         Some(b'\r') => {}
         Some(b'\n') => return Err(bare_lf),
-        Some(_) => return Err(Error::Malformed("invalid HTTP version")),
+        Some(_) => return Err(Error::Malformed(Malformed::Version)),
     }
 
     // `i` is at the CR ending the previous line.
@@ -408,7 +409,7 @@ fn scan(
             Some(_) if headers.len() >= max_headers => return Err(Error::HeadersTooLarge),
             Some(_) => {}
         }
-        let Some(name) = token_until(buf, i, b':', "invalid header name")? else {
+        let Some(name) = token_until(buf, i, b':', Malformed::HeaderName)? else {
             return Ok(None);
         };
         i = name.end() + 1;
@@ -421,7 +422,7 @@ fn scan(
             None => return Ok(None),
             Some(b'\r') => {}
             Some(b'\n') => return Err(bare_lf),
-            Some(_) => return Err(Error::Malformed("invalid header value")),
+            Some(_) => return Err(Error::Malformed(Malformed::HeaderValue)),
         }
         let mut end = i;
         while end > start && matches!(buf[end - 1], b' ' | b'\t') {
@@ -433,8 +434,8 @@ fn scan(
 
 /// The non-empty token starting at `i` and ended by `delim`; `Ok(None)` if `buf` ends first, a
 /// 400 saying `what` if another byte ends it (or nothing precedes `delim`).
-#[inline]
-fn token_until(buf: &[u8], i: usize, delim: u8, what: &'static str) -> Result<Option<Span>, Error> {
+#[inline(always)]
+fn token_until(buf: &[u8], i: usize, delim: u8, what: Malformed) -> Result<Option<Span>, Error> {
     let end = skip_tokens(buf, i);
     match buf.get(end) {
         None => Ok(None),
@@ -635,7 +636,7 @@ fn version_error(buf: &[u8]) -> Option<Error> {
     let mut parts = line.splitn(3, |&b| b == b' ');
     let version = match (parts.next(), parts.next(), parts.next()) {
         (Some(_), Some(_), Some(version)) => version,
-        _ => return Some(Error::Malformed("invalid request line")),
+        _ => return Some(Error::Malformed(Malformed::RequestLine)),
     };
     let shape = b"HTTP/#.#";
     let fits = version.len() <= shape.len()
@@ -646,7 +647,7 @@ fn version_error(buf: &[u8]) -> Option<Error> {
     match (fits, complete) {
         (true, true) if version.len() == shape.len() => Some(Error::VersionNotSupported),
         (true, false) => None,
-        _ => Some(Error::Malformed("invalid HTTP version")),
+        _ => Some(Error::Malformed(Malformed::Version)),
     }
 }
 
@@ -670,7 +671,7 @@ fn origin_part(method: Method, target: &str) -> Result<Origin<'_>, Error> {
             Some((host, Some(port))) if !host.is_empty() && !port.is_empty() => {
                 Ok(Origin::Slice(target))
             }
-            _ => Err(Error::Malformed("CONNECT target is not host:port")),
+            _ => Err(Error::Malformed(Malformed::ConnectTarget)),
         };
     }
     if target.starts_with('/') {
@@ -683,17 +684,13 @@ fn origin_part(method: Method, target: &str) -> Result<Origin<'_>, Error> {
     let rest = match lower_scheme.as_deref() {
         Some(s) if s.starts_with("http://") => &target[7..],
         Some("https://") => &target[8..],
-        _ => return Err(Error::Malformed("invalid request target")),
+        _ => return Err(Error::Malformed(Malformed::Target)),
     };
     let path_start = rest.find(['/', '?']).unwrap_or(rest.len());
     // RFC 9110 §4.2.1/§4.2.4: an http(s) URI needs a host, and userinfo is an error.
     match authority(&rest.as_bytes()[..path_start]) {
         Some((host, _)) if !host.is_empty() => {}
-        _ => {
-            return Err(Error::Malformed(
-                "invalid authority in absolute-form target",
-            ))
-        }
+        _ => return Err(Error::Malformed(Malformed::AbsoluteAuthority)),
     }
     let path = &rest[path_start..];
     Ok(if path.is_empty() || path.starts_with('?') {
@@ -847,7 +844,7 @@ impl Framing {
             14 if is("content-length") => {
                 let n = parse_content_length(value)?;
                 if self.content_length.is_some_and(|prev| prev != n) {
-                    return Err(Error::Malformed("conflicting Content-Length values"));
+                    return Err(Error::Malformed(Malformed::ConflictingContentLength));
                 }
                 self.content_length = Some(n);
             }
@@ -856,7 +853,7 @@ impl Framing {
                 for coding in list(value) {
                     let chunked = coding.eq_ignore_ascii_case(b"chunked");
                     if chunked && self.chunked_seen {
-                        return Err(Error::Malformed("chunked applied more than once"));
+                        return Err(Error::Malformed(Malformed::ChunkedTwice));
                     }
                     self.chunked_seen |= chunked;
                     self.other_coding |= !chunked;
@@ -866,7 +863,7 @@ impl Framing {
             4 if is("host") => {
                 // RFC 9112 §3.2: a Host with an invalid field value is a 400.
                 if !host_cache.valid(value) {
-                    return Err(Error::Malformed("invalid Host"));
+                    return Err(Error::Malformed(Malformed::Host));
                 }
                 self.hosts += 1;
             }
@@ -889,22 +886,20 @@ impl Framing {
 
     fn finish(&self, version: Version, limits: &Limits) -> Result<(BodyKind, bool), Error> {
         if version == Version::Http11 && self.hosts != 1 {
-            return Err(Error::Malformed("HTTP/1.1 request needs exactly one Host"));
+            return Err(Error::Malformed(Malformed::HostMissing));
         }
         if self.hosts > 1 {
-            return Err(Error::Malformed("more than one Host"));
+            return Err(Error::Malformed(Malformed::HostRepeated));
         }
         let body = if self.transfer_encoding {
             if self.content_length.is_some() {
-                return Err(Error::Malformed(
-                    "both Transfer-Encoding and Content-Length",
-                ));
+                return Err(Error::Malformed(Malformed::LengthAndChunked));
             }
             if version == Version::Http10 {
-                return Err(Error::Malformed("Transfer-Encoding in an HTTP/1.0 request"));
+                return Err(Error::Malformed(Malformed::TransferEncodingInHttp10));
             }
             if !self.chunked_last {
-                return Err(Error::Malformed("final transfer coding is not chunked"));
+                return Err(Error::Malformed(Malformed::FinalCodingNotChunked));
             }
             if self.other_coding {
                 return Err(Error::UnsupportedTransferCoding);
@@ -928,7 +923,7 @@ impl Framing {
 /// Content-Length = 1*DIGIT, bounded so the value fits in a u64.
 fn parse_content_length(value: &[u8]) -> Result<u64, Error> {
     if value.is_empty() || value.len() > 19 || !value.iter().all(u8::is_ascii_digit) {
-        return Err(Error::Malformed("invalid Content-Length"));
+        return Err(Error::Malformed(Malformed::ContentLength));
     }
     Ok(value.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }

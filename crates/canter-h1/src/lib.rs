@@ -38,6 +38,6 @@ mod limits;
 
 pub use body::{BodyDecoder, BodyEvent};
 pub use conn::{reason, BodyLen, Conn, LengthMismatch, Next, OK_LINE};
-pub use error::Error;
+pub use error::{BadBody, Error, Malformed};
 pub use head::{eq_bytes, BodyKind, Method, RequestHead, Version};
 pub use limits::{Limits, Timeouts};

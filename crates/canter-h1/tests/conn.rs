@@ -386,8 +386,14 @@ fn bad_request_after_two_good_ones() {
 #[test]
 fn error_response_bytes() {
     let table: [(Error, &str); 8] = [
-        (Error::Malformed("x"), "400 Bad Request"),
-        (Error::BadBody("x"), "400 Bad Request"),
+        (
+            Error::Malformed(canter_h1::Malformed::Target),
+            "400 Bad Request",
+        ),
+        (
+            Error::BadBody(canter_h1::BadBody::ChunkSizeNotHex),
+            "400 Bad Request",
+        ),
         (
             Error::HeadersTooLarge,
             "431 Request Header Fields Too Large",

@@ -912,8 +912,16 @@ fn valid_heads_split_everywhere() {
 fn error_display_and_status() {
     use canter_h1::Error;
     let table: [(Error, u16, &str); 8] = [
-        (Error::Malformed("x"), 400, "malformed request: x"),
-        (Error::BadBody("y"), 400, "malformed request body: y"),
+        (
+            Error::Malformed(canter_h1::Malformed::BareLf),
+            400,
+            "malformed request: bare LF line ending",
+        ),
+        (
+            Error::BadBody(canter_h1::BadBody::ChunkSizeNotHex),
+            400,
+            "malformed request body: chunk size is not hex",
+        ),
         (
             Error::HeadersTooLarge,
             431,

@@ -49,6 +49,7 @@ pub fn summary(h: &RequestHead) -> Summary {
 
 /// The outcome of feeding bytes to `Conn::poll_request`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // one per test case, compared and dropped: size is moot
 pub enum Parsed {
     /// A head, and every byte that was not consumed (buffer plus bytes never fed).
     Head(Summary, Vec<u8>),
