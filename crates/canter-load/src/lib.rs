@@ -40,6 +40,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod duration;
+mod error;
 mod h1;
 pub mod parse;
 pub mod schedule;
@@ -47,9 +48,11 @@ pub mod stats;
 pub mod target;
 
 pub use duration::parse_duration;
+pub use error::LoadError;
 pub use stats::{Errors, Latency, Report};
 pub use target::Protocol;
 
+use error::usage;
 use h1::{ConnConfig, ThreadShared};
 use stats::{RunInfo, ThreadStats};
 use target::Target;
@@ -159,52 +162,51 @@ struct Plan {
     warmup: Duration,
 }
 
-fn plan(args: &LoadArgs) -> Result<Plan, String> {
+fn plan(args: &LoadArgs) -> Result<Plan, LoadError> {
     if args.streams.is_some() {
-        return Err("HTTP/2 not supported yet (-m/--streams)".to_string());
+        return usage!("HTTP/2 not supported yet (-m/--streams)");
     }
     if args.connections == 0 {
-        return Err("--connections must be at least 1".to_string());
+        return usage!("--connections must be at least 1");
     }
     if args.threads == 0 {
-        return Err("--threads must be at least 1".to_string());
+        return usage!("--threads must be at least 1");
     }
     if args.pipeline == 0 || args.pipeline > MAX_PIPELINE {
-        return Err(format!("--pipeline must be in 1..={MAX_PIPELINE}"));
+        return usage!("--pipeline must be in 1..={MAX_PIPELINE}");
     }
     if args.requests == Some(0) {
-        return Err("--requests must be at least 1".to_string());
+        return usage!("--requests must be at least 1");
     }
     if args.duration == Some(Duration::ZERO) {
-        return Err("--duration must be positive".to_string());
+        return usage!("--duration must be positive");
     }
     if args.timeout.is_zero() {
-        return Err("--timeout must be positive".to_string());
+        return usage!("--timeout must be positive");
     }
     if let Some(r) = args.rate {
         if !(r.is_finite() && r > 0.0) {
-            return Err("--rate must be a positive number".to_string());
+            return usage!("--rate must be a positive number");
         }
         if args.pipeline > 1 {
-            return Err("--rate cannot be combined with --pipeline > 1".to_string());
+            return usage!("--rate cannot be combined with --pipeline > 1");
         }
     }
     let target = Target::parse(&args.url)?;
     let addrs = target.resolve_loopback()?;
     let body = match (&args.body, &args.body_file) {
         (Some(b), _) => b.as_bytes().to_vec(),
-        (None, Some(p)) => {
-            std::fs::read(p).map_err(|e| format!("cannot read --body-file {}: {e}", p.display()))?
-        }
+        (None, Some(p)) => std::fs::read(p).map_err(|source| LoadError::Io {
+            what: "cannot read --body-file",
+            source,
+        })?,
         (None, None) => Vec::new(),
     };
     let request = target::build_request(&args.method, &target, &args.headers, &body)?;
     let tls = if target.tls {
         let alpn: &[&[u8]] = &[b"http/1.1"];
         let client = match (&args.cacert, args.insecure) {
-            (Some(ca), _) => {
-                canter_rt::ClientTls::ca_file(ca, alpn).map_err(|e| format!("--cacert: {e}"))?
-            }
+            (Some(ca), _) => canter_rt::ClientTls::ca_file(ca, alpn).map_err(LoadError::Tls)?,
             (None, true) => canter_rt::ClientTls::insecure(alpn),
             (None, false) => canter_rt::ClientTls::webpki_roots(alpn),
         };
@@ -263,31 +265,32 @@ fn raise_nofile_limit() -> Option<u64> {
 }
 
 /// Runs the load test described by `args`, printing the report to stdout.
-/// Returns `Err(message)` on setup failure.
-pub fn run(args: LoadArgs) -> Result<Report, String> {
+/// Returns why on a setup failure (failures during the run are counted in the report).
+pub fn run(args: LoadArgs) -> Result<Report, LoadError> {
     let p = plan(&args)?;
     if let Some(limit) = raise_nofile_limit() {
         let need = p.connections as u64 + 64;
         if limit < need {
-            return Err(format!(
-                "-c {} needs about {need} file descriptors but RLIMIT_NOFILE is {limit}",
-                p.connections
-            ));
+            return Err(LoadError::FileLimit { need, limit });
         }
     }
     // Fail fast if nothing listens; use the first address that answers.
     let mut addr = None;
-    let mut last_err = String::new();
+    let mut last_err = None;
     for a in &p.addrs {
         match std::net::TcpStream::connect_timeout(a, args.timeout) {
             Ok(_) => {
                 addr = Some(*a);
                 break;
             }
-            Err(e) => last_err = format!("cannot connect to {a}: {e}"),
+            Err(source) => last_err = Some(LoadError::Unreachable { addr: *a, source }),
         }
     }
-    let addr = addr.ok_or(last_err)?;
+    let addr = match (addr, last_err) {
+        (Some(addr), _) => addr,
+        (None, Some(e)) => return Err(e),
+        (None, None) => return usage!("{} resolves to no address", args.url),
+    };
 
     if !args.json {
         let what = match (p.duration, args.requests) {
@@ -344,7 +347,10 @@ pub fn run(args: LoadArgs) -> Result<Report, String> {
         let h = std::thread::Builder::new()
             .name(format!("canter-load-{tid}"))
             .spawn(move || worker(protocol, cfg, conns, budget, counter))
-            .map_err(|e| format!("cannot spawn worker thread: {e}"))?;
+            .map_err(|source| LoadError::Io {
+                what: "cannot spawn worker thread",
+                source,
+            })?;
         handles.push(h);
     }
 
@@ -378,9 +384,7 @@ pub fn run(args: LoadArgs) -> Result<Report, String> {
     let mut total = ThreadStats::new();
     let mut finished = measure_start;
     for h in handles {
-        let (stats, done) = h
-            .join()
-            .map_err(|_| "worker thread panicked".to_string())??;
+        let (stats, done) = h.join().map_err(|_| LoadError::WorkerPanicked)??;
         total.merge(&stats);
         finished = finished.max(done);
     }
@@ -402,7 +406,10 @@ pub fn run(args: LoadArgs) -> Result<Report, String> {
         elapsed,
     );
     if args.json {
-        let s = serde_json::to_string(&report).map_err(|e| format!("json: {e}"))?;
+        let s = serde_json::to_string(&report).map_err(|e| LoadError::Io {
+            what: "cannot write the JSON report",
+            source: e.into(),
+        })?;
         println!("{s}");
     } else {
         print!("{}", report.to_human());
@@ -417,11 +424,14 @@ fn worker(
     conns: Vec<usize>,
     budget: Option<u64>,
     progress: Arc<AtomicU64>,
-) -> Result<(ThreadStats, Instant), String> {
+) -> Result<(ThreadStats, Instant), LoadError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot build runtime: {e}"))?;
+        .map_err(|source| LoadError::Io {
+            what: "cannot build runtime",
+            source,
+        })?;
     let cfg = Rc::new(cfg);
     let shared = Rc::new(ThreadShared {
         stats: std::cell::RefCell::new(ThreadStats::new()),

@@ -2,6 +2,8 @@
 
 use std::net::{SocketAddr, ToSocketAddrs};
 
+use crate::error::{usage, LoadError};
+
 /// Wire protocol used to talk to the target.
 ///
 /// Only HTTP/1.1 over cleartext TCP is implemented. The connection layer
@@ -31,36 +33,34 @@ pub struct Target {
 
 impl Target {
     /// Parses an absolute `http://` or `https://` URL.
-    pub fn parse(url: &str) -> Result<Target, String> {
+    pub fn parse(url: &str) -> Result<Target, LoadError> {
         let (rest, tls) = if let Some(r) = strip_prefix_ci(url, "http://") {
             (r, false)
         } else if let Some(r) = strip_prefix_ci(url, "https://") {
             (r, true)
         } else {
-            return Err(format!(
-                "URL must start with http:// or https:// (got {url:?})"
-            ));
+            return usage!("URL must start with http:// or https:// (got {url:?})");
         };
         let default_port = if tls { 443 } else { 80 };
         let rest = rest.split('#').next().unwrap_or("");
         let end = rest.find(['/', '?']).unwrap_or(rest.len());
         let (authority, path) = rest.split_at(end);
         if authority.is_empty() {
-            return Err(format!("URL {url:?} has no host"));
+            return usage!("URL {url:?} has no host");
         }
         if authority.contains('@') {
-            return Err("user info in URL is not supported".to_string());
+            return usage!("user info in URL is not supported");
         }
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
             let close = v6
                 .find(']')
-                .ok_or_else(|| format!("bad IPv6 literal in {url:?}"))?;
+                .ok_or_else(|| LoadError::Usage(format!("bad IPv6 literal in {url:?}")))?;
             let host = &v6[..close];
             let after = &v6[close + 1..];
             let port = match after.strip_prefix(':') {
                 Some(p) => parse_port(p)?,
                 None if after.is_empty() => default_port,
-                None => return Err(format!("bad authority in {url:?}")),
+                None => return usage!("bad authority in {url:?}"),
             };
             (host.to_string(), port)
         } else {
@@ -70,7 +70,7 @@ impl Target {
             }
         };
         if host.is_empty() {
-            return Err(format!("URL {url:?} has no host"));
+            return usage!("URL {url:?} has no host");
         }
         let path = if path.is_empty() {
             "/".to_string()
@@ -80,7 +80,7 @@ impl Target {
             path.to_string()
         };
         if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
-            return Err("URL path contains spaces or control characters".to_string());
+            return usage!("URL path contains spaces or control characters");
         }
         Ok(Target {
             authority: authority.to_string(),
@@ -93,10 +93,13 @@ impl Target {
 
     /// Resolves the target to its loopback addresses. Non-loopback targets
     /// are refused.
-    pub fn resolve_loopback(&self) -> Result<Vec<SocketAddr>, String> {
+    pub fn resolve_loopback(&self) -> Result<Vec<SocketAddr>, LoadError> {
         let addrs: Vec<SocketAddr> = (self.host.as_str(), self.port)
             .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve {}: {e}", self.host))?
+            .map_err(|source| LoadError::Io {
+                what: "cannot resolve the host",
+                source,
+            })?
             .collect();
         let lo: Vec<SocketAddr> = addrs
             .iter()
@@ -104,10 +107,10 @@ impl Target {
             .copied()
             .collect();
         if lo.is_empty() {
-            return Err(format!(
-                "refusing non-loopback target {} ({addrs:?}): only 127.0.0.0/8 and ::1 are allowed",
-                self.host
-            ));
+            return Err(LoadError::NotLoopback {
+                host: self.host.clone(),
+                addrs,
+            });
         }
         Ok(lo)
     }
@@ -123,10 +126,10 @@ fn strip_prefix_ci<'a>(s: &'a str, prefix: &str) -> Option<&'a str> {
     }
 }
 
-fn parse_port(p: &str) -> Result<u16, String> {
+fn parse_port(p: &str) -> Result<u16, LoadError> {
     match p.parse::<u16>() {
         Ok(n) if n > 0 => Ok(n),
-        _ => Err(format!("invalid port {p:?}")),
+        _ => usage!("invalid port {p:?}"),
     }
 }
 
@@ -136,9 +139,9 @@ pub fn build_request(
     target: &Target,
     headers: &[String],
     body: &[u8],
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, LoadError> {
     if method.is_empty() || !method.bytes().all(is_tchar) {
-        return Err(format!("invalid method {method:?}"));
+        return usage!("invalid method {method:?}");
     }
     let mut out = Vec::with_capacity(128 + body.len());
     out.extend_from_slice(method.as_bytes());
@@ -148,16 +151,16 @@ pub fn build_request(
     let mut has_host = false;
     let mut has_len = false;
     for h in headers {
-        let (name, value) = h
-            .split_once(':')
-            .ok_or_else(|| format!("header {h:?} must look like \"Name: value\""))?;
+        let (name, value) = h.split_once(':').ok_or_else(|| {
+            LoadError::Usage(format!("header {h:?} must look like \"Name: value\""))
+        })?;
         let name = name.trim();
         let value = value.trim();
         if name.is_empty() || !name.bytes().all(is_tchar) {
-            return Err(format!("invalid header name in {h:?}"));
+            return usage!("invalid header name in {h:?}");
         }
         if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
-            return Err(format!("invalid header value in {h:?}"));
+            return usage!("invalid header value in {h:?}");
         }
         if name.eq_ignore_ascii_case("host") {
             has_host = true;

@@ -5,7 +5,7 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use canter_load::{run, LoadArgs};
+use canter_load::{run, LoadArgs, LoadError};
 use clap::Parser;
 
 #[derive(Parser)]
@@ -187,7 +187,13 @@ fn open_loop_rate() {
 #[test]
 fn setup_errors() {
     let e = run(args(&["-m", "10", "http://127.0.0.1:1/"])).expect_err("h2");
-    assert!(e.contains("HTTP/2 not supported yet"), "{e}");
+    assert!(matches!(e, LoadError::Usage(_)), "{e:?}");
+    assert!(e.to_string().contains("HTTP/2 not supported yet"), "{e}");
     let e = run(args(&["http://192.0.2.1:80/"])).expect_err("remote");
-    assert!(e.contains("loopback"), "{e}");
+    assert!(matches!(e, LoadError::NotLoopback { .. }), "{e:?}");
+    assert!(e.to_string().contains("loopback"), "{e}");
+    // Nothing listens on port 1: the connect error, with its cause.
+    let e = run(args(&["-n", "1", "http://127.0.0.1:1/"])).expect_err("closed port");
+    assert!(matches!(e, LoadError::Unreachable { .. }), "{e:?}");
+    assert!(std::error::Error::source(&e).is_some());
 }

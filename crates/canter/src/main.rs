@@ -1,6 +1,7 @@
 //! The `canter` command: `canter serve` runs the demo app, `canter load` generates load.
 
-use std::io::IsTerminal;
+use std::fmt;
+use std::io::{self, IsTerminal};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -120,10 +121,8 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
-        Command::Load(args) => canter_load::run(args)
-            .map(|_| ())
-            .map_err(|e| e.to_string()),
+        Command::Serve(args) => serve(args).map_err(CliError::Serve),
+        Command::Load(args) => canter_load::run(args).map(|_| ()).map_err(CliError::Load),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -134,16 +133,63 @@ fn main() -> ExitCode {
     }
 }
 
+/// Why a command failed.
+#[derive(Debug)]
+enum CliError {
+    Serve(ServeError),
+    Load(canter_load::LoadError),
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Serve(e) => e.fmt(f),
+            CliError::Load(e) => e.fmt(f),
+        }
+    }
+}
+
+/// Why `canter serve` could not start or stopped with an error.
+#[derive(Debug)]
+enum ServeError {
+    /// Flags that do not go together.
+    Usage(&'static str),
+    /// `--static` names something that is not a directory.
+    NotADirectory(PathBuf),
+    /// The TLS settings could not be loaded.
+    Tls(SocketAddr, canter_rt::TlsError),
+    /// Binding the listeners failed.
+    Listen(SocketAddr, io::Error),
+    /// Installing the signal handlers or running the workers failed.
+    Runtime(io::Error),
+}
+
+impl fmt::Display for ServeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServeError::Usage(message) => f.write_str(message),
+            ServeError::NotADirectory(dir) => {
+                write!(f, "--static {}: not a directory", dir.display())
+            }
+            ServeError::Tls(addr, e) => write!(f, "--tls-addr {addr}: {e}"),
+            ServeError::Listen(addr, e) => write!(f, "cannot listen on {addr}: {e}"),
+            ServeError::Runtime(e) => e.fmt(f),
+        }
+    }
+}
+
 /// Builds the TLS settings the flags ask for (none without `--tls-addr`).
-fn tls_acceptor(args: &ServeArgs) -> Result<Option<canter_rt::TlsAcceptor>, String> {
+fn tls_acceptor(args: &ServeArgs) -> Result<Option<canter_rt::TlsAcceptor>, ServeError> {
     let Some(addr) = args.tls_addr else {
         if !args.tls_cert.is_empty() || args.tls_self_signed {
-            return Err("--tls-cert and --tls-self-signed need --tls-addr".into());
+            return Err(ServeError::Usage(
+                "--tls-cert and --tls-self-signed need --tls-addr",
+            ));
         }
         return Ok(None);
     };
     if args.tls_cert.len() != args.tls_key.len() {
-        return Err("give one --tls-key for each --tls-cert".into());
+        return Err(ServeError::Usage("give one --tls-key for each --tls-cert"));
     }
     let mut tls = canter_rt::ServerTls::new()
         .handshake_timeout(Duration::from_secs(args.tls_handshake_timeout));
@@ -156,12 +202,10 @@ fn tls_acceptor(args: &ServeArgs) -> Result<Option<canter_rt::TlsAcceptor>, Stri
     if let Some(ca) = &args.tls_client_ca {
         tls = tls.client_ca(ca);
     }
-    tls.build()
-        .map(Some)
-        .map_err(|e| format!("--tls-addr {addr}: {e}"))
+    tls.build().map(Some).map_err(|e| ServeError::Tls(addr, e))
 }
 
-fn serve(args: ServeArgs) -> Result<(), String> {
+fn serve(args: ServeArgs) -> Result<(), ServeError> {
     if let Err(e) = canter_rt::raise_open_files_limit() {
         tracing::warn!(error = %e, "could not raise the open files limit");
     }
@@ -196,14 +240,13 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     let workers = config.workers;
     let files = match &args.static_dir {
         Some(dir) if dir.is_dir() => Some(canter::ServeDir::new(dir)),
-        Some(dir) => return Err(format!("--static {}: not a directory", dir.display())),
+        Some(dir) => return Err(ServeError::NotADirectory(dir.clone())),
         None => None,
     };
-    let server = canter_rt::Server::bind(config)
-        .map_err(|e| format!("cannot listen on {}: {e}", args.addr))?;
-    canter_rt::shutdown_on_signals(server.shutdown_handle()).map_err(|e| e.to_string())?;
+    let server = canter_rt::Server::bind(config).map_err(|e| ServeError::Listen(args.addr, e))?;
+    canter_rt::shutdown_on_signals(server.shutdown_handle()).map_err(ServeError::Runtime)?;
     if let Some(acceptor) = &acceptor {
-        canter_rt::reload_on_sighup(acceptor.clone()).map_err(|e| e.to_string())?;
+        canter_rt::reload_on_sighup(acceptor.clone()).map_err(ServeError::Runtime)?;
         if let Some(fingerprint) = acceptor.self_signed_fingerprint() {
             tracing::info!(
                 sha256 = fingerprint,
@@ -254,7 +297,7 @@ fn serve(args: ServeArgs) -> Result<(), String> {
     } else {
         server.serve(move |_| app())
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(ServeError::Runtime)?;
     tracing::info!("canter stopped");
     Ok(())
 }
