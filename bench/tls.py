@@ -208,9 +208,17 @@ def main():
     ap.add_argument("--key", choices=["ecdsa", "rsa"], default="ecdsa")
     ap.add_argument("--idle-conns", type=int, default=2000)
     ap.add_argument("--quiet-wait", type=float, default=5.0)
+    ap.add_argument("--plot", nargs="+", metavar="JSON",
+                    help="measure nothing: draw bench/plots/tls-*.svg from these results files "
+                         "(a later file's cells replace an earlier one's)")
     ap.add_argument("--port-base", type=int, default=22400,
                     help="first port; stay below the ephemeral range (32768 on Linux)")
     args = ap.parse_args()
+    if args.plot:
+        merged = [json.load(open(p)) for p in args.plot]
+        for name in write_plots(merged):
+            print(f"wrote bench/plots/{name}")
+        return
     run.raise_nofile()
     os.sched_setaffinity(0, {1})
     cert, key = make_cert(args.key)
@@ -259,7 +267,52 @@ def main():
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nresults: {os.path.relpath(path, ROOT)}\n")
+    for name in write_plots([results]):
+        print(f"wrote bench/plots/{name}")
     print(markdown(results, names))
+
+
+COLORS = {"canter": "#d62728", "canter-plain": "#ff9896", "nginx": "#2ca02c",
+          "go-nethttp": "#1f77b4", "hyper-rustls": "#9467bd"}
+
+
+def write_plots(results_list):
+    """Draws CPU per request, requests/s and idle memory from one or more results files (a
+    later file's cells replace an earlier one's); returns the file names written."""
+    cells = {}
+    for res in results_list:
+        for scn, by_server in res["cells"].items():
+            cells[(scn, res["key"])] = by_server
+    med = statistics.median
+    cpu, rps, mem = [], [], []
+    order = list(SCENARIOS) + ["idle-memory"]
+    for (scn, key) in sorted(cells, key=lambda k: (order.index(k[0]) if k[0] in order else 99, k[1])):
+        by_server = cells[(scn, key)]
+        title = f"{scn} ({key})"
+        if scn == "idle-memory":
+            mem.append((title, [(n, rows[0]["kib_per_conn"], COLORS.get(n, "#888"))
+                                for n, rows in sorted(by_server.items(), key=lambda kv: kv[1][0]["kib_per_conn"])]))
+            continue
+        cpu.append((title, sorted(((n, med(r["cpu_us"] for r in rows), COLORS.get(n, "#888"))
+                                   for n, rows in by_server.items()), key=lambda t: t[1])))
+        rps.append((title, sorted(((n, med(r["rps"] for r in rows), COLORS.get(n, "#888"))
+                                   for n, rows in by_server.items()), key=lambda t: -t[1])))
+    out = []
+    os.makedirs(run.PLOTS, exist_ok=True)
+    for name, svg in (
+            ("tls-cpu-per-request.svg", run.svg_bar_panels(
+                "HTTPS: server CPU time per request or handshake (median, us)", cpu, " us",
+                lower_is_better=True) if cpu else None),
+            ("tls-throughput.svg", run.svg_bar_panels(
+                "HTTPS: requests or handshakes per second (median)", rps, "") if rps else None),
+            ("tls-idle-memory.svg", run.svg_bar_panels(
+                "HTTPS: server RSS per idle TLS keep-alive connection (KiB)", mem, " KiB",
+                lower_is_better=True) if mem else None)):
+        if svg:
+            with open(os.path.join(run.PLOTS, name), "w") as f:
+                f.write(svg)
+            out.append(name)
+    return out
 
 
 def markdown(results, names):
