@@ -22,7 +22,7 @@ use canter::{
     StreamBody,
 };
 use canter_testkit::chunked;
-use common::{curl_any_status, have, run_py_checks, Client, InProcess, Response, TempFile};
+use common::{curl_any_status, need, run_py_checks, Client, InProcess, Response, TempFile};
 use futures_core::Stream;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -849,9 +849,7 @@ fn multipart_errors() {
 
 #[test]
 fn multipart_from_curl() {
-    if !have("curl") {
-        return;
-    }
+    need("curl");
     let server = start();
     let data = file_data(300_000);
     let file = TempFile::new("upload.txt", &data);
@@ -940,9 +938,7 @@ fn cookies_raw() {
 
 #[test]
 fn cookies_with_curl_jar() {
-    if !have("curl") {
-        return;
-    }
+    need("curl");
     let server = start();
     let out = curl_any_status(&["-b", "x=1; junk; y=2", &server.url("/cookies")]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();

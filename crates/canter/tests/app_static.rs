@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use canter::rt::Config;
 use canter::{get, Router, ServeDir};
-use common::{assert_imf_fixdate, curl, have, random_bytes, Client, InProcess, Response, Server};
+use common::{assert_imf_fixdate, curl, need, random_bytes, Client, InProcess, Response, Server};
 
 const HELLO: &[u8] = b"hello, static\n";
 const SECRET: &[u8] = b"top secret: outside the root\n";
@@ -839,9 +839,7 @@ fn missing_root_answers_404_until_it_exists() {
 
 #[test]
 fn curl_downloads_resumes_and_follows() {
-    if !have("curl") {
-        return;
-    }
+    need("curl");
     let tree = tree();
     let server = serve(tree);
     // A 6 MiB download, compared byte for byte.

@@ -1,4 +1,4 @@
-//! The server against curl (skipped when curl is not installed).
+//! The server against curl (the test fails when curl cannot run).
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -6,13 +6,11 @@ mod common;
 
 use std::process::Command;
 
-use common::{curl, curl_with_stdin, have, random_bytes, Server, TempFile, CURL_MAX_TIME};
+use common::{curl, curl_with_stdin, need, random_bytes, Server, TempFile, CURL_MAX_TIME};
 
 #[test]
 fn curl_plaintext_and_json() {
-    if !have("curl") {
-        return;
-    }
+    need("curl");
     let server = Server::start();
     let out = curl(&[&server.url("/plaintext")]);
     assert_eq!(out.stdout, b"Hello, World!");
@@ -27,9 +25,7 @@ fn curl_plaintext_and_json() {
 
 #[test]
 fn curl_chunked_upload_round_trips() {
-    if !have("curl") {
-        return;
-    }
+    need("curl");
     let server = Server::start();
     let data = random_bytes(1 << 20, 42);
     let out = curl_with_stdin(
@@ -55,9 +51,7 @@ fn curl_chunked_upload_round_trips() {
 
 #[test]
 fn curl_expect_continue_with_a_file() {
-    if !have("curl") {
-        return;
-    }
+    need("curl");
     let server = Server::start();
     let data = random_bytes(2 << 20, 9);
     let file = TempFile::new("expect.bin", &data);
@@ -83,9 +77,7 @@ fn curl_expect_continue_with_a_file() {
 
 #[test]
 fn curl_large_download_length() {
-    if !have("curl") {
-        return;
-    }
+    need("curl");
     let server = Server::start();
     let out = curl(&[&server.url("/bytes/10000000")]);
     assert_eq!(out.stdout.len(), 10_000_000);
@@ -94,9 +86,7 @@ fn curl_large_download_length() {
 
 #[test]
 fn curl_reuses_the_connection() {
-    if !have("curl") {
-        return;
-    }
+    need("curl");
     let server = Server::start();
     let out = curl(&[
         "-v",
@@ -122,9 +112,7 @@ fn curl_reuses_the_connection() {
 
 #[test]
 fn curl_sees_413_for_a_too_large_upload() {
-    if !have("curl") {
-        return;
-    }
+    need("curl");
     let server = Server::start();
     let data = vec![b'z'; 17 << 20];
     let file = TempFile::new("big.bin", &data);

@@ -1,4 +1,4 @@
-//! The server against Python's http.client (tests/py/client.py); skipped without python3.
+//! The server against Python's http.client (tests/py/client.py); fails without python3.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 

@@ -366,19 +366,19 @@ pub fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &str) -> Respo
 
 // ---- external clients ------------------------------------------------------------------------
 
-/// Whether `tool --version` runs and succeeds; says "skipping: <tool> not found" when not, so a
-/// test can return early: `if !have("curl") { return; }`.
-pub fn have(tool: &str) -> bool {
+/// Fails the test when `tool` cannot run: the suite's clients (curl, python3, openssl) are on
+/// every machine it runs on, and a test that skips silently proves nothing.
+pub fn need(tool: &str) {
     let ok = Command::new(tool)
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("skipping: {tool} not found");
-    }
-    ok
+    assert!(
+        ok,
+        "{tool} is needed by this test and could not run (apt-get install {tool})"
+    );
 }
 
 /// The overall time limit (`--max-time`, seconds) of every curl run.
@@ -424,30 +424,23 @@ fn run_curl(flags: &[&str], args: &[&str], stdin: Option<Vec<u8>>) -> Output {
 pub const PYTHON_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Runs `python3 ARGS` with `stdin` written to its standard input (empty if `None`), killed if
-/// it runs longer than [`PYTHON_TIMEOUT`] (the output then shows it was killed); `None`, after
-/// saying "skipping: cannot run python3", when python3 cannot be started. Writes no bytecode
-/// next to the scripts.
-pub fn run_python(args: &[&str], stdin: Option<Vec<u8>>) -> Option<Output> {
+/// it runs longer than [`PYTHON_TIMEOUT`] (the output then shows it was killed). Fails the test
+/// when python3 cannot be started. Writes no bytecode next to the scripts.
+pub fn run_python(args: &[&str], stdin: Option<Vec<u8>>) -> Output {
     let mut cmd = Command::new("python3");
     cmd.args(args).env("PYTHONDONTWRITEBYTECODE", "1");
     match run(&mut cmd, stdin, Some(PYTHON_TIMEOUT)) {
-        Ok(out) => Some(out),
-        Err(e) => {
-            eprintln!("skipping: cannot run python3: {e}");
-            None
-        }
+        Ok(out) => out,
+        Err(e) => panic!("python3 is needed by this test and could not run: {e}"),
     }
 }
 
 /// Runs the http.client script `tests/py/<name>` against 127.0.0.1:`port` (the protocol is in
 /// `tests/py/common.py`) and asserts that it exited successfully and printed each line of
-/// `checks`; `context()` (e.g. the server's log) ends the failure message. Returns early, after
-/// saying so, when python3 cannot be started.
+/// `checks`; `context()` (e.g. the server's log) ends the failure message.
 pub fn run_py_checks(name: &str, port: u16, checks: &[&str], context: impl FnOnce() -> String) {
     let script = format!("{}/tests/py/{name}", env!("CARGO_MANIFEST_DIR"));
-    let Some(out) = run_python(&[&script, &port.to_string()], None) else {
-        return;
-    };
+    let out = run_python(&[&script, &port.to_string()], None);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
