@@ -656,7 +656,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                     p.forget_waker_if(cx.waker());
                 }
                 self.h1.write_continue(&mut self.out.buf);
-                if !self.out.is_empty() {
+                if !self.out.is_empty() || self.io.has_pending_output() {
                     if let Poll::Ready(Err(e)) = self.out.poll_write(&mut self.io, cx) {
                         return Poll::Ready(Err(Stop::Io(e)));
                     }
@@ -681,8 +681,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
                 return Poll::Ready(Ok(Driven::Gone));
             }
             // Send what is ready meanwhile (earlier pipelined responses, the head and pieces of
-            // a streamed body).
-            if !self.out.is_empty() {
+            // a streamed body, and TLS records still inside the session).
+            if !self.out.is_empty() || self.io.has_pending_output() {
                 if let Poll::Ready(Err(e)) = self.out.poll_write(&mut self.io, cx) {
                     return Poll::Ready(Err(Stop::Io(e)));
                 }
@@ -805,7 +805,9 @@ impl<S: Service, T: Transport> Driver<S, T> {
 
     /// Writes everything buffered; fails after the write timeout without progress.
     async fn flush(&mut self) -> Res<()> {
-        if self.out.is_empty() {
+        // What the transport still holds (TLS records the socket could not take yet) counts:
+        // on plain TCP `has_pending_output` is a constant `false`.
+        if self.out.is_empty() && !self.io.has_pending_output() {
             return Ok(());
         }
         let mut deadline = later(self.worker.now(), self.cfg.timeouts.write);

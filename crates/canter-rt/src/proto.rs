@@ -696,8 +696,8 @@ impl Actor {
 
     fn poll_event<T: Transport>(&mut self, io: &mut T, cx: &mut Context<'_>) -> Poll<Event> {
         let core = &mut self.core;
-        // Write what is queued.
-        if !core.out.is_empty() {
+        // Write what is queued, and what the transport still holds (TLS records).
+        if !core.out.is_empty() || io.has_pending_output() {
             let before = core.out.len();
             match core.out.poll_write(io, cx) {
                 Poll::Ready(Ok(())) => self.write_since = None,
@@ -709,7 +709,7 @@ impl Actor {
                 }
             }
         }
-        if core.out.is_empty() {
+        if core.out.is_empty() && !io.has_pending_output() {
             self.write_since = None;
             if core.out.buf.capacity() > 0 {
                 let buf = std::mem::take(&mut core.out.buf);

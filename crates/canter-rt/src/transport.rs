@@ -54,6 +54,13 @@ pub trait Transport: Unpin + 'static {
     fn peer_certificates(&self) -> Option<crate::tls::PeerCertificates> {
         None
     }
+
+    /// Whether the transport holds output of its own that [`Transport::poll_flush`] has yet to
+    /// push out (TLS records the socket could not take). The actor keeps flushing while it does,
+    /// even with its own queue empty.
+    fn has_pending_output(&self) -> bool {
+        false
+    }
 }
 
 impl Transport for TcpStream {
@@ -154,6 +161,10 @@ impl Transport for TlsStream {
     }
 
     forward_writes!();
+
+    fn has_pending_output(&self) -> bool {
+        self.get_ref().1.wants_write()
+    }
 
     fn peer_certificates(&self) -> Option<crate::tls::PeerCertificates> {
         let chain = self.get_ref().1.peer_certificates()?;
@@ -290,6 +301,13 @@ impl Transport for Stream {
         match self {
             Stream::Plain(_) => None,
             Stream::Tls(s) => s.peer_certificates(),
+        }
+    }
+
+    fn has_pending_output(&self) -> bool {
+        match self {
+            Stream::Plain(_) => false,
+            Stream::Tls(s) => s.has_pending_output(),
         }
     }
 }

@@ -9,7 +9,10 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use canter_rt::proto::{self, Close, Conn, Protocol, Settings, StartTlsError, TlsUpgrade};
+use canter_rt::proto::{
+    self, Close, Conn, Protocol, Settings, StartTls, StartTlsError, TlsUpgrade,
+};
+use canter_rt::Transport;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::time::Instant;
 
@@ -376,4 +379,133 @@ async fn handle_wakes_the_connection() {
     let (handle, (_, why)) = tokio::join!(waker, talk);
     assert!(matches!(why, Close::Local), "{why}");
     assert!(handle.is_closed());
+}
+
+/// A transport that, like a TLS session, accepts writes into a buffer of its own (up to 64 KiB)
+/// and only moves them to the pipe as it can: what it holds goes out through `poll_flush`.
+struct Holding {
+    pipe: DuplexStream,
+    held: Vec<u8>,
+}
+
+impl Holding {
+    fn push_out(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use tokio::io::AsyncWrite;
+        while !self.held.is_empty() {
+            let n =
+                std::task::ready!(std::pin::Pin::new(&mut self.pipe).poll_write(cx, &self.held))?;
+            self.held.drain(..n);
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+impl Transport for Holding {
+    fn poll_read_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_read(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Transport::poll_read(&mut self.pipe, cx, buf)
+    }
+    fn poll_write(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let room = (64 * 1024usize)
+            .saturating_sub(self.held.len())
+            .min(buf.len());
+        if room == 0 {
+            return match self.push_out(cx) {
+                std::task::Poll::Ready(Ok(())) => self.poll_write(cx, buf),
+                other => other.map(|r| r.map(|()| 0)),
+            };
+        }
+        self.held.extend_from_slice(&buf[..room]);
+        // Like tokio-rustls: try to move it on, but report what was accepted either way.
+        let _ = self.push_out(cx);
+        std::task::Poll::Ready(Ok(room))
+    }
+    fn poll_write_vectored(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match bufs.iter().find(|b| !b.is_empty()) {
+            Some(b) => self.poll_write(cx, b),
+            None => std::task::Poll::Ready(Ok(0)),
+        }
+    }
+    fn poll_flush(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.push_out(cx)
+    }
+    fn poll_shutdown(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::ready!(self.push_out(cx))?;
+        Transport::poll_shutdown(&mut self.pipe, cx)
+    }
+    fn has_pending_output(&self) -> bool {
+        !self.held.is_empty()
+    }
+}
+
+impl StartTls for Holding {
+    fn start_tls(
+        self,
+        _how: TlsUpgrade,
+    ) -> impl std::future::Future<Output = Result<Self, StartTlsError>> + 'static {
+        std::future::ready(Err(StartTlsError::Unsupported))
+    }
+}
+
+/// Sends 256 KiB on open and nothing after: the peer starts reading late, when the actor's own
+/// queue is already empty and the rest waits inside the transport. It must still arrive, with
+/// no further event on the connection.
+struct Burst;
+
+impl Protocol for Burst {
+    fn on_open(&mut self, conn: &mut Conn<'_>) {
+        conn.send(vec![9u8; 256 * 1024]).unwrap();
+    }
+    fn on_data(&mut self, _conn: &mut Conn<'_>, input: &mut BytesMut) {
+        input.clear();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn output_held_by_the_transport_is_flushed() {
+    let (ours, mut theirs) = tokio::io::duplex(1024);
+    let transport = Holding {
+        pipe: ours,
+        held: Vec::new(),
+    };
+    let mut burst = Burst;
+    let settings = Settings::default();
+    let actor = proto::run(transport, peer(), &mut burst, &settings);
+    let reader = async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut got = vec![0u8; 256 * 1024];
+        let read = tokio::time::timeout(Duration::from_secs(60), theirs.read_exact(&mut got)).await;
+        assert!(read.is_ok(), "the last bytes stayed inside the transport");
+        assert!(got.iter().all(|&b| b == 9));
+    };
+    tokio::select! {
+        why = actor => panic!("the actor ended first: {why}"),
+        () = reader => {}
+    }
 }
