@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use canter_h1::{BodyEvent, BodyLen, Conn, Next, RequestHead};
 use http::{HeaderName, HeaderValue, StatusCode};
-use tokio::io::{Interest, ReadBuf};
+use tokio::io::Interest;
 use tokio::time::Sleep;
 
 use crate::body::{Body, BodyError, Pipe, PipeState, RequestBody};
@@ -909,13 +909,11 @@ impl<S: Service, T: Transport> Driver<S, T> {
         } else {
             self.rbuf.reserve(READ_BUF / 2);
         }
-        let spare = self.rbuf.spare_capacity_mut();
-        let mut rb = ReadBuf::uninit(spare);
-        ready!(self.io.poll_read(cx, &mut rb))?;
-        let n = rb.filled().len();
-        // SAFETY: `poll_read` initialized the first `n` bytes of the spare capacity, which
-        // directly follows the buffer's current length.
-        unsafe { self.rbuf.set_len(self.rbuf.len() + n) };
+        let n = ready!(crate::transport::poll_read_buf(
+            &mut self.io,
+            cx,
+            &mut self.rbuf
+        ))?;
         self.read_in_turn += n;
         Poll::Ready(Ok(n))
     }

@@ -197,6 +197,9 @@ pub enum TlsUpgrade {
 
 /// A transport whose connection can be upgraded to TLS in place.
 pub trait StartTls: Transport + Sized {
+    /// Whether the connection is encrypted already.
+    fn is_tls(&self) -> bool;
+
     /// Runs the handshake over this connection and returns the encrypted transport.
     fn start_tls(
         self,
@@ -205,6 +208,10 @@ pub trait StartTls: Transport + Sized {
 }
 
 impl StartTls for Stream {
+    fn is_tls(&self) -> bool {
+        Stream::is_tls(self)
+    }
+
     #[allow(clippy::manual_async_fn)] // the trait's future must be 'static, spelled out
     fn start_tls(
         self,
@@ -235,6 +242,10 @@ impl StartTls for Stream {
 }
 
 impl StartTls for tokio::io::DuplexStream {
+    fn is_tls(&self) -> bool {
+        false
+    }
+
     fn start_tls(
         self,
         _how: TlsUpgrade,
@@ -488,18 +499,6 @@ struct Core {
     worker: Option<Rc<Worker>>,
 }
 
-impl Out {
-    /// Makes sure the copy buffer has an allocation, from the worker's pool if there is one.
-    fn prepare_with(&mut self, worker: Option<&Worker>) {
-        if self.buf.capacity() == 0 {
-            self.buf = match worker {
-                Some(w) => w.take_buf(),
-                None => BytesMut::with_capacity(READ_BUF),
-            };
-        }
-    }
-}
-
 /// What woke the actor.
 enum Event {
     Data,
@@ -619,7 +618,7 @@ impl Actor {
     }
 
     async fn drive<T: StartTls, P: Protocol>(&mut self, mut io: T, protocol: &mut P) -> Close {
-        self.core.tls = io.raw_tcp().is_none();
+        self.core.tls = io.is_tls();
         protocol.on_open(&mut Conn {
             core: &mut self.core,
         });

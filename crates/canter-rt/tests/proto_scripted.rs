@@ -200,8 +200,8 @@ async fn unconsumed_input_is_bounded() {
 struct Recorder(Log);
 
 impl Protocol for Recorder {
-    fn on_open(&mut self, _conn: &mut Conn<'_>) {
-        self.0.push("open");
+    fn on_open(&mut self, conn: &mut Conn<'_>) {
+        self.0.push(if conn.is_tls() { "open tls" } else { "open" });
     }
     fn on_data(&mut self, conn: &mut Conn<'_>, input: &mut BytesMut) {
         self.0.push(format!("data {}", input.len()));
@@ -465,6 +465,10 @@ impl Transport for Holding {
 }
 
 impl StartTls for Holding {
+    fn is_tls(&self) -> bool {
+        false
+    }
+
     fn start_tls(
         self,
         _how: TlsUpgrade,
