@@ -59,6 +59,8 @@ pub enum Version {
     Http10,
     /// HTTP/1.1: keep-alive unless either side says `Connection: close`.
     Http11,
+    /// HTTP/2: the head was decoded from a HEADERS frame (see [`RequestHead::from_h2`]).
+    Http2,
 }
 
 /// How the request body is delimited (RFC 9112 §6.3).
@@ -214,6 +216,113 @@ impl RequestHead {
 
 /// Text of a span the parser validated as ASCII: the method and field names are tokens and the
 /// target was checked byte by byte (`origin_part`).
+impl RequestHead {
+    /// A head built from a decoded HTTP/2 request: `:method`, `:path` and `:authority` (given
+    /// as a `host` field, first), then the regular fields (lowercase names, checked by the
+    /// HTTP/2 layer). Several `cookie` fields are joined with `"; "` (RFC 9113, Section 8.2.3).
+    /// `content_length` is the declared length, `end_stream` whether the request has no body.
+    ///
+    /// Fails on a method that is not a token, a path that is not visible ASCII starting with
+    /// `/` (or `*`), a field with a name that is not a token or a value with control bytes,
+    /// or more than 64 KiB in all.
+    pub fn from_h2<'a>(
+        method: &[u8],
+        path: &[u8],
+        authority: Option<&[u8]>,
+        fields: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone,
+        content_length: Option<u64>,
+        end_stream: bool,
+    ) -> Result<RequestHead, Error> {
+        if method.is_empty() || !method.iter().all(|&b| TCHAR[b as usize]) {
+            return Err(Error::Malformed(Malformed::Method));
+        }
+        if !(path.first() == Some(&b'/') || path == b"*")
+            || !path.iter().all(|&b| (0x21..0x7f).contains(&b))
+        {
+            return Err(Error::Malformed(Malformed::Target));
+        }
+        let mut buf = BytesMut::with_capacity(
+            method.len()
+                + path.len()
+                + authority.map_or(0, <[u8]>::len)
+                + fields
+                    .clone()
+                    .map(|(n, v)| n.len() + v.len() + 2)
+                    .sum::<usize>(),
+        );
+        let method_span = Span::new(0, method.len());
+        buf.extend_from_slice(method);
+        let target = Span::new(buf.len(), buf.len() + path.len());
+        buf.extend_from_slice(path);
+        let mut headers: SmallVec<[(Span, Span); 12]> = SmallVec::new();
+        let mut push = |buf: &mut BytesMut, n: &[u8], v: &[u8]| -> Result<(), Error> {
+            if n.is_empty() || !n.iter().all(|&b| TCHAR[b as usize]) {
+                return Err(Error::Malformed(Malformed::HeaderName));
+            }
+            if v.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+                return Err(Error::Malformed(Malformed::HeaderValue));
+            }
+            let ns = Span::new(buf.len(), buf.len() + n.len());
+            buf.extend_from_slice(n);
+            let vs = Span::new(buf.len(), buf.len() + v.len());
+            buf.extend_from_slice(v);
+            if buf.len() > Limits::HEAD_CAP {
+                return Err(Error::HeadersTooLarge);
+            }
+            headers.push((ns, vs));
+            Ok(())
+        };
+        if let Some(host) = authority {
+            push(&mut buf, b"host", host)?;
+        }
+        let mut cookies = 0;
+        for (n, v) in fields.clone() {
+            if n == b"cookie" {
+                cookies += 1;
+                continue;
+            }
+            if n == b"host" && authority.is_some() {
+                continue;
+            }
+            push(&mut buf, n, v)?;
+        }
+        if cookies > 0 {
+            let mut joined = Vec::new();
+            for (_, v) in fields.filter(|(n, _)| *n == b"cookie") {
+                if !joined.is_empty() {
+                    joined.extend_from_slice(b"; ");
+                }
+                joined.extend_from_slice(v);
+            }
+            push(&mut buf, b"cookie", &joined)?;
+        }
+        let path_len = path.iter().position(|&b| b == b'?').unwrap_or(path.len()) as u16;
+        let body = match (end_stream, content_length) {
+            (true, _) => BodyKind::Length(0),
+            (false, Some(n)) => BodyKind::Length(n),
+            (false, None) => BodyKind::Chunked,
+        };
+        Ok(RequestHead {
+            buf: buf.freeze(),
+            method: Method::from_token(ascii_checked(method)),
+            method_span,
+            target,
+            path: PathAndQuery::Span(target),
+            path_len,
+            version: Version::Http2,
+            headers,
+            body,
+            keep_alive: true,
+            expect_continue: false,
+        })
+    }
+}
+
+/// `bytes` as text; only called on bytes already checked to be ASCII tokens.
+fn ascii_checked(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).unwrap_or("")
+}
+
 fn ascii(bytes: &[u8]) -> &str {
     debug_assert!(bytes.is_ascii());
     // SAFETY: every span passed here covers bytes validated as ASCII during parsing (see above),
@@ -913,7 +1022,7 @@ impl Framing {
             BodyKind::Length(n)
         };
         let keep_alive = match version {
-            Version::Http11 => !self.close,
+            Version::Http11 | Version::Http2 => !self.close,
             Version::Http10 => self.keep_alive && !self.close,
         };
         Ok((body, keep_alive))
