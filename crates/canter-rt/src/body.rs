@@ -147,6 +147,11 @@ impl Pipe {
         Some(started + due.saturating_sub(self.waited))
     }
 
+    /// Body bytes the handler has taken out of the pipe so far.
+    pub(crate) fn consumed(&self) -> u64 {
+        self.received - self.buffered as u64
+    }
+
     /// The driver polls the handler itself; it only needs wakers from other tasks.
     pub(crate) fn forget_waker_if(&mut self, driver: &Waker) {
         if self.waker.as_ref().is_some_and(|w| w.will_wake(driver)) {

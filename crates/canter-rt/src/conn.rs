@@ -73,7 +73,8 @@ enum Stop {
 
 type Res<T> = Result<T, Stop>;
 
-/// Serves one accepted connection until it closes.
+/// Serves one accepted connection until it closes. With `sniff_h2`, a connection that opens
+/// with the HTTP/2 preface (h2c with prior knowledge) is handed to the HTTP/2 actor.
 pub(crate) async fn serve<S: Service, T: Transport>(
     registration: Registration,
     io: T,
@@ -81,6 +82,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     svc: Rc<S>,
     worker: Rc<Worker>,
     cfg: Rc<Config>,
+    sniff_h2: bool,
 ) {
     let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
     worker.set_waker(registration.id, waker);
@@ -101,6 +103,34 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         deferred: 0,
         in_handler: false,
     };
+    if sniff_h2 {
+        match driver.sniff_h2().await {
+            Ok(Sniffed::Http1) => {}
+            Ok(Sniffed::NotHttp) => {
+                tracing::info!(%peer, "first line is neither HTTP/1 nor the HTTP/2 preface; closing");
+                driver.release_idle_buffers();
+                return;
+            }
+            Ok(Sniffed::Http2) => {
+                let Driver {
+                    io,
+                    rbuf,
+                    svc,
+                    worker,
+                    cfg,
+                    ..
+                } = driver;
+                return crate::h2::serve(registration, io, peer, svc, worker, cfg, rbuf).await;
+            }
+            Err(e) => {
+                if let Stop::Io(e) = e {
+                    tracing::debug!(%peer, error = %e, "connection error");
+                }
+                driver.release_idle_buffers();
+                return;
+            }
+        }
+    }
     let result = driver.run().await;
     if matches!(result, Ok(()) | Err(Stop::Done)) {
         driver.linger().await;
@@ -132,9 +162,14 @@ pub(crate) async fn serve_tls<S: Service>(
                 %peer,
                 version = ?session.protocol_version(),
                 kind = ?session.handshake_kind(),
+                alpn = ?session.alpn_protocol().map(String::from_utf8_lossy),
                 "TLS handshake done"
             );
-            serve(registration, tls, peer, svc, worker, cfg).await
+            if session.alpn_protocol() == Some(b"h2") {
+                let rbuf = BytesMut::new();
+                return crate::h2::serve(registration, tls, peer, svc, worker, cfg, rbuf).await;
+            }
+            serve(registration, tls, peer, svc, worker, cfg, false).await
         }
         Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
     }
@@ -162,6 +197,32 @@ struct Driver<S, T> {
 }
 
 impl<S: Service, T: Transport> Driver<S, T> {
+    /// Reads until the input either starts with the HTTP/2 connection preface or cannot. A
+    /// complete first line without an HTTP version is neither protocol: such a peer gets no
+    /// HTTP answer (an HTTP/2 client whose preface is corrupt must see the connection close).
+    async fn sniff_h2(&mut self) -> Res<Sniffed> {
+        let preface = canter_h2::PREFACE;
+        loop {
+            let n = self.rbuf.len().min(preface.len());
+            if self.rbuf[..n] != preface[..n] {
+                let Some(end) = self.rbuf.iter().position(|&b| b == b'\n') else {
+                    return Ok(Sniffed::Http1);
+                };
+                let line = &self.rbuf[..end];
+                let http = line.windows(6).any(|w| w == b" HTTP/");
+                return Ok(if http {
+                    Sniffed::Http1
+                } else {
+                    Sniffed::NotHttp
+                });
+            }
+            if n == preface.len() {
+                return Ok(Sniffed::Http2);
+            }
+            self.read().await?;
+        }
+    }
+
     async fn run(&mut self) -> Res<()> {
         let mut parse = true;
         loop {
@@ -962,6 +1023,13 @@ fn release_fields(headers: Vec<(HeaderName, HeaderValue)>) {
     }
 }
 
+/// What the first bytes of a plain connection say it speaks.
+enum Sniffed {
+    Http1,
+    Http2,
+    NotHttp,
+}
+
 /// What [`Driver::process`] does after answering what was ready.
 enum Step {
     /// Nothing more to parse now (or the connection is closing).
@@ -1003,7 +1071,7 @@ enum Driven<T> {
 
 /// One lazily re-armed timer per connection: moving a deadline later costs nothing until the
 /// old one fires, so per-request deadline updates never touch the timer wheel.
-struct Timer {
+pub(crate) struct Timer {
     sleep: Pin<Box<Sleep>>,
     armed: Option<Instant>,
     /// The sleep has been polled since it was last reset, so it holds this task's waker and
@@ -1012,7 +1080,7 @@ struct Timer {
 }
 
 impl Timer {
-    fn new() -> Timer {
+    pub(crate) fn new() -> Timer {
         let far = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
         Timer {
             sleep: Box::pin(tokio::time::sleep_until(far)),
@@ -1023,7 +1091,7 @@ impl Timer {
 
     /// Whether `deadline` (taken from the worker's coarse clock) has passed; otherwise arranges
     /// a wake-up for when it will have.
-    fn poll_expired(&mut self, cx: &mut Context<'_>, deadline: Instant) -> bool {
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>, deadline: Instant) -> bool {
         let deadline = Worker::expiry(deadline);
         if self.armed.is_none_or(|at| at > deadline) {
             self.sleep.as_mut().reset(deadline.into());

@@ -24,6 +24,7 @@
 mod body;
 mod conn;
 pub mod framing;
+mod h2;
 mod outbound;
 mod output;
 pub mod proto;

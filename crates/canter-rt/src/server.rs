@@ -69,6 +69,10 @@ pub struct Config {
     /// A TLS listener beside the plain one: same service, same limits, each worker accepting
     /// on both.
     pub tls: Option<TlsListener>,
+    /// HTTP/2 (h2c with prior knowledge on the plain listener, ALPN `h2` on the TLS one) with
+    /// these settings; `None` serves HTTP/1.1 only. Its header list limit is capped at
+    /// [`Limits::max_head`].
+    pub http2: Option<canter_h2::Settings>,
 }
 
 /// Where and how to accept TLS connections.
@@ -100,6 +104,7 @@ impl Default for Config {
             half_close: false,
             server_name: "canter".to_owned(),
             tls: None,
+            http2: Some(canter_h2::Settings::default()),
         }
     }
 }
@@ -366,14 +371,18 @@ impl<S: Service> Accept for HttpAccept<S> {
         } = conn;
         let (svc, worker, cfg) = (self.0.clone(), worker.clone(), cfg.clone());
         match tls {
-            None => tokio::task::spawn_local(crate::conn::serve(
-                registration,
-                tcp,
-                peer,
-                svc,
-                worker,
-                cfg,
-            )),
+            None => {
+                let sniff_h2 = cfg.http2.is_some();
+                tokio::task::spawn_local(crate::conn::serve(
+                    registration,
+                    tcp,
+                    peer,
+                    svc,
+                    worker,
+                    cfg,
+                    sniff_h2,
+                ))
+            }
             Some(acceptor) => tokio::task::spawn_local(crate::conn::serve_tls(
                 registration,
                 tcp,

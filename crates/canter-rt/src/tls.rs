@@ -124,13 +124,14 @@ impl Default for ServerTls {
 }
 
 impl ServerTls {
-    /// No certificate yet, ALPN `http/1.1`, a 10 s handshake timeout, no client certificates.
+    /// No certificate yet, ALPN `h2` then `http/1.1`, a 10 s handshake timeout, no client
+    /// certificates.
     pub fn new() -> ServerTls {
         ServerTls {
             certs: Vec::new(),
             self_signed: false,
             client_ca: None,
-            alpn: vec![b"http/1.1".to_vec()],
+            alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
             handshake_timeout: Duration::from_secs(10),
         }
     }
@@ -158,7 +159,7 @@ impl ServerTls {
         self
     }
 
-    /// The protocols offered by ALPN, most preferred first (default `http/1.1`). A client that
+    /// The protocols offered by ALPN, most preferred first (default `h2`, `http/1.1`). A client that
     /// offers ALPN but none of these gets the `no_application_protocol` alert.
     pub fn alpn(mut self, protocols: &[&[u8]]) -> ServerTls {
         self.alpn = protocols.iter().map(|p| p.to_vec()).collect();

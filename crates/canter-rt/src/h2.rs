@@ -1,0 +1,726 @@
+//! The HTTP/2 connection actor: one task owns the socket, the [`canter_h2::Connection`] and
+//! every stream's handler, and runs them all inline.
+//!
+//! Each turn of [`H2::poll`]:
+//! 1. read what the socket has (up to the read budget, and only while the output is below
+//!    the high-water mark) and let the engine parse it: requests start their handlers at
+//!    once, body pieces go into their stream's pipe, resets drop their handler;
+//! 2. poll the handlers still pending and pull response bodies (streams, files) while their
+//!    stream has little queued, so a slow or zero-window client holds back the source
+//!    instead of filling memory;
+//! 3. give the window back for body bytes the handlers took;
+//! 4. let the engine frame what the windows allow and write it all with one write.
+//!
+//! A handler that awaits does not hold the others: each is polled when the task wakes.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use canter_h2::{Connection, ErrorCode, Event, Settings, Sink};
+use http::{HeaderName, StatusCode};
+
+use crate::body::{Body, BodyError, BodyStream, Pipe, PipeState, RequestBody};
+use crate::conn::Timer;
+use crate::output::Out;
+use crate::server::Config;
+use crate::service::{Reply, Request, Response, Service};
+use crate::transport::Transport;
+use crate::worker::{later, Registration, Worker, READ_BUF};
+
+/// Response body bytes queued on one stream (waiting for window) below which its body source
+/// is pulled for more.
+const STREAM_AHEAD: usize = 64 * 1024;
+/// Piece of a file read into memory per pull.
+const FILE_PIECE: usize = 16 * 1024;
+
+impl Sink for Out {
+    #[inline]
+    fn buf(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
+    #[inline]
+    fn push(&mut self, data: Bytes) {
+        Out::push(self, data)
+    }
+}
+
+/// Why an HTTP/2 connection ended.
+#[derive(Debug)]
+enum Stop {
+    /// Finished by protocol: GOAWAY exchanged, or the client closed.
+    Done,
+    /// A connection error, GOAWAY sent.
+    Protocol(canter_h2::ConnError),
+    /// A timeout fired in the named phase.
+    Timeout(&'static str),
+    /// The socket failed.
+    Io(io::Error),
+}
+
+/// The HTTP/2 settings a server built with `cfg` advertises.
+pub(crate) fn settings(cfg: &Config) -> Settings {
+    let mut s = cfg.http2.unwrap_or_default();
+    s.max_header_list = s.max_header_list.min(cfg.limits.max_head as u32);
+    s
+}
+
+/// Serves one connection as HTTP/2. `rbuf` holds what was already read (the preface, when it
+/// was sniffed on the plain listener).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn serve<S: Service, T: Transport>(
+    registration: Registration,
+    io: T,
+    peer: SocketAddr,
+    svc: Rc<S>,
+    worker: Rc<Worker>,
+    cfg: Rc<Config>,
+    rbuf: BytesMut,
+) {
+    let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+    worker.set_waker(registration.id, waker);
+    let mut out = Out::default();
+    out.prepare(&worker);
+    let conn = Connection::new(settings(&cfg), &mut out);
+    let now = worker.now();
+    let mut h2 = H2 {
+        conn,
+        io,
+        peer,
+        rbuf,
+        out,
+        svc,
+        worker,
+        cfg,
+        exchanges: Vec::new(),
+        timer: Timer::new(),
+        read_in_turn: 0,
+        eof: false,
+        active_at: now,
+        write_progress_at: now,
+        drained: false,
+    };
+    let result = poll_fn(|cx| h2.poll(cx)).await;
+    match &result {
+        Ok(()) | Err(Stop::Done) => {}
+        Err(Stop::Protocol(e)) => tracing::debug!(%peer, error = %e, "HTTP/2 connection error"),
+        Err(Stop::Timeout(phase)) => tracing::debug!(%peer, phase, "HTTP/2 connection timed out"),
+        Err(Stop::Io(e)) => tracing::debug!(%peer, error = %e, "HTTP/2 connection I/O error"),
+    }
+    if !matches!(result, Err(Stop::Io(_))) {
+        // Send the GOAWAY (or anything else still buffered) before closing; bounded by the
+        // write timeout.
+        let deadline = tokio::time::Instant::now() + h2.cfg.timeouts.write;
+        let _ = tokio::time::timeout_at(deadline, poll_fn(|cx| h2.out.poll_write(&mut h2.io, cx)))
+            .await;
+        let _ = poll_fn(|cx| h2.io.poll_shutdown(cx)).await;
+    }
+    h2.exchanges.clear();
+    if h2.rbuf.capacity() > 0 {
+        h2.worker.give_buf(std::mem::take(&mut h2.rbuf));
+    }
+    if h2.out.buf.capacity() > 0 {
+        h2.worker.give_buf(std::mem::take(&mut h2.out.buf));
+    }
+    drop(registration);
+}
+
+/// One stream's exchange while it needs the task: its handler pending, or its body being
+/// pulled.
+struct Exchange {
+    stream: u32,
+    state: State,
+    pipe: Option<Rc<RefCell<Pipe>>>,
+    /// Body bytes the handler had taken at the last look (to give the window back).
+    consumed: u64,
+    /// Body bytes received, to enforce the body limit.
+    received: u64,
+    /// When the handler times out, or the body stream is deemed stalled.
+    deadline: Instant,
+    /// A HEAD request: the response has no body.
+    head_only: bool,
+}
+
+enum State {
+    Handler(Pin<Box<dyn Future<Output = Response>>>),
+    Stream(Pin<Box<dyn BodyStream>>),
+    File {
+        file: File,
+        pos: u64,
+        left: u64,
+    },
+    /// The response is out (or queued in the engine); kept while the body may still arrive.
+    Done,
+}
+
+struct H2<S, T> {
+    conn: Connection,
+    io: T,
+    peer: SocketAddr,
+    rbuf: BytesMut,
+    out: Out,
+    svc: Rc<S>,
+    worker: Rc<Worker>,
+    cfg: Rc<Config>,
+    exchanges: Vec<Exchange>,
+    timer: Timer,
+    read_in_turn: usize,
+    eof: bool,
+    /// Last time a stream was open or a frame arrived: the idle timeout counts from here.
+    active_at: Instant,
+    /// Last time the output shrank (or was empty): the write timeout counts from here.
+    write_progress_at: Instant,
+    drained: bool,
+}
+
+impl<S: Service, T: Transport> H2<S, T> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
+        loop {
+            if self.worker.draining() && !self.drained {
+                self.drained = true;
+                self.out.prepare(&self.worker);
+                self.conn.go_away(&mut self.out);
+            }
+            let mut again = false;
+            if !self.eof && self.out.len() < self.cfg.high_water {
+                if self.read_in_turn >= self.cfg.read_budget {
+                    // Let the worker's other connections run.
+                    self.read_in_turn = 0;
+                    cx.waker().wake_by_ref();
+                    self.poll_write(cx)?;
+                    return Poll::Pending;
+                }
+                match self.poll_read(cx) {
+                    Poll::Ready(Ok(0)) => self.eof = true,
+                    Poll::Ready(Ok(_)) => {
+                        again = true;
+                        self.active_at = self.worker.now();
+                        self.out.prepare(&self.worker);
+                        if let Err(e) = self.conn.recv(&mut self.rbuf, &mut self.out) {
+                            self.events();
+                            self.poll_write(cx)?;
+                            return Poll::Ready(Err(Stop::Protocol(e)));
+                        }
+                        self.events();
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(Stop::Io(e))),
+                    Poll::Pending => {}
+                }
+            }
+            self.poll_exchanges(cx);
+            self.give_back_windows();
+            if !self.out.is_empty() || self.conn.queued() > 0 {
+                self.out.prepare(&self.worker);
+            }
+            self.conn.flush(&mut self.out);
+            self.poll_write(cx)?;
+            if self.eof {
+                // The client closed its side: nobody reads the answers still pending.
+                if !self.exchanges.is_empty() {
+                    tracing::debug!(peer = %self.peer, streams = self.exchanges.len(), "client closed; handlers cancelled");
+                }
+                return Poll::Ready(Err(Stop::Done));
+            }
+            if self.conn.is_finished() && self.exchanges.is_empty() && self.out.is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+            if !again {
+                break;
+            }
+        }
+        if self.rbuf.is_empty() && self.rbuf.capacity() > 0 && self.exchanges.is_empty() {
+            self.worker.give_buf(std::mem::take(&mut self.rbuf));
+        }
+        if self.out.is_empty() && self.out.buf.capacity() > 0 {
+            self.worker.give_buf(std::mem::take(&mut self.out.buf));
+        }
+        self.poll_timeouts(cx)
+    }
+
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<(), Stop> {
+        if self.out.is_empty() && !self.io.has_pending_output() {
+            self.write_progress_at = self.worker.now();
+            return Ok(());
+        }
+        let before = self.out.len();
+        match self.out.poll_write(&mut self.io, cx) {
+            Poll::Ready(Ok(())) => {
+                self.write_progress_at = self.worker.now();
+                Ok(())
+            }
+            Poll::Ready(Err(e)) => Err(Stop::Io(e)),
+            Poll::Pending => {
+                if self.out.len() < before {
+                    self.write_progress_at = self.worker.now();
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn poll_timeouts(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
+        let t = &self.cfg.timeouts;
+        let write_at = (!self.out.is_empty()).then(|| later(self.write_progress_at, t.write));
+        // Streams whose response is out but whose request body never ends do not keep a quiet
+        // connection alive.
+        let idle_at = self
+            .exchanges
+            .is_empty()
+            .then(|| later(self.active_at, t.idle));
+        let handler_at = self.exchanges.iter().map(|e| e.deadline).min();
+        let Some(first) = [write_at, idle_at, handler_at].into_iter().flatten().min() else {
+            return Poll::Pending;
+        };
+        if !self.timer.poll_expired(cx, first) {
+            return Poll::Pending;
+        }
+        let passed = |at: Instant| Instant::now() >= Worker::expiry(at);
+        if write_at.is_some_and(passed) {
+            return Poll::Ready(Err(Stop::Timeout("write")));
+        }
+        if idle_at.is_some_and(passed) {
+            self.conn.go_away(&mut self.out);
+            let _ = self.poll_write(cx);
+            return Poll::Ready(Err(Stop::Timeout("idle")));
+        }
+        // Handlers past their deadline: 503 if nothing was sent, else the stream is reset.
+        let expired: Vec<usize> = (0..self.exchanges.len())
+            .filter(|&i| passed(self.exchanges[i].deadline))
+            .collect();
+        for i in expired.into_iter().rev() {
+            let ex = self.exchanges.swap_remove(i);
+            self.out.prepare(&self.worker);
+            match ex.state {
+                State::Handler(_) => {
+                    tracing::warn!(peer = %self.peer, stream = ex.stream, "handler timed out");
+                    let res = Response::text("Service Unavailable\n")
+                        .with_status(StatusCode::SERVICE_UNAVAILABLE);
+                    self.respond_and_track(ex.stream, res, ex.head_only, ex.pipe);
+                }
+                State::Stream(_) | State::File { .. } => {
+                    tracing::warn!(peer = %self.peer, stream = ex.stream, "response body stalled; stream reset");
+                    self.conn
+                        .reset(ex.stream, ErrorCode::INTERNAL_ERROR, &mut self.out);
+                }
+                State::Done => {}
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.rbuf.capacity() == 0 {
+            std::task::ready!(self.io.poll_read_ready(cx))?;
+            self.rbuf = self.worker.take_buf();
+        }
+        // Room for at least a whole frame of the largest size we accept.
+        let want = self
+            .conn
+            .max_frame_buffer()
+            .saturating_sub(self.rbuf.len())
+            .max(READ_BUF / 2);
+        if self.rbuf.capacity() - self.rbuf.len() < READ_BUF / 2 {
+            self.rbuf.reserve(want.min(self.conn.max_frame_buffer()));
+        }
+        let n = std::task::ready!(crate::transport::poll_read_buf(
+            &mut self.io,
+            cx,
+            &mut self.rbuf
+        ))?;
+        self.read_in_turn += n;
+        Poll::Ready(Ok(n))
+    }
+
+    fn find(&mut self, stream: u32) -> Option<usize> {
+        self.exchanges.iter().position(|e| e.stream == stream)
+    }
+
+    fn events(&mut self) {
+        while let Some(ev) = self.conn.poll_event() {
+            match ev {
+                Event::Request {
+                    stream,
+                    head,
+                    end_stream,
+                } => self.start(stream, head, end_stream),
+                Event::Data {
+                    stream,
+                    data,
+                    end_stream,
+                } => self.data(stream, data, end_stream),
+                Event::Trailers { stream, .. } => {
+                    if let Some(i) = self.find(stream) {
+                        if let Some(pipe) = &self.exchanges[i].pipe {
+                            pipe.borrow_mut().close(PipeState::End);
+                        }
+                    }
+                }
+                Event::Reset { stream, code } => {
+                    if let Some(i) = self.find(stream) {
+                        let ex = self.exchanges.swap_remove(i);
+                        if let Some(pipe) = &ex.pipe {
+                            pipe.borrow_mut()
+                                .close(PipeState::Failed(BodyError::Disconnected));
+                        }
+                        tracing::debug!(peer = %self.peer, stream, %code, "stream reset");
+                    }
+                }
+                Event::Reject { stream, status } => {
+                    tracing::info!(peer = %self.peer, stream, status, "request rejected");
+                    let res = Response::new(
+                        StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
+                    );
+                    self.respond_and_track(stream, res, false, None);
+                }
+                Event::GoAway { last_stream, code } => {
+                    tracing::debug!(peer = %self.peer, last_stream, %code, "client sent GOAWAY");
+                }
+            }
+        }
+    }
+
+    fn data(&mut self, stream: u32, data: Bytes, end_stream: bool) {
+        let len = data.len();
+        let Some(i) = self.find(stream) else {
+            // Nobody reads this body any more.
+            self.conn.consume(stream, len, &mut self.out);
+            return;
+        };
+        let max_body = self.cfg.limits.max_body;
+        let ex = &mut self.exchanges[i];
+        ex.received += len as u64;
+        let Some(pipe) = &ex.pipe else {
+            self.conn.consume(stream, len, &mut self.out);
+            return;
+        };
+        let mut p = pipe.borrow_mut();
+        let limit = p.restrict.map_or(max_body, |(b, _)| b.min(max_body));
+        if p.state != PipeState::Open {
+            drop(p);
+            self.conn.consume(stream, len, &mut self.out);
+        } else if ex.received > limit {
+            p.close(PipeState::Failed(BodyError::TooLarge));
+            drop(p);
+            self.conn.consume(stream, len, &mut self.out);
+        } else {
+            if len > 0 {
+                p.push(data);
+            }
+            if end_stream {
+                p.close(PipeState::End);
+            }
+            drop(p);
+        }
+    }
+
+    fn start(&mut self, stream: u32, head: canter_h2::RequestHead, end_stream: bool) {
+        let head_only = head.method() == b"HEAD";
+        let declared = if end_stream {
+            Some(0)
+        } else {
+            head.content_length()
+        };
+        let built = canter_h1::RequestHead::from_h2(
+            head.method(),
+            head.path(),
+            head.authority(),
+            head.fields(),
+            head.content_length(),
+            end_stream,
+        );
+        let rh = match built {
+            Ok(rh) => rh,
+            Err(e) => {
+                tracing::info!(peer = %self.peer, stream, status = e.status(), error = %e, "bad request");
+                let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+                let res = Response::text(format!(
+                    "{}\n",
+                    status.canonical_reason().unwrap_or("Bad Request")
+                ))
+                .with_status(status);
+                self.respond_and_track(stream, res, head_only, None);
+                return;
+            }
+        };
+        if declared.is_some_and(|n| n > self.cfg.limits.max_body) {
+            let res =
+                Response::text("Payload Too Large\n").with_status(StatusCode::PAYLOAD_TOO_LARGE);
+            self.respond_and_track(stream, res, head_only, None);
+            return;
+        }
+        let (pipe, body) = if end_stream {
+            (None, RequestBody::empty())
+        } else {
+            let pipe = Rc::new(RefCell::new(Pipe::new()));
+            (Some(pipe.clone()), RequestBody::piped(pipe, declared))
+        };
+        let mut req = Request::new(rh, body);
+        if let Some(certs) = self.io.peer_certificates() {
+            req.extensions_mut().insert(certs);
+        }
+        let svc = &self.svc;
+        let reply = match catch_unwind(AssertUnwindSafe(|| svc.call(req))) {
+            Ok(r) => r,
+            Err(_) => Reply::Ready(panicked(&self.peer)),
+        };
+        match reply {
+            Reply::Ready(res) => self.respond_and_track(stream, res, head_only, pipe),
+            Reply::Pending(fut) => self.exchanges.push(Exchange {
+                stream,
+                state: State::Handler(fut),
+                pipe,
+                consumed: 0,
+                received: 0,
+                deadline: later(self.worker.now(), self.cfg.handler_timeout),
+                head_only,
+            }),
+        }
+    }
+
+    /// Sends `res` on a stream that has no exchange (yet), and keeps one if its body is still
+    /// to be pulled.
+    fn respond_and_track(
+        &mut self,
+        stream: u32,
+        res: Response,
+        head_only: bool,
+        pipe: Option<Rc<RefCell<Pipe>>>,
+    ) {
+        let state = self.respond(stream, res, head_only);
+        if matches!(state, State::Done) {
+            detach(pipe.as_ref());
+            return;
+        }
+        self.exchanges.push(Exchange {
+            stream,
+            state,
+            pipe,
+            consumed: 0,
+            received: 0,
+            deadline: later(self.worker.now(), self.cfg.handler_timeout),
+            head_only,
+        });
+    }
+
+    /// Sends `res` on `stream`: the head at once, a full body queued; returns what is left to
+    /// do (a stream or file body to pull), or [`State::Done`].
+    fn respond(&mut self, stream: u32, res: Response, head_only: bool) -> State {
+        let Response {
+            status,
+            content_type,
+            headers,
+            body,
+        } = res;
+        let len = body.exact_len();
+        let date = self.worker.date();
+        let mut len_buf = itoa::Buffer::new();
+        let len_field: Option<(&[u8], &[u8])> = match len {
+            Some(n) if status != StatusCode::NO_CONTENT && status != StatusCode::NOT_MODIFIED => {
+                Some((b"content-length", len_buf.format(n).as_bytes()))
+            }
+            _ => None,
+        };
+        let no_body = head_only
+            || matches!(body, Body::Empty)
+            || len == Some(0)
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED;
+        let fields = [
+            (&b"server"[..], self.cfg.server_name.as_bytes()),
+            (&b"date"[..], &date[..]),
+        ]
+        .into_iter()
+        .chain(
+            content_type
+                .as_ref()
+                .map(|ct| (&b"content-type"[..], ct.as_bytes())),
+        )
+        .chain(
+            headers
+                .iter()
+                .filter(|(n, _)| !is_connection_specific(n))
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+        )
+        .chain(len_field);
+        self.out.prepare(&self.worker);
+        if self
+            .conn
+            .send_headers(stream, status.as_u16(), fields, no_body, &mut self.out)
+            .is_err()
+            || no_body
+        {
+            return State::Done;
+        }
+        match body {
+            Body::Empty => State::Done,
+            Body::Full(b) => {
+                let _ = self.conn.send_data(stream, b, true);
+                State::Done
+            }
+            Body::Stream { stream: s, .. } => State::Stream(s),
+            Body::File { file, offset, len } => State::File {
+                file,
+                pos: offset,
+                left: len,
+            },
+        }
+    }
+
+    fn poll_exchanges(&mut self, cx: &mut Context<'_>) {
+        let mut i = 0;
+        while i < self.exchanges.len() {
+            let ex = &mut self.exchanges[i];
+            let stream = ex.stream;
+            if let State::Handler(fut) = &mut ex.state {
+                let res = match catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+                    Ok(Poll::Ready(res)) => Some(res),
+                    Ok(Poll::Pending) => None,
+                    Err(_) => Some(panicked(&self.peer)),
+                };
+                if let Some(res) = res {
+                    let head_only = ex.head_only;
+                    let state = self.respond(stream, res, head_only);
+                    let ex = &mut self.exchanges[i];
+                    ex.state = state;
+                    ex.deadline = later(self.worker.now(), self.cfg.handler_timeout);
+                }
+            }
+            if matches!(
+                self.exchanges[i].state,
+                State::Stream(_) | State::File { .. }
+            ) {
+                self.pull_body(i, cx);
+            }
+            // Done: the response is with the engine; a body still arriving is discarded.
+            if matches!(self.exchanges[i].state, State::Done) {
+                let ex = self.exchanges.swap_remove(i);
+                detach(ex.pipe.as_ref());
+                continue;
+            }
+            i += 1;
+        }
+    }
+
+    /// Pulls a response body from its source while the stream has little queued.
+    fn pull_body(&mut self, i: usize, cx: &mut Context<'_>) {
+        let stream = self.exchanges[i].stream;
+        loop {
+            if self.conn.stream_queued(stream) >= STREAM_AHEAD
+                || self.out.len() >= self.cfg.high_water
+            {
+                return;
+            }
+            if !self.conn.can_send(stream) {
+                self.exchanges[i].state = State::Done;
+                return;
+            }
+            let ex = &mut self.exchanges[i];
+            match &mut ex.state {
+                State::Stream(s) => {
+                    match catch_unwind(AssertUnwindSafe(|| s.as_mut().poll_next(cx))) {
+                        Ok(Poll::Ready(Some(Ok(b)))) => {
+                            ex.deadline = later(self.worker.now(), self.cfg.handler_timeout);
+                            let _ = self.conn.send_data(stream, b, false);
+                        }
+                        Ok(Poll::Ready(None)) => {
+                            ex.state = State::Done;
+                            let _ = self.conn.send_data(stream, Bytes::new(), true);
+                            return;
+                        }
+                        Ok(Poll::Ready(Some(Err(e)))) => {
+                            tracing::warn!(peer = %self.peer, stream, error = %e, "response body stream failed; stream reset");
+                            ex.state = State::Done;
+                            self.out.prepare(&self.worker);
+                            self.conn
+                                .reset(stream, ErrorCode::INTERNAL_ERROR, &mut self.out);
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::error!(peer = %self.peer, stream, "response body stream panicked; stream reset");
+                            ex.state = State::Done;
+                            self.out.prepare(&self.worker);
+                            self.conn
+                                .reset(stream, ErrorCode::INTERNAL_ERROR, &mut self.out);
+                            return;
+                        }
+                        Ok(Poll::Pending) => return,
+                    }
+                }
+                State::File { file, pos, left } => {
+                    let n = (*left).min(FILE_PIECE as u64) as usize;
+                    let mut buf = BytesMut::zeroed(n);
+                    match file.read_at(&mut buf, *pos) {
+                        Ok(0) | Err(_) => {
+                            tracing::error!(peer = %self.peer, stream, "file body ended early or failed; stream reset");
+                            ex.state = State::Done;
+                            self.out.prepare(&self.worker);
+                            self.conn
+                                .reset(stream, ErrorCode::INTERNAL_ERROR, &mut self.out);
+                            return;
+                        }
+                        Ok(got) => {
+                            buf.truncate(got);
+                            *pos += got as u64;
+                            *left -= got as u64;
+                            let end = *left == 0;
+                            if end {
+                                ex.state = State::Done;
+                            }
+                            ex.deadline = later(self.worker.now(), self.cfg.handler_timeout);
+                            let _ = self.conn.send_data(stream, buf.freeze(), end);
+                            if end {
+                                return;
+                            }
+                        }
+                    }
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Opens the windows again by what the handlers have read from their pipes.
+    fn give_back_windows(&mut self) {
+        for ex in &mut self.exchanges {
+            if let Some(pipe) = &ex.pipe {
+                let consumed = pipe.borrow().consumed();
+                if consumed > ex.consumed {
+                    let n = (consumed - ex.consumed) as usize;
+                    ex.consumed = consumed;
+                    self.out.prepare(&self.worker);
+                    self.conn.consume(ex.stream, n, &mut self.out);
+                }
+            }
+        }
+    }
+}
+
+fn panicked(peer: &SocketAddr) -> Response {
+    tracing::error!(%peer, "handler panicked; answering 500");
+    Response::text("Internal Server Error\n").with_status(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// The handler is done with the request body: later reads fail, later data is discarded.
+fn detach(pipe: Option<&Rc<RefCell<Pipe>>>) {
+    if let Some(p) = pipe {
+        p.borrow_mut().close(PipeState::Failed(BodyError::Detached));
+    }
+}
+
+/// Fields HTTP/2 forbids (RFC 9113, Section 8.2.2): dropped from responses.
+fn is_connection_specific(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade"
+    )
+}
