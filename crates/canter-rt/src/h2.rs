@@ -40,6 +40,8 @@ use crate::worker::{later, Registration, Worker, READ_BUF};
 /// Response body bytes queued on one stream (waiting for window) below which its body source
 /// is pulled for more.
 const STREAM_AHEAD: usize = 64 * 1024;
+/// Response body bytes pulled in one turn before yielding to the worker's other connections.
+const PULL_TURN: usize = 1024 * 1024;
 /// Piece of a file read into memory per pull.
 const FILE_PIECE: usize = 16 * 1024;
 
@@ -108,7 +110,10 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         active_at: now,
         write_progress_at: now,
         drained: false,
+        unparsed: false,
+        pulled_in_turn: 0,
     };
+    h2.unparsed = !h2.rbuf.is_empty();
     let result = poll_fn(|cx| h2.poll(cx)).await;
     match &result {
         Ok(()) | Err(Stop::Done) => {}
@@ -180,10 +185,15 @@ struct H2<S, T> {
     /// Last time the output shrank (or was empty): the write timeout counts from here.
     write_progress_at: Instant,
     drained: bool,
+    /// `rbuf` holds input not parsed yet.
+    unparsed: bool,
+    /// Response body bytes pulled since the task last yielded.
+    pulled_in_turn: usize,
 }
 
 impl<S: Service, T: Transport> H2<S, T> {
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
+        self.pulled_in_turn = 0;
         loop {
             if self.worker.draining() && !self.drained {
                 self.drained = true;
@@ -191,7 +201,10 @@ impl<S: Service, T: Transport> H2<S, T> {
                 self.conn.go_away(&mut self.out);
             }
             let mut again = false;
-            if !self.eof && self.out.len() < self.cfg.high_water {
+            // Input already buffered (the sniffed preface and what came with it) is parsed
+            // before anything is read.
+            let mut input = std::mem::take(&mut self.unparsed);
+            if !input && !self.eof && self.out.len() < self.cfg.high_water {
                 if self.read_in_turn >= self.cfg.read_budget {
                     // Let the worker's other connections run.
                     self.read_in_turn = 0;
@@ -201,20 +214,21 @@ impl<S: Service, T: Transport> H2<S, T> {
                 }
                 match self.poll_read(cx) {
                     Poll::Ready(Ok(0)) => self.eof = true,
-                    Poll::Ready(Ok(_)) => {
-                        again = true;
-                        self.active_at = self.worker.now();
-                        self.out.prepare(&self.worker);
-                        if let Err(e) = self.conn.recv(&mut self.rbuf, &mut self.out) {
-                            self.events();
-                            self.poll_write(cx)?;
-                            return Poll::Ready(Err(Stop::Protocol(e)));
-                        }
-                        self.events();
-                    }
+                    Poll::Ready(Ok(_)) => input = true,
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(Stop::Io(e))),
                     Poll::Pending => {}
                 }
+            }
+            if input {
+                again = true;
+                self.active_at = self.worker.now();
+                self.out.prepare(&self.worker);
+                if let Err(e) = self.conn.recv(&mut self.rbuf, &mut self.out) {
+                    self.events();
+                    self.poll_write(cx)?;
+                    return Poll::Ready(Err(Stop::Protocol(e)));
+                }
+                self.events();
             }
             self.poll_exchanges(cx);
             self.give_back_windows();
@@ -223,6 +237,15 @@ impl<S: Service, T: Transport> H2<S, T> {
             }
             self.conn.flush(&mut self.out);
             self.poll_write(cx)?;
+            // Bodies whose queue the flush emptied can give more now, while the socket takes it.
+            if !again && self.out.len() < self.cfg.high_water && self.wants_pull() {
+                if self.pulled_in_turn >= PULL_TURN {
+                    self.pulled_in_turn = 0;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                again = true;
+            }
             if self.eof {
                 // The client closed its side: nobody reads the answers still pending.
                 if !self.exchanges.is_empty() {
@@ -611,6 +634,15 @@ impl<S: Service, T: Transport> H2<S, T> {
         }
     }
 
+    /// Whether a body being pulled has room for more in its stream's queue.
+    fn wants_pull(&self) -> bool {
+        self.exchanges.iter().any(|e| {
+            matches!(e.state, State::Stream(_) | State::File { .. })
+                && self.conn.stream_queued(e.stream) < STREAM_AHEAD
+                && self.conn.can_send(e.stream)
+        })
+    }
+
     /// Pulls a response body from its source while the stream has little queued.
     fn pull_body(&mut self, i: usize, cx: &mut Context<'_>) {
         let stream = self.exchanges[i].stream;
@@ -629,6 +661,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                 State::Stream(s) => {
                     match catch_unwind(AssertUnwindSafe(|| s.as_mut().poll_next(cx))) {
                         Ok(Poll::Ready(Some(Ok(b)))) => {
+                            self.pulled_in_turn += b.len();
                             ex.deadline = later(self.worker.now(), self.cfg.handler_timeout);
                             let _ = self.conn.send_data(stream, b, false);
                         }
@@ -669,6 +702,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                             return;
                         }
                         Ok(got) => {
+                            self.pulled_in_turn += got;
                             buf.truncate(got);
                             *pos += got as u64;
                             *left -= got as u64;
