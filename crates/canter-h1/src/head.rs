@@ -135,6 +135,7 @@ pub struct RequestHead {
     body: BodyKind,
     keep_alive: bool,
     expect_continue: bool,
+    h2c_upgrade: bool,
 }
 
 impl RequestHead {
@@ -191,6 +192,12 @@ impl RequestHead {
     /// Whether the client sent `Expect: 100-continue`.
     pub fn expect_continue(&self) -> bool {
         self.expect_continue
+    }
+
+    /// Whether the request asks to upgrade to HTTP/2 over cleartext (RFC 7540, Section 3.2):
+    /// HTTP/1.1 with `Upgrade: h2c`, `Connection: Upgrade` and an `HTTP2-Settings` field.
+    pub fn h2c_upgrade(&self) -> bool {
+        self.h2c_upgrade
     }
 
     /// The first value of the header `name` (case-insensitive).
@@ -314,6 +321,7 @@ impl RequestHead {
             body,
             keep_alive: true,
             expect_continue: false,
+            h2c_upgrade: false,
         })
     }
 }
@@ -395,6 +403,10 @@ pub(crate) fn parse(
         body,
         keep_alive,
         expect_continue: framing.expect_continue && version == Version::Http11,
+        h2c_upgrade: framing.upgrade_h2c
+            && framing.connection_upgrade
+            && framing.http2_settings
+            && version == Version::Http11,
     }))
 }
 
@@ -887,13 +899,15 @@ pub fn eq_bytes(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Whether `token` equals `lower` ignoring ASCII case, where `token` was validated as a token
-/// and `lower` is lowercase letters and `-` only (a field name we act on). Compared a word at a
-/// time with the case bit (0x20) set in every byte of `token`: within token bytes only the two
-/// cases of a letter, and only `-` itself, map to those bytes (0x0d would map to `-`, but CR is
-/// not a token byte).
+/// and `lower` is lowercase letters, digits and `-` only (a field name we act on). Compared a
+/// word at a time with the case bit (0x20) set in every byte of `token`: within token bytes
+/// only the two cases of a letter, and only a digit or `-` itself, map to those bytes (0x0d
+/// would map to `-` and 0x10–0x19 to digits, but control bytes are not token bytes).
 #[inline]
 fn token_is(token: &[u8], lower: &[u8]) -> bool {
-    debug_assert!(lower.iter().all(|&b| b.is_ascii_lowercase() || b == b'-'));
+    debug_assert!(lower
+        .iter()
+        .all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'));
     eq_with_bits(token, lower, 0x20)
 }
 
@@ -943,6 +957,12 @@ struct Framing {
     close: bool,
     keep_alive: bool,
     expect_continue: bool,
+    /// `Upgrade` lists `h2c`.
+    upgrade_h2c: bool,
+    /// `Connection` lists `upgrade`.
+    connection_upgrade: bool,
+    /// An `HTTP2-Settings` field is present.
+    http2_settings: bool,
 }
 
 impl Framing {
@@ -980,8 +1000,13 @@ impl Framing {
                 for token in list(value) {
                     self.close |= token.eq_ignore_ascii_case(b"close");
                     self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                    self.connection_upgrade |= token.eq_ignore_ascii_case(b"upgrade");
                 }
             }
+            7 if is("upgrade") => {
+                self.upgrade_h2c |= list(value).any(|t| t.eq_ignore_ascii_case(b"h2c"));
+            }
+            14 if is("http2-settings") => self.http2_settings = true,
             6 if is("expect") => {
                 if !trim(value).eq_ignore_ascii_case(b"100-continue") {
                     return Err(Error::ExpectationFailed);
