@@ -37,6 +37,7 @@
 //! closed are errors.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -60,6 +61,27 @@ impl Sink for BytesMut {
         self.extend_from_slice(&data);
     }
 }
+
+/// Hashes stream identifiers: client streams are consecutive odd numbers, so a multiplication
+/// spreads them well (SipHash was a visible cost per frame).
+#[derive(Default)]
+struct StreamIdHasher(u64);
+
+impl Hasher for StreamIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+type StreamMap = HashMap<u32, Stream, BuildHasherDefault<StreamIdHasher>>;
 
 /// What this side advertises and enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,6 +289,30 @@ struct Stream {
     in_ready: bool,
 }
 
+impl Stream {
+    fn new(
+        send_window: i64,
+        recv_window: u32,
+        recv_open: bool,
+        content_length: Option<u64>,
+    ) -> Stream {
+        Stream {
+            recv_open,
+            send_open: true,
+            send_window,
+            recv_window: recv_window as i64,
+            unacked: 0,
+            content_length,
+            received: 0,
+            queue: VecDeque::new(),
+            queued: 0,
+            end_queued: false,
+            trailers: None,
+            in_ready: false,
+        }
+    }
+}
+
 /// A header block being received across CONTINUATION frames.
 #[derive(Debug)]
 struct Partial {
@@ -284,7 +330,7 @@ pub struct Connection {
     settings: Settings,
     preface_done: bool,
     settings_seen: bool,
-    streams: HashMap<u32, Stream>,
+    streams: StreamMap,
     /// The highest stream identifier the client used.
     last_peer_stream: u32,
     /// Streams this side reset recently: their late frames are ignored.
@@ -349,7 +395,7 @@ impl Connection {
             settings: s,
             preface_done: false,
             settings_seen: false,
-            streams: HashMap::new(),
+            streams: StreamMap::default(),
             last_peer_stream: 0,
             reset_by_us: VecDeque::new(),
             partial: None,
@@ -371,6 +417,34 @@ impl Connection {
             idle_frames: 0,
             queued_total: 0,
         }
+    }
+
+    /// A connection upgraded from HTTP/1.1 (`Upgrade: h2c`, RFC 7540, Section 3.2):
+    /// `peer_settings` is the decoded `HTTP2-Settings` payload, applied as if it came in a
+    /// SETTINGS frame (the 101 response acknowledges it), and stream 1 is the upgraded request,
+    /// half-closed (remote): answer it on stream 1. The client still sends the preface.
+    pub fn upgrade(
+        settings: Settings,
+        peer_settings: &[u8],
+        out: &mut impl Sink,
+    ) -> Res<Connection> {
+        if !peer_settings.len().is_multiple_of(6) {
+            return conn_err(
+                ErrorCode::PROTOCOL_ERROR,
+                "HTTP2-Settings not a SETTINGS payload",
+            );
+        }
+        let mut c = Connection::new(settings, out);
+        c.apply_settings(peer_settings)?;
+        let stream = Stream::new(
+            c.peer_initial_window,
+            c.settings.stream_window,
+            false,
+            Some(0),
+        );
+        c.streams.insert(1, stream);
+        c.last_peer_stream = 1;
+        Ok(c)
     }
 
     /// The settings in force on this side.
@@ -487,9 +561,9 @@ impl Connection {
                 let payload = input.split_to(head.len).freeze();
                 self.on_data(head, payload, out)?;
             } else {
-                let payload = input[frame::HEADER_LEN..total].to_vec();
+                let result = self.on_frame(head, &input[frame::HEADER_LEN..total], out);
                 input.advance(total);
-                self.on_frame(head, &payload, out)?;
+                result?;
             }
         }
         Ok(())
@@ -598,6 +672,13 @@ impl Connection {
             );
         }
         self.settings_seen = true;
+        self.apply_settings(payload)?;
+        frame::put_head(out.buf(), 0, frame::SETTINGS, frame::ACK, 0);
+        self.idle_frame()
+    }
+
+    /// Applies the client's settings (a SETTINGS payload, or the HTTP2-Settings of an upgrade).
+    fn apply_settings(&mut self, payload: &[u8]) -> Res<()> {
         for s in payload.chunks_exact(6) {
             let id = u16::from_be_bytes([s[0], s[1]]);
             let value = u32::from_be_bytes([s[2], s[3], s[4], s[5]]);
@@ -643,8 +724,7 @@ impl Connection {
                 _ => {}
             }
         }
-        frame::put_head(out.buf(), 0, frame::SETTINGS, frame::ACK, 0);
-        self.idle_frame()
+        Ok(())
     }
 
     fn on_window_update(&mut self, head: Head, payload: &[u8], out: &mut impl Sink) -> Res<()> {
@@ -786,19 +866,19 @@ impl Connection {
         if fragment.len() > self.settings.max_header_block {
             return conn_err(ErrorCode::ENHANCE_YOUR_CALM, "header block too large");
         }
-        let partial = Partial {
+        let end_stream = head.flags & frame::END_STREAM != 0;
+        if head.flags & frame::END_HEADERS != 0 {
+            // The common case: the whole block in one frame, decoded where it lies.
+            return self.end_block(head.stream, fragment, end_stream, self_dependent, out);
+        }
+        self.partial = Some(Partial {
             stream: head.stream,
             block: fragment.to_vec(),
-            end_stream: head.flags & frame::END_STREAM != 0,
+            end_stream,
             frames: 0,
             self_dependent,
-        };
-        if head.flags & frame::END_HEADERS != 0 {
-            self.end_block(partial, out)
-        } else {
-            self.partial = Some(partial);
-            Ok(())
-        }
+        });
+        Ok(())
     }
 
     fn on_continuation(&mut self, head: Head, payload: &[u8], out: &mut impl Sink) -> Res<()> {
@@ -813,7 +893,7 @@ impl Connection {
         }
         p.block.extend_from_slice(payload);
         if head.flags & frame::END_HEADERS != 0 {
-            self.end_block(p, out)
+            self.end_block(p.stream, &p.block, p.end_stream, p.self_dependent, out)
         } else {
             self.partial = Some(p);
             Ok(())
@@ -821,18 +901,22 @@ impl Connection {
     }
 
     /// A complete header block: decode it (always, for HPACK), then act on it.
-    fn end_block(&mut self, p: Partial, out: &mut impl Sink) -> Res<()> {
-        let id = p.stream;
+    fn end_block(
+        &mut self,
+        id: u32,
+        block: &[u8],
+        end_stream: bool,
+        self_dependent: bool,
+        out: &mut impl Sink,
+    ) -> Res<()> {
         let existing = self.streams.contains_key(&id);
         let trailers = existing;
-        let mut v = Validator::new(trailers);
+        let mut v = Validator::new(trailers, block.len());
         let decoded = self
             .decoder
-            .decode(
-                &p.block,
-                self.settings.max_header_list as usize,
-                |n, val| v.field(n, val),
-            )
+            .decode(block, self.settings.max_header_list as usize, |n, val| {
+                v.field(n, val)
+            })
             .map_err(|e| ConnError {
                 code: ErrorCode::COMPRESSION_ERROR,
                 reason: match e {
@@ -852,11 +936,11 @@ impl Connection {
                 return self.count_reset();
             }
             // Trailers: they end the body.
-            if !p.end_stream {
+            if !end_stream {
                 self.reset_stream(id, ErrorCode::PROTOCOL_ERROR, out);
                 return self.count_reset();
             }
-            if v.error.is_some() || decoded.over_limit || p.self_dependent {
+            if v.error.is_some() || decoded.over_limit || self_dependent {
                 self.reset_stream(id, ErrorCode::PROTOCOL_ERROR, out);
                 return self.count_reset();
             }
@@ -890,21 +974,13 @@ impl Connection {
             self.remember_reset(id);
             return self.count_reset();
         }
-        let head_ok = v.error.is_none() && !p.self_dependent && v.finish_request();
-        let mut stream = Stream {
-            recv_open: !p.end_stream,
-            send_open: true,
-            send_window: self.peer_initial_window,
-            recv_window: self.settings.stream_window as i64,
-            unacked: 0,
-            content_length: v.head.content_length,
-            received: 0,
-            queue: VecDeque::new(),
-            queued: 0,
-            end_queued: false,
-            trailers: None,
-            in_ready: false,
-        };
+        let head_ok = v.error.is_none() && !self_dependent && v.finish_request();
+        let mut stream = Stream::new(
+            self.peer_initial_window,
+            self.settings.stream_window,
+            !end_stream,
+            v.head.content_length,
+        );
         if !head_ok {
             stream.recv_open = false;
             self.streams.insert(id, stream);
@@ -913,7 +989,7 @@ impl Connection {
             self.events.pop_back();
             return self.count_reset();
         }
-        if p.end_stream && stream.content_length.is_some_and(|cl| cl != 0) {
+        if end_stream && stream.content_length.is_some_and(|cl| cl != 0) {
             self.streams.insert(id, stream);
             self.reset_stream(id, ErrorCode::PROTOCOL_ERROR, out);
             self.events.pop_back();
@@ -931,7 +1007,7 @@ impl Connection {
         self.events.push_back(Event::Request {
             stream: id,
             head: v.head,
-            end_stream: p.end_stream,
+            end_stream,
         });
         Ok(())
     }
@@ -1325,9 +1401,14 @@ struct Validator {
 }
 
 impl Validator {
-    fn new(trailers: bool) -> Validator {
+    fn new(trailers: bool, block_len: usize) -> Validator {
         Validator {
-            head: RequestHead::default(),
+            head: RequestHead {
+                // Decoded fields are rarely more than twice their encoding.
+                buf: Vec::with_capacity(block_len * 2 + 64),
+                fields: Vec::with_capacity(8),
+                ..RequestHead::default()
+            },
             trailers,
             regular_seen: false,
             has_method: false,
