@@ -69,6 +69,9 @@ enum Stop {
     Timeout(&'static str),
     /// The socket failed.
     Io(io::Error),
+    /// The client asked to switch to HTTP/2 (`Upgrade: h2c`); the request is in
+    /// `Driver::upgrade`.
+    Upgrade,
 }
 
 type Res<T> = Result<T, Stop>;
@@ -102,6 +105,8 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         errored: false,
         deferred: 0,
         in_handler: false,
+        allow_h2c: sniff_h2,
+        upgrade: None,
     };
     if sniff_h2 {
         match driver.sniff_h2().await {
@@ -132,11 +137,33 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         }
     }
     let result = driver.run().await;
+    if let (Err(Stop::Upgrade), Some((head, settings))) = (&result, driver.upgrade.take()) {
+        // RFC 7540, Section 3.2: 101, then HTTP/2 frames; the request is answered on stream 1.
+        driver.out.prepare(&driver.worker);
+        driver.out.buf.extend_from_slice(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
+        );
+        if driver.flush().await.is_err() {
+            driver.release_idle_buffers();
+            return;
+        }
+        let Driver {
+            io,
+            rbuf,
+            svc,
+            worker,
+            cfg,
+            ..
+        } = driver;
+        let upgraded = crate::h2::Upgraded { head, settings };
+        return crate::h2::serve_upgraded(registration, io, peer, svc, worker, cfg, rbuf, upgraded)
+            .await;
+    }
     if matches!(result, Ok(()) | Err(Stop::Done)) {
         driver.linger().await;
     }
     match result {
-        Ok(()) | Err(Stop::Done) | Err(Stop::Eof) => {}
+        Ok(()) | Err(Stop::Done) | Err(Stop::Eof) | Err(Stop::Upgrade) => {}
         Err(Stop::Timeout(phase)) => tracing::debug!(%peer, phase, "connection timed out"),
         Err(Stop::Io(e)) => tracing::debug!(%peer, error = %e, "connection error"),
     }
@@ -194,6 +221,10 @@ struct Driver<S, T> {
     deferred: u32,
     /// Set while the service's `call` runs: tells a handler's panic from any other.
     in_handler: bool,
+    /// HTTP/2 is on and the connection is cleartext: `Upgrade: h2c` is honoured.
+    allow_h2c: bool,
+    /// The request that asked for the upgrade, and its decoded `HTTP2-Settings`.
+    upgrade: Option<(RequestHead, Vec<u8>)>,
 }
 
 impl<S: Service, T: Transport> Driver<S, T> {
@@ -230,6 +261,9 @@ impl<S: Service, T: Transport> Driver<S, T> {
                 self.process().await?;
             }
             self.flush().await?;
+            if self.upgrade.is_some() {
+                return Err(Stop::Upgrade);
+            }
             if self.closing {
                 return Ok(());
             }
@@ -279,6 +313,12 @@ impl<S: Service, T: Transport> Driver<S, T> {
             *answered += 1;
             match self.h1.poll_request(&mut self.rbuf, self.worker.now()) {
                 Ok(Some(head)) => {
+                    if head.h2c_upgrade() && self.allow_h2c {
+                        if let Some(settings) = upgradable(&head) {
+                            self.upgrade = Some((head, settings));
+                            return Step::Done;
+                        }
+                    }
                     if let Some(slow) = self.exchange_sync(head) {
                         return Step::Slow(slow);
                     }
@@ -1023,6 +1063,46 @@ fn release_fields(headers: Vec<(HeaderName, HeaderValue)>) {
     }
 }
 
+/// The decoded `HTTP2-Settings` of an `Upgrade: h2c` request that can be honoured: one without
+/// a body (the upgrade would have to carry it over) and with valid settings (base64url of a
+/// SETTINGS payload). Otherwise it is served over HTTP/1.1, as RFC 7540 allows.
+fn upgradable(head: &RequestHead) -> Option<Vec<u8>> {
+    if head.body_kind() != canter_h1::BodyKind::Length(0) {
+        return None;
+    }
+    head.header("http2-settings")
+        .and_then(base64url)
+        .filter(|s| s.len() % 6 == 0)
+}
+
+/// Decodes unpadded base64url (RFC 4648, Section 5), as `HTTP2-Settings` carries it.
+fn base64url(s: &[u8]) -> Option<Vec<u8>> {
+    let s = s.trim_ascii();
+    let s = s
+        .strip_suffix(b"==")
+        .or_else(|| s.strip_suffix(b"="))
+        .unwrap_or(s);
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for &c in s {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'-' => 62,
+            b'_' => 63,
+            _ => return None,
+        };
+        acc = acc << 6 | v as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
 /// What the first bytes of a plain connection say it speaks.
 enum Sniffed {
     Http1,
@@ -1111,5 +1191,24 @@ impl Timer {
         }
         self.registered = true;
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base64url;
+
+    #[test]
+    fn base64url_decodes_http2_settings() {
+        // curl's HTTP2-Settings: MAX_CONCURRENT_STREAMS 100, INITIAL_WINDOW_SIZE 10 MiB,
+        // ENABLE_PUSH 0.
+        let s = base64url(b"AAMAAABkAAQAoAAAAAIAAAAA").unwrap_or_default();
+        assert_eq!(
+            s,
+            [0, 3, 0, 0, 0, 100, 0, 4, 0, 0xa0, 0, 0, 0, 2, 0, 0, 0, 0]
+        );
+        assert_eq!(base64url(b"-_8="), Some(vec![0xfb, 0xff]));
+        assert_eq!(base64url(b""), Some(vec![]));
+        assert_eq!(base64url(b"AA+A"), None);
     }
 }

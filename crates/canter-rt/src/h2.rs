@@ -78,7 +78,6 @@ pub(crate) fn settings(cfg: &Config) -> Settings {
 
 /// Serves one connection as HTTP/2. `rbuf` holds what was already read (the preface, when it
 /// was sniffed on the plain listener).
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve<S: Service, T: Transport>(
     registration: Registration,
     io: T,
@@ -88,32 +87,51 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     cfg: Rc<Config>,
     rbuf: BytesMut,
 ) {
-    let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
-    worker.set_waker(registration.id, waker);
     let mut out = Out::default();
     out.prepare(&worker);
     let conn = Connection::new(settings(&cfg), &mut out);
-    let now = worker.now();
-    let mut h2 = H2 {
-        conn,
-        io,
-        peer,
-        rbuf,
-        out,
-        svc,
-        worker,
-        cfg,
-        exchanges: Vec::new(),
-        timer: Timer::new(),
-        read_in_turn: 0,
-        eof: false,
-        active_at: now,
-        write_progress_at: now,
-        drained: false,
-        unparsed: false,
-        pulled_in_turn: 0,
+    let h2 = H2::new(conn, io, peer, svc, worker, cfg, rbuf, out);
+    drive(h2, registration).await;
+}
+
+/// An HTTP/1.1 request that asked for `Upgrade: h2c`, answered 101.
+pub(crate) struct Upgraded {
+    pub(crate) head: canter_h1::RequestHead,
+    /// The decoded `HTTP2-Settings`.
+    pub(crate) settings: Vec<u8>,
+}
+
+/// Serves a connection upgraded from HTTP/1.1 after its 101: the upgrading request is stream 1.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn serve_upgraded<S: Service, T: Transport>(
+    registration: Registration,
+    io: T,
+    peer: SocketAddr,
+    svc: Rc<S>,
+    worker: Rc<Worker>,
+    cfg: Rc<Config>,
+    rbuf: BytesMut,
+    upgraded: Upgraded,
+) {
+    let mut out = Out::default();
+    out.prepare(&worker);
+    let conn = match Connection::upgrade(settings(&cfg), &upgraded.settings, &mut out) {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "h2c upgrade refused");
+            return;
+        }
     };
-    h2.unparsed = !h2.rbuf.is_empty();
+    let mut h2 = H2::new(conn, io, peer, svc, worker, cfg, rbuf, out);
+    let head_only = upgraded.head.method() == canter_h1::Method::Head;
+    h2.dispatch(1, upgraded.head, None, RequestBody::empty(), head_only);
+    drive(h2, registration).await;
+}
+
+async fn drive<S: Service, T: Transport>(mut h2: H2<S, T>, registration: Registration) {
+    let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+    h2.worker.set_waker(registration.id, waker);
+    let peer = h2.peer;
     let result = poll_fn(|cx| h2.poll(cx)).await;
     match &result {
         Ok(()) | Err(Stop::Done) => {}
@@ -192,6 +210,39 @@ struct H2<S, T> {
 }
 
 impl<S: Service, T: Transport> H2<S, T> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        conn: Connection,
+        io: T,
+        peer: SocketAddr,
+        svc: Rc<S>,
+        worker: Rc<Worker>,
+        cfg: Rc<Config>,
+        rbuf: BytesMut,
+        out: Out,
+    ) -> H2<S, T> {
+        let now = worker.now();
+        H2 {
+            conn,
+            io,
+            peer,
+            unparsed: !rbuf.is_empty(),
+            rbuf,
+            out,
+            svc,
+            worker,
+            cfg,
+            exchanges: Vec::new(),
+            timer: Timer::new(),
+            read_in_turn: 0,
+            eof: false,
+            active_at: now,
+            write_progress_at: now,
+            drained: false,
+            pulled_in_turn: 0,
+        }
+    }
+
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
         self.pulled_in_turn = 0;
         loop {
@@ -487,6 +538,18 @@ impl<S: Service, T: Transport> H2<S, T> {
             let pipe = Rc::new(RefCell::new(Pipe::new()));
             (Some(pipe.clone()), RequestBody::piped(pipe, declared))
         };
+        self.dispatch(stream, rh, pipe, body, head_only);
+    }
+
+    /// Runs the service for a request; answers at once or keeps the pending handler.
+    fn dispatch(
+        &mut self,
+        stream: u32,
+        rh: canter_h1::RequestHead,
+        pipe: Option<Rc<RefCell<Pipe>>>,
+        body: RequestBody,
+        head_only: bool,
+    ) {
         let mut req = Request::new(rh, body);
         if let Some(certs) = self.io.peer_certificates() {
             req.extensions_mut().insert(certs);

@@ -75,7 +75,7 @@ impl Out {
             let n = if self.queue.is_empty() {
                 ready!(io.poll_write(cx, &self.buf))?
             } else {
-                let mut iov = [IoSlice::new(&[]); 16];
+                let mut iov = [IoSlice::new(&[]); 64];
                 let mut k = 0;
                 for piece in self.queue.iter().take(iov.len()) {
                     iov[k] = IoSlice::new(piece);

@@ -234,6 +234,55 @@ fn every_route_answers_the_same_over_http1_and_http2() {
 }
 
 #[test]
+fn http1_requests_upgrade_to_h2c() {
+    need("curl");
+    let server = Server::start();
+    // A GET with `Upgrade: h2c` gets 101 and its answer over HTTP/2 on stream 1; the
+    // connection goes on in HTTP/2.
+    let out = curl(&["-v", "--http2", &server.url("/hello/up")]);
+    let trace = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        trace.contains("< HTTP/1.1 101 Switching Protocols"),
+        "{trace}"
+    );
+    assert!(trace.contains("< HTTP/2 200"), "{trace}");
+    assert_eq!(out.stdout, b"Hello, up!");
+    // HEAD upgrades too and has no body.
+    let (head, version) = fetch("--http2", &server.url("/plaintext"), &["-I"]);
+    assert_eq!((head.status.as_str(), version.as_str()), ("200", "2"));
+    // A request with a body is served over HTTP/1.1 (the upgrade would have to carry it).
+    let (echo, version) = fetch("--http2", &server.url("/echo"), &["--data-binary", "abc"]);
+    assert_eq!(
+        (echo.body.as_slice(), version.as_str()),
+        (&b"abc"[..], "1.1")
+    );
+    // Over TLS the upgrade is not offered (ALPN decides there).
+    let tls = Server::start_with(&["--tls-addr", "127.0.0.1:0", "--tls-self-signed"]);
+    let raw = std::process::Command::new("curl")
+        .args([
+            "-sk",
+            "--http1.1",
+            "-H",
+            "Upgrade: h2c",
+            "-H",
+            "HTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA",
+        ])
+        .args([
+            "-H",
+            "Connection: Upgrade, HTTP2-Settings",
+            "-w",
+            " %{http_code} %{http_version}",
+        ])
+        .arg(format!("https://127.0.0.1:{}/plaintext", tls.tls_port()))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&raw.stdout),
+        "Hello, World! 200 1.1"
+    );
+}
+
+#[test]
 fn items_created_over_http2_are_read_over_http1() {
     need("curl");
     let server = Server::start();
