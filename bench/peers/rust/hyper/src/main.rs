@@ -74,7 +74,10 @@ fn tls_acceptor(cert: &str, key: &str) -> tokio_rustls::TlsAcceptor {
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .unwrap();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // ALPN: `http/1.1` (the TLS suite's HTTP/1.1 rows), or the comma-separated list in
+    // PEER_ALPN (bench/h2.py sets `h2,http/1.1`).
+    let alpn = std::env::var("PEER_ALPN").unwrap_or_else(|_| "http/1.1".into());
+    config.alpn_protocols = alpn.split(',').map(|p| p.as_bytes().to_vec()).collect();
     config.ticketer = rustls::crypto::ring::Ticketer::new().unwrap();
     config.session_storage = rustls::server::ServerSessionMemoryCache::new(4096);
     tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config))
