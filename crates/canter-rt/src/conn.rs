@@ -125,7 +125,18 @@ pub(crate) async fn serve<S: Service, T: Transport>(
                     cfg,
                     ..
                 } = driver;
-                return crate::h2::serve(registration, io, peer, svc, worker, cfg, rbuf).await;
+                // Boxed here and below: inline, the HTTP/2 actor's state would sit in every
+                // HTTP/1.1 connection's task.
+                return Box::pin(crate::h2::serve(
+                    registration,
+                    io,
+                    peer,
+                    svc,
+                    worker,
+                    cfg,
+                    rbuf,
+                ))
+                .await;
             }
             Err(e) => {
                 if let Stop::Io(e) = e {
@@ -137,7 +148,8 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         }
     }
     let result = driver.run().await;
-    if let (Err(Stop::Upgrade), Some((head, settings))) = (&result, driver.upgrade.take()) {
+    if let (Err(Stop::Upgrade), Some(upgrade)) = (&result, driver.upgrade.take()) {
+        let (head, settings) = *upgrade;
         // RFC 7540, Section 3.2: 101, then HTTP/2 frames; the request is answered on stream 1.
         driver.out.prepare(&driver.worker);
         driver.out.buf.extend_from_slice(
@@ -156,8 +168,17 @@ pub(crate) async fn serve<S: Service, T: Transport>(
             ..
         } = driver;
         let upgraded = crate::h2::Upgraded { head, settings };
-        return crate::h2::serve_upgraded(registration, io, peer, svc, worker, cfg, rbuf, upgraded)
-            .await;
+        return Box::pin(crate::h2::serve_upgraded(
+            registration,
+            io,
+            peer,
+            svc,
+            worker,
+            cfg,
+            rbuf,
+            upgraded,
+        ))
+        .await;
     }
     if matches!(result, Ok(()) | Err(Stop::Done)) {
         driver.linger().await;
@@ -194,7 +215,16 @@ pub(crate) async fn serve_tls<S: Service>(
             );
             if session.alpn_protocol() == Some(b"h2") {
                 let rbuf = BytesMut::new();
-                return crate::h2::serve(registration, tls, peer, svc, worker, cfg, rbuf).await;
+                return Box::pin(crate::h2::serve(
+                    registration,
+                    tls,
+                    peer,
+                    svc,
+                    worker,
+                    cfg,
+                    rbuf,
+                ))
+                .await;
             }
             serve(registration, tls, peer, svc, worker, cfg, false).await
         }
@@ -224,7 +254,7 @@ struct Driver<S, T> {
     /// HTTP/2 is on and the connection is cleartext: `Upgrade: h2c` is honoured.
     allow_h2c: bool,
     /// The request that asked for the upgrade, and its decoded `HTTP2-Settings`.
-    upgrade: Option<(RequestHead, Vec<u8>)>,
+    upgrade: Option<Box<(RequestHead, Vec<u8>)>>,
 }
 
 impl<S: Service, T: Transport> Driver<S, T> {
@@ -312,13 +342,16 @@ impl<S: Service, T: Transport> Driver<S, T> {
             }
             *answered += 1;
             match self.h1.poll_request(&mut self.rbuf, self.worker.now()) {
+                // A separate arm, not a branch inside the next one: the head moved to two
+                // places there cost two `memcpy` calls per request (+70 instructions).
+                Ok(Some(head))
+                    if self.allow_h2c && head.h2c_upgrade() && upgradable(&head).is_some() =>
+                {
+                    let settings = upgradable(&head).unwrap_or_default();
+                    self.upgrade = Some(Box::new((head, settings)));
+                    return Step::Done;
+                }
                 Ok(Some(head)) => {
-                    if head.h2c_upgrade() && self.allow_h2c {
-                        if let Some(settings) = upgradable(&head) {
-                            self.upgrade = Some((head, settings));
-                            return Step::Done;
-                        }
-                    }
                     if let Some(slow) = self.exchange_sync(head) {
                         return Step::Slow(slow);
                     }
