@@ -750,3 +750,41 @@ fn padded_and_prioritized_frames_are_accepted() {
         matches!(ev[1], Event::Data { stream: 1, ref data, end_stream: true } if &data[..] == b"xyz")
     );
 }
+
+#[test]
+fn random_frames_never_panic() {
+    // Frames with random types, flags, streams and payloads (and a valid header block now and
+    // then, so streams exist to be hit): every outcome is an event, a frame or an error.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for _ in 0..3_000 {
+        let mut c = Client::new(Settings::default());
+        for _ in 0..20 {
+            let r = next();
+            let kind = (r % 11) as u8;
+            let flags = (r >> 8) as u8;
+            let stream = ((r >> 16) % 8) as u32;
+            let len = ((r >> 24) % 24) as usize;
+            let mut payload: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if kind == HEADERS && r % 3 == 0 {
+                payload = c.block(&[(":method", "POST"), (":scheme", "http"), (":path", "/")]);
+            }
+            if c.send(&frame(kind, flags, stream, &payload)).is_err() {
+                break;
+            }
+            for ev in c.events() {
+                if let Event::Request { stream, .. } = ev {
+                    let _ = c.server.send_headers(stream, 200, [], false, &mut c.out);
+                    let _ = c.server.send_data(stream, Bytes::from_static(b"x"), true);
+                }
+            }
+            c.server.flush(&mut c.out);
+            c.frames();
+        }
+    }
+}

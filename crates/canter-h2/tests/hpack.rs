@@ -291,3 +291,29 @@ fn encoder_follows_a_smaller_peer_table() {
     assert_eq!(got, vec![(b"x-a".to_vec(), b"1".to_vec())]);
     assert_eq!(d.table_size(), 3 + 1 + 32);
 }
+
+/// A small deterministic generator (xorshift), so the test needs no crate.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+#[test]
+fn random_blocks_never_panic_and_errors_are_errors() {
+    // Any byte a peer sends reaches the decoder: it must answer with a value or an error.
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for round in 0..20_000 {
+        let len = (xorshift(&mut seed) % 64) as usize;
+        let mut block: Vec<u8> = (0..len).map(|_| xorshift(&mut seed) as u8).collect();
+        // Half of the blocks start like real ones (indexed or literal with a Huffman string).
+        if round % 2 == 0 && !block.is_empty() {
+            block[0] = [0x82, 0x40, 0x00, 0x10][round % 4];
+        }
+        let mut d = Decoder::new(4096);
+        let _ = d.decode(&block, 1 << 12, |_, _| {});
+        // The same decoder goes on working (or keeps failing) without panicking.
+        let _ = d.decode(&block, 1 << 12, |_, _| {});
+    }
+}
