@@ -822,7 +822,7 @@ impl Connection {
         self.remember_reset(stream);
         if let Some(s) = self.streams.remove(&stream) {
             self.queued_total -= s.queued;
-            // Body bytes the handler will never consume go back to the connection window.
+            // The driver gives back the connection window of body bytes it still held.
             self.events.push_back(Event::Reset { stream, code });
         }
     }

@@ -147,6 +147,11 @@ impl Pipe {
         Some(started + due.saturating_sub(self.waited))
     }
 
+    /// Body bytes put into the pipe so far.
+    pub(crate) fn delivered(&self) -> u64 {
+        self.received
+    }
+
     /// Body bytes the handler has taken out of the pipe so far.
     pub(crate) fn consumed(&self) -> u64 {
         self.received - self.buffered as u64

@@ -135,6 +135,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
                     worker,
                     cfg,
                     rbuf,
+                    None,
                 ))
                 .await;
             }
@@ -168,7 +169,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
             ..
         } = driver;
         let upgraded = crate::h2::Upgraded { head, settings };
-        return Box::pin(crate::h2::serve_upgraded(
+        return Box::pin(crate::h2::serve(
             registration,
             io,
             peer,
@@ -176,7 +177,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
             worker,
             cfg,
             rbuf,
-            upgraded,
+            Some(upgraded),
         ))
         .await;
     }
@@ -223,6 +224,7 @@ pub(crate) async fn serve_tls<S: Service>(
                     worker,
                     cfg,
                     rbuf,
+                    None,
                 ))
                 .await;
             }

@@ -76,8 +76,17 @@ pub(crate) fn settings(cfg: &Config) -> Settings {
     s
 }
 
+/// An HTTP/1.1 request that asked for `Upgrade: h2c`, answered 101.
+pub(crate) struct Upgraded {
+    pub(crate) head: canter_h1::RequestHead,
+    /// The decoded `HTTP2-Settings`.
+    pub(crate) settings: Vec<u8>,
+}
+
 /// Serves one connection as HTTP/2. `rbuf` holds what was already read (the preface, when it
-/// was sniffed on the plain listener).
+/// was sniffed on the plain listener). With `upgraded`, the connection comes from HTTP/1.1
+/// after a 101, and the upgrading request is stream 1.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve<S: Service, T: Transport>(
     registration: Registration,
     io: T,
@@ -86,45 +95,25 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     worker: Rc<Worker>,
     cfg: Rc<Config>,
     rbuf: BytesMut,
+    upgraded: Option<Upgraded>,
 ) {
     let mut out = Out::default();
     out.prepare(&worker);
-    let conn = Connection::new(settings(&cfg), &mut out);
-    let h2 = H2::new(conn, io, peer, svc, worker, cfg, rbuf, out);
-    drive(h2, registration).await;
-}
-
-/// An HTTP/1.1 request that asked for `Upgrade: h2c`, answered 101.
-pub(crate) struct Upgraded {
-    pub(crate) head: canter_h1::RequestHead,
-    /// The decoded `HTTP2-Settings`.
-    pub(crate) settings: Vec<u8>,
-}
-
-/// Serves a connection upgraded from HTTP/1.1 after its 101: the upgrading request is stream 1.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn serve_upgraded<S: Service, T: Transport>(
-    registration: Registration,
-    io: T,
-    peer: SocketAddr,
-    svc: Rc<S>,
-    worker: Rc<Worker>,
-    cfg: Rc<Config>,
-    rbuf: BytesMut,
-    upgraded: Upgraded,
-) {
-    let mut out = Out::default();
-    out.prepare(&worker);
-    let conn = match Connection::upgrade(settings(&cfg), &upgraded.settings, &mut out) {
-        Ok(conn) => conn,
-        Err(e) => {
-            tracing::debug!(%peer, error = %e, "h2c upgrade refused");
-            return;
-        }
+    let conn = match &upgraded {
+        None => Connection::new(settings(&cfg), &mut out),
+        Some(up) => match Connection::upgrade(settings(&cfg), &up.settings, &mut out) {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "h2c upgrade refused");
+                return;
+            }
+        },
     };
     let mut h2 = H2::new(conn, io, peer, svc, worker, cfg, rbuf, out);
-    let head_only = upgraded.head.method() == canter_h1::Method::Head;
-    h2.dispatch(1, upgraded.head, None, RequestBody::empty(), head_only);
+    if let Some(up) = upgraded {
+        let head_only = up.head.method() == canter_h1::Method::Head;
+        h2.dispatch(1, up.head, None, RequestBody::empty(), head_only);
+    }
     drive(h2, registration).await;
 }
 
@@ -376,12 +365,14 @@ impl<S: Service, T: Transport> H2<S, T> {
             match ex.state {
                 State::Handler(_) => {
                     tracing::warn!(peer = %self.peer, stream = ex.stream, "handler timed out");
+                    self.release(&ex, BodyError::Detached);
                     let res = Response::text("Service Unavailable\n")
                         .with_status(StatusCode::SERVICE_UNAVAILABLE);
-                    self.respond_and_track(ex.stream, res, ex.head_only, ex.pipe);
+                    self.respond_and_track(ex.stream, res, ex.head_only, None);
                 }
                 State::Stream(_) | State::File { .. } => {
                     tracing::warn!(peer = %self.peer, stream = ex.stream, "response body stalled; stream reset");
+                    self.release(&ex, BodyError::Detached);
                     self.conn
                         .reset(ex.stream, ErrorCode::INTERNAL_ERROR, &mut self.out);
                 }
@@ -442,10 +433,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                 Event::Reset { stream, code } => {
                     if let Some(i) = self.find(stream) {
                         let ex = self.exchanges.swap_remove(i);
-                        if let Some(pipe) = &ex.pipe {
-                            pipe.borrow_mut()
-                                .close(PipeState::Failed(BodyError::Disconnected));
-                        }
+                        self.release(&ex, BodyError::Disconnected);
                         tracing::debug!(peer = %self.peer, stream, %code, "stream reset");
                     }
                 }
@@ -690,7 +678,7 @@ impl<S: Service, T: Transport> H2<S, T> {
             // Done: the response is with the engine; a body still arriving is discarded.
             if matches!(self.exchanges[i].state, State::Done) {
                 let ex = self.exchanges.swap_remove(i);
-                detach(ex.pipe.as_ref());
+                self.release(&ex, BodyError::Detached);
                 continue;
             }
             i += 1;
@@ -783,6 +771,25 @@ impl<S: Service, T: Transport> H2<S, T> {
                 }
                 _ => return,
             }
+        }
+    }
+
+    /// Ends an exchange that leaves the connection: its request body fails with `why` from now
+    /// on, and the body bytes it was given but did not read go back to the connection window
+    /// (kept, they would shrink it for good: enough resets of uploads and no client could send).
+    fn release(&mut self, ex: &Exchange, why: BodyError) {
+        let Some(pipe) = &ex.pipe else {
+            return;
+        };
+        let delivered = {
+            let mut p = pipe.borrow_mut();
+            p.close(PipeState::Failed(why));
+            p.delivered()
+        };
+        if delivered > ex.consumed {
+            self.out.prepare(&self.worker);
+            self.conn
+                .consume(ex.stream, (delivered - ex.consumed) as usize, &mut self.out);
         }
     }
 
