@@ -77,6 +77,8 @@ pub struct Conn {
     head_request: bool,
     version: Version,
     continue_pending: bool,
+    /// The current request asks to upgrade to h2c ([`RequestHead::h2c_upgrade`]).
+    h2c_upgrade: bool,
     since: Instant,
 }
 
@@ -93,6 +95,7 @@ impl Conn {
             head_request: false,
             version: Version::Http11,
             continue_pending: false,
+            h2c_upgrade: false,
             since: now,
         }
     }
@@ -131,6 +134,7 @@ impl Conn {
                 self.version = head.version();
                 self.continue_pending =
                     head.expect_continue() && matches!(self.recv, Recv::Body(_));
+                self.h2c_upgrade = head.h2c_upgrade();
                 self.since = now;
                 Ok(Some(head))
             }
@@ -143,6 +147,13 @@ impl Conn {
             }
             Err(e) => Err(self.fail(e)),
         }
+    }
+
+    /// Whether the request last returned by [`Conn::poll_request`] asks to upgrade to HTTP/2
+    /// over cleartext ([`RequestHead::h2c_upgrade`]), asked without touching the head.
+    #[inline]
+    pub fn h2c_upgrade_requested(&self) -> bool {
+        self.h2c_upgrade
     }
 
     /// Decodes the next piece of the current request's body from `buf`.

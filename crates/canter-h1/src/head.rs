@@ -379,7 +379,7 @@ pub(crate) fn parse(
         framing.field(ascii(name.get(base)), value.get(base), host_cache)?;
     }
     let version = line.version;
-    let (body, keep_alive) = framing.finish(version, limits)?;
+    let (body, keep_alive, flags) = framing.finish(version, limits)?;
     let path_len = match (&path, line.query) {
         // The path ends the target, so the target's first `?` is the path's if it is in it.
         (PathAndQuery::Span(span), None) => span.len,
@@ -405,7 +405,7 @@ pub(crate) fn parse(
         headers,
         body,
         keep_alive,
-        flags: framing.flags(version),
+        flags,
     }))
 }
 
@@ -956,13 +956,15 @@ struct Framing {
     close: bool,
     keep_alive: bool,
     expect_continue: bool,
-    /// `Upgrade` lists `h2c`.
-    upgrade_h2c: bool,
-    /// `Connection` lists `upgrade`.
-    connection_upgrade: bool,
-    /// An `HTTP2-Settings` field is present.
-    http2_settings: bool,
+    /// What an h2c upgrade needs, one bit each: `Upgrade` lists `h2c` (`H2C_TOKEN`),
+    /// `Connection` lists `upgrade` (`H2C_CONNECTION`), `HTTP2-Settings` is present
+    /// (`H2C_SETTINGS`). One byte, not three flags: cheaper to clear and to test.
+    h2c: u8,
 }
+
+const H2C_TOKEN: u8 = 1;
+const H2C_CONNECTION: u8 = 2;
+const H2C_SETTINGS: u8 = 4;
 
 impl Framing {
     fn field(&mut self, name: &str, value: &[u8], host_cache: &mut HostCache) -> Result<(), Error> {
@@ -999,13 +1001,16 @@ impl Framing {
                 for token in list(value) {
                     self.close |= token.eq_ignore_ascii_case(b"close");
                     self.keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
-                    self.connection_upgrade |= token.eq_ignore_ascii_case(b"upgrade");
+                    if token.eq_ignore_ascii_case(b"upgrade") {
+                        self.h2c |= H2C_CONNECTION;
+                    }
                 }
             }
             7 if is("upgrade") => {
-                self.upgrade_h2c |= list(value).any(|t| t.eq_ignore_ascii_case(b"h2c"));
+                let h2c = list(value).any(|t| t.eq_ignore_ascii_case(b"h2c"));
+                self.h2c |= u8::from(h2c) * H2C_TOKEN;
             }
-            14 if is("http2-settings") => self.http2_settings = true,
+            14 if is("http2-settings") => self.h2c |= H2C_SETTINGS,
             6 if is("expect") => {
                 if !trim(value).eq_ignore_ascii_case(b"100-continue") {
                     return Err(Error::ExpectationFailed);
@@ -1017,16 +1022,9 @@ impl Framing {
         Ok(())
     }
 
-    /// The head's flags for a request of `version`.
-    fn flags(&self, version: Version) -> u8 {
-        if version != Version::Http11 {
-            return 0;
-        }
-        let h2c = self.upgrade_h2c && self.connection_upgrade && self.http2_settings;
-        u8::from(self.expect_continue) * EXPECT_CONTINUE + u8::from(h2c) * H2C_UPGRADE
-    }
-
-    fn finish(&self, version: Version, limits: &Limits) -> Result<(BodyKind, bool), Error> {
+    /// The body's framing, whether the connection stays open, and the head's flags (both
+    /// flags are HTTP/1.1 only).
+    fn finish(&self, version: Version, limits: &Limits) -> Result<(BodyKind, bool, u8), Error> {
         if version == Version::Http11 && self.hosts != 1 {
             return Err(Error::Malformed(Malformed::HostMissing));
         }
@@ -1054,11 +1052,16 @@ impl Framing {
             }
             BodyKind::Length(n)
         };
-        let keep_alive = match version {
-            Version::Http11 | Version::Http2 => !self.close,
-            Version::Http10 => self.keep_alive && !self.close,
+        let (keep_alive, flags) = match version {
+            Version::Http10 => (self.keep_alive && !self.close, 0),
+            _ => {
+                let h2c = self.h2c == H2C_TOKEN | H2C_CONNECTION | H2C_SETTINGS;
+                let flags = (u8::from(self.expect_continue) * EXPECT_CONTINUE)
+                    | (u8::from(h2c) * H2C_UPGRADE);
+                (!self.close, flags)
+            }
         };
-        Ok((body, keep_alive))
+        Ok((body, keep_alive, flags))
     }
 }
 

@@ -344,14 +344,13 @@ impl<S: Service, T: Transport> Driver<S, T> {
             }
             *answered += 1;
             match self.h1.poll_request(&mut self.rbuf, self.worker.now()) {
-                // A separate arm, not a branch inside the next one: the head moved to two
-                // places there cost two `memcpy` calls per request (+70 instructions).
-                Ok(Some(head))
-                    if self.allow_h2c && head.h2c_upgrade() && upgradable(&head).is_some() =>
-                {
-                    let settings = upgradable(&head).unwrap_or_default();
-                    self.upgrade = Some(Box::new((head, settings)));
-                    return Step::Done;
+                // Asked of the connection, not the head, and handled out of line: a guard that
+                // borrows the head, or a second place it moves to in this function, cost a
+                // `memcpy` of the request on every exchange.
+                Ok(Some(head)) if self.h1.h2c_upgrade_requested() => {
+                    if let Some(step) = self.upgrade_or_exchange(head) {
+                        return step;
+                    }
                 }
                 Ok(Some(head)) => {
                     if let Some(slow) = self.exchange_sync(head) {
@@ -365,6 +364,21 @@ impl<S: Service, T: Transport> Driver<S, T> {
                     return Step::Done;
                 }
             }
+        }
+    }
+
+    /// A request with `Upgrade: h2c`: kept for the switch to HTTP/2 when h2c is allowed and
+    /// the request qualifies (no body, valid `HTTP2-Settings`); otherwise served over HTTP/1.1,
+    /// as RFC 7540 (Section 3.2) allows. `None`: answered, go on with the next request.
+    #[cold]
+    #[inline(never)]
+    fn upgrade_or_exchange(&mut self, head: RequestHead) -> Option<Step> {
+        match upgradable(&head).filter(|_| self.allow_h2c) {
+            Some(settings) => {
+                self.upgrade = Some(Box::new((head, settings)));
+                Some(Step::Done)
+            }
+            None => self.exchange_sync(head).map(Step::Slow),
         }
     }
 
@@ -388,6 +402,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
     /// and a ready response with a full or empty body (the common case). Otherwise returns what
     /// [`Driver::exchange`] needs to finish it. A panic in the handler unwinds through here to
     /// [`Driver::process`], with `in_handler` set.
+    #[inline(always)]
     fn exchange_sync(&mut self, head: RequestHead) -> Option<Slow> {
         if self.worker.draining() {
             self.h1.set_close();
