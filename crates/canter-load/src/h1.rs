@@ -20,7 +20,7 @@ const READ_BUF: usize = 16 * 1024;
 /// Largest response head we buffer before calling it a parse error.
 const MAX_HEAD: usize = 256 * 1024;
 /// Pause after a failed connect before retrying.
-const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
+pub(crate) const CONNECT_BACKOFF: Duration = Duration::from_millis(10);
 
 /// Immutable configuration shared by all connections of a thread.
 pub struct ConnConfig {
@@ -46,6 +46,10 @@ pub struct ConnConfig {
     pub end: Option<Instant>,
     /// Open-loop total rate and connection count, if any.
     pub rate: Option<(f64, usize)>,
+    /// HTTP/2: concurrent streams per connection (`-m`).
+    pub streams: usize,
+    /// HTTP/2: the request as fields and body.
+    pub h2: Option<crate::target::H2Request>,
 }
 
 /// Mutable state shared by all connections of a thread (single-threaded).
@@ -59,7 +63,7 @@ pub struct ThreadShared {
 }
 
 impl ThreadShared {
-    fn claim(&self, want: u64) -> u64 {
+    pub(crate) fn claim(&self, want: u64) -> u64 {
         match &self.budget {
             None => want,
             Some(b) => {
@@ -70,7 +74,7 @@ impl ThreadShared {
         }
     }
 
-    fn give_back(&self, n: u64) {
+    pub(crate) fn give_back(&self, n: u64) {
         if let Some(b) = &self.budget {
             b.set(b.get() + n);
         }

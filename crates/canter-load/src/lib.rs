@@ -1,6 +1,7 @@
 //! HTTP load generator behind `canter load`.
 //!
-//! A wrk/wrk2-style closed- and open-loop HTTP/1.1 load generator. Each
+//! A wrk/wrk2-style closed- and open-loop HTTP/1.1 and HTTP/2 load generator
+//! (h2load's `-m`: concurrent streams per connection). Each
 //! worker thread runs its own single-threaded tokio runtime that owns a
 //! share of the connections; every connection is one task that writes
 //! prebuilt request bytes (optionally pipelined) and parses responses
@@ -28,6 +29,14 @@
 //!   after any error. A keep-alive connection the server closed while idle
 //!   (EOF before any byte of the next response) is silently re-established
 //!   and the batch retried.
+//! * HTTP/2 (`-m N`): each connection keeps `N` streams in flight (fewer if
+//!   the server's SETTINGS_MAX_CONCURRENT_STREAMS says so), starting one as
+//!   another completes; a stream's latency runs from the write of its
+//!   HEADERS to the read that ended it. With `--rate`, each connection's
+//!   slots go out as streams, up to `N` at once; a slot that finds all `N`
+//!   busy counts from its intended time. A stream the server refuses
+//!   (REFUSED_STREAM, or above a GOAWAY's last id) is sent again; other
+//!   resets count as `reset` errors.
 //! * `--warmup` traffic is excluded from every statistic; with `-n`, warm-up
 //!   requests are part of the `n`.
 //! * Only loopback targets are accepted.
@@ -42,6 +51,7 @@ use std::time::{Duration, Instant};
 pub mod duration;
 mod error;
 mod h1;
+mod h2;
 pub mod parse;
 pub mod schedule;
 pub mod stats;
@@ -61,6 +71,8 @@ use target::Target;
 const DEFAULT_DURATION: Duration = Duration::from_secs(10);
 /// Largest accepted `--pipeline`.
 const MAX_PIPELINE: usize = 4096;
+/// Largest accepted `--streams`.
+const MAX_STREAMS: usize = 65_536;
 
 /// CLI arguments of `canter load`.
 #[derive(clap::Args, Debug, Clone)]
@@ -90,7 +102,8 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 1)]
     pub pipeline: usize,
 
-    /// Concurrent streams per connection (HTTP/2; not supported yet).
+    /// Speak HTTP/2 with this many concurrent streams per connection (h2c with prior
+    /// knowledge on http://, ALPN h2 on https://).
     #[arg(short = 'm', long)]
     pub streams: Option<usize>,
 
@@ -154,6 +167,9 @@ struct Plan {
     tls: Option<(canter_rt::ClientTls, String)>,
     protocol: Protocol,
     request: Vec<u8>,
+    /// The request's HTTP/2 form, with `-m`.
+    h2: Option<target::H2Request>,
+    streams: usize,
     head_only: bool,
     connections: usize,
     threads: usize,
@@ -163,8 +179,13 @@ struct Plan {
 }
 
 fn plan(args: &LoadArgs) -> Result<Plan, LoadError> {
-    if args.streams.is_some() {
-        return usage!("HTTP/2 not supported yet (-m/--streams)");
+    if let Some(m) = args.streams {
+        if m == 0 || m > MAX_STREAMS {
+            return usage!("--streams must be in 1..={MAX_STREAMS}");
+        }
+        if args.pipeline > 1 {
+            return usage!("--pipeline is HTTP/1.1; with -m, streams are the concurrency");
+        }
     }
     if args.connections == 0 {
         return usage!("--connections must be at least 1");
@@ -203,8 +224,21 @@ fn plan(args: &LoadArgs) -> Result<Plan, LoadError> {
         (None, None) => Vec::new(),
     };
     let request = target::build_request(&args.method, &target, &args.headers, &body)?;
+    let h2 = match args.streams {
+        Some(_) => Some(target::build_h2_request(
+            &args.method,
+            &target,
+            &args.headers,
+            &body,
+        )?),
+        None => None,
+    };
     let tls = if target.tls {
-        let alpn: &[&[u8]] = &[b"http/1.1"];
+        let alpn: &[&[u8]] = if h2.is_some() {
+            &[b"h2"]
+        } else {
+            &[b"http/1.1"]
+        };
         let client = match (&args.cacert, args.insecure) {
             (Some(ca), _) => canter_rt::ClientTls::ca_file(ca, alpn).map_err(LoadError::Tls)?,
             (None, true) => canter_rt::ClientTls::insecure(alpn),
@@ -227,8 +261,14 @@ fn plan(args: &LoadArgs) -> Result<Plan, LoadError> {
     Ok(Plan {
         addrs,
         tls,
-        protocol: Protocol::Http1,
+        protocol: if h2.is_some() {
+            Protocol::Http2
+        } else {
+            Protocol::Http1
+        },
         request,
+        h2,
+        streams: args.streams.unwrap_or(1),
         head_only: args.method.eq_ignore_ascii_case("HEAD"),
         connections: args.connections,
         threads: args.threads.min(args.connections),
@@ -304,9 +344,13 @@ pub fn run(args: LoadArgs) -> Result<Report, LoadError> {
             None => "closed loop".to_string(),
         };
         println!("Running {what} test @ {}", args.url);
+        let depth = match p.protocol {
+            Protocol::Http1 => format!("pipeline {}", p.pipeline),
+            Protocol::Http2 => format!("HTTP/2, {} streams per connection", p.streams),
+        };
         println!(
-            "  {} threads and {} connections, pipeline {}, {mode}",
-            p.threads, p.connections, p.pipeline
+            "  {} threads and {} connections, {depth}, {mode}",
+            p.threads, p.connections
         );
     }
 
@@ -341,6 +385,8 @@ pub fn run(args: LoadArgs) -> Result<Report, LoadError> {
             measure_start,
             end,
             rate: args.rate.map(|r| (r, p.connections)),
+            streams: p.streams,
+            h2: p.h2.clone(),
         };
         let counter = counter.clone();
         let protocol = p.protocol;
@@ -399,7 +445,12 @@ pub fn run(args: LoadArgs) -> Result<Report, LoadError> {
             url: args.url.clone(),
             connections: p.connections,
             threads: p.threads,
+            protocol: match p.protocol {
+                Protocol::Http1 => "http/1.1",
+                Protocol::Http2 => "h2",
+            },
             pipeline: p.pipeline,
+            streams: args.streams,
             rate: args.rate,
         },
         &total,
@@ -447,6 +498,7 @@ fn worker(
             tasks.push(tokio::task::spawn_local(async move {
                 match protocol {
                     Protocol::Http1 => h1::run_connection(&cfg, &shared, idx).await,
+                    Protocol::Http2 => h2::run_connection(&cfg, &shared, idx).await,
                 }
             }));
         }

@@ -20,8 +20,11 @@ pub enum ErrorKind {
     Write = 2,
     /// A request got no response within `--timeout`.
     Timeout = 3,
-    /// The response could not be parsed.
+    /// The response could not be parsed (HTTP/2: a protocol error by the server).
     Parse = 4,
+    /// HTTP/2: the server reset the stream (RST_STREAM other than REFUSED_STREAM, which is
+    /// retried).
+    Reset = 5,
 }
 
 /// Statistics collected by one worker thread.
@@ -33,7 +36,7 @@ pub struct ThreadStats {
     /// Bytes read from sockets.
     pub bytes_read: u64,
     /// Error counters indexed by [`ErrorKind`].
-    pub errors: [u64; 5],
+    pub errors: [u64; 6],
     /// Response counts indexed by status code (0..=999).
     pub status: Box<[u64; 1000]>,
 }
@@ -51,7 +54,7 @@ impl ThreadStats {
             hist: new_histogram(),
             requests: 0,
             bytes_read: 0,
-            errors: [0; 5],
+            errors: [0; 6],
             status: Box::new([0; 1000]),
         }
     }
@@ -105,12 +108,14 @@ pub struct Errors {
     pub timeout: u64,
     /// Unparseable responses.
     pub parse: u64,
+    /// Streams reset by the server (HTTP/2).
+    pub reset: u64,
 }
 
 impl Errors {
     /// Sum of all errors.
     pub fn total(&self) -> u64 {
-        self.connect + self.read + self.write + self.timeout + self.parse
+        self.connect + self.read + self.write + self.timeout + self.parse + self.reset
     }
 }
 
@@ -160,8 +165,12 @@ pub struct Report {
     pub connections: usize,
     /// Number of worker threads.
     pub threads: usize,
-    /// Requests written per batch per connection.
+    /// `http/1.1` or `h2`.
+    pub protocol: &'static str,
+    /// Requests written per batch per connection (HTTP/1.1).
     pub pipeline: usize,
+    /// Concurrent streams per connection (HTTP/2), `null` for HTTP/1.1.
+    pub streams: Option<usize>,
     /// Target rate in requests/s for open-loop runs, `null` for closed loop.
     pub rate: Option<f64>,
     /// Measured duration in seconds (excluding warm-up).
@@ -188,8 +197,12 @@ pub struct RunInfo {
     pub connections: usize,
     /// Number of worker threads.
     pub threads: usize,
+    /// `http/1.1` or `h2`.
+    pub protocol: &'static str,
     /// Pipeline depth.
     pub pipeline: usize,
+    /// HTTP/2 streams per connection.
+    pub streams: Option<usize>,
     /// Open-loop rate.
     pub rate: Option<f64>,
 }
@@ -214,7 +227,9 @@ impl Report {
             url: info.url,
             connections: info.connections,
             threads: info.threads,
+            protocol: info.protocol,
             pipeline: info.pipeline,
+            streams: info.streams,
             rate: info.rate,
             duration_s: (secs * 1000.0).round() / 1000.0,
             requests: stats.requests,
@@ -226,6 +241,7 @@ impl Report {
                 write: stats.errors[ErrorKind::Write as usize],
                 timeout: stats.errors[ErrorKind::Timeout as usize],
                 parse: stats.errors[ErrorKind::Parse as usize],
+                reset: stats.errors[ErrorKind::Reset as usize],
             },
             status,
             latency_us: Latency::from_histogram(&stats.hist),
@@ -282,8 +298,8 @@ impl Report {
         let e = &self.errors;
         let _ = writeln!(
             s,
-            "Errors: connect {}, read {}, write {}, timeout {}, parse {}",
-            e.connect, e.read, e.write, e.timeout, e.parse
+            "Errors: connect {}, read {}, write {}, timeout {}, parse {}, reset {}",
+            e.connect, e.read, e.write, e.timeout, e.parse, e.reset
         );
         s
     }
@@ -354,7 +370,9 @@ mod tests {
             url: "http://127.0.0.1/".into(),
             connections: 2,
             threads: 2,
+            protocol: "http/1.1",
             pipeline: 1,
+            streams: None,
             rate: None,
         };
         let r = Report::build(info, &a, Duration::from_secs(2));

@@ -4,16 +4,83 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 use crate::error::{usage, LoadError};
 
-/// Wire protocol used to talk to the target.
-///
-/// Only HTTP/1.1 over cleartext TCP is implemented. The connection layer
-/// dispatches on this enum, so `H2c` (prior knowledge) and TLS variants with
-/// `-m N` streams per connection can be added as new variants with their own
-/// connection driver.
+/// Wire protocol used to talk to the target (over TCP or TLS, as the URL says).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
-    /// HTTP/1.1 over TCP, optionally pipelined.
+    /// HTTP/1.1, optionally pipelined.
     Http1,
+    /// HTTP/2 with `-m` concurrent streams per connection: prior knowledge on `http://` (h2c),
+    /// ALPN `h2` on `https://`.
+    Http2,
+}
+
+/// A request as HTTP/2 fields: the pseudo-headers first, then the regular fields with
+/// lowercase names, and the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct H2Request {
+    /// Name and value of each field, in order.
+    pub fields: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The request body (sent as DATA frames).
+    pub body: Vec<u8>,
+}
+
+/// Builds the HTTP/2 form of a request: `:method`, `:scheme`, `:authority` (a `Host` header
+/// given with `-H` replaces the URL's), `:path`, the other headers lowercased, and
+/// `content-length` when there is a body. Connection-specific headers (`Connection`,
+/// `Keep-Alive`, `Transfer-Encoding`, `Upgrade`, `Proxy-Connection`) are refused: HTTP/2
+/// forbids them (RFC 9113, Section 8.2.2).
+pub fn build_h2_request(
+    method: &str,
+    target: &Target,
+    headers: &[String],
+    body: &[u8],
+) -> Result<H2Request, LoadError> {
+    if method.is_empty() || !method.bytes().all(is_tchar) {
+        return usage!("invalid method {method:?}");
+    }
+    let mut authority = target.authority.clone();
+    let mut regular = Vec::new();
+    let mut has_len = false;
+    for h in headers {
+        let (name, value) = h.split_once(':').ok_or_else(|| {
+            LoadError::Usage(format!("header {h:?} must look like \"Name: value\""))
+        })?;
+        let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
+        if name.is_empty() || !name.bytes().all(is_tchar) {
+            return usage!("invalid header name in {h:?}");
+        }
+        if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+            return usage!("invalid header value in {h:?}");
+        }
+        match name.as_str() {
+            "host" => authority = value.to_string(),
+            "connection" | "keep-alive" | "transfer-encoding" | "upgrade" | "proxy-connection" => {
+                return usage!("header {name:?} is not allowed in HTTP/2");
+            }
+            _ => {
+                has_len |= name == "content-length";
+                regular.push((name.into_bytes(), value.as_bytes().to_vec()));
+            }
+        }
+    }
+    let scheme: &[u8] = if target.tls { b"https" } else { b"http" };
+    let mut fields = vec![
+        (b":method".to_vec(), method.as_bytes().to_vec()),
+        (b":scheme".to_vec(), scheme.to_vec()),
+        (b":authority".to_vec(), authority.into_bytes()),
+        (b":path".to_vec(), target.path.as_bytes().to_vec()),
+    ];
+    fields.extend(regular);
+    if !has_len && (!body.is_empty() || matches!(method, "POST" | "PUT" | "PATCH")) {
+        fields.push((
+            b"content-length".to_vec(),
+            body.len().to_string().into_bytes(),
+        ));
+    }
+    Ok(H2Request {
+        fields,
+        body: body.to_vec(),
+    })
 }
 
 /// A parsed `http://host:port/path` URL.
@@ -242,5 +309,35 @@ mod tests {
         assert_eq!(r, b"GET /p HTTP/1.1\r\nhost: x\r\n\r\n");
         assert!(build_request("GET", &t, &["bad".into()], b"").is_err());
         assert!(build_request("G T", &t, &[], b"").is_err());
+    }
+
+    #[test]
+    fn builds_h2_requests() {
+        let t = Target::parse("http://127.0.0.1:8080/p?q=1").expect("ok");
+        let r = build_h2_request("POST", &t, &["X-A: b".into()], b"hi").expect("ok");
+        let fields: Vec<(&[u8], &[u8])> = r
+            .fields
+            .iter()
+            .map(|(n, v)| (n.as_slice(), v.as_slice()))
+            .collect();
+        assert_eq!(
+            fields,
+            [
+                (&b":method"[..], &b"POST"[..]),
+                (b":scheme", b"http"),
+                (b":authority", b"127.0.0.1:8080"),
+                (b":path", b"/p?q=1"),
+                (b"x-a", b"b"),
+                (b"content-length", b"2"),
+            ]
+        );
+        assert_eq!(r.body, b"hi");
+        let r = build_h2_request("GET", &t, &["Host: example".into()], b"").expect("ok");
+        assert_eq!(r.fields[2].1, b"example");
+        assert_eq!(r.fields.len(), 4);
+        assert!(build_h2_request("GET", &t, &["Connection: close".into()], b"").is_err());
+        let t = Target::parse("https://localhost:8443/").expect("ok");
+        let r = build_h2_request("GET", &t, &[], b"").expect("ok");
+        assert_eq!(r.fields[1].1, b"https");
     }
 }

@@ -186,9 +186,16 @@ fn open_loop_rate() {
 
 #[test]
 fn setup_errors() {
-    let e = run(args(&["-m", "10", "http://127.0.0.1:1/"])).expect_err("h2");
+    let e = run(args(&[
+        "-m",
+        "10",
+        "-H",
+        "Connection: close",
+        "http://127.0.0.1:1/",
+    ]))
+    .expect_err("h2");
     assert!(matches!(e, LoadError::Usage(_)), "{e:?}");
-    assert!(e.to_string().contains("HTTP/2 not supported yet"), "{e}");
+    assert!(e.to_string().contains("not allowed in HTTP/2"), "{e}");
     let e = run(args(&["http://192.0.2.1:80/"])).expect_err("remote");
     assert!(matches!(e, LoadError::NotLoopback { .. }), "{e:?}");
     assert!(e.to_string().contains("loopback"), "{e}");
@@ -196,4 +203,145 @@ fn setup_errors() {
     let e = run(args(&["-n", "1", "http://127.0.0.1:1/"])).expect_err("closed port");
     assert!(matches!(e, LoadError::Unreachable { .. }), "{e:?}");
     assert!(std::error::Error::source(&e).is_some());
+}
+
+/// An HTTP/2 server (canter's own engine over blocking sockets) that advertises at most 2
+/// concurrent streams and, counting the requests it sees across connections: refuses every
+/// 5th (REFUSED_STREAM, which the client must send again), resets every 7th with
+/// INTERNAL_ERROR (a `reset` error), and says GOAWAY after 40 answers on a connection (the
+/// client must finish what is open, then connect again). Returns the port and the counters:
+/// requests seen, answered, reset with INTERNAL_ERROR, and the most streams ever open at once.
+fn h2_server(life: Duration) -> (u16, std::sync::Arc<[std::sync::atomic::AtomicU64; 4]>) {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let counters = std::sync::Arc::new([
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+        AtomicU64::new(0),
+    ]);
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    listener.set_nonblocking(true).expect("nonblocking");
+    let c = counters.clone();
+    thread::spawn(move || {
+        let deadline = Instant::now() + life;
+        while Instant::now() < deadline {
+            let Ok((mut s, _)) = listener.accept() else {
+                thread::sleep(Duration::from_millis(2));
+                continue;
+            };
+            let c = c.clone();
+            thread::spawn(move || {
+                let _ = s.set_nonblocking(false);
+                let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+                let settings = canter_h2::Settings {
+                    max_concurrent_streams: 2,
+                    ..canter_h2::Settings::default()
+                };
+                let mut out = bytes::BytesMut::new();
+                let mut conn = canter_h2::Connection::new(settings, &mut out);
+                let mut input = bytes::BytesMut::new();
+                let mut buf = [0u8; 16384];
+                let mut answered = 0;
+                let mut going_away = false;
+                while Instant::now() < deadline {
+                    if s.write_all(&out).is_err() {
+                        return;
+                    }
+                    out.clear();
+                    if going_away && conn.open_streams() == 0 {
+                        return;
+                    }
+                    let n = match s.read(&mut buf) {
+                        Ok(0) => return,
+                        Ok(n) => n,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => continue,
+                        Err(_) => return,
+                    };
+                    input.extend_from_slice(&buf[..n]);
+                    if conn.recv(&mut input, &mut out).is_err() {
+                        let _ = s.write_all(&out);
+                        return;
+                    }
+                    c[3].fetch_max(conn.open_streams() as u64, Relaxed);
+                    while let Some(ev) = conn.poll_event() {
+                        let canter_h2::Event::Request { stream, .. } = ev else {
+                            continue;
+                        };
+                        let k = c[0].fetch_add(1, Relaxed) + 1;
+                        if k.is_multiple_of(5) {
+                            conn.reset(stream, canter_h2::ErrorCode::REFUSED_STREAM, &mut out);
+                        } else if k.is_multiple_of(7) {
+                            c[2].fetch_add(1, Relaxed);
+                            conn.reset(stream, canter_h2::ErrorCode::INTERNAL_ERROR, &mut out);
+                        } else {
+                            c[1].fetch_add(1, Relaxed);
+                            answered += 1;
+                            let fields = [(&b"content-type"[..], &b"text/plain"[..])];
+                            let _ = conn.send_headers(stream, 200, fields, false, &mut out);
+                            let _ = conn.send_data(stream, bytes::Bytes::from_static(b"ok"), true);
+                        }
+                    }
+                    if answered >= 40 && !going_away {
+                        going_away = true;
+                        conn.go_away(&mut out);
+                    }
+                    conn.flush(&mut out);
+                }
+            });
+        }
+    });
+    (port, counters)
+}
+
+#[test]
+fn h2_streams_refusals_resets_and_goaway() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (port, seen) = h2_server(Duration::from_secs(20));
+    let url = format!("http://127.0.0.1:{port}/x");
+    let report = run(args(&[
+        "-n",
+        "300",
+        "-m",
+        "8",
+        "-c",
+        "2",
+        "--json",
+        "--no-progress",
+        &url,
+    ]))
+    .expect("run");
+    let (requests, answered, resets, most_open) = (
+        seen[0].load(Relaxed),
+        seen[1].load(Relaxed),
+        seen[2].load(Relaxed),
+        seen[3].load(Relaxed),
+    );
+    // Every answered request is counted once; refused ones went out again (so the server saw
+    // more requests than the budget); reset ones are errors and use up their request.
+    assert_eq!(report.requests, answered);
+    assert_eq!(report.errors.reset, resets);
+    assert!(
+        resets > 0 && requests > 300,
+        "{requests} seen, {resets} reset"
+    );
+    assert_eq!(report.requests + report.errors.reset, 300);
+    assert_eq!(report.errors.total(), resets, "{:?}", report.errors);
+    assert_eq!(report.status.get("200"), Some(&answered));
+    // The server's SETTINGS_MAX_CONCURRENT_STREAMS (2) wins over -m 8, per connection.
+    assert!(most_open <= 2, "{most_open} streams open at once");
+    // GOAWAY after 40 answers: the 300 requests needed several connections.
+    assert!(answered > 80);
+}
+
+#[test]
+fn h2_needs_streams_without_pipelining() {
+    let port = server(false, Duration::from_secs(5));
+    let url = format!("http://127.0.0.1:{port}/x");
+    for bad in [&["-m", "0"][..], &["-m", "4", "--pipeline", "2"]] {
+        let mut a = bad.to_vec();
+        a.push(&url);
+        assert!(matches!(run(args(&a)), Err(LoadError::Usage(_))), "{bad:?}");
+    }
 }

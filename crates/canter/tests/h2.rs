@@ -551,3 +551,148 @@ fn shutdown_sends_goaway_to_http2_clients() {
         .wait_exit(Duration::from_secs(10))
         .is_some_and(|s| s.success()));
 }
+
+/// Runs `canter load` with `args` and returns its JSON report.
+fn canter_load(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(["load", "--json", "--no-progress"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "canter load {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `canter load -m` speaks HTTP/2 to canter: h2c with prior knowledge and h2 by ALPN, GET and
+/// POST with a body larger than a frame, closed and open loop; every request is answered 200
+/// with no errors, and the bytes read match the responses' size. h2load agrees on the count.
+#[test]
+fn canter_load_speaks_http2() {
+    need("h2load");
+    let server = Server::start_with(&["--tls-addr", "127.0.0.1:0", "--tls-self-signed"]);
+    let h2c = format!("http://127.0.0.1:{}", server.port);
+    let tls = format!("https://127.0.0.1:{}", server.tls_port());
+    let body = TempFile::new("h2-load-body", &random_bytes(40_000, 5));
+    let body_arg = body.path().to_str().unwrap().to_string();
+    let cases: Vec<(Vec<String>, u64)> = vec![
+        (
+            vec![
+                "-n".into(),
+                "5000".into(),
+                "-c".into(),
+                "2".into(),
+                "-m".into(),
+                "32".into(),
+                format!("{h2c}/plaintext"),
+            ],
+            5000,
+        ),
+        (
+            vec![
+                "-n".into(),
+                "3000".into(),
+                "-c".into(),
+                "3".into(),
+                "-m".into(),
+                "10".into(),
+                "-k".into(),
+                format!("{tls}/json"),
+            ],
+            3000,
+        ),
+        (
+            vec![
+                "-n".into(),
+                "300".into(),
+                "-c".into(),
+                "2".into(),
+                "-m".into(),
+                "4".into(),
+                "-X".into(),
+                "POST".into(),
+                "--body-file".into(),
+                body_arg.clone(),
+                format!("{h2c}/echo"),
+            ],
+            300,
+        ),
+        (
+            vec![
+                "-n".into(),
+                "200".into(),
+                "-c".into(),
+                "1".into(),
+                "-m".into(),
+                "8".into(),
+                format!("{h2c}/bytes/100000"),
+            ],
+            200,
+        ),
+    ];
+    for (args, want) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let report = canter_load(&args);
+        assert_eq!(report["protocol"], "h2", "{report}");
+        assert_eq!(
+            report["requests"],
+            *want,
+            "{args:?}: {report}\n{}",
+            server.log()
+        );
+        assert_eq!(report["status"]["200"], *want, "{args:?}: {report}");
+        let errors: u64 = report["errors"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_u64().unwrap())
+            .sum();
+        assert_eq!(errors, 0, "{args:?}: {report}");
+    }
+    // The echo and the 100,000-byte responses came back whole: at least their bodies' bytes.
+    let report = canter_load(&[
+        "-n",
+        "50",
+        "-m",
+        "5",
+        "-c",
+        "1",
+        &format!("{h2c}/bytes/100000"),
+    ]);
+    assert!(
+        report["bytes_read"].as_u64().unwrap() >= 50 * 100_000,
+        "{report}"
+    );
+    // Open loop: the rate is held with streams to spare.
+    let report = canter_load(&[
+        "-d",
+        "1s",
+        "--rate",
+        "500",
+        "-c",
+        "2",
+        "-m",
+        "4",
+        &format!("{h2c}/plaintext"),
+    ]);
+    let n = report["requests"].as_u64().unwrap();
+    assert!((450..=550).contains(&n), "{report}");
+    // h2load, the reference client, sees the same server the same way.
+    let out = Command::new("h2load")
+        .args([
+            "-n",
+            "2000",
+            "-c",
+            "2",
+            "-m",
+            "32",
+            &format!("{h2c}/plaintext"),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("2000 succeeded, 0 failed"), "{text}");
+}
