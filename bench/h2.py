@@ -3,22 +3,24 @@
 knowledge) and h2 over TLS (ALPN), with canter's own HTTP/1.1 as a reference.
 
     bench/build.sh && python3 bench/h2.py [--rounds 3] [--requests 400000] [--only h2c|tls]
+        [--client canter|h2load]
 
-Each server runs pinned to CPU 0 with one worker (thread, process or GOMAXPROCS=1); h2load runs
-on CPU 1. Every round starts each server in turn (the order rotating from round to round),
+Each server runs pinned to CPU 0 with one worker (thread, process or GOMAXPROCS=1); the load
+generator runs on CPU 1: `canter load -m` (the default), or h2load as a cross-check. Every round starts each server in turn (the order rotating from round to round),
 warms it with a tenth of the requests and then measures a fixed number of requests; the tables
 give medians over the rounds. Scenarios:
 
   c1-m100        GET /plaintext, 1 connection, 100 concurrent streams
   c16-m100       GET /plaintext, 16 connections, 100 streams each
   large-c4-m10   GET 1 MiB (canter: /bytes/1048576), 4 connections, 10 streams each; against
-                 canter's HTTP/1.1 with 40 connections (h2load --h1)
+                 canter's HTTP/1.1 with 40 connections (h2load --h1, or canter load without -m)
   idle-memory    RSS growth per idle HTTP/2 connection (1,000 connections, each after one
                  request)
 
 CPU per request is the server's utime+stime (whole process tree) over the measured requests
-divided by them. Results go to bench/results/h2-<time>.json and Markdown on standard output.
-Python 3 standard library only; h2load from Debian's nghttp2-client.
+divided by them. Results go to bench/results/h2-<time>.json, plots to bench/plots/h2-*.svg and
+Markdown on standard output. Python 3 standard library only; h2load from Debian's
+nghttp2-client (also used to check that a server is up).
 """
 import argparse
 import asyncio
@@ -134,6 +136,27 @@ def h2load(url, clients, streams, n, h1=False):
                 succeeded=int(done.group(2)), wall=wall)
 
 
+def canter_load(url, clients, streams, n, h1=False):
+    argv = ["taskset", "-c", "1", CANTER, "load", "-n", str(n), "-c", str(clients),
+            "--json", "--no-progress", "-k", "--timeout", "20s", url]
+    if not h1:
+        argv[5:5] = ["-m", str(streams)]
+    t0 = time.time()
+    out = subprocess.run(argv, capture_output=True, text=True)
+    wall = time.time() - t0
+    try:
+        r = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"canter load output not understood:\n{out.stdout}{out.stderr}")
+    secs = max(r["duration_s"], 1e-9)
+    return dict(rps=r["rps"], bytes_per_s=r["bytes_read"] / secs,
+                succeeded=r["status"].get("200", 0), wall=wall,
+                p50_us=r["latency_us"]["p50"], p99_us=r["latency_us"]["p99"])
+
+
+CLIENTS = {"canter": canter_load, "h2load": h2load}
+CLIENT = canter_load
+
 SCENARIOS = {
     "c1-m100": dict(clients=1, streams=100),
     "c16-m100": dict(clients=16, streams=100),
@@ -141,9 +164,9 @@ SCENARIOS = {
 
 
 def measure(proc, url, sc, n, h1=False):
-    h2load(url, sc["clients"], sc["streams"], max(n // 10, 1000), h1)
+    CLIENT(url, sc["clients"], sc["streams"], max(n // 10, 1000), h1)
     c0 = run.cpu_seconds(proc.pid)
-    r = h2load(url, sc["clients"], sc["streams"], n, h1)
+    r = CLIENT(url, sc["clients"], sc["streams"], n, h1)
     c1 = run.cpu_seconds(proc.pid)
     r["cpu_us_per_req"] = (c1 - c0) / max(r["succeeded"], 1) * 1e6
     return r
@@ -192,11 +215,15 @@ def main():
     ap.add_argument("--only", choices=["h2c", "tls"])
     ap.add_argument("--idle", type=int, default=1000)
     ap.add_argument("--base-port", type=int, default=23000)
+    ap.add_argument("--client", choices=sorted(CLIENTS), default="canter")
     args = ap.parse_args()
+    global CLIENT
+    CLIENT = CLIENTS[args.client]
     run.raise_nofile()
     cert, key = tls.make_cert("ecdsa")
     all_servers = servers(cert, key)
-    results = {"rounds": args.rounds, "requests": args.requests, "runs": []}
+    results = {"rounds": args.rounds, "requests": args.requests, "client": args.client,
+               "runs": []}
     port = args.base_port
     for kind, group in all_servers.items():
         if args.only and kind != args.only:
@@ -241,7 +268,40 @@ def main():
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     print(markdown(results))
-    print(f"\n(results: {os.path.relpath(path, run.ROOT)})")
+    print(f"\n(results: {os.path.relpath(path, run.ROOT)}; plots: {', '.join(plots(results))})")
+
+
+COLORS = {"canter": "#d62728", "hyper": "#1f77b4", "hyper-rustls": "#1f77b4",
+          "go-nethttp": "#2ca02c", "h2o": "#9467bd", "nginx": "#8c564b"}
+
+
+def plots(results):
+    """bench/plots/h2-cpu-per-request.svg and h2-throughput.svg: medians per scenario."""
+    cells = {}
+    for r in results["runs"]:
+        if r["scenario"] in SCENARIOS:
+            cells.setdefault((r["kind"], r["scenario"]), {}).setdefault(r["server"], []).append(r)
+    med = statistics.median
+    cpu, rps = [], []
+    for (kind, sc), by_server in sorted(cells.items()):
+        title = f"{kind} {sc}"
+        cpu.append((title, sorted(((n, med(r["cpu_us_per_req"] for r in rs), COLORS.get(n, "#888"))
+                                   for n, rs in by_server.items()), key=lambda t: t[1])))
+        rps.append((title, sorted(((n, med(r["rps"] for r in rs), COLORS.get(n, "#888"))
+                                   for n, rs in by_server.items()), key=lambda t: -t[1])))
+    written = []
+    os.makedirs(run.PLOTS, exist_ok=True)
+    for name, svg in (
+            ("h2-cpu-per-request.svg", run.svg_bar_panels(
+                "HTTP/2: server CPU time per request (median, us)", cpu, " us",
+                lower_is_better=True) if cpu else None),
+            ("h2-throughput.svg", run.svg_bar_panels(
+                "HTTP/2: requests per second (median)", rps, "") if rps else None)):
+        if svg:
+            with open(os.path.join(run.PLOTS, name), "w") as f:
+                f.write(svg)
+            written.append(os.path.join("bench", "plots", name))
+    return written
 
 
 def markdown(results):

@@ -1356,7 +1356,8 @@ def write_markdown(results, json_rel):
 
     L.append("## HTTP/2")
     L.append("")
-    L.append("_Placeholder: h2load -c1 -m100 and -c16 -m100, h2c and TLS, to be added._")
+    L.append("Measured by `bench/h2.py` (`canter load -m`, h2load as a cross-check): see")
+    L.append("[HTTP/2 (h2c and h2 over TLS)](#http2-h2c-and-h2-over-tls) below.")
     L.append("")
     L.append("## Servers")
     L.append("")

@@ -696,3 +696,106 @@ fn canter_load_speaks_http2() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("2000 succeeded, 0 failed"), "{text}");
 }
+
+/// The `h2` Python package (python-hyper's HTTP/2 stack), installed once per test run with
+/// pip into the target directory; returns where.
+fn python_h2() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-h2");
+        if dir.join("h2").join("connection.py").exists() {
+            return dir;
+        }
+        let out = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--target"])
+            .arg(&dir)
+            .arg("h2==4.1.0")
+            .output()
+            .unwrap_or_else(|e| panic!("python3 is needed to install h2 and could not run: {e}"));
+        assert!(
+            out.status.success(),
+            "pip install h2 failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+    .clone()
+}
+
+/// Python's `h2` client: 30 multiplexed requests, uploads and downloads larger than either
+/// side's windows, 404 and 405, `Upgrade: h2c`, and h2 over TLS (tests/py/h2client.py).
+#[test]
+fn python_h2_client() {
+    let site = python_h2();
+    let server = Server::start_with(&["--tls-addr", "127.0.0.1:0", "--tls-self-signed"]);
+    let script = format!("{}/tests/py/h2client.py", env!("CARGO_MANIFEST_DIR"));
+    let out = common::run_python(
+        &[
+            &script,
+            &server.port.to_string(),
+            &server.tls_port().to_string(),
+            site.to_str().unwrap(),
+        ],
+        None,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "h2client.py failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    for check in [
+        "ok 30 multiplexed requests",
+        "ok POST /echo under flow control",
+        "ok 404 and 405",
+        "ok Upgrade: h2c",
+        "ok h2 over TLS by ALPN",
+        "ALL OK",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l == check),
+            "missing {check:?} in:\n{stdout}"
+        );
+    }
+}
+
+/// A client that asks for 100 streams of 64 MiB each (6.4 GiB in all) and then takes nothing:
+/// first with a zero stream window (SETTINGS_INITIAL_WINDOW_SIZE 0, the server may not send
+/// any DATA), then with a large window but never reading the socket. Either way the server's
+/// memory stays bounded (bodies are pulled only while their stream's queue is short and the
+/// socket keeps up), and the server goes on serving others.
+#[test]
+fn memory_stays_bounded_when_the_client_takes_nothing() {
+    let server = Server::start_with(&["--workers", "1"]);
+    let before = server.rss_kib();
+    let mut held = Vec::new();
+    for window in [0u32, (1 << 31) - 1] {
+        let mut c = H2Client::connect(&server);
+        let mut settings = vec![0, 4];
+        settings.extend_from_slice(&window.to_be_bytes());
+        c.send(&frame(4, 0, 0, &settings));
+        // The connection window too, for the case that lets the server send.
+        c.send(&frame(8, 0, 0, &((1u32 << 31) - 1 - 65_535).to_be_bytes()));
+        for i in 0..100 {
+            c.request(2 * i + 1, "GET", "/bytes/67108864", true);
+        }
+        held.push(c);
+    }
+    // Give the server time to fill whatever it would fill.
+    std::thread::sleep(Duration::from_secs(2));
+    let grown = server.rss_kib().saturating_sub(before);
+    assert!(
+        grown < 64 * 1024,
+        "RSS grew by {grown} KiB for 12.8 GiB of requested, unread responses"
+    );
+    // Others are still served, by the same (single) worker.
+    let (seen, _) = fetch(
+        "--http2-prior-knowledge",
+        &format!("http://{}/plaintext", server.addr()),
+        &[],
+    );
+    assert_eq!(seen.status, "200");
+    assert_eq!(seen.body, b"Hello, World!");
+    drop(held);
+}
