@@ -18,7 +18,7 @@ pub enum Error {
     UriTooLong,
     /// The declared or received body exceeds the body limit (413).
     BodyTooLarge,
-    /// The HTTP version is well-formed but not 1.0 or 1.1 (505).
+    /// The HTTP version is well-formed but not 1.x (505; 1.2 and up are served as 1.1).
     VersionNotSupported,
     /// A transfer coding other than `chunked` was requested (501).
     UnsupportedTransferCoding,
@@ -101,7 +101,7 @@ reasons! {
         ConnectTarget => "CONNECT target is not host:port",
         Target => "invalid request target",
         AbsoluteAuthority => "invalid authority in absolute-form target",
-        ConflictingContentLength => "conflicting Content-Length values",
+        ConflictingContentLength => "more than one Content-Length field",
         ChunkedTwice => "chunked applied more than once",
         Host => "invalid Host",
         HostMissing => "HTTP/1.1 request needs exactly one Host",

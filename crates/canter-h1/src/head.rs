@@ -52,7 +52,8 @@ impl Method {
     }
 }
 
-/// HTTP version of a request. Only 1.0 and 1.1 are accepted; others are answered with 505.
+/// HTTP version of a request. 1.0 and 1.1 are accepted, a higher 1.x is served as 1.1 (RFC 9110
+/// §2.5), and others are answered with 505.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Version {
     /// HTTP/1.0: close after each exchange unless the client asks for keep-alive.
@@ -248,7 +249,7 @@ impl RequestHead {
             return Err(Error::Malformed(Malformed::Method));
         }
         if !(path.first() == Some(&b'/') || path == b"*")
-            || !path.iter().all(|&b| (0x21..0x7f).contains(&b))
+            || !path.iter().all(|&b| (0x21..0x7f).contains(&b) && b != b'#')
         {
             return Err(Error::Malformed(Malformed::Target));
         }
@@ -427,9 +428,9 @@ struct Line {
 /// Strict by construction (RFC 9112 §2-5): CRLF line endings only (a bare LF or CR is a 400:
 /// servers that disagree about line ends are a request-smuggling lever), single spaces in the
 /// request line, a token method, a target of visible ASCII only (bytes above 0x7f must be
-/// percent-encoded), `HTTP/1.0` or `HTTP/1.1` (any other well-formed `HTTP/d.d` is a 505), token
-/// field names with no whitespace before the colon, no obs-fold, no control bytes in values
-/// (HTAB and obs-text allowed). Empty lines before the request line are skipped (§2.2).
+/// percent-encoded), `HTTP/1.0` or `HTTP/1.1` (`HTTP/1.2` to `HTTP/1.9` are read as 1.1; any
+/// other well-formed `HTTP/d.d` is a 505), token field names with no whitespace before the colon,
+/// no obs-fold, no control bytes in values (HTAB and obs-text allowed). Empty lines before the request line are skipped (§2.2).
 fn scan(
     buf: &[u8],
     max_target: usize,
@@ -485,7 +486,10 @@ fn scan(
     let version = match word(buf, i) {
         Some(w) if w == u64::from_le_bytes(*b"HTTP/1.1") => Version::Http11,
         Some(w) if w == u64::from_le_bytes(*b"HTTP/1.0") => Version::Http10,
-        Some(_) => return version_error(buf).map_or(Ok(None), Err),
+        Some(w) => match higher_minor(w) {
+            Some(version) => version,
+            None => return version_error(buf).map_or(Ok(None), Err),
+        },
         None => {
             let rest = buf.get(i..).unwrap_or_default();
             if !HTTP1.starts_with(rest) {
@@ -599,12 +603,13 @@ fn is_del(w: u64) -> u64 {
 }
 
 /// The index of the first byte at or after `i` that cannot be in a request target (anything but
-/// visible ASCII, 0x21..=0x7e), or `buf.len()`; and the index of the first `?` before it, if
-/// any (where the query starts, found in the same pass). Sixteen bytes per step while they are
-/// all valid, then eight.
+/// visible ASCII, 0x21..=0x7e, and `#`: RFC 9112's targets carry no fragment), or `buf.len()`;
+/// and the index of the first `?` before it, if any (where the query starts, found in the same
+/// pass). Sixteen bytes per step while they are all valid, then eight.
 #[inline]
 fn skip_target(buf: &[u8], mut i: usize) -> (usize, Option<usize>) {
     const QUESTION: u64 = ONES * b'?' as u64;
+    const HASH: u64 = ONES * b'#' as u64;
     let mut query = None;
     #[cfg(target_arch = "x86_64")]
     while let Some(block) = block16(buf, i) {
@@ -619,7 +624,7 @@ fn skip_target(buf: &[u8], mut i: usize) -> (usize, Option<usize>) {
         i += 16;
     }
     while let Some(w) = word(buf, i) {
-        let bad = below(w, 0x21) | is_del(w) | (w & HIGH);
+        let bad = below(w, 0x21) | is_del(w) | (w & HIGH) | below(w ^ HASH, 1);
         if query.is_none() {
             let q = below(w ^ QUESTION, 1);
             if q != 0 {
@@ -635,7 +640,7 @@ fn skip_target(buf: &[u8], mut i: usize) -> (usize, Option<usize>) {
     let rest = buf.get(i..).unwrap_or_default();
     let end = i + rest
         .iter()
-        .position(|&b| !(0x21..0x7f).contains(&b))
+        .position(|&b| !(0x21..0x7f).contains(&b) || b == b'#')
         .unwrap_or(rest.len());
     let query = query.or_else(|| {
         let tail = buf.get(i..end).unwrap_or_default();
@@ -699,7 +704,7 @@ mod sse2 {
         unsafe { _mm_loadu_si128(block.as_ptr().cast()) }
     }
 
-    /// Bytes that cannot be in a target (outside 0x21..=0x7e), and the `?` bytes.
+    /// Bytes that cannot be in a target (outside 0x21..=0x7e, and `#`), and the `?` bytes.
     #[inline(always)]
     pub(super) fn target(block: &[u8; 16]) -> (u32, u32) {
         let v = load(block);
@@ -709,9 +714,10 @@ mod sse2 {
             // A signed compare: bytes 0x80 and above are negative, so "below 0x21" too.
             let low = _mm_cmplt_epi8(v, _mm_set1_epi8(0x21));
             let del = _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7f));
+            let hash = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'#' as i8));
             let q = _mm_cmpeq_epi8(v, _mm_set1_epi8(b'?' as i8));
             (
-                _mm_movemask_epi8(_mm_or_si128(low, del)) as u32,
+                _mm_movemask_epi8(_mm_or_si128(_mm_or_si128(low, del), hash)) as u32,
                 _mm_movemask_epi8(q) as u32,
             )
         }
@@ -743,10 +749,20 @@ fn empty_lines(buf: &[u8]) -> usize {
     }
 }
 
-/// `scan` accepted `method SP target SP` and then found a version other than HTTP/1.0 or 1.1. A well-formed
-/// `HTTP/d.d` we do not speak is a 505 (RFC 9110 §15.6.6), anything else a 400. `None`: the line
-/// is still open and may yet become `HTTP/d.d`, so wait for more bytes (otherwise the answer would
-/// depend on where the reads were split).
+/// `HTTP/1.2` to `HTTP/1.9`, read as 1.1: RFC 9110 §2.5 has a recipient process a higher minor
+/// version as the highest it conforms to. Out of line: 1.0 and 1.1 are matched before it.
+#[cold]
+#[inline(never)]
+fn higher_minor(w: u64) -> Option<Version> {
+    let [h, t, t2, p, s, one, dot, minor] = w.to_le_bytes();
+    (&[h, t, t2, p, s, one, dot] == b"HTTP/1." && (b'2'..=b'9').contains(&minor))
+        .then_some(Version::Http11)
+}
+
+/// `scan` accepted `method SP target SP` and then found a version other than HTTP/1.0 to 1.9. A
+/// well-formed `HTTP/d.d` we do not speak is a 505 (RFC 9110 §15.6.6), anything else a 400.
+/// `None`: the line is still open and may yet become `HTTP/d.d`, so wait for more bytes
+/// (otherwise the answer would depend on where the reads were split).
 fn version_error(buf: &[u8]) -> Option<Error> {
     let line = &buf[empty_lines(buf)..];
     let (line, complete) = match line.iter().position(|&b| b == b'\r' || b == b'\n') {
@@ -972,8 +988,10 @@ impl Framing {
         let is = |known: &str| token_is(name.as_bytes(), known.as_bytes());
         match name.len() {
             14 if is("content-length") => {
+                // One Content-Length line with one value: a repeated line is refused like a
+                // list (`5, 5`), equal values or not, as nginx does (RFC 9110 §8.6 allows it).
                 let n = parse_content_length(value)?;
-                if self.content_length.is_some_and(|prev| prev != n) {
+                if self.content_length.is_some() {
                     return Err(Error::Malformed(Malformed::ConflictingContentLength));
                 }
                 self.content_length = Some(n);
@@ -1102,7 +1120,7 @@ mod tests {
     /// tail.
     #[test]
     fn scanners_agree_with_bytewise() {
-        let target_ok = |b: u8| (0x21..0x7f).contains(&b);
+        let target_ok = |b: u8| (0x21..0x7f).contains(&b) && b != b'#';
         let value_ok = |b: u8| b == b'\t' || (b >= 0x20 && b != 0x7f);
         for b in 0..=255u8 {
             for len in [1, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 40] {

@@ -377,6 +377,48 @@ fn http2_version_is_505() {
     assert_eq!(r.reason, "HTTP Version Not Supported");
 }
 
+/// RFC 9110 §2.5: a request with a higher minor version is served as HTTP/1.1, keep-alive
+/// included; the response says HTTP/1.1.
+#[test]
+fn http_1_2_is_served_as_1_1() {
+    let server = Server::start();
+    let mut c = server.client();
+    for _ in 0..2 {
+        c.send(b"GET /plaintext HTTP/1.2\r\nHost: x\r\n\r\n");
+        let r = c.response();
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(r.head.starts_with(b"HTTP/1.1 200 OK\r\n"), "{r:?}");
+        assert_eq!(r.text(), "Hello, World!");
+        assert!(!r.closes(), "{r:?}");
+    }
+}
+
+/// A target has no fragment in RFC 9112's grammar: `#` in it is a 400, not a lookup of the
+/// path before it.
+#[test]
+fn fragment_in_the_target_is_400() {
+    let server = Server::start();
+    for req in [
+        &b"GET /#frag HTTP/1.1\r\nHost: x\r\n\r\n"[..],
+        b"GET /plaintext#x HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /plaintext?a=1#x HTTP/1.1\r\nHost: x\r\n\r\n",
+    ] {
+        single_error(&server, req, 400);
+    }
+}
+
+/// Content-Length once, with one value: two equal lines are refused like `5, 5`.
+#[test]
+fn repeated_content_length_is_400_however_spelled() {
+    let server = Server::start();
+    for req in [
+        &b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nab"[..],
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2, 2\r\n\r\nab",
+    ] {
+        single_error(&server, req, 400);
+    }
+}
+
 #[test]
 fn transfer_encoding_with_content_length_is_400() {
     let server = Server::start();
