@@ -366,19 +366,52 @@ pub fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &str) -> Respo
 
 // ---- external clients ------------------------------------------------------------------------
 
-/// Fails the test when `tool` cannot run: the suite's clients (curl, python3, openssl) are on
-/// every machine it runs on, and a test that skips silently proves nothing.
+/// Fails the test when `tool` cannot run: a test that skips silently proves nothing. A tool
+/// missing from a fresh machine is installed first from its Debian package (see
+/// [`apt_install`]); curl, python3 and openssl are on every machine the suite runs on.
 pub fn need(tool: &str) {
-    let ok = Command::new(tool)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+    let runs = || {
+        Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !runs() {
+        if let Some(package) = debian_package(tool) {
+            apt_install(package);
+        }
+    }
     assert!(
-        ok,
-        "{tool} is needed by this test and could not run (apt-get install {tool})"
+        runs(),
+        "{tool} is needed by this test and could not run (apt-get install {})",
+        debian_package(tool).unwrap_or(tool)
     );
+}
+
+/// The Debian package that provides `tool`, for the tools the suite installs itself.
+fn debian_package(tool: &str) -> Option<&'static str> {
+    match tool {
+        "h2load" => Some("nghttp2-client"),
+        "curl" => Some("curl"),
+        _ => None,
+    }
+}
+
+/// Installs `package` with apt-get (the suite runs as root on its machines), one test at a time
+/// (apt holds a lock of its own and fails a second caller instead of waiting): the package lists
+/// are refreshed when the first try fails. Failures are left to the caller's check.
+pub fn apt_install(package: &str) {
+    let script = format!(
+        "export DEBIAN_FRONTEND=noninteractive; \
+         apt-get install -y -q {package} >/dev/null 2>&1 || \
+         {{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q {package} >/dev/null 2>&1; }}"
+    );
+    let status = Command::new("flock")
+        .args(["/tmp/canter-tests-apt.lock", "sh", "-c", &script])
+        .status();
+    eprintln!("apt-get install {package}: {status:?}");
 }
 
 /// The overall time limit (`--max-time`, seconds) of every curl run.
