@@ -606,14 +606,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
         if self.worker.draining() || self.closing {
             self.h1.set_close();
         }
-        if !self.h1.body_done()
-            && self.h1.body_remaining().is_none_or(|n| n > DISCARD_MAX)
-            && !body_held
-        {
-            // An unread body too large (or of unknown size) to discard cheaply afterwards, and
-            // nothing left to read it. One still held is judged once the response has gone out
-            // (`discard_body`): a remainder still unread then closes the connection after it.
-            self.h1.set_close();
+        if !self.h1.body_done() && !body_held {
+            self.judge_unread_body();
         }
         let len = match body {
             Body::Empty => BodyLen::Known(0),
@@ -910,6 +904,40 @@ impl<S: Service, T: Transport> Driver<S, T> {
         progressed
     }
 
+    /// Nothing will read the rest of the request body: decide before the head goes out whether
+    /// the connection can survive it. A known remainder above [`DISCARD_MAX`] closes it. A chunked
+    /// remainder has no size to judge by, so what is already buffered of it is dropped now: if
+    /// the body ends there (a small upload arrives with its head), the connection is kept as for
+    /// a Content-Length body of the same size, and if more than `DISCARD_MAX` is seen it closes.
+    /// A chunked body still arriving is left to `discard_body`, which reads on within the
+    /// same bound after the response.
+    #[cold]
+    fn judge_unread_body(&mut self) {
+        match self.h1.body_remaining() {
+            Some(n) if n > DISCARD_MAX => self.h1.set_close(),
+            Some(_) => {}
+            None => {
+                let mut dropped = 0u64;
+                loop {
+                    match self.h1.poll_body(&mut self.rbuf, self.worker.now()) {
+                        Ok(BodyEvent::Data(d)) => {
+                            dropped += d.len() as u64;
+                            if dropped > DISCARD_MAX {
+                                self.h1.set_close();
+                                return;
+                            }
+                        }
+                        Ok(BodyEvent::End | BodyEvent::NeedMore) => return,
+                        Err(_) => {
+                            self.h1.set_close();
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Reads and drops a small unread remainder of the request body so the connection can be
     /// reused; closes instead when the remainder is large or unknown-and-long.
     async fn discard_body(&mut self) -> Res<()> {
@@ -932,6 +960,10 @@ impl<S: Service, T: Transport> Driver<S, T> {
                 }
                 Ok(BodyEvent::End) => return Ok(()),
                 Ok(BodyEvent::NeedMore) => {
+                    // The answer leaves first: a client may wait for it before sending the rest.
+                    if !self.out.is_empty() {
+                        self.flush().await?;
+                    }
                     let n = poll_fn(|cx| match self.poll_read(cx) {
                         Poll::Pending => match self.h1.deadline() {
                             Some(at) if self.timer.poll_expired(cx, at) => Poll::Ready(Ok(0)),

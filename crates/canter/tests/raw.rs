@@ -803,3 +803,65 @@ fn query_string_does_not_affect_routing() {
     assert_eq!(c.get("/bytes/5?x").body, b"xxxxx");
     assert_eq!(c.get("/plaintext/").status, 404);
 }
+
+/// A small chunked body the handler never reads is dropped like a Content-Length body of the
+/// same size, so the pipelined requests behind it are still served on the same connection:
+/// whether the body came with its head or after the response.
+#[test]
+fn small_unread_chunked_body_is_drained_like_content_length() {
+    let server = Server::start();
+    let mut c = server.client();
+    for body in [
+        "Content-Length: 5\r\n\r\nhello",
+        "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "Transfer-Encoding: chunked\r\n\r\n3;ext=1\r\nhel\r\n2\r\nlo\r\n0\r\nx-trailer: 1\r\n\r\n",
+    ] {
+        // `/plaintext` is GET only: the 405 is answered without reading the body.
+        c.send(format!(
+            "POST /plaintext HTTP/1.1\r\nHost: x\r\n{body}GET /plaintext HTTP/1.1\r\nHost: x\r\n\r\n"
+        ));
+        let r = c.response();
+        assert_eq!(r.status, 405, "{r:?}");
+        assert!(!r.closes(), "{body:?}: {r:?}");
+        let r = c.response();
+        assert_eq!((r.status, r.text()), (200, "Hello, World!"), "{body:?}");
+    }
+    // The body still on its way when the answer leaves (a client may wait for the answer
+    // before sending it): read and dropped after it.
+    for (framing, body) in [
+        ("Transfer-Encoding: chunked", "400\r\n{x}\r\n0\r\n\r\n"),
+        ("Content-Length: 1024", "{x}"),
+    ] {
+        c.send(format!(
+            "POST /plaintext HTTP/1.1\r\nHost: x\r\n{framing}\r\n\r\n"
+        ));
+        let r = c.response();
+        assert_eq!(r.status, 405, "{r:?}");
+        assert!(!r.closes(), "{r:?}");
+        c.send(body.replace("{x}", &"x".repeat(0x400)));
+        c.send("GET /plaintext HTTP/1.1\r\nHost: x\r\n\r\n");
+        let r = c.response();
+        assert_eq!((r.status, r.text()), (200, "Hello, World!"), "{framing}");
+    }
+}
+
+/// A chunked body the handler leaves unread that grows past the drain bound (64 KiB) closes
+/// the connection after the answer: the request behind it is not read.
+#[test]
+fn large_unread_chunked_body_closes() {
+    let server = Server::start();
+    let mut c = server.client();
+    let mut req =
+        b"POST /plaintext HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..80 {
+        req.extend_from_slice(b"400\r\n");
+        req.extend_from_slice(&[b'x'; 0x400]);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"0\r\n\r\nGET /plaintext HTTP/1.1\r\nHost: x\r\n\r\n");
+    c.send(req);
+    let r = c.response();
+    assert_eq!(r.status, 405, "{r:?}");
+    let (rest, _) = c.drain();
+    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+}
