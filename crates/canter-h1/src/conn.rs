@@ -370,7 +370,7 @@ impl Conn {
         }
         for (name, value) in headers {
             if !CHECK || valid_field(name, value) {
-                w.put(name);
+                w.put_name(name);
                 w.put(b": ");
                 w.put(value);
                 w.put(b"\r\n");
@@ -412,6 +412,17 @@ impl Conn {
     pub fn data_suffix(&mut self, len: usize, out: &mut BytesMut) {
         if self.send == Send::Chunked && len > 0 {
             out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    /// Ends a complete response body now, before [`Conn::finish`]: writes the last chunk of a
+    /// chunked body (nothing for other framings). For a driver that sends the response and then
+    /// waits on the request body the handler left unread: the client may hold back the rest of
+    /// its upload until it has the whole response.
+    pub fn end_body(&mut self, out: &mut BytesMut) {
+        if self.send == Send::Chunked {
+            out.extend_from_slice(b"0\r\n\r\n");
+            self.send = Send::NoBody;
         }
     }
 
@@ -640,6 +651,34 @@ impl<'a> HeadWriter<'a> {
         self.at += piece.len();
     }
 
+    /// A field name in the one case every field of the head is written in: each word
+    /// capitalized (`Content-Type`, `Last-Modified`, `X-Request-Id`), and the few names whose
+    /// usual spelling is not that (`ETag`, `WWW-Authenticate`) as they are usually spelled.
+    /// Names are case-insensitive (RFC 9110 §5.1); this is for the people and tools that read
+    /// them, as nginx writes its own.
+    #[inline]
+    fn put_name(&mut self, name: &[u8]) {
+        if let Some(known) = irregular_name(name) {
+            self.put(known);
+            return;
+        }
+        let start = self.at;
+        self.put(name);
+        // SAFETY: `start..self.at` was written by `put` just now: initialized bytes inside the
+        // buffer's allocation, borrowed mutably through `self.out`.
+        let written =
+            unsafe { std::slice::from_raw_parts_mut(self.out.as_mut_ptr().add(start), name.len()) };
+        let mut word_start = true;
+        for b in written {
+            if word_start {
+                b.make_ascii_uppercase();
+            } else {
+                b.make_ascii_lowercase();
+            }
+            word_start = *b == b'-';
+        }
+    }
+
     #[cold]
     #[inline(never)]
     fn grow(&mut self, n: usize) {
@@ -655,6 +694,21 @@ impl<'a> HeadWriter<'a> {
         // SAFETY: as in `grow`.
         unsafe { self.out.set_len(self.at) };
     }
+}
+
+/// The usual spelling of the field names that capitalizing each word gets wrong.
+#[inline]
+fn irregular_name(name: &[u8]) -> Option<&'static [u8]> {
+    let known: &'static [u8] = match name.len() {
+        2 => b"TE",
+        3 => b"DNT",
+        4 => b"ETag",
+        11 => b"Content-MD5",
+        16 if name.first().is_some_and(|b| b.eq_ignore_ascii_case(&b'w')) => b"WWW-Authenticate",
+        16 => b"X-XSS-Protection",
+        _ => return None,
+    };
+    name.eq_ignore_ascii_case(known).then_some(known)
 }
 
 /// The reason phrase of a status code ("" for unknown codes, which RFC 9112 allows).
@@ -727,8 +781,45 @@ mod tests {
                 &mut out,
             );
             assert!(body);
-            let tail = "Content-Length: 2\r\nContent-Type: text/plain\r\nx-a: 1\r\n\r\n";
+            let tail = "Content-Length: 2\r\nContent-Type: text/plain\r\nX-A: 1\r\n\r\n";
             assert_eq!(String::from_utf8_lossy(&out), format!("{expected}{tail}"));
+        }
+    }
+
+    /// Every field name goes out in one case: each word capitalized, whatever case it came in,
+    /// and the irregular ones as usually spelled.
+    #[test]
+    fn field_names_are_written_in_one_case() {
+        for (given, written) in [
+            ("etag", "ETag"),
+            ("ETAG", "ETag"),
+            ("last-modified", "Last-Modified"),
+            ("accept-ranges", "Accept-Ranges"),
+            ("x-request-id", "X-Request-Id"),
+            ("X-REQUEST-ID", "X-Request-Id"),
+            ("www-authenticate", "WWW-Authenticate"),
+            ("x-xss-protection", "X-XSS-Protection"),
+            ("content-md5", "Content-MD5"),
+            ("te", "TE"),
+            ("dnt", "DNT"),
+            ("vary", "Vary"),
+            ("x", "X"),
+            ("a-", "A-"),
+            ("-a", "-A"),
+            ("x--y", "X--Y"),
+            ("abcdefghijklmnop", "Abcdefghijklmnop"),
+            ("x_y-1z", "X_y-1z"),
+        ] {
+            let mut out = BytesMut::new();
+            let mut w = HeadWriter::new(&mut out, 0);
+            w.put(b"p");
+            w.put_name(given.as_bytes());
+            w.finish();
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                format!("p{written}"),
+                "{given}"
+            );
         }
     }
 
@@ -760,7 +851,7 @@ mod tests {
             assert!(body);
             let expected = format!(
                 "{}HTTP/1.1 201 Created\r\nServer: {server}\r\nDate: {}\r\n\
-                 Content-Length: 12345\r\nx-long: {value}\r\nx-short: 1\r\n\r\n",
+                 Content-Length: 12345\r\nX-Long: {value}\r\nX-Short: 1\r\n\r\n",
                 "p".repeat(before),
                 String::from_utf8_lossy(date),
             );

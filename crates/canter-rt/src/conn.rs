@@ -961,6 +961,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                 Ok(BodyEvent::End) => return Ok(()),
                 Ok(BodyEvent::NeedMore) => {
                     // The answer leaves first: a client may wait for it before sending the rest.
+                    self.h1.end_body(&mut self.out.buf);
                     if !self.out.is_empty() {
                         self.flush().await?;
                     }

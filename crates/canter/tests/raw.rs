@@ -865,3 +865,42 @@ fn large_unread_chunked_body_closes() {
     let (rest, _) = c.drain();
     assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
 }
+
+/// `OPTIONS *` asks about the server as a whole (RFC 9110 §9.3.7): 204 with the methods some
+/// route serves. The asterisk with another method is a 400.
+#[test]
+fn options_asterisk_is_204_with_allow() {
+    let server = Server::start();
+    let mut c = server.client();
+    c.send("OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n");
+    let r = c.response();
+    assert_eq!(r.status, 204, "{r:?}");
+    assert_eq!(r.header("allow"), Some("GET, HEAD, POST, OPTIONS"), "{r:?}");
+    assert!(r.head.windows(7).any(|w| w == b"\r\nAllow"), "{r:?}");
+    assert!(r.body.is_empty());
+    // The connection goes on.
+    assert_eq!(c.get("/plaintext").status, 200);
+    single_error(&server, b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", 400);
+}
+
+/// Every field name goes out in one case, the application's and the server's alike.
+#[test]
+fn field_names_go_out_in_one_case() {
+    let server = Server::start();
+    let mut c = server.client();
+    c.send("DELETE /plaintext HTTP/1.1\r\nHost: x\r\n\r\n");
+    let r = c.response();
+    assert_eq!(r.status, 405, "{r:?}");
+    for (name, _) in &r.headers {
+        let canonical: String = name
+            .split('-')
+            .map(|w| {
+                let (first, rest) = w.split_at(1);
+                first.to_ascii_uppercase() + &rest.to_ascii_lowercase()
+            })
+            .collect::<Vec<_>>()
+            .join("-");
+        assert_eq!(*name, canonical, "{r:?}");
+    }
+    assert_eq!(r.header("allow"), Some("GET, HEAD"));
+}

@@ -281,33 +281,37 @@ impl MethodRouter {
 
     /// The `Allow` value: the standard methods in a fixed order (HEAD after GET), then others.
     fn allow(&self) -> HeaderValue {
-        const ORDER: [Method; 9] = [
-            Method::GET,
-            Method::HEAD,
-            Method::POST,
-            Method::PUT,
-            Method::DELETE,
-            Method::PATCH,
-            Method::OPTIONS,
-            Method::CONNECT,
-            Method::TRACE,
-        ];
-        let has = |m: &Method| self.endpoints.iter().any(|(x, _)| x == m);
-        let mut names: Vec<&str> = ORDER
-            .iter()
-            .filter(|m| has(m) || (**m == Method::HEAD && has(&Method::GET)))
-            .map(Method::as_str)
-            .collect();
-        names.extend(
-            self.endpoints
-                .iter()
-                .map(|(m, _)| m)
-                .filter(|m| !ORDER.contains(m))
-                .map(Method::as_str),
-        );
-        // Method names are tokens, so the joined list is a valid field value.
-        HeaderValue::from_str(&names.join(", ")).unwrap_or(HeaderValue::from_static(""))
+        allow_value(self.endpoints.iter().map(|(m, _)| m))
     }
+}
+
+/// The `Allow` value for `methods`: the standard ones in a fixed order (HEAD with GET), then
+/// the others in the order given, each once.
+fn allow_value<'m>(methods: impl Iterator<Item = &'m Method> + Clone) -> HeaderValue {
+    const ORDER: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    let has = |m: &Method| methods.clone().any(|x| x == m);
+    let mut names: Vec<&str> = ORDER
+        .iter()
+        .filter(|m| has(m) || (**m == Method::HEAD && has(&Method::GET)))
+        .map(Method::as_str)
+        .collect();
+    for m in methods.clone().filter(|m| !ORDER.contains(m)) {
+        if !names.contains(&m.as_str()) {
+            names.push(m.as_str());
+        }
+    }
+    // Method names are tokens, so the joined list is a valid field value.
+    HeaderValue::from_str(&names.join(", ")).unwrap_or(HeaderValue::from_static(""))
 }
 
 impl fmt::Debug for MethodRouter {
@@ -476,6 +480,28 @@ struct Table {
 }
 
 impl Table {
+    /// The answer to `OPTIONS *`, a question about the server as a whole (RFC 9110 §9.3.7):
+    /// 204 with every method some route serves, and OPTIONS itself. A route that takes any
+    /// method adds the standard ones.
+    #[cold]
+    fn options_asterisk(&self) -> Response {
+        let mut methods: Vec<Method> = vec![Method::OPTIONS];
+        for route in &self.routes {
+            methods.extend(route.methods.endpoints.iter().map(|(m, _)| m.clone()));
+            if route.methods.any.is_some() {
+                methods.extend([
+                    Method::GET,
+                    Method::POST,
+                    Method::PUT,
+                    Method::DELETE,
+                    Method::PATCH,
+                ]);
+            }
+        }
+        Response::new(StatusCode::NO_CONTENT)
+            .with_header(header::ALLOW, allow_value(methods.iter()))
+    }
+
     /// Adds a route, or merges `methods` into the route with the same pattern.
     fn try_add(
         &mut self,
@@ -739,6 +765,10 @@ impl Router {
             (route, SmallVec::new())
         } else {
             let Ok(found) = table.matcher.at(path) else {
+                // Only OPTIONS may have the asterisk-form target (the parsers refuse others).
+                if path == "*" {
+                    return Reply::Ready(table.options_asterisk());
+                }
                 return match &table.fallback {
                     Some(fallback) => fallback.call(Parts {
                         req,
