@@ -85,6 +85,11 @@ struct ServeArgs {
     /// Serve the files under DIR at /static/ (ETag, ranges, precompressed .br/.gz siblings).
     #[arg(long = "static", value_name = "DIR")]
     static_dir: Option<PathBuf>,
+    /// How long caches may use a --static file without asking again (Cache-Control max-age);
+    /// 0 sends no-cache (revalidate each time, a 304 by ETag). Names with a content hash
+    /// (app.3f9a2c1e.js) get a year and immutable either way.
+    #[arg(long, value_name = "SECS", default_value_t = 0)]
+    static_max_age: u64,
     /// Compress responses (zstd, br or gzip, as the client accepts) of text types from 1 KiB.
     #[arg(long)]
     compress: bool,
@@ -239,7 +244,9 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
     }
     let workers = config.workers;
     let files = match &args.static_dir {
-        Some(dir) if dir.is_dir() => Some(canter::ServeDir::new(dir)),
+        Some(dir) if dir.is_dir() => {
+            Some(canter::ServeDir::new(dir).max_age(Duration::from_secs(args.static_max_age)))
+        }
         Some(dir) => return Err(ServeError::NotADirectory(dir.clone())),
         None => None,
     };

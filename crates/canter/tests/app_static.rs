@@ -899,3 +899,80 @@ fn curl_downloads_resumes_and_follows() {
         assert_eq!(body.as_bytes(), HELLO.repeat(100), "decoded body differs");
     }
 }
+
+// ---- freshness -------------------------------------------------------------------------------
+
+/// Every file carries an explicit freshness, on its 200 and its 304 alike: `no-cache` by
+/// default (`--static-max-age 0`), `max-age=N` when set, and a year with `immutable` for names
+/// that carry a content hash, whatever the max-age.
+#[test]
+fn cache_control_on_every_file() {
+    let dir = fresh_dir("cache");
+    for name in [
+        "plain.js",
+        "app.3f9a2c1e.js",
+        "chunk-5XDBKMQS.css",
+        "report-20261125.txt",
+    ] {
+        std::fs::write(dir.join(name), b"x\n").unwrap();
+    }
+    let hashed = |name: &str| name.contains("3f9a") || name.contains("5XDB");
+    for (args, plain) in [
+        (vec![], "no-cache"),
+        (vec!["--static-max-age", "600"], "public, max-age=600"),
+    ] {
+        let mut argv = vec!["--static", dir.to_str().unwrap()];
+        argv.extend(args);
+        let server = Server::start_with(&argv);
+        let mut c = server.client();
+        for name in [
+            "plain.js",
+            "app.3f9a2c1e.js",
+            "chunk-5XDBKMQS.css",
+            "report-20261125.txt",
+        ] {
+            let want = if hashed(name) {
+                "public, max-age=31536000, immutable"
+            } else {
+                plain
+            };
+            let r = c.get(&format!("/static/{name}"));
+            assert_eq!(r.status, 200, "{r:?}");
+            assert_eq!(r.header("cache-control"), Some(want), "{name}: {r:?}");
+            let etag = etag_of(&r);
+            let r = get_with(
+                &mut c,
+                &format!("/static/{name}"),
+                &[("If-None-Match", &etag)],
+            );
+            assert_eq!(r.status, 304, "{r:?}");
+            assert_eq!(r.header("cache-control"), Some(want), "{name}: {r:?}");
+        }
+    }
+    // The Rust API: a custom rule, and one that turns immutability off.
+    let (d1, d2) = (dir.clone(), dir.clone());
+    let server = in_process(move || {
+        Router::new()
+            .serve_dir(
+                "/a",
+                ServeDir::new(&d1)
+                    .max_age(Duration::from_secs(60))
+                    .immutable_if(|name| name.starts_with("plain")),
+            )
+            .serve_dir("/b", ServeDir::new(&d2).immutable_if(|_| false))
+    });
+    let mut c = server.client();
+    let cc = |c: &mut Client, path: &str| c.get(path).header("cache-control").map(str::to_owned);
+    assert_eq!(
+        cc(&mut c, "/a/plain.js").as_deref(),
+        Some("public, max-age=31536000, immutable")
+    );
+    assert_eq!(
+        cc(&mut c, "/a/app.3f9a2c1e.js").as_deref(),
+        Some("public, max-age=60")
+    );
+    assert_eq!(
+        cc(&mut c, "/b/app.3f9a2c1e.js").as_deref(),
+        Some("no-cache")
+    );
+}

@@ -60,7 +60,7 @@ pub use response::{Html, IntoResponse, Redirect};
 pub use router::{
     any, delete, get, head, options, patch, post, put, MethodRouter, RouteLimits, Router,
 };
-pub use static_files::ServeDir;
+pub use static_files::{content_hashed, ServeDir};
 pub use stream::{IntoChunk, StreamBody};
 
 #[cfg(test)]

@@ -107,7 +107,28 @@ struct Inner {
     canonical: Option<PathBuf>,
     /// Serve names starting with `.` (see [`ServeDir::serve_hidden`]).
     hidden: bool,
+    /// Cache-Control of files not judged immutable (see [`ServeDir::max_age`]).
+    cache_control: HeaderValue,
+    /// Which file names carry a content hash (see [`ServeDir::immutable_if`]).
+    immutable: Immutable,
 }
+
+/// Which files are sent as never changing.
+#[derive(Clone)]
+struct Immutable(Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Immutable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Immutable(..)")
+    }
+}
+
+/// `Cache-Control` of a file judged immutable: a year (RFC 9111 §5.2.2.1: servers should not
+/// send more) and `immutable` (RFC 8246), so browsers skip revalidating it even on reload.
+const CACHE_IMMUTABLE: HeaderValue =
+    HeaderValue::from_static("public, max-age=31536000, immutable");
+/// `Cache-Control` with a max-age of 0: stored, but revalidated (cheaply, by ETag) on each use.
+const CACHE_REVALIDATE: HeaderValue = HeaderValue::from_static("no-cache");
 
 impl ServeDir {
     /// Serves the files under `root`. A root that does not exist (yet) is not an error: its
@@ -125,6 +146,8 @@ impl ServeDir {
                 root,
                 canonical,
                 hidden: false,
+                cache_control: CACHE_REVALIDATE,
+                immutable: Immutable(Arc::new(content_hashed)),
             }),
         }
     }
@@ -140,6 +163,53 @@ impl ServeDir {
     pub fn serve_hidden(mut self, yes: bool) -> ServeDir {
         Arc::make_mut(&mut self.inner).hidden = yes;
         self
+    }
+
+    /// How long caches may use a file without asking again: `Cache-Control: public,
+    /// max-age=SECS`. The default, zero, sends `no-cache`: caches store the file but revalidate
+    /// it on each use, which the ETag makes a 304 without a body. Either way the freshness is
+    /// explicit, so no cache guesses one from Last-Modified (RFC 9111 §4.2.2). Files whose names
+    /// carry a content hash get a year and `immutable` instead (see [`ServeDir::immutable_if`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let files = canter::ServeDir::new("/srv/www").max_age(Duration::from_secs(600));
+    /// # let _ = files;
+    /// ```
+    pub fn max_age(mut self, age: std::time::Duration) -> ServeDir {
+        let secs = age.as_secs();
+        Arc::make_mut(&mut self.inner).cache_control = if secs == 0 {
+            CACHE_REVALIDATE
+        } else {
+            HeaderValue::from_str(&format!("public, max-age={secs}")).unwrap_or(CACHE_REVALIDATE)
+        };
+        self
+    }
+
+    /// Which files never change under their name, told by the file name (its last path
+    /// segment): those get `Cache-Control: public, max-age=31536000, immutable` (RFC 8246)
+    /// instead of [`max_age`](ServeDir::max_age)'s value. The default is
+    /// [`content_hashed`]; `immutable_if(|_| false)` turns it off.
+    ///
+    /// ```
+    /// // Only the files under a build tool's naming scheme, `name.<hash>.js`.
+    /// let files = canter::ServeDir::new("/srv/www")
+    ///     .immutable_if(|name| name.ends_with(".js") && canter::content_hashed(name));
+    /// # let _ = files;
+    /// ```
+    pub fn immutable_if(mut self, f: impl Fn(&str) -> bool + Send + Sync + 'static) -> ServeDir {
+        Arc::make_mut(&mut self.inner).immutable = Immutable(Arc::new(f));
+        self
+    }
+
+    /// The Cache-Control value for the file at `path`.
+    fn cache_control(&self, path: &Path) -> HeaderValue {
+        let name = path.file_name().and_then(OsStr::to_str).unwrap_or("");
+        if (self.inner.immutable.0)(name) {
+            CACHE_IMMUTABLE
+        } else {
+            self.inner.cache_control.clone()
+        }
     }
 
     /// Answers one request; `rel` is the still percent-encoded path below the root.
@@ -217,8 +287,42 @@ impl ServeDir {
                 has_sibling = true;
             }
         }
-        selected.respond(method, parts, content_type, has_sibling)
+        let cache_control = self.cache_control(&path);
+        selected.respond(method, parts, content_type, cache_control, has_sibling)
     }
+}
+
+/// Whether a file name carries a content hash, as build tools write them: some part of the name
+/// between `.`, `-` or `_` (the extension aside) is at least 8 characters of lowercase
+/// hexadecimal with both a digit and a letter (webpack's and Rollup's `[hash]`:
+/// `app.3f9a2c1e.js`, `main-5d41402abc4b2a76.css`) or of uppercase base32, `A-Z` and `2-7`,
+/// with both (esbuild's `app-5XDBKMQS.js`). Dates (`report-20261125`) and words are not hashes.
+/// Mixed-case hashes (Vite's `index-BHkq3Dn5.js`) cannot be told from words by their letters
+/// alone: name their directory in [`ServeDir::immutable_if`] instead. The default test of
+/// [`ServeDir::immutable_if`].
+///
+/// ```
+/// assert!(canter::content_hashed("app.3f9a2c1e.js"));
+/// assert!(canter::content_hashed("main-5d41402abc4b2a76.css"));
+/// assert!(canter::content_hashed("chunk-5XDBKMQS.js"));
+/// assert!(!canter::content_hashed("report-20261125.pdf"));
+/// assert!(!canter::content_hashed("Dashboard2.js"));
+/// assert!(!canter::content_hashed("style.css"));
+/// ```
+pub fn content_hashed(name: &str) -> bool {
+    // The extension is not part of the name's hash: `file.0123abcd` has none.
+    let stem = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
+    stem.split(['.', '-', '_']).any(|part| {
+        let b = part.as_bytes();
+        let digits = b.iter().filter(|c| c.is_ascii_digit()).count();
+        let hex = b
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c));
+        let base32 = b
+            .iter()
+            .all(|c| c.is_ascii_uppercase() || (b'2'..=b'7').contains(c));
+        b.len() >= 8 && digits > 0 && digits < b.len() && (hex || base32)
+    })
 }
 
 /// `ServeDir` as a handler; the marker is private.
@@ -424,9 +528,12 @@ impl Representation {
         method: &Method,
         parts: &Parts,
         content_type: HeaderValue,
+        cache_control: HeaderValue,
         vary: bool,
     ) -> Response {
-        let mut validators: Vec<(HeaderName, HeaderValue)> = Vec::with_capacity(3);
+        // Sent with a 304 too: it updates what the cache stored (RFC 9110 §15.4.5).
+        let mut validators: Vec<(HeaderName, HeaderValue)> = Vec::with_capacity(4);
+        validators.push((header::CACHE_CONTROL, cache_control));
         if let Ok(etag) = HeaderValue::from_str(&self.etag) {
             validators.push((header::ETAG, etag));
         }
