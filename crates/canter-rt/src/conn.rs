@@ -33,7 +33,7 @@ use tokio::time::Sleep;
 
 use crate::body::{Body, BodyError, Pipe, PipeState, RequestBody};
 use crate::output::Out;
-use crate::server::Config;
+use crate::server::{ClientFault, Config};
 use crate::service::{Reply, Request, Response, Service};
 use crate::transport::Transport;
 use crate::worker::{later, Registration, Worker, READ_BUF};
@@ -112,7 +112,8 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         match driver.sniff_h2().await {
             Ok(Sniffed::Http1) => {}
             Ok(Sniffed::NotHttp) => {
-                tracing::info!(%peer, "first line is neither HTTP/1 nor the HTTP/2 preface; closing");
+                worker.fault(ClientFault::Protocol);
+                tracing::debug!(%peer, "first line is neither HTTP/1 nor the HTTP/2 preface; closing");
                 driver.release_idle_buffers();
                 return;
             }
@@ -141,6 +142,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
             }
             Err(e) => {
                 if let Stop::Io(e) = e {
+                    count_io_fault(&worker, &e);
                     tracing::debug!(%peer, error = %e, "connection error");
                 }
                 driver.release_idle_buffers();
@@ -186,8 +188,18 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     }
     match result {
         Ok(()) | Err(Stop::Done) | Err(Stop::Eof) | Err(Stop::Upgrade) => {}
-        Err(Stop::Timeout(phase)) => tracing::debug!(%peer, phase, "connection timed out"),
-        Err(Stop::Io(e)) => tracing::debug!(%peer, error = %e, "connection error"),
+        Err(Stop::Timeout(phase)) => {
+            // A stalled head was counted where it was answered 408; a stalled write is the
+            // reader's doing but not a fault of the request.
+            if phase == "read" {
+                driver.worker.fault(ClientFault::IdleTimeout);
+            }
+            tracing::debug!(%peer, phase, "connection timed out");
+        }
+        Err(Stop::Io(e)) => {
+            count_io_fault(&driver.worker, &e);
+            tracing::debug!(%peer, error = %e, "connection error");
+        }
     }
     driver.release_idle_buffers();
 }
@@ -230,7 +242,20 @@ pub(crate) async fn serve_tls<S: Service>(
             }
             serve(registration, tls, peer, svc, worker, cfg, false).await
         }
-        Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(e) => {
+            worker.fault(ClientFault::TlsHandshake);
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+        }
+    }
+}
+
+/// Counts an I/O error that ended a connection when it is the peer's reset.
+pub(crate) fn count_io_fault(worker: &Worker, e: &io::Error) {
+    if matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+    ) {
+        worker.fault(ClientFault::Reset);
     }
 }
 
@@ -359,7 +384,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
                 }
                 Ok(None) => return Step::Done,
                 Err(e) => {
-                    tracing::info!(peer = %self.peer, status = e.status(), error = %e, "bad request");
+                    self.worker.fault(ClientFault::BadRequest);
+                    tracing::debug!(peer = %self.peer, status = e.status(), error = %e, "bad request");
                     self.reject(e.status());
                     return Step::Done;
                 }
@@ -848,7 +874,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
                         return Poll::Ready(Ok(Driven::TimedOut));
                     }
                     if let Some(pipe) = pipe {
-                        tracing::info!(peer = %self.peer, "request body timed out or too slow");
+                        self.worker.fault(ClientFault::BodyTimeout);
+                        tracing::debug!(peer = %self.peer, "request body timed out or too slow");
                         pipe.borrow_mut()
                             .close(PipeState::Failed(BodyError::TimedOut));
                         self.h1.set_close();
@@ -890,7 +917,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
                 Ok(BodyEvent::End) => p.close(PipeState::End),
                 Ok(BodyEvent::NeedMore) => break,
                 Err(e) => {
-                    tracing::info!(peer = %self.peer, status = e.status(), error = %e, "bad request body");
+                    self.worker.fault(ClientFault::BadBody);
+                    tracing::debug!(peer = %self.peer, status = e.status(), error = %e, "bad request body");
                     let err = match e {
                         canter_h1::Error::BodyTooLarge => BodyError::TooLarge,
                         e => BodyError::Malformed(e),
@@ -1062,7 +1090,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
         if let Err(Stop::Timeout(_)) = result {
             if !self.h1.is_idle() || !self.rbuf.is_empty() {
                 // A slow or stalled request head: say so, then close.
-                tracing::info!(peer = %self.peer, "request head timed out");
+                self.worker.fault(ClientFault::HeadTimeout);
+                tracing::debug!(peer = %self.peer, "request head timed out");
                 self.reject(408);
                 let _ = self.flush().await;
                 return Err(Stop::Timeout("head"));

@@ -32,7 +32,7 @@ use http::{HeaderName, StatusCode};
 use crate::body::{Body, BodyError, BodyStream, Pipe, PipeState, RequestBody};
 use crate::conn::Timer;
 use crate::output::Out;
-use crate::server::Config;
+use crate::server::{ClientFault, Config};
 use crate::service::{Reply, Request, Response, Service};
 use crate::transport::Transport;
 use crate::worker::{later, Registration, Worker, READ_BUF};
@@ -104,6 +104,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         Some(up) => match Connection::upgrade(settings(&cfg), &up.settings, &mut out) {
             Ok(conn) => conn,
             Err(e) => {
+                worker.fault(ClientFault::Protocol);
                 tracing::debug!(%peer, error = %e, "h2c upgrade refused");
                 return;
             }
@@ -124,9 +125,20 @@ async fn drive<S: Service, T: Transport>(mut h2: H2<S, T>, registration: Registr
     let result = poll_fn(|cx| h2.poll(cx)).await;
     match &result {
         Ok(()) | Err(Stop::Done) => {}
-        Err(Stop::Protocol(e)) => tracing::debug!(%peer, error = %e, "HTTP/2 connection error"),
-        Err(Stop::Timeout(phase)) => tracing::debug!(%peer, phase, "HTTP/2 connection timed out"),
-        Err(Stop::Io(e)) => tracing::debug!(%peer, error = %e, "HTTP/2 connection I/O error"),
+        Err(Stop::Protocol(e)) => {
+            h2.worker.fault(ClientFault::Protocol);
+            tracing::debug!(%peer, error = %e, "HTTP/2 connection error");
+        }
+        Err(Stop::Timeout(phase)) => {
+            if *phase == "idle" {
+                h2.worker.fault(ClientFault::IdleTimeout);
+            }
+            tracing::debug!(%peer, phase, "HTTP/2 connection timed out");
+        }
+        Err(Stop::Io(e)) => {
+            crate::conn::count_io_fault(&h2.worker, e);
+            tracing::debug!(%peer, error = %e, "HTTP/2 connection I/O error");
+        }
     }
     if !matches!(result, Err(Stop::Io(_))) {
         // Send the GOAWAY (or anything else still buffered) before closing; bounded by the
@@ -438,7 +450,8 @@ impl<S: Service, T: Transport> H2<S, T> {
                     }
                 }
                 Event::Reject { stream, status } => {
-                    tracing::info!(peer = %self.peer, stream, status, "request rejected");
+                    self.worker.fault(ClientFault::BadRequest);
+                    tracing::debug!(peer = %self.peer, stream, status, "request rejected");
                     let res = Response::new(
                         StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
                     );
@@ -503,7 +516,8 @@ impl<S: Service, T: Transport> H2<S, T> {
         let rh = match built {
             Ok(rh) => rh,
             Err(e) => {
-                tracing::info!(peer = %self.peer, stream, status = e.status(), error = %e, "bad request");
+                self.worker.fault(ClientFault::BadRequest);
+                tracing::debug!(peer = %self.peer, stream, status = e.status(), error = %e, "bad request");
                 let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
                 let res = Response::text(format!(
                     "{}\n",

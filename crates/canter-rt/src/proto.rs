@@ -557,6 +557,7 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
                 Some(acceptor) => match acceptor.accept(tcp).await {
                     Ok(s) => Stream::Tls(Box::new(s)),
                     Err(e) => {
+                        worker.fault(crate::ClientFault::TlsHandshake);
                         tracing::debug!(%peer, error = %e, "TLS handshake failed");
                         return;
                     }

@@ -73,6 +73,11 @@ pub struct Config {
     /// these settings; `None` serves HTTP/1.1 only. Its header list limit is capped at
     /// [`Limits::max_head`].
     pub http2: Option<canter_h2::Settings>,
+    /// Client faults ([`ClientFault`]: bad requests, timeouts, resets, failed handshakes) are
+    /// logged one by one at DEBUG only, since any peer can cause as many as it likes; at INFO,
+    /// one line per this interval gives their counts by kind, when there were any. The counts
+    /// are also in [`Stats::client_faults`].
+    pub fault_log_interval: Duration,
 }
 
 /// Where and how to accept TLS connections.
@@ -105,6 +110,7 @@ impl Default for Config {
             server_name: "canter".to_owned(),
             tls: None,
             http2: Some(canter_h2::Settings::default()),
+            fault_log_interval: Duration::from_secs(10),
         }
     }
 }
@@ -129,6 +135,60 @@ impl ShutdownHandle {
 pub struct Stats {
     open: AtomicUsize,
     accepted: AtomicU64,
+    faults: [AtomicU64; ClientFault::ALL.len()],
+}
+
+/// A fault of the client that ended or disturbed one of its connections. Any peer can cause any
+/// number of them, so each is a DEBUG line, counted (see [`Config::fault_log_interval`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientFault {
+    /// A malformed or refused request head (answered 4xx/5xx), or an HTTP/2 stream refused for
+    /// its request.
+    BadRequest,
+    /// A malformed request body, or one over the limit.
+    BadBody,
+    /// The request head did not arrive within the head timeout (408).
+    HeadTimeout,
+    /// The request body stalled or came slower than the minimum rate.
+    BodyTimeout,
+    /// The connection sat idle past the idle timeout.
+    IdleTimeout,
+    /// The peer reset the connection.
+    Reset,
+    /// The TLS handshake failed or stalled.
+    TlsHandshake,
+    /// The peer broke the protocol: bytes that are neither HTTP/1 nor HTTP/2, an HTTP/2
+    /// connection error.
+    Protocol,
+}
+
+impl ClientFault {
+    /// Every kind, in the order of [`ClientFault::name`]'s summaries.
+    pub const ALL: [ClientFault; 8] = [
+        ClientFault::BadRequest,
+        ClientFault::BadBody,
+        ClientFault::HeadTimeout,
+        ClientFault::BodyTimeout,
+        ClientFault::IdleTimeout,
+        ClientFault::Reset,
+        ClientFault::TlsHandshake,
+        ClientFault::Protocol,
+    ];
+
+    /// The kind's name in logs and metrics: `bad_request`, `bad_body`, `head_timeout`,
+    /// `body_timeout`, `idle_timeout`, `reset`, `tls_handshake`, `protocol`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClientFault::BadRequest => "bad_request",
+            ClientFault::BadBody => "bad_body",
+            ClientFault::HeadTimeout => "head_timeout",
+            ClientFault::BodyTimeout => "body_timeout",
+            ClientFault::IdleTimeout => "idle_timeout",
+            ClientFault::Reset => "reset",
+            ClientFault::TlsHandshake => "tls_handshake",
+            ClientFault::Protocol => "protocol",
+        }
+    }
 }
 
 impl Stats {
@@ -149,6 +209,42 @@ impl Stats {
 
     pub(crate) fn closed(&self) {
         self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Client faults of `kind` since start.
+    pub fn client_faults(&self, kind: ClientFault) -> u64 {
+        self.faults[kind as usize].load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn fault(&self, kind: ClientFault) {
+        self.faults[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Logs, every `interval`, the client faults counted since the last line, when there were any.
+async fn summarize_faults(stats: Arc<Stats>, interval: Duration) {
+    let mut every = tokio::time::interval(interval);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    every.tick().await;
+    let mut last = [0u64; ClientFault::ALL.len()];
+    loop {
+        every.tick().await;
+        let mut line = String::new();
+        for kind in ClientFault::ALL {
+            let now = stats.client_faults(kind);
+            let new = now - last[kind as usize];
+            last[kind as usize] = now;
+            if new > 0 {
+                use std::fmt::Write as _;
+                let _ = write!(line, " {}={new}", kind.name());
+            }
+        }
+        if !line.is_empty() {
+            tracing::info!(
+                "client faults in the last {:?}:{line} (each one at debug)",
+                interval
+            );
+        }
     }
 }
 
@@ -485,6 +581,13 @@ where
     let worker = Rc::new(Worker::new(&config.server_name, stats));
     let mut accept = factory(index);
     let cfg = Rc::new(config);
+    // One summary of the client faults for the whole server, from the first worker.
+    let summary = (index == 0 && !cfg.fault_log_interval.is_zero()).then(|| {
+        tokio::task::spawn_local(summarize_faults(
+            worker.stats().clone(),
+            cfg.fault_log_interval,
+        ))
+    });
     let ticker = {
         let worker = worker.clone();
         tokio::task::spawn_local(async move {
@@ -545,6 +648,9 @@ where
         );
     }
     ticker.abort();
+    if let Some(summary) = summary {
+        summary.abort();
+    }
     Ok(())
 }
 

@@ -49,6 +49,17 @@ struct Slab {
 }
 
 impl Worker {
+    /// The server's counters.
+    pub(crate) fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// Counts a client fault (see [`crate::ClientFault`]); the caller logs it at DEBUG.
+    #[cold]
+    pub(crate) fn fault(&self, kind: crate::ClientFault) {
+        self.stats.fault(kind);
+    }
+
     pub(crate) fn new(server: &str, stats: Arc<Stats>) -> Worker {
         let w = Worker {
             date: RefCell::new([0; 29]),

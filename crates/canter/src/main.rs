@@ -39,6 +39,10 @@ struct ServeArgs {
     /// Seconds a keep-alive connection may stay idle.
     #[arg(long, default_value_t = 60)]
     idle_timeout: u64,
+    /// Client faults (bad requests, timeouts, resets, failed handshakes) are logged one by one at
+    /// debug; at info, one line every SECS seconds counts them by kind (0: no summary).
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    fault_log_interval: u64,
     /// Seconds a client may take to send a request head.
     #[arg(long, default_value_t = 10)]
     head_timeout: u64,
@@ -223,6 +227,7 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
         config.workers = n.max(1);
     }
     config.timeouts.idle = Duration::from_secs(args.idle_timeout);
+    config.fault_log_interval = Duration::from_secs(args.fault_log_interval);
     config.timeouts.head = Duration::from_secs(args.head_timeout);
     config.timeouts.body = Duration::from_secs(args.body_timeout);
     config.limits.max_head = args.max_head;

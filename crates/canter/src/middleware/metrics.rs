@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use canter_rt::http::{header, HeaderValue, StatusCode};
-use canter_rt::{Reply, Request, Response, Stats};
+use canter_rt::{ClientFault, Reply, Request, Response, Stats};
 
 use super::{Middleware, Next};
 
@@ -71,7 +71,8 @@ struct Registry {
 /// Request metrics for Prometheus: requests by status code, a latency histogram (time until
 /// the response head is ready), request and response body bytes (the declared Content-Length
 /// and the known response length; streamed bodies of unknown length are not counted), and,
-/// with [`Metrics::with_stats`], open and accepted connections.
+/// with [`Metrics::with_stats`], open and accepted connections and the client's faults by kind
+/// (`canter_client_errors_total{kind="bad_request"}`, see [`ClientFault`]).
 ///
 /// Create one `Metrics` for the server, give each worker its own [`Metrics::layer`], and serve
 /// [`Metrics::endpoint`] where the scraper looks (opt-in: nothing is exposed otherwise).
@@ -224,6 +225,19 @@ impl Metrics {
                 stats.open_connections(),
                 stats.accepted(),
             );
+            out.push_str(
+                "# HELP canter_client_errors_total Connections ended or disturbed by the client: \
+                 bad requests and bodies, timeouts, resets, failed TLS handshakes, protocol errors.\n\
+                 # TYPE canter_client_errors_total counter\n",
+            );
+            for kind in ClientFault::ALL {
+                let _ = writeln!(
+                    out,
+                    "canter_client_errors_total{{kind=\"{}\"}} {}",
+                    kind.name(),
+                    stats.client_faults(kind)
+                );
+            }
         }
         out
     }
