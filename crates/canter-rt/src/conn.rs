@@ -332,6 +332,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
     async fn process(&mut self) -> Res<()> {
         let mut answered = 0;
         loop {
+            crate::set_peer(self.peer);
             // One unwinding boundary per run of requests answered without suspending, not one
             // per request: returning each reply through `catch_unwind` copied it twice more.
             let step = match catch_unwind(AssertUnwindSafe(|| self.answer_ready(&mut answered))) {
@@ -813,6 +814,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
     {
         poll_fn(|cx| {
             loop {
+                crate::set_peer(self.peer);
                 match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut *fut).poll(cx))) {
                     Ok(Poll::Ready(v)) => return Poll::Ready(Ok(Driven::Done(v))),
                     Ok(Poll::Pending) => {}

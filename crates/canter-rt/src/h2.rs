@@ -245,6 +245,7 @@ impl<S: Service, T: Transport> H2<S, T> {
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
+        crate::set_peer(self.peer);
         self.pulled_in_turn = 0;
         loop {
             if self.worker.draining() && !self.drained {

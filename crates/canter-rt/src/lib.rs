@@ -28,6 +28,7 @@ mod h2;
 mod outbound;
 mod output;
 pub mod proto;
+pub mod proxy;
 mod server;
 mod service;
 mod tls;
@@ -47,6 +48,29 @@ pub use transport::{Stream, TlsStream, Transport};
 
 pub use bytes;
 pub use http;
+
+thread_local! {
+    static PEER: std::cell::Cell<Option<std::net::SocketAddr>> = const { std::cell::Cell::new(None) };
+}
+
+/// The client's address for the request being handled on this thread: the connection's peer,
+/// or the client a load balancer named in its PROXY protocol header
+/// ([`Config::proxy_protocol`]). Call it from a handler or middleware, or from a future they
+/// return while it is polled; `None` outside the runtime's workers.
+///
+/// It is kept per worker thread, set as the connection's task turns to its requests, not
+/// carried in every [`Request`]: a larger request is copied at a cost on every exchange, and
+/// few handlers ask.
+#[inline]
+pub fn peer_addr() -> Option<std::net::SocketAddr> {
+    PEER.with(std::cell::Cell::get)
+}
+
+/// Makes `peer` the answer of [`peer_addr`] on this thread.
+#[inline]
+pub(crate) fn set_peer(peer: std::net::SocketAddr) {
+    PEER.with(|p| p.set(Some(peer)));
+}
 
 /// Runs blocking work on the runtime's blocking pool and awaits its result, keeping the worker's
 /// event loop free.

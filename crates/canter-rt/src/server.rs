@@ -78,6 +78,12 @@ pub struct Config {
     /// one line per this interval gives their counts by kind, when there were any. The counts
     /// are also in [`Stats::client_faults`].
     pub fault_log_interval: Duration,
+    /// Every connection, on the plain and the TLS listener, opens with a PROXY protocol header
+    /// (version 1 or 2) from a load balancer, read before anything else; the client it names
+    /// becomes the connection's peer ([`crate::peer_addr`], logs). A connection from a source
+    /// not allowed, or with a missing, malformed, oversized or late header, is closed with a
+    /// debug line (a [`ClientFault::Protocol`]). `None` (the default): no header expected.
+    pub proxy_protocol: Option<crate::proxy::ProxyProtocol>,
 }
 
 /// Where and how to accept TLS connections.
@@ -111,6 +117,7 @@ impl Default for Config {
             tls: None,
             http2: Some(canter_h2::Settings::default()),
             fault_log_interval: Duration::from_secs(10),
+            proxy_protocol: None,
         }
     }
 }
@@ -466,6 +473,20 @@ impl<S: Service> Accept for HttpAccept<S> {
             tls,
         } = conn;
         let (svc, worker, cfg) = (self.0.clone(), worker.clone(), cfg.clone());
+        if cfg.proxy_protocol.is_some() {
+            tokio::task::spawn_local(serve_proxied(
+                Accepted {
+                    registration,
+                    tcp,
+                    peer,
+                    tls,
+                },
+                svc,
+                worker,
+                cfg,
+            ));
+            return;
+        }
         match tls {
             None => {
                 let sniff_h2 = cfg.http2.is_some();
@@ -489,6 +510,42 @@ impl<S: Service> Accept for HttpAccept<S> {
                 cfg,
             )),
         };
+    }
+}
+
+/// A connection behind a load balancer: its PROXY header first, then HTTP (over TLS when it
+/// came from the TLS listener) with the client the header names as its peer.
+async fn serve_proxied<S: Service>(
+    conn: Accepted,
+    svc: Rc<S>,
+    worker: Rc<Worker>,
+    cfg: Rc<Config>,
+) {
+    let Accepted {
+        registration,
+        mut tcp,
+        peer,
+        tls,
+    } = conn;
+    let Some(pp) = cfg.proxy_protocol.as_ref() else {
+        return;
+    };
+    let peer = match crate::proxy::read_header(&mut tcp, peer, pp).await {
+        Ok(client) => client,
+        Err(e) => {
+            worker.fault(ClientFault::Protocol);
+            tracing::debug!(%peer, error = %e, "PROXY protocol: closing");
+            return;
+        }
+    };
+    match tls {
+        None => {
+            let sniff_h2 = cfg.http2.is_some();
+            crate::conn::serve(registration, tcp, peer, svc, worker, cfg, sniff_h2).await;
+        }
+        Some(acceptor) => {
+            crate::conn::serve_tls(registration, tcp, peer, acceptor, svc, worker, cfg).await;
+        }
     }
 }
 

@@ -20,9 +20,9 @@ pub mod middleware;
 mod negotiate;
 
 pub use app::{
-    any, delete, get, head, options, patch, post, put, Extension, Form, FromBody, FromParts,
-    Handler, Headers, Html, IntoResponse, Json, MethodRouter, Parts, Path, Query, RawBody,
-    Redirect, Rejection, RouteLimits, Router, State,
+    any, delete, get, head, options, patch, post, put, ClientAddr, Extension, Form, FromBody,
+    FromParts, Handler, Headers, Html, IntoResponse, Json, MethodRouter, Parts, Path, Query,
+    RawBody, Redirect, Rejection, RouteLimits, Router, State,
 };
 pub use app::{content_hashed, ServeDir};
 pub use app::{Cookies, IntoChunk, JsonLines, Multipart, NdJson, StreamBody};

@@ -39,6 +39,14 @@ struct ServeArgs {
     /// Seconds a keep-alive connection may stay idle.
     #[arg(long, default_value_t = 60)]
     idle_timeout: u64,
+    /// Expect a PROXY protocol header (v1 or v2, from HAProxy or a cloud load balancer) at the
+    /// start of every connection; the client it names is the peer for handlers and logs.
+    #[arg(long)]
+    proxy_protocol: bool,
+    /// With --proxy-protocol: accept headers only from this source (an address or a block such as
+    /// 10.0.0.0/8; repeat for several). Without it, any source may send one.
+    #[arg(long, value_name = "CIDR", requires = "proxy_protocol")]
+    proxy_from: Vec<canter_rt::proxy::Cidr>,
     /// Client faults (bad requests, timeouts, resets, failed handshakes) are logged one by one at
     /// debug; at info, one line every SECS seconds counts them by kind (0: no summary).
     #[arg(long, value_name = "SECS", default_value_t = 10)]
@@ -228,6 +236,12 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
     }
     config.timeouts.idle = Duration::from_secs(args.idle_timeout);
     config.fault_log_interval = Duration::from_secs(args.fault_log_interval);
+    if args.proxy_protocol {
+        config.proxy_protocol = Some(canter_rt::proxy::ProxyProtocol {
+            from: args.proxy_from.clone(),
+            ..Default::default()
+        });
+    }
     config.timeouts.head = Duration::from_secs(args.head_timeout);
     config.timeouts.body = Duration::from_secs(args.body_timeout);
     config.limits.max_head = args.max_head;

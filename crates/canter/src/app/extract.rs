@@ -465,6 +465,28 @@ impl FromParts for Headers {
     }
 }
 
+/// The client's address: the connection's peer, or the client a load balancer named in its
+/// PROXY protocol header (`Config::proxy_protocol`, `canter serve --proxy-protocol`). Failure
+/// (a request served without a connection, as in some tests): 500.
+///
+/// ```
+/// use canter::{get, ClientAddr, Router};
+///
+/// let app = Router::new().route("/ip", get(|ClientAddr(addr): ClientAddr| addr.ip().to_string()));
+/// # let _ = app;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub std::net::SocketAddr);
+
+impl FromParts for ClientAddr {
+    fn from_parts(_parts: &mut Parts) -> Result<Self, Rejection> {
+        canter_rt::peer_addr().map(ClientAddr).ok_or(Rejection::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "no client address",
+        ))
+    }
+}
+
 /// An optional extractor: `None` instead of a rejection.
 impl<T: FromParts> FromParts for Option<T> {
     fn from_parts(parts: &mut Parts) -> Result<Self, Rejection> {

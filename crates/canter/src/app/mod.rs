@@ -48,8 +48,8 @@ mod stream;
 
 pub use cookies::Cookies;
 pub use extract::{
-    Extension, Form, FromBody, FromParts, Headers, Json, Parts, Path, Query, RawBody, Rejection,
-    State, DEFAULT_BODY_LIMIT, DEFAULT_JSON_DEPTH_LIMIT,
+    ClientAddr, Extension, Form, FromBody, FromParts, Headers, Json, Parts, Path, Query, RawBody,
+    Rejection, State, DEFAULT_BODY_LIMIT, DEFAULT_JSON_DEPTH_LIMIT,
 };
 pub use handler::Handler;
 #[doc(hidden)]

@@ -8,7 +8,8 @@ use tracing::Level;
 use super::request_id::{RequestId, REQUEST_ID};
 use super::{Middleware, Next};
 
-/// Logs each request at INFO under target `canter::access`: method, target, status, body bytes
+/// Logs each request at INFO under target `canter::access`: the client's address (the PROXY
+/// protocol's when a load balancer sent one), method, target, status, body bytes
 /// (`-` when streamed without a known length), microseconds until the response head was ready,
 /// and the request id when a [`RequestId`](super::RequestId) layer set one. When that target is
 /// disabled (`RUST_LOG=canter::access=off`) the layer costs one level check.
@@ -42,6 +43,7 @@ impl Middleware for AccessLog {
             return next.run(req);
         }
         let start = Instant::now();
+        let peer = canter_rt::peer_addr();
         let method = req.method().clone();
         let target: Box<str> = req.head().target().into();
         // Set by an outer RequestId layer, or (inner layer) found on the response.
@@ -61,6 +63,7 @@ impl Middleware for AccessLog {
                 .map_or_else(|| "-".to_owned(), |n| n.to_string());
             tracing::info!(
                 target: "canter::access",
+                peer = %peer.map_or_else(|| "-".to_owned(), |p| p.to_string()),
                 method = %method,
                 target = %target,
                 status = res.status().as_u16(),

@@ -370,9 +370,11 @@ pub fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &str) -> Respo
 /// missing from a fresh machine is installed first from its Debian package (see
 /// [`apt_install`]); curl, python3 and openssl are on every machine the suite runs on.
 pub fn need(tool: &str) {
+    // HAProxy prints its version for `-v` only (`--version` exits with an error).
+    let flag = if tool == "haproxy" { "-v" } else { "--version" };
     let runs = || {
         Command::new(tool)
-            .arg("--version")
+            .arg(flag)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -395,6 +397,7 @@ fn debian_package(tool: &str) -> Option<&'static str> {
     match tool {
         "h2load" => Some("nghttp2-client"),
         "curl" => Some("curl"),
+        "haproxy" => Some("haproxy"),
         _ => None,
     }
 }
