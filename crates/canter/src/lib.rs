@@ -24,7 +24,7 @@ pub use app::{
     FromParts, Handler, Headers, Html, IntoResponse, Json, MethodRouter, Parts, Path, Query,
     RawBody, Redirect, Rejection, RouteLimits, Router, State,
 };
-pub use app::{content_hashed, ServeDir};
+pub use app::{content_hashed, ServeDir, StaticCompression};
 pub use app::{Cookies, IntoChunk, JsonLines, Multipart, NdJson, StreamBody};
 pub use cookie;
 pub use maud;

@@ -102,7 +102,9 @@ struct ServeArgs {
     /// (app.3f9a2c1e.js) get a year and immutable either way.
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     static_max_age: u64,
-    /// Compress responses (zstd, br or gzip, as the client accepts) of text types from 1 KiB.
+    /// Compress responses (zstd, br or gzip, as the client accepts) of text types from 1 KiB;
+    /// --static files too, from a cache of compressed copies, when they have no .zst, .br or .gz
+    /// sibling.
     #[arg(long)]
     compress: bool,
     /// Also serve over TLS (HTTPS) on this address; needs --tls-cert/--tls-key or
@@ -264,7 +266,14 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let workers = config.workers;
     let files = match &args.static_dir {
         Some(dir) if dir.is_dir() => {
-            Some(canter::ServeDir::new(dir).max_age(Duration::from_secs(args.static_max_age)))
+            let files =
+                canter::ServeDir::new(dir).max_age(Duration::from_secs(args.static_max_age));
+            Some(match args.compress {
+                true => files.compress(canter::StaticCompression::new(
+                    canter::middleware::Compression::new(),
+                )),
+                false => files,
+            })
         }
         Some(dir) => return Err(ServeError::NotADirectory(dir.clone())),
         None => None,

@@ -43,6 +43,7 @@ mod ndjson;
 mod path_de;
 mod response;
 mod router;
+mod static_compress;
 mod static_files;
 mod stream;
 
@@ -60,6 +61,7 @@ pub use response::{Html, IntoResponse, Redirect};
 pub use router::{
     any, delete, get, head, options, patch, post, put, MethodRouter, RouteLimits, Router,
 };
+pub use static_compress::StaticCompression;
 pub use static_files::{content_hashed, ServeDir};
 pub use stream::{IntoChunk, StreamBody};
 

@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use canter_rt::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use canter_rt::{Body, Reply, Response};
 
@@ -35,6 +36,7 @@ use super::extract::Parts;
 use super::handler::Handler;
 use super::response::IntoResponse;
 use super::router::{get, Router};
+use super::static_compress::{read_and_compress, FileChunks, Key, StaticCompression};
 
 const ACCEPT_RANGES_BYTES: HeaderValue = HeaderValue::from_static("bytes");
 const VARY_ACCEPT_ENCODING: HeaderValue = HeaderValue::from_static("accept-encoding");
@@ -111,6 +113,8 @@ struct Inner {
     cache_control: HeaderValue,
     /// Which file names carry a content hash (see [`ServeDir::immutable_if`]).
     immutable: Immutable,
+    /// Compressing files without a precompressed sibling (see [`ServeDir::compress`]).
+    compress: Option<StaticCompression>,
 }
 
 /// Which files are sent as never changing.
@@ -148,6 +152,7 @@ impl ServeDir {
                 hidden: false,
                 cache_control: CACHE_REVALIDATE,
                 immutable: Immutable(Arc::new(content_hashed)),
+                compress: None,
             }),
         }
     }
@@ -202,6 +207,25 @@ impl ServeDir {
         self
     }
 
+    /// Compresses the files of compressible types that have no precompressed sibling, for
+    /// clients that accept it (see [`StaticCompression`]): from a cache of compressed copies, or
+    /// as they are sent for large files. The compressed response has its own (weak) ETag, so
+    /// If-None-Match and 304 work for each representation, and `Vary: Accept-Encoding`; a
+    /// Range request gets the file as it is (as nginx does). `canter serve --compress` turns
+    /// it on for `--static`.
+    ///
+    /// ```
+    /// use canter::middleware::Compression;
+    /// use canter::{ServeDir, StaticCompression};
+    ///
+    /// let files = ServeDir::new("public").compress(StaticCompression::new(Compression::new()));
+    /// # let _ = files;
+    /// ```
+    pub fn compress(mut self, compression: StaticCompression) -> ServeDir {
+        Arc::make_mut(&mut self.inner).compress = Some(compression);
+        self
+    }
+
     /// The Cache-Control value for the file at `path`.
     fn cache_control(&self, path: &Path) -> HeaderValue {
         let name = path.file_name().and_then(OsStr::to_str).unwrap_or("");
@@ -213,55 +237,63 @@ impl ServeDir {
     }
 
     /// Answers one request; `rel` is the still percent-encoded path below the root.
-    fn serve(&self, method: &Method, rel: &str, parts: &Parts) -> Response {
+    fn serve(&self, method: &Method, rel: &str, parts: &Parts) -> Reply {
+        match self.find(method, rel, parts) {
+            Ok(found) => found,
+            Err(response) => Reply::Ready(response),
+        }
+    }
+
+    /// [`ServeDir::serve`], with every early answer (404, 405, a redirect) as an `Err`.
+    fn find(&self, method: &Method, rel: &str, parts: &Parts) -> Result<Reply, Response> {
         if *method != Method::GET && *method != Method::HEAD {
-            return Response::text("method not allowed\n")
+            return Err(Response::text("method not allowed\n")
                 .with_status(StatusCode::METHOD_NOT_ALLOWED)
-                .with_header(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+                .with_header(header::ALLOW, HeaderValue::from_static("GET, HEAD")));
         }
         let request_path = parts.path();
         let Some(segments) = decode_path(rel) else {
-            return not_found();
+            return Err(not_found());
         };
         if !self.inner.hidden
             && segments
                 .iter()
                 .any(|s| s.starts_with(b".") && s != b".well-known")
         {
-            return not_found();
+            return Err(not_found());
         }
         let root = match &self.inner.canonical {
             Some(root) => root.clone(),
             None => match std::fs::canonicalize(&self.inner.root) {
                 Ok(root) => root,
-                Err(_) => return not_found(),
+                Err(_) => return Err(not_found()),
             },
         };
         let mut candidate = root.clone();
         candidate.extend(segments.iter().map(|s| OsStr::from_bytes(s)));
         let Some(path) = confine(&root, &candidate) else {
-            return not_found();
+            return Err(not_found());
         };
         let Ok(meta) = std::fs::metadata(&path) else {
-            return not_found();
+            return Err(not_found());
         };
         let wants_dir = request_path.ends_with('/');
         let path = if meta.is_dir() {
             if !wants_dir {
-                return redirect_to_dir(request_path, parts.query());
+                return Err(redirect_to_dir(request_path, parts.query()));
             }
             match confine_child(&root, path.join(INDEX)) {
                 Some(index) => index,
-                None => return not_found(),
+                None => return Err(not_found()),
             }
         } else if wants_dir {
             // `file.txt/` names no directory.
-            return not_found();
+            return Err(not_found());
         } else {
             path
         };
         let Some((file, meta)) = open_regular(&path) else {
-            return not_found();
+            return Err(not_found());
         };
         let content_type = content_type(&path);
         let mut selected = Representation::identity(file, &meta);
@@ -269,7 +301,7 @@ impl ServeDir {
         let accepted =
             AcceptEncoding::parse(header_values(parts, "accept-encoding")).unwrap_or_default();
         let mut best_q = 0;
-        for encoding in [Encoding::Brotli, Encoding::Gzip] {
+        for encoding in [Encoding::Zstd, Encoding::Brotli, Encoding::Gzip] {
             let mut name = path.clone().into_os_string();
             name.push(encoding.suffix());
             let Some(sibling) = confine_child(&root, PathBuf::from(name)) else {
@@ -277,18 +309,48 @@ impl ServeDir {
             };
             let q = accepted.weight(encoding.coding());
             // Opened only if it might be served; otherwise its existence is enough for Vary.
+            // A sibling older than the file was made from an earlier version: not served.
+            let fresh = |m: &Metadata| m.modified().ok() >= meta.modified().ok();
             if q > best_q {
-                if let Some((file, meta)) = open_regular(&sibling) {
-                    has_sibling = true;
-                    best_q = q;
-                    selected = Representation::encoded(file, &meta, encoding);
+                if let Some((file, sibling_meta)) = open_regular(&sibling) {
+                    if fresh(&sibling_meta) {
+                        has_sibling = true;
+                        best_q = q;
+                        selected = Representation::encoded(file, &sibling_meta, encoding);
+                    }
                 }
-            } else if std::fs::metadata(&sibling).is_ok_and(|m| m.is_file()) {
+            } else if std::fs::metadata(&sibling).is_ok_and(|m| m.is_file() && fresh(&m)) {
                 has_sibling = true;
             }
         }
         let cache_control = self.cache_control(&path);
-        selected.respond(method, parts, content_type, cache_control, has_sibling)
+        let mut vary = has_sibling;
+        if let (None, Some(sc)) = (selected.encoding, &self.inner.compress) {
+            if sc.compression.worth(content_type.as_bytes(), selected.size) {
+                // The file has a compressed representation for some clients.
+                vary = true;
+                // A Range gets the file as it is: ranges of a compressed copy would depend on
+                // how it was compressed.
+                let coding = accepted.choose(sc.compression.offered());
+                if let (Some(coding), None) = (coding, parts.header("range")) {
+                    return Ok(selected.compressed(
+                        coding,
+                        sc,
+                        path,
+                        parts,
+                        content_type,
+                        cache_control,
+                    ));
+                }
+            }
+        }
+        Ok(Reply::Ready(selected.respond(
+            method,
+            parts,
+            content_type,
+            cache_control,
+            vary,
+        )))
     }
 }
 
@@ -334,7 +396,7 @@ impl Handler<ViaServeDir> for ServeDir {
     fn call(&self, parts: Parts) -> Reply {
         let path = parts.path();
         let rel = parts.params.iter(path).last().map_or("", |(_, v)| v);
-        Reply::Ready(self.serve(parts.method(), rel, &parts))
+        self.serve(parts.method(), rel, &parts)
     }
 }
 
@@ -430,6 +492,10 @@ fn content_type(path: &Path) -> HeaderValue {
     HeaderValue::from_static(mime)
 }
 
+fn internal_error() -> Response {
+    Response::text("internal server error\n").with_status(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
 fn not_found() -> Response {
     Response::text("not found\n").with_status(StatusCode::NOT_FOUND)
 }
@@ -450,6 +516,7 @@ fn redirect_to_dir(path: &str, query: Option<&str>) -> Response {
 /// A content coding a precompressed sibling can have.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Encoding {
+    Zstd,
     Brotli,
     Gzip,
 }
@@ -457,6 +524,7 @@ enum Encoding {
 impl Encoding {
     fn suffix(self) -> &'static str {
         match self {
+            Encoding::Zstd => ".zst",
             Encoding::Brotli => ".br",
             Encoding::Gzip => ".gz",
         }
@@ -468,6 +536,7 @@ impl Encoding {
 
     fn coding(self) -> Coding {
         match self {
+            Encoding::Zstd => Coding::Zstd,
             Encoding::Brotli => Coding::Brotli,
             Encoding::Gzip => Coding::Gzip,
         }
@@ -488,6 +557,8 @@ struct Representation {
     size: u64,
     /// Modification time, whole seconds since the epoch (the precision of Last-Modified).
     modified_secs: Option<u64>,
+    /// Modification time in nanoseconds since the epoch (0 if unknown).
+    mtime_ns: u128,
     last_modified: Option<HeaderValue>,
     /// The opaque tag with its quotes, `"…"`.
     etag: String,
@@ -516,6 +587,7 @@ impl Representation {
             file,
             size,
             modified_secs: since_epoch.map(|d| d.as_secs()),
+            mtime_ns: nanos,
             last_modified: modified
                 .and_then(|m| HeaderValue::from_str(&httpdate::fmt_http_date(m)).ok()),
             etag,
@@ -584,6 +656,85 @@ impl Representation {
                 r
             }
         }
+    }
+
+    /// The file compressed with `coding` (it has no precompressed sibling): from the cache of
+    /// compressed copies, compressed on the blocking pool on a miss, or as it is sent when it
+    /// is too large to keep. Its ETag is weak (the bytes depend on the compressor, not only on
+    /// the file) and names the coding.
+    fn compressed(
+        mut self,
+        coding: Coding,
+        sc: &StaticCompression,
+        path: PathBuf,
+        parts: &Parts,
+        content_type: HeaderValue,
+        cache_control: HeaderValue,
+    ) -> Reply {
+        self.etag = format!(
+            "\"{:x}-{:x}-{}\"",
+            self.size,
+            self.mtime_ns,
+            coding.as_str()
+        );
+        let mut validators: Vec<(HeaderName, HeaderValue)> = Vec::with_capacity(4);
+        validators.push((header::CACHE_CONTROL, cache_control));
+        if let Ok(etag) = HeaderValue::from_str(&format!("W/{}", self.etag)) {
+            validators.push((header::ETAG, etag));
+        }
+        if let Some(lm) = &self.last_modified {
+            validators.push((header::LAST_MODIFIED, lm.clone()));
+        }
+        validators.push((header::VARY, VARY_ACCEPT_ENCODING));
+        if self.not_modified(parts) {
+            return Reply::Ready(with_headers(
+                Response::new(StatusCode::NOT_MODIFIED),
+                validators,
+            ));
+        }
+        let response = with_headers(Response::new(StatusCode::OK), validators)
+            .with_header(header::CONTENT_TYPE, content_type)
+            .with_header(header::CONTENT_ENCODING, coding.header_value());
+        if self.size > sc.max_entry {
+            let source = Box::pin(FileChunks {
+                file: self.file,
+                left: self.size,
+            });
+            return Reply::Ready(
+                match sc.compression.compress_stream(coding, self.size, source) {
+                    Ok(body) => response.with_body(body),
+                    Err(e) => {
+                        tracing::error!(error = %e, path = %path.display(), "cannot start compressing a file");
+                        internal_error()
+                    }
+                },
+            );
+        }
+        let key = Key {
+            path,
+            coding,
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+        };
+        if let Some(data) = sc.cached(&key) {
+            return Reply::Ready(response.with_body(Body::Full(data)));
+        }
+        let (sc, file, len) = (sc.clone(), self.file, self.size);
+        Reply::Pending(Box::pin(async move {
+            let compression = sc.compression.clone();
+            let work = move || read_and_compress(file, len, &compression, coding);
+            match canter_rt::spawn_blocking(work).await {
+                Ok(Ok(data)) => {
+                    let data = Bytes::from(data);
+                    sc.keep(key, data.clone());
+                    response.with_body(Body::Full(data))
+                }
+                Ok(Err(e)) | Err(e) => {
+                    tracing::error!(error = %e, path = %key.path.display(), "cannot compress a file");
+                    internal_error()
+                }
+            }
+        }))
     }
 
     /// The conditional GET of RFC 9110 §13.2.2: If-None-Match decides when present (weak

@@ -78,7 +78,7 @@ impl Coding {
         }
     }
 
-    const fn header_value(self) -> HeaderValue {
+    pub(crate) const fn header_value(self) -> HeaderValue {
         HeaderValue::from_static(self.as_str())
     }
 }
@@ -355,6 +355,43 @@ fn parse_types(types: &[&str]) -> Vec<TypePattern> {
             }
         })
         .collect()
+}
+
+/// What static files (`ServeDir::compress`) use of the settings: the same codings, levels,
+/// types and minimum size as the middleware, and its encoders.
+impl Compression {
+    /// The enabled codings, most preferred first.
+    pub(crate) fn offered(&self) -> &[Coding] {
+        &self.settings.codings
+    }
+
+    /// Whether a body of `len` bytes of `content_type` is worth compressing.
+    pub(crate) fn worth(&self, content_type: &[u8], len: u64) -> bool {
+        !self.settings.codings.is_empty()
+            && len > 0
+            && len >= self.settings.min_size
+            && self.settings.type_matches(content_type)
+    }
+
+    /// `data` compressed with `coding` in one go.
+    pub(crate) fn compress_bytes(&self, coding: Coding, data: &[u8]) -> io::Result<Vec<u8>> {
+        compress_full(coding, self.settings.levels, data)
+    }
+
+    /// A body that compresses `source` (`len` bytes) with `coding` as the connection pulls it.
+    pub(crate) fn compress_stream(
+        &self,
+        coding: Coding,
+        len: u64,
+        source: Pin<Box<dyn BodyStream>>,
+    ) -> io::Result<Body> {
+        let mut encoder = Encoder::new(coding, self.settings.levels, Some(len))?;
+        encoder.pledge(len)?;
+        Ok(Body::stream(
+            None,
+            CompressStream::new(encoder, Bytes::new(), Some(source)),
+        ))
+    }
 }
 
 impl Middleware for Compression {

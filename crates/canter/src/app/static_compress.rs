@@ -1,0 +1,258 @@
+//! Compressed static files: a bounded cache of compressed copies, shared by the workers, and a
+//! file stream for the files too large to keep.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use canter_rt::BodyStream;
+
+use crate::middleware::{Coding, Compression};
+
+/// How [`ServeDir`](super::ServeDir) compresses files that have no precompressed sibling: the
+/// codings, levels, types and minimum size of a [`Compression`], and a cache of compressed
+/// copies.
+///
+/// - Files up to [`StaticCompression::max_entry`] (default 1 MiB) are compressed once, on the
+///   first request that wants them in a coding, off the worker's thread, and kept in a cache
+///   of at most [`StaticCompression::cache_bytes`] (default 64 MiB) shared by the workers; the
+///   least recently used copies are evicted first. A copy is keyed by the file's path, size and
+///   modification time and the coding: a changed file is compressed again, never served stale.
+/// - Larger files are compressed as they are sent, with the connection's backpressure.
+///
+/// ```
+/// use canter::middleware::Compression;
+/// use canter::{ServeDir, StaticCompression};
+///
+/// let files = ServeDir::new("public").compress(
+///     StaticCompression::new(Compression::new().br_level(6)).cache_bytes(16 << 20),
+/// );
+/// # let _ = files;
+/// ```
+#[derive(Debug, Clone)]
+pub struct StaticCompression {
+    pub(crate) compression: Compression,
+    pub(crate) max_entry: u64,
+    pub(crate) cache: Arc<Mutex<Cache>>,
+}
+
+impl StaticCompression {
+    /// Compresses as `compression` says, with a 64 MiB cache of copies of files up to 1 MiB.
+    pub fn new(compression: Compression) -> StaticCompression {
+        StaticCompression {
+            compression,
+            max_entry: 1 << 20,
+            cache: Arc::new(Mutex::new(Cache::new(64 << 20))),
+        }
+    }
+
+    /// The most bytes of compressed copies the cache holds.
+    pub fn cache_bytes(mut self, bytes: usize) -> StaticCompression {
+        self.cache = Arc::new(Mutex::new(Cache::new(bytes)));
+        self
+    }
+
+    /// Files larger than this are compressed as they are sent instead of cached.
+    pub fn max_entry(mut self, bytes: u64) -> StaticCompression {
+        self.max_entry = bytes;
+        self
+    }
+
+    /// The cached copy of `key`'s file in `coding`, if it is there and of this version.
+    pub(crate) fn cached(&self, key: &Key) -> Option<Bytes> {
+        self.cache.lock().ok()?.get(key)
+    }
+
+    /// Keeps `data` as `key`'s copy.
+    pub(crate) fn keep(&self, key: Key, data: Bytes) {
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.insert(key, data);
+        }
+    }
+
+    /// The bytes the cache holds now, and how many copies.
+    #[cfg(test)]
+    fn held(&self) -> (usize, usize) {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        (cache.bytes, cache.entries.len())
+    }
+}
+
+/// Which copy: the file, its version and the coding.
+#[derive(Debug, Clone)]
+pub(crate) struct Key {
+    pub(crate) path: PathBuf,
+    pub(crate) coding: Coding,
+    pub(crate) size: u64,
+    pub(crate) mtime_ns: u128,
+}
+
+#[derive(Debug)]
+struct Entry {
+    size: u64,
+    mtime_ns: u128,
+    data: Bytes,
+    /// Its place in `Cache::order`.
+    used: u64,
+}
+
+/// Copies by file and coding (one version each: a newer one replaces it), and their order of
+/// use, least recent first.
+#[derive(Debug)]
+pub(crate) struct Cache {
+    entries: HashMap<(PathBuf, Coding), Entry>,
+    order: BTreeMap<u64, (PathBuf, Coding)>,
+    clock: u64,
+    bytes: usize,
+    limit: usize,
+}
+
+impl Cache {
+    fn new(limit: usize) -> Cache {
+        Cache {
+            entries: HashMap::new(),
+            order: BTreeMap::new(),
+            clock: 0,
+            bytes: 0,
+            limit,
+        }
+    }
+
+    fn get(&mut self, key: &Key) -> Option<Bytes> {
+        let id = (key.path.clone(), key.coding);
+        let entry = self.entries.get_mut(&id)?;
+        if entry.size != key.size || entry.mtime_ns != key.mtime_ns {
+            return None;
+        }
+        self.clock += 1;
+        self.order.remove(&entry.used);
+        entry.used = self.clock;
+        self.order.insert(self.clock, id);
+        Some(entry.data.clone())
+    }
+
+    fn insert(&mut self, key: Key, data: Bytes) {
+        let id = (key.path, key.coding);
+        if let Some(old) = self.entries.remove(&id) {
+            self.order.remove(&old.used);
+            self.bytes -= old.data.len();
+        }
+        if data.len() > self.limit {
+            return;
+        }
+        while self.bytes + data.len() > self.limit {
+            let Some((_, victim)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some(old) = self.entries.remove(&victim) {
+                self.bytes -= old.data.len();
+            }
+        }
+        self.clock += 1;
+        self.bytes += data.len();
+        self.order.insert(self.clock, id.clone());
+        self.entries.insert(
+            id,
+            Entry {
+                size: key.size,
+                mtime_ns: key.mtime_ns,
+                data,
+                used: self.clock,
+            },
+        );
+    }
+}
+
+/// Reads all of `file` (`len` bytes expected) and compresses it: for the blocking pool.
+pub(crate) fn read_and_compress(
+    mut file: File,
+    len: u64,
+    compression: &Compression,
+    coding: Coding,
+) -> io::Result<Vec<u8>> {
+    let mut data = Vec::with_capacity(len as usize);
+    file.read_to_end(&mut data)?;
+    if data.len() as u64 != len {
+        return Err(io::Error::other("file changed while it was read"));
+    }
+    compression.compress_bytes(coding, &data)
+}
+
+/// A file read in pieces as the connection pulls them (local files: each read is served from
+/// the page cache, as `stat` and `open` are on the worker's thread already).
+pub(crate) struct FileChunks {
+    pub(crate) file: File,
+    pub(crate) left: u64,
+}
+
+/// Bytes per piece.
+const PIECE: usize = 64 * 1024;
+
+impl BodyStream for FileChunks {
+    fn poll_next(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<io::Result<Bytes>>> {
+        let this = self.get_mut();
+        if this.left == 0 {
+            return Poll::Ready(None);
+        }
+        let mut buf = vec![0u8; (this.left as usize).min(PIECE)];
+        match this.file.read(&mut buf) {
+            Ok(0) => Poll::Ready(Some(Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "file ended before its length",
+            )))),
+            Ok(n) => {
+                buf.truncate(n);
+                this.left -= n as u64;
+                Poll::Ready(Some(Ok(Bytes::from(buf))))
+            }
+            Err(e) => Poll::Ready(Some(Err(e))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(path: &str, coding: Coding, size: u64, mtime_ns: u128) -> Key {
+        Key {
+            path: PathBuf::from(path),
+            coding,
+            size,
+            mtime_ns,
+        }
+    }
+
+    #[test]
+    fn least_recently_used_leave_first_and_versions_replace() {
+        let sc = StaticCompression::new(Compression::new()).cache_bytes(100);
+        sc.keep(key("/a", Coding::Gzip, 1, 1), Bytes::from(vec![0; 40]));
+        sc.keep(key("/b", Coding::Gzip, 1, 1), Bytes::from(vec![1; 40]));
+        assert_eq!(sc.held(), (80, 2));
+        // `/a` is used, so `/b` is the one to go when `/c` needs room.
+        assert!(sc.cached(&key("/a", Coding::Gzip, 1, 1)).is_some());
+        sc.keep(key("/c", Coding::Gzip, 1, 1), Bytes::from(vec![2; 40]));
+        assert_eq!(sc.held(), (80, 2));
+        assert!(sc.cached(&key("/b", Coding::Gzip, 1, 1)).is_none());
+        assert!(sc.cached(&key("/a", Coding::Gzip, 1, 1)).is_some());
+        // Another version of `/a` (size or time changed) is a miss, and replaces it.
+        assert!(sc.cached(&key("/a", Coding::Gzip, 1, 2)).is_none());
+        assert!(sc.cached(&key("/a", Coding::Gzip, 2, 1)).is_none());
+        assert!(sc.cached(&key("/a", Coding::Brotli, 1, 1)).is_none());
+        sc.keep(key("/a", Coding::Gzip, 1, 2), Bytes::from(vec![3; 10]));
+        assert_eq!(sc.held(), (50, 2));
+        assert!(sc.cached(&key("/a", Coding::Gzip, 1, 1)).is_none());
+        assert_eq!(
+            sc.cached(&key("/a", Coding::Gzip, 1, 2)).as_deref(),
+            Some(&[3u8; 10][..])
+        );
+        // Larger than the whole cache: not kept, nothing evicted.
+        sc.keep(key("/d", Coding::Gzip, 1, 1), Bytes::from(vec![4; 101]));
+        assert_eq!(sc.held(), (50, 2));
+    }
+}
