@@ -22,6 +22,8 @@ use crate::middleware::Coding;
 use crate::negotiate::AcceptEncoding;
 use std::ffi::OsStr;
 use std::fs::{File, Metadata};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -107,6 +109,11 @@ struct Inner {
     /// The root canonicalized when the `ServeDir` was made (`None` if that failed, for example
     /// because the directory does not exist yet; then it is tried again per request).
     canonical: Option<PathBuf>,
+    /// The root opened as a directory (`O_PATH`), for `openat2(RESOLVE_BENEATH)`: one system
+    /// call opens a file and proves it is below the root. `None` if the root could not be
+    /// opened when the `ServeDir` was made, or the kernel lacks `openat2` (then paths are
+    /// canonicalized and compared instead).
+    root_fd: Option<Arc<OwnedFd>>,
     /// Serve names starting with `.` (see [`ServeDir::serve_hidden`]).
     hidden: bool,
     /// Cache-Control of files not judged immutable (see [`ServeDir::max_age`]).
@@ -145,10 +152,12 @@ impl ServeDir {
     pub fn new(root: impl Into<PathBuf>) -> ServeDir {
         let root = root.into();
         let canonical = std::fs::canonicalize(&root).ok();
+        let root_fd = open_root(&root).map(Arc::new);
         ServeDir {
             inner: Arc::new(Inner {
                 root,
                 canonical,
+                root_fd,
                 hidden: false,
                 cache_control: CACHE_REVALIDATE,
                 immutable: Immutable(Arc::new(content_hashed)),
@@ -226,6 +235,29 @@ impl ServeDir {
         self
     }
 
+    /// Opens `rel` below the root: a regular file (with its metadata) or a directory; `None`
+    /// for anything else, anything missing, and anything that resolves (through `..` or a
+    /// symlink) outside the root.
+    fn lookup(&self, rel: &Path) -> Option<Found> {
+        if let Some(root) = &self.inner.root_fd {
+            match open_beneath(root, rel) {
+                Ok(found) => return found,
+                // No `openat2` here (an old kernel, or a sandbox that refuses it).
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {}
+                Err(_) => return None,
+            }
+        }
+        let root = match &self.inner.canonical {
+            Some(root) => root.clone(),
+            None => std::fs::canonicalize(&self.inner.root).ok()?,
+        };
+        let path = confine(&root, &root.join(rel))?;
+        if std::fs::metadata(&path).ok()?.is_dir() {
+            return Some(Found::Dir);
+        }
+        open_regular(&path).map(|(file, meta)| Found::File(file, meta))
+    }
+
     /// The Cache-Control value for the file at `path`.
     fn cache_control(&self, path: &Path) -> HeaderValue {
         let name = path.file_name().and_then(OsStr::to_str).unwrap_or("");
@@ -262,85 +294,80 @@ impl ServeDir {
         {
             return Err(not_found());
         }
-        let root = match &self.inner.canonical {
-            Some(root) => root.clone(),
-            None => match std::fs::canonicalize(&self.inner.root) {
-                Ok(root) => root,
-                Err(_) => return Err(not_found()),
-            },
-        };
-        let mut candidate = root.clone();
-        candidate.extend(segments.iter().map(|s| OsStr::from_bytes(s)));
-        let Some(path) = confine(&root, &candidate) else {
-            return Err(not_found());
-        };
-        let Ok(meta) = std::fs::metadata(&path) else {
-            return Err(not_found());
-        };
+        let mut rel = PathBuf::new();
+        rel.extend(segments.iter().map(|s| OsStr::from_bytes(s)));
         let wants_dir = request_path.ends_with('/');
-        let path = if meta.is_dir() {
-            if !wants_dir {
-                return Err(redirect_to_dir(request_path, parts.query()));
-            }
-            match confine_child(&root, path.join(INDEX)) {
-                Some(index) => index,
-                None => return Err(not_found()),
-            }
-        } else if wants_dir {
+        let (rel, file, meta) = match self.lookup(&rel) {
+            Some(Found::File(file, meta)) if !wants_dir => (rel, file, meta),
             // `file.txt/` names no directory.
-            return Err(not_found());
-        } else {
-            path
+            Some(Found::File(..)) | None => return Err(not_found()),
+            Some(Found::Dir) if !wants_dir => {
+                return Err(redirect_to_dir(request_path, parts.query()))
+            }
+            Some(Found::Dir) => {
+                let index = rel.join(INDEX);
+                match self.lookup(&index) {
+                    Some(Found::File(file, meta)) => (index, file, meta),
+                    _ => return Err(not_found()),
+                }
+            }
         };
-        let Some((file, meta)) = open_regular(&path) else {
-            return Err(not_found());
-        };
-        let content_type = content_type(&path);
+        let path = self.inner.root.join(&rel);
+        let content_type = content_type(&rel);
         let mut selected = Representation::identity(file, &meta);
-        let mut has_sibling = false;
         let accepted =
             AcceptEncoding::parse(header_values(parts, "accept-encoding")).unwrap_or_default();
-        let mut best_q = 0;
-        for encoding in [Encoding::Zstd, Encoding::Brotli, Encoding::Gzip] {
-            let mut name = path.clone().into_os_string();
+        let compressible = self
+            .inner
+            .compress
+            .as_ref()
+            .is_some_and(|sc| sc.compression.worth(content_type.as_bytes(), meta.len()));
+        // Siblings in the client's order of preference (zstd, br, gzip on a tie): the first
+        // fresh one is served. A sibling older than the file was made from an earlier version.
+        let fresh = |m: &Metadata| m.modified().ok() >= meta.modified().ok();
+        let mut order = [Encoding::Zstd, Encoding::Brotli, Encoding::Gzip];
+        order.sort_by_key(|e| std::cmp::Reverse(accepted.weight(e.coding())));
+        let mut has_sibling = false;
+        for encoding in order {
+            let accepted_here = accepted.weight(encoding.coding()) > 0;
+            // Looked for only if it might be served, or to know whether to send Vary.
+            if !accepted_here && (has_sibling || compressible) {
+                continue;
+            }
+            let mut name = rel.clone().into_os_string();
             name.push(encoding.suffix());
-            let Some(sibling) = confine_child(&root, PathBuf::from(name)) else {
+            let Some(Found::File(file, sibling_meta)) = self.lookup(Path::new(&name)) else {
                 continue;
             };
-            let q = accepted.weight(encoding.coding());
-            // Opened only if it might be served; otherwise its existence is enough for Vary.
-            // A sibling older than the file was made from an earlier version: not served.
-            let fresh = |m: &Metadata| m.modified().ok() >= meta.modified().ok();
-            if q > best_q {
-                if let Some((file, sibling_meta)) = open_regular(&sibling) {
-                    if fresh(&sibling_meta) {
-                        has_sibling = true;
-                        best_q = q;
-                        selected = Representation::encoded(file, &sibling_meta, encoding);
-                    }
-                }
-            } else if std::fs::metadata(&sibling).is_ok_and(|m| m.is_file() && fresh(&m)) {
-                has_sibling = true;
+            if !fresh(&sibling_meta) {
+                continue;
+            }
+            has_sibling = true;
+            if accepted_here && selected.encoding.is_none() {
+                selected = Representation::encoded(file, &sibling_meta, encoding);
             }
         }
         let cache_control = self.cache_control(&path);
         let mut vary = has_sibling;
         if let (None, Some(sc)) = (selected.encoding, &self.inner.compress) {
-            if sc.compression.worth(content_type.as_bytes(), selected.size) {
+            if compressible {
                 // The file has a compressed representation for some clients.
                 vary = true;
                 // A Range gets the file as it is: ranges of a compressed copy would depend on
                 // how it was compressed.
                 let coding = accepted.choose(sc.compression.offered());
                 if let (Some(coding), None) = (coding, parts.header("range")) {
-                    return Ok(selected.compressed(
+                    match selected.compressed(
                         coding,
                         sc,
                         path,
                         parts,
-                        content_type,
-                        cache_control,
-                    ));
+                        content_type.clone(),
+                        cache_control.clone(),
+                    ) {
+                        Ok(reply) => return Ok(reply),
+                        Err(identity) => selected = identity,
+                    }
                 }
             }
         }
@@ -461,15 +488,72 @@ fn confine(root: &Path, candidate: &Path) -> Option<PathBuf> {
     real.starts_with(root).then_some(real)
 }
 
-/// Like [`confine`] for `child`, whose parent is known to be canonical: only the last component
-/// can be a symlink, so one `lstat` usually settles it.
-fn confine_child(root: &Path, child: PathBuf) -> Option<PathBuf> {
-    let meta = std::fs::symlink_metadata(&child).ok()?;
-    if meta.file_type().is_symlink() {
-        confine(root, &child)
-    } else {
-        Some(child)
+/// What a path below the root names.
+enum Found {
+    File(File, Metadata),
+    Dir,
+}
+
+/// The root as an `O_PATH` directory descriptor, if it can be opened and `openat2` works here.
+fn open_root(root: &Path) -> Option<OwnedFd> {
+    let dir = File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(root)
+        .ok()?;
+    let fd = OwnedFd::from(dir);
+    // One probe: a kernel without `openat2` (before 5.6) or a sandbox refusing it.
+    match open_beneath(&fd, Path::new(".")) {
+        Ok(_) => Some(fd),
+        Err(_) => None,
     }
+}
+
+/// `openat2(root, rel, O_RDONLY | O_NONBLOCK, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`: opens
+/// `rel` only if it resolves below `root` (symlinks included; `..` and absolute links out fail
+/// with `EXDEV`), without blocking on a FIFO. `Ok(None)`: missing, out of bounds, or neither a
+/// regular file nor a directory.
+fn open_beneath(root: &OwnedFd, rel: &Path) -> io::Result<Option<Found>> {
+    let rel = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    let Ok(c_rel) = std::ffi::CString::new(rel.as_os_str().as_bytes()) else {
+        return Ok(None);
+    };
+    // SAFETY: `open_how` is plain data; all-zero is valid and the fields are set below.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: `root` is an open descriptor, `c_rel` a NUL-terminated path and `how` a valid
+    // `open_how` of the size passed; the kernel reads them and returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            c_rel.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSYS | libc::EPERM) => Err(e),
+            _ => Ok(None),
+        };
+    }
+    // SAFETY: `fd` is a descriptor the kernel just returned to us and nothing else owns.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+    let meta = file.metadata()?;
+    Ok(if meta.is_file() {
+        Some(Found::File(file, meta))
+    } else if meta.is_dir() {
+        Some(Found::Dir)
+    } else {
+        None
+    })
 }
 
 /// Opens `path` for reading without following a last-component symlink (it was resolved
@@ -661,17 +745,24 @@ impl Representation {
     /// The file compressed with `coding` (it has no precompressed sibling): from the cache of
     /// compressed copies, compressed on the blocking pool on a miss, or as it is sent when it
     /// is too large to keep. Its ETag is weak (the bytes depend on the compressor, not only on
-    /// the file) and names the coding.
+    /// the file) and names the coding. `Err(self)`: the copy is being made for another request
+    /// right now, so this one is better answered with the file as it is.
     fn compressed(
-        mut self,
+        self,
         coding: Coding,
         sc: &StaticCompression,
         path: PathBuf,
         parts: &Parts,
         content_type: HeaderValue,
         cache_control: HeaderValue,
-    ) -> Reply {
-        self.etag = format!(
+    ) -> Result<Reply, Representation> {
+        let key = Key {
+            path,
+            coding,
+            size: self.size,
+            mtime_ns: self.mtime_ns,
+        };
+        let etag = format!(
             "\"{:x}-{:x}-{}\"",
             self.size,
             self.mtime_ns,
@@ -679,18 +770,18 @@ impl Representation {
         );
         let mut validators: Vec<(HeaderName, HeaderValue)> = Vec::with_capacity(4);
         validators.push((header::CACHE_CONTROL, cache_control));
-        if let Ok(etag) = HeaderValue::from_str(&format!("W/{}", self.etag)) {
-            validators.push((header::ETAG, etag));
+        if let Ok(value) = HeaderValue::from_str(&format!("W/{etag}")) {
+            validators.push((header::ETAG, value));
         }
         if let Some(lm) = &self.last_modified {
             validators.push((header::LAST_MODIFIED, lm.clone()));
         }
         validators.push((header::VARY, VARY_ACCEPT_ENCODING));
-        if self.not_modified(parts) {
-            return Reply::Ready(with_headers(
+        if self.not_modified_as(parts, &etag) {
+            return Ok(Reply::Ready(with_headers(
                 Response::new(StatusCode::NOT_MODIFIED),
                 validators,
-            ));
+            )));
         }
         let response = with_headers(Response::new(StatusCode::OK), validators)
             .with_header(header::CONTENT_TYPE, content_type)
@@ -700,49 +791,52 @@ impl Representation {
                 file: self.file,
                 left: self.size,
             });
-            return Reply::Ready(
+            return Ok(Reply::Ready(
                 match sc.compression.compress_stream(coding, self.size, source) {
                     Ok(body) => response.with_body(body),
                     Err(e) => {
-                        tracing::error!(error = %e, path = %path.display(), "cannot start compressing a file");
+                        tracing::error!(error = %e, path = %key.path.display(), "cannot start compressing a file");
                         internal_error()
                     }
                 },
-            );
+            ));
         }
-        let key = Key {
-            path,
-            coding,
-            size: self.size,
-            mtime_ns: self.mtime_ns,
-        };
         if let Some(data) = sc.cached(&key) {
-            return Reply::Ready(response.with_body(Body::Full(data)));
+            return Ok(Reply::Ready(response.with_body(Body::Full(data))));
+        }
+        if !sc.claim(&key) {
+            return Err(self);
         }
         let (sc, file, len) = (sc.clone(), self.file, self.size);
-        Reply::Pending(Box::pin(async move {
-            let compression = sc.compression.clone();
+        Ok(Reply::Pending(Box::pin(async move {
+            let compression = sc.cached.clone();
             let work = move || read_and_compress(file, len, &compression, coding);
             match canter_rt::spawn_blocking(work).await {
                 Ok(Ok(data)) => {
                     let data = Bytes::from(data);
-                    sc.keep(key, data.clone());
+                    sc.keep(key, Some(data.clone()));
                     response.with_body(Body::Full(data))
                 }
                 Ok(Err(e)) | Err(e) => {
                     tracing::error!(error = %e, path = %key.path.display(), "cannot compress a file");
+                    sc.keep(key, None);
                     internal_error()
                 }
             }
-        }))
+        })))
     }
 
     /// The conditional GET of RFC 9110 §13.2.2: If-None-Match decides when present (weak
     /// comparison), else If-Modified-Since.
     fn not_modified(&self, parts: &Parts) -> bool {
+        self.not_modified_as(parts, &self.etag)
+    }
+
+    /// [`Representation::not_modified`] for the representation tagged `etag`.
+    fn not_modified_as(&self, parts: &Parts, etag: &str) -> bool {
         let mut if_none_match = header_values(parts, "if-none-match").peekable();
         if if_none_match.peek().is_some() {
-            return if_none_match.any(|v| etag_list_matches(v, &self.etag, false));
+            return if_none_match.any(|v| etag_list_matches(v, etag, false));
         }
         let Some(since) = parts
             .header("if-modified-since")
@@ -1031,5 +1125,58 @@ mod tests {
         ] {
             assert_eq!(decode_path(bad), None, "{bad:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod lookup_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Both ways of confining a lookup to the root agree: `openat2(RESOLVE_BENEATH)` and, where
+    /// the kernel lacks it, canonicalizing and comparing prefixes.
+    #[test]
+    fn openat2_and_canonical_paths_agree() {
+        use std::os::unix::fs::symlink;
+        let base = std::env::temp_dir().join(format!("canter-lookup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let root = base.join("root");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("a.txt"), b"a").unwrap();
+        std::fs::write(base.join("secret"), b"s").unwrap();
+        symlink("a.txt", root.join("in")).unwrap();
+        symlink("../secret", root.join("out")).unwrap();
+        symlink(base.join("secret"), root.join("abs-out")).unwrap();
+        let with_fd = ServeDir::new(&root);
+        assert!(
+            with_fd.inner.root_fd.is_some(),
+            "openat2 is available on this kernel"
+        );
+        let mut without = ServeDir::new(&root);
+        Arc::make_mut(&mut without.inner).root_fd = None;
+        for (rel, want) in [
+            ("a.txt", Some(true)),
+            ("in", Some(true)),
+            ("sub", Some(false)),
+            ("", Some(false)),
+            ("out", None),
+            ("abs-out", None),
+            ("../secret", None),
+            ("sub/../../secret", None),
+            ("missing", None),
+        ] {
+            for dir in [&with_fd, &without] {
+                let got = dir
+                    .lookup(Path::new(rel))
+                    .map(|f| matches!(f, Found::File(..)));
+                assert_eq!(
+                    got,
+                    want,
+                    "{rel} (openat2: {})",
+                    dir.inner.root_fd.is_some()
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(&base);
     }
 }
