@@ -155,6 +155,11 @@ pub struct LoadArgs {
     #[arg(long)]
     pub tls_no_resume: bool,
 
+    /// A new connection for every request (`Connection: close`; HTTP/1.1 only): measures
+    /// connection set-up and tear-down, as `ab` without `-k` does.
+    #[arg(long)]
+    pub no_keepalive: bool,
+
     /// Do not print the once-per-second progress line on stderr.
     #[arg(long)]
     pub no_progress: bool,
@@ -223,7 +228,14 @@ fn plan(args: &LoadArgs) -> Result<Plan, LoadError> {
         })?,
         (None, None) => Vec::new(),
     };
-    let request = target::build_request(&args.method, &target, &args.headers, &body)?;
+    if args.no_keepalive && args.streams.is_some() {
+        return usage!("--no-keepalive is for HTTP/1.1; -m speaks HTTP/2");
+    }
+    let mut headers = args.headers.clone();
+    if args.no_keepalive {
+        headers.push("Connection: close".to_owned());
+    }
+    let request = target::build_request(&args.method, &target, &headers, &body)?;
     let h2 = match args.streams {
         Some(_) => Some(target::build_h2_request(
             &args.method,

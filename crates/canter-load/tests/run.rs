@@ -345,3 +345,53 @@ fn h2_needs_streams_without_pipelining() {
         assert!(matches!(run(args(&a)), Err(LoadError::Usage(_))), "{bad:?}");
     }
 }
+
+/// `--no-keepalive`: every request says `Connection: close` and goes on a connection of its
+/// own (the server here would keep them open otherwise, and counts what it accepts).
+#[test]
+fn no_keepalive_opens_a_connection_per_request() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let without_close = Arc::new(AtomicUsize::new(0));
+    {
+        let (accepted, without_close) = (accepted.clone(), without_close.clone());
+        thread::spawn(move || {
+            for s in listener.incoming().take(100) {
+                let Ok(mut s) = s else { break };
+                accepted.fetch_add(1, Ordering::Relaxed);
+                let (without_close, mut buf) = (without_close.clone(), Vec::new());
+                thread::spawn(move || {
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut piece = [0u8; 1024];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut piece) {
+                            Ok(n) if n > 0 => buf.extend_from_slice(&piece[..n]),
+                            _ => return,
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                    if !head.contains("connection: close\r\n") {
+                        without_close.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                    // Kept open: only the client's request may end it.
+                    let _ = s.read(&mut piece);
+                });
+            }
+        });
+    }
+    let url = format!("http://127.0.0.1:{port}/");
+    let report = run(args(&["-n", "40", "-c", "4", "--no-keepalive", "--json", &url]))
+        .expect("run");
+    assert_eq!(report.requests, 40);
+    assert_eq!(report.errors.total(), 0, "{:?}", report.errors);
+    // One connection per request (the last few may open as the count is reached).
+    let n = accepted.load(Ordering::Relaxed);
+    assert!((40..=44).contains(&n), "{n} connections for 40 requests");
+    assert_eq!(without_close.load(Ordering::Relaxed), 0);
+    let e = run(args(&["-m", "4", "--no-keepalive", &url])).expect_err("h2");
+    assert!(matches!(e, LoadError::Usage(_)), "{e:?}");
+}

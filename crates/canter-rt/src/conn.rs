@@ -1137,9 +1137,14 @@ impl<S: Service, T: Transport> Driver<S, T> {
     /// answered mid-request, an unread body), reads and discards for a bounded time first, so
     /// the kernel does not reset the connection before the peer has read our response.
     async fn linger(&mut self) {
-        if poll_fn(|cx| self.io.poll_shutdown(cx)).await.is_err()
-            || (self.h1.body_done() && self.rbuf.is_empty() && !self.errored)
-        {
+        // Nothing unread and nothing wrong on plain TCP: the close sends the FIN by itself, so
+        // no separate `shutdown` call (one system call per connection fewer when each request
+        // has its own). TLS still says close_notify first.
+        let settled = self.h1.body_done() && self.rbuf.is_empty() && !self.errored;
+        if settled && self.io.raw_tcp().is_some() {
+            return;
+        }
+        if poll_fn(|cx| self.io.poll_shutdown(cx)).await.is_err() || settled {
             return;
         }
         let until = tokio::time::Instant::now() + LINGER_TOTAL;

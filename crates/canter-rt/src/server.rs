@@ -434,6 +434,9 @@ fn listen(addr: SocketAddr, backlog: i32) -> io::Result<StdListener> {
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
+    // Accepted sockets inherit TCP_NODELAY from the listener on Linux: set once here rather
+    // than with a system call per connection (a test checks that accepted ones have it).
+    socket.set_nodelay(true)?;
     socket.bind(&addr.into())?;
     socket.listen(backlog)?;
     Ok(socket.into())
@@ -670,7 +673,6 @@ where
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((io, peer)) => {
-                    let _ = io.set_nodelay(true);
                     let registration = Registration { id: worker.register(), worker: worker.clone() };
                     accept.spawn(Accepted { registration, tcp: io, peer, tls: None }, &worker, &cfg);
                 }
@@ -678,7 +680,6 @@ where
             },
             accepted = accept_tls(tls.as_ref()) => match accepted {
                 Ok((io, peer, acceptor)) => {
-                    let _ = io.set_nodelay(true);
                     let registration = Registration { id: worker.register(), worker: worker.clone() };
                     accept.spawn(Accepted { registration, tcp: io, peer, tls: Some(acceptor) }, &worker, &cfg);
                 }
@@ -739,5 +740,27 @@ fn pin_to_cpu(cpu: usize) {
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
             tracing::warn!(cpu, "could not pin worker");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    /// The listener sets TCP_NODELAY once and the accept loop relies on accepted sockets
+    /// inheriting it (as Linux does): a small response must not wait for the client's ACK.
+    #[test]
+    fn accepted_sockets_inherit_nodelay() {
+        let listener = super::listen("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _client = std::net::TcpStream::connect(addr).unwrap();
+        listener.set_nonblocking(false).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        assert!(accepted.nodelay().unwrap());
+        // And it is the listener's doing: a listener without it gives sockets without it.
+        let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _c = std::net::TcpStream::connect(plain.local_addr().unwrap()).unwrap();
+        let (accepted, _) = plain.accept().unwrap();
+        assert!(!accepted.nodelay().unwrap());
     }
 }
