@@ -384,8 +384,16 @@ fn no_keepalive_opens_a_connection_per_request() {
         });
     }
     let url = format!("http://127.0.0.1:{port}/");
-    let report = run(args(&["-n", "40", "-c", "4", "--no-keepalive", "--json", &url]))
-        .expect("run");
+    let report = run(args(&[
+        "-n",
+        "40",
+        "-c",
+        "4",
+        "--no-keepalive",
+        "--json",
+        &url,
+    ]))
+    .expect("run");
     assert_eq!(report.requests, 40);
     assert_eq!(report.errors.total(), 0, "{:?}", report.errors);
     // One connection per request (the last few may open as the count is reached).
