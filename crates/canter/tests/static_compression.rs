@@ -217,3 +217,26 @@ fn fresh_precompressed_siblings_come_first() {
     assert_eq!(coding.as_deref(), Some("gzip"));
     assert!(body == text);
 }
+
+/// A precompressed sibling that appears next to a file already served compressed is served
+/// within a second (files without siblings are not probed again for that long).
+#[test]
+fn a_sibling_added_later_is_served_within_a_second() {
+    let dir = fresh_dir("later");
+    let text = script(2000, 6);
+    std::fs::write(dir.join("app.js"), &text).unwrap();
+    let server = Server::start_with(&["--static", dir.to_str().unwrap(), "--compress"]);
+    let mut c = server.client();
+    let (coding, body) = fetch_decoded(&mut c, "/static/app.js", "gzip");
+    assert_eq!(coding.as_deref(), Some("gzip"));
+    assert!(body == text);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&text).unwrap();
+    let sibling = gz.finish().unwrap();
+    std::fs::write(dir.join("app.js.gz"), &sibling).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    c.send("GET /static/app.js HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n");
+    let r = c.response();
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    assert_eq!(r.body, sibling, "the sibling's own bytes");
+}

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use canter_rt::BodyStream;
@@ -100,11 +101,39 @@ impl StaticCompression {
         }
     }
 
+    /// Whether `path` (at this size and time) was found without precompressed siblings less
+    /// than [`NO_SIBLINGS_FOR`] ago.
+    pub(crate) fn known_without_siblings(
+        &self,
+        path: &std::path::Path,
+        size: u64,
+        mtime_ns: u128,
+    ) -> bool {
+        self.cache.lock().is_ok_and(|cache| {
+            cache.no_siblings.get(path).is_some_and(|&(s, m, at)| {
+                s == size && m == mtime_ns && at.elapsed() < NO_SIBLINGS_FOR
+            })
+        })
+    }
+
+    /// Records that `path` (at this size and time) has no precompressed siblings now.
+    pub(crate) fn without_siblings(&self, path: PathBuf, size: u64, mtime_ns: u128) {
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.no_siblings.len() >= NO_SIBLINGS_MAX {
+                cache.no_siblings.clear();
+            }
+            cache
+                .no_siblings
+                .insert(path, (size, mtime_ns, Instant::now()));
+        }
+    }
+
     /// The bytes the cache holds now, and how many copies.
     #[cfg(test)]
     fn held(&self) -> (usize, usize) {
         let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        (cache.bytes, cache.entries.len())
+        let copies = cache.entries.values().flatten().flatten().count();
+        (cache.bytes, copies)
     }
 }
 
@@ -126,17 +155,34 @@ struct Entry {
     used: u64,
 }
 
+/// How long a file found without precompressed siblings is taken to still have none (its
+/// version unchanged): the probes are skipped meanwhile. A sibling added later is served
+/// within this time.
+const NO_SIBLINGS_FOR: Duration = Duration::from_secs(1);
+/// Files remembered as having no siblings, at most (the record is cleared when full).
+const NO_SIBLINGS_MAX: usize = 16_384;
+
 /// Copies by file and coding (one version each: a newer one replaces it), and their order of
-/// use, least recent first.
+/// use, least recent first. Looked up by the borrowed path: no allocation on a hit.
 #[derive(Debug)]
 pub(crate) struct Cache {
-    entries: HashMap<(PathBuf, Coding), Entry>,
+    entries: HashMap<PathBuf, [Option<Entry>; 3]>,
     order: BTreeMap<u64, (PathBuf, Coding)>,
     clock: u64,
     bytes: usize,
     limit: usize,
     /// Copies being made now.
     making: HashSet<(PathBuf, Coding)>,
+    /// Files seen without precompressed siblings: their size, time and when.
+    no_siblings: HashMap<PathBuf, (u64, u128, Instant)>,
+}
+
+fn slot(coding: Coding) -> usize {
+    match coding {
+        Coding::Zstd => 0,
+        Coding::Brotli => 1,
+        _ => 2,
+    }
 }
 
 impl Cache {
@@ -148,51 +194,65 @@ impl Cache {
             bytes: 0,
             limit,
             making: HashSet::new(),
+            no_siblings: HashMap::new(),
         }
     }
 
     fn get(&mut self, key: &Key) -> Option<Bytes> {
-        let id = (key.path.clone(), key.coding);
-        let entry = self.entries.get_mut(&id)?;
+        let slots = self.entries.get_mut(key.path.as_path())?;
+        let entry = slots[slot(key.coding)].as_mut()?;
         if entry.size != key.size || entry.mtime_ns != key.mtime_ns {
             return None;
         }
         self.clock += 1;
-        self.order.remove(&entry.used);
+        let id = self.order.remove(&entry.used)?;
         entry.used = self.clock;
         self.order.insert(self.clock, id);
         Some(entry.data.clone())
     }
 
-    fn insert(&mut self, key: Key, data: Bytes) {
-        let id = (key.path, key.coding);
-        if let Some(old) = self.entries.remove(&id) {
+    /// Takes out the copy of `path` in `coding`, if any.
+    fn remove(&mut self, path: &std::path::Path, coding: Coding) {
+        let Some(slots) = self.entries.get_mut(path) else {
+            return;
+        };
+        if let Some(old) = slots[slot(coding)].take() {
             self.order.remove(&old.used);
             self.bytes -= old.data.len();
         }
+        if slots.iter().all(Option::is_none) {
+            self.entries.remove(path);
+        }
+    }
+
+    fn insert(&mut self, key: Key, data: Bytes) {
+        self.remove(&key.path, key.coding);
         if data.len() > self.limit {
             return;
         }
         while self.bytes + data.len() > self.limit {
-            let Some((_, victim)) = self.order.pop_first() else {
+            let Some((_, (path, coding))) = self.order.pop_first() else {
                 break;
             };
-            if let Some(old) = self.entries.remove(&victim) {
-                self.bytes -= old.data.len();
+            if let Some(slots) = self.entries.get_mut(&path) {
+                if let Some(old) = slots[slot(coding)].take() {
+                    self.bytes -= old.data.len();
+                }
+                if slots.iter().all(Option::is_none) {
+                    self.entries.remove(&path);
+                }
             }
         }
         self.clock += 1;
         self.bytes += data.len();
-        self.order.insert(self.clock, id.clone());
-        self.entries.insert(
-            id,
-            Entry {
-                size: key.size,
-                mtime_ns: key.mtime_ns,
-                data,
-                used: self.clock,
-            },
-        );
+        self.order
+            .insert(self.clock, (key.path.clone(), key.coding));
+        self.entries.entry(key.path).or_default()[slot(key.coding)] = Some(Entry {
+            size: key.size,
+            mtime_ns: key.mtime_ns,
+            data,
+            used: self.clock,
+        });
     }
 }
 

@@ -328,7 +328,15 @@ impl ServeDir {
         let mut order = [Encoding::Zstd, Encoding::Brotli, Encoding::Gzip];
         order.sort_by_key(|e| std::cmp::Reverse(accepted.weight(e.coding())));
         let mut has_sibling = false;
-        for encoding in order {
+        // With compression on, a file found without siblings a moment ago is not probed again
+        // (three failed opens per request otherwise); a sibling added since shows within a
+        // second, one made for a changed file at once.
+        let mtime_ns = mtime_ns(&meta);
+        let probe = match &self.inner.compress {
+            Some(sc) if compressible => !sc.known_without_siblings(&path, meta.len(), mtime_ns),
+            _ => true,
+        };
+        for encoding in order.into_iter().filter(|_| probe) {
             let accepted_here = accepted.weight(encoding.coding()) > 0;
             // Looked for only if it might be served, or to know whether to send Vary.
             if !accepted_here && (has_sibling || compressible) {
@@ -345,6 +353,11 @@ impl ServeDir {
             has_sibling = true;
             if accepted_here && selected.encoding.is_none() {
                 selected = Representation::encoded(file, &sibling_meta, encoding);
+            }
+        }
+        if let (true, false, Some(sc)) = (probe, has_sibling, &self.inner.compress) {
+            if compressible {
+                sc.without_siblings(path.clone(), meta.len(), mtime_ns);
             }
         }
         let cache_control = self.cache_control(&path);
@@ -486,6 +499,14 @@ fn decode_path(rel: &str) -> Option<Vec<Vec<u8>>> {
 fn confine(root: &Path, candidate: &Path) -> Option<PathBuf> {
     let real = std::fs::canonicalize(candidate).ok()?;
     real.starts_with(root).then_some(real)
+}
+
+/// A file's modification time in nanoseconds since the epoch (0 if unknown).
+fn mtime_ns(meta: &Metadata) -> u128 {
+    meta.modified()
+        .ok()
+        .and_then(|m| m.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos())
 }
 
 /// What a path below the root names.
