@@ -529,12 +529,16 @@ pub async fn run<T: StartTls, P: Protocol>(
 
 /// Per-worker constructor of protocol connections, behind [`crate::Server::serve_protocol`].
 pub(crate) struct ProtocolAccept<G> {
-    make: G,
+    /// Shared with the connection tasks that call it once they know the peer (after a PROXY
+    /// protocol header); called on the worker's thread only, one call at a time.
+    make: Rc<RefCell<G>>,
 }
 
 impl<G> ProtocolAccept<G> {
     pub(crate) fn new(make: G) -> Self {
-        ProtocolAccept { make }
+        ProtocolAccept {
+            make: Rc::new(RefCell::new(make)),
+        }
     }
 }
 
@@ -542,16 +546,28 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
     fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>) {
         let Accepted {
             registration,
-            tcp,
+            mut tcp,
             peer,
             tls,
         } = conn;
-        let mut protocol = (self.make)(peer);
         let settings = Settings::from_config(cfg);
-        let worker = worker.clone();
+        let (worker, cfg, make) = (worker.clone(), cfg.clone(), self.make.clone());
         tokio::task::spawn_local(async move {
             let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
             worker.set_waker(registration.id, waker);
+            // Behind a load balancer the peer is the client its PROXY header names.
+            let peer = match &cfg.proxy_protocol {
+                None => peer,
+                Some(pp) => match crate::proxy::read_header(&mut tcp, peer, pp).await {
+                    Ok(client) => client,
+                    Err(e) => {
+                        worker.fault(crate::ClientFault::Protocol);
+                        tracing::debug!(%peer, error = %e, "PROXY protocol: closing");
+                        return;
+                    }
+                },
+            };
+            let mut protocol = (make.borrow_mut())(peer);
             let stream = match tls {
                 None => Stream::Plain(tcp),
                 Some(acceptor) => match acceptor.accept(tcp).await {

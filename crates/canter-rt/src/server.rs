@@ -79,8 +79,10 @@ pub struct Config {
     /// are also in [`Stats::client_faults`].
     pub fault_log_interval: Duration,
     /// Every connection, on the plain and the TLS listener, opens with a PROXY protocol header
-    /// (version 1 or 2) from a load balancer, read before anything else; the client it names
-    /// becomes the connection's peer ([`crate::peer_addr`], logs). A connection from a source
+    /// (version 1 or 2) from a load balancer, read before anything else (the TLS handshake
+    /// included); the client it names becomes the connection's peer: [`crate::peer_addr`] and
+    /// the logs for HTTP, the address a custom protocol is made for with
+    /// [`Server::serve_protocol`]. A connection from a source
     /// not allowed, or with a missing, malformed, oversized or late header, is closed with a
     /// debug line (a [`ClientFault::Protocol`]). `None` (the default): no header expected.
     pub proxy_protocol: Option<crate::proxy::ProxyProtocol>,

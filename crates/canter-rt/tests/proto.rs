@@ -483,3 +483,57 @@ fn lines_over_a_socket() {
     s.write_all(&[b'x'; 40]).unwrap();
     expect_eof(&mut s);
 }
+
+/// Says the peer address it was made for, then closes.
+struct WhoAmI(SocketAddr);
+
+impl Protocol for WhoAmI {
+    fn on_open(&mut self, conn: &mut Conn<'_>) {
+        let _ = conn.send(format!("{}\n", self.0));
+        conn.close();
+    }
+
+    fn on_data(&mut self, _conn: &mut Conn<'_>, input: &mut BytesMut) {
+        input.clear();
+    }
+}
+
+/// With `Config::proxy_protocol`, a custom protocol is made for the client the PROXY header
+/// names, and bytes sent right behind the header are the protocol's; a connection without a
+/// header is closed before the protocol exists.
+#[test]
+fn custom_protocols_behind_a_proxy_header() {
+    let proxied = || Config {
+        proxy_protocol: Some(canter_rt::proxy::ProxyProtocol::default()),
+        ..config()
+    };
+    let server = ProtoServer::start(proxied(), |_| |peer| WhoAmI(peer));
+    for (header, want) in [
+        (
+            &b"PROXY TCP4 192.0.2.7 198.51.100.1 4000 25\r\n"[..],
+            "192.0.2.7:4000\n",
+        ),
+        (
+            b"PROXY TCP6 2001:db8::5 2001:db8::1 4001 25\r\n",
+            "[2001:db8::5]:4001\n",
+        ),
+    ] {
+        let mut s = connect(server.addr);
+        s.write_all(header).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert_eq!(out, want);
+    }
+    // The echo protocol behind a header: the frame right behind it is the protocol's.
+    let echo = ProtoServer::start(proxied(), |_| |_| framed_echo::protocol());
+    let mut s = connect(echo.addr);
+    let mut bytes = b"PROXY UNKNOWN\r\n".to_vec();
+    bytes.extend(frame(b"hello"));
+    s.write_all(&bytes).unwrap();
+    assert_eq!(read_frame(&mut s), b"hello");
+    drop(s);
+    // No header: closed without a word.
+    let mut s = connect(server.addr);
+    s.write_all(b"HELO there\r\n").unwrap();
+    expect_eof(&mut s);
+}
