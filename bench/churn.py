@@ -26,6 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402
+from tls import stop  # noqa: E402  (a server's process group, stopped)
 
 ROOT = run.ROOT
 BENCH = run.BENCH
@@ -79,18 +80,6 @@ def start(name, port):
         time.sleep(0.05)
     stop(proc)
     raise RuntimeError(f"{name} did not answer on {port}")
-
-
-def stop(proc):
-    try:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=5)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, 9)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 def load_canter(port, clients, duration):

@@ -556,16 +556,8 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
             let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
             worker.set_waker(registration.id, waker);
             // Behind a load balancer the peer is the client its PROXY header names.
-            let peer = match &cfg.proxy_protocol {
-                None => peer,
-                Some(pp) => match crate::proxy::read_header(&mut tcp, peer, pp).await {
-                    Ok(client) => client,
-                    Err(e) => {
-                        worker.fault(crate::ClientFault::Protocol);
-                        tracing::debug!(%peer, error = %e, "PROXY protocol: closing");
-                        return;
-                    }
-                },
+            let Some(peer) = crate::proxy::client_of(&mut tcp, peer, &cfg, &worker).await else {
+                return;
             };
             let mut protocol = (make.borrow_mut())(peer);
             let stream = match tls {

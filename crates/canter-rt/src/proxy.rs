@@ -353,6 +353,28 @@ pub(crate) async fn read_header(
     }
 }
 
+/// The client of an accepted connection: `peer` itself when the server expects no PROXY
+/// header, else the one its header names; `None` when the connection must close (a refused
+/// source or a bad, missing or late header: counted as a protocol fault, logged at debug).
+pub(crate) async fn client_of(
+    tcp: &mut TcpStream,
+    peer: SocketAddr,
+    cfg: &crate::Config,
+    worker: &crate::worker::Worker,
+) -> Option<SocketAddr> {
+    let Some(pp) = &cfg.proxy_protocol else {
+        return Some(peer);
+    };
+    match read_header(tcp, peer, pp).await {
+        Ok(client) => Some(client),
+        Err(e) => {
+            worker.fault(crate::ClientFault::Protocol);
+            tracing::debug!(%peer, error = %e, "PROXY protocol: closing");
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -532,16 +532,8 @@ async fn serve_proxied<S: Service>(
         peer,
         tls,
     } = conn;
-    let Some(pp) = cfg.proxy_protocol.as_ref() else {
+    let Some(peer) = crate::proxy::client_of(&mut tcp, peer, &cfg, &worker).await else {
         return;
-    };
-    let peer = match crate::proxy::read_header(&mut tcp, peer, pp).await {
-        Ok(client) => client,
-        Err(e) => {
-            worker.fault(ClientFault::Protocol);
-            tracing::debug!(%peer, error = %e, "PROXY protocol: closing");
-            return;
-        }
     };
     match tls {
         None => {
