@@ -23,7 +23,6 @@ Markdown on standard output. Python 3 standard library only; h2load from Debian'
 nghttp2-client (also used to check that a server is up).
 """
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -172,40 +171,13 @@ def measure(proc, url, sc, n, h1=False):
     return r
 
 
-async def hold_idle(port, n):
+def idle_memory(name, spec, port, n):
     # One request per connection: preface, empty SETTINGS, HEADERS for GET /plaintext
     # (:method GET, :scheme http, :path without indexing, :authority x), then stay open.
     block = bytes([0x82, 0x86, 0x04, 0x0a]) + b"/plaintext" + bytes([0x01, 0x01]) + b"x"
     req = (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
            + len(block).to_bytes(3, "big") + bytes([1, 5, 0, 0, 0, 1]) + block)
-    sem = asyncio.Semaphore(100)
-
-    async def one():
-        async with sem:
-            r, w = await asyncio.open_connection("127.0.0.1", port)
-            w.write(req)
-            await w.drain()
-            await r.readuntil(b"Hello, World!")
-            return w
-
-    return await asyncio.gather(*[one() for _ in range(n)])
-
-
-def idle_memory(name, spec, port, n):
-    proc = start(name, spec, port)
-    try:
-        time.sleep(0.5)
-        before = run.rss_kib(proc.pid)
-        loop = asyncio.new_event_loop()
-        writers = loop.run_until_complete(hold_idle(port, n))
-        time.sleep(1.0)
-        after = run.rss_kib(proc.pid)
-        for w in writers:
-            w.close()
-        loop.close()
-    finally:
-        tls.stop(proc)
-    return (after - before) / n
+    return tls.idle_memory(lambda: start(name, spec, port), port, n, "http", req)
 
 
 def main():

@@ -164,7 +164,12 @@ def stop(proc):
         proc.wait()
 
 
-async def hold_idle(port, n, scheme):
+GET_PLAINTEXT = b"GET /plaintext HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+async def hold_idle(port, n, scheme, request=GET_PLAINTEXT):
+    """Opens `n` connections (100 at a time), sends `request` on each and waits for its
+    `Hello, World!`; returns the writers, connections still open."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
@@ -174,7 +179,7 @@ async def hold_idle(port, n, scheme):
         async with sem:
             r, w = await asyncio.open_connection("127.0.0.1", port,
                                                  ssl=ctx if scheme == "https" else None)
-            w.write(b"GET /plaintext HTTP/1.1\r\nHost: x\r\n\r\n")
+            w.write(request)
             await w.drain()
             await r.readuntil(b"Hello, World!")
             return w
@@ -182,13 +187,15 @@ async def hold_idle(port, n, scheme):
     return await asyncio.gather(*[one() for _ in range(n)])
 
 
-def idle_memory(spec, port, name, n):
-    proc = start(name, spec, port)
+def idle_memory(start_server, port, n, scheme, request=GET_PLAINTEXT):
+    """RSS growth per idle connection, in KiB: `start_server()` starts the server on `port`,
+    then `n` connections each make one request and stay open."""
+    proc = start_server()
     try:
         time.sleep(0.5)
         before = run.rss_kib(proc.pid)
         loop = asyncio.new_event_loop()
-        writers = loop.run_until_complete(hold_idle(port, n, spec[2]))
+        writers = loop.run_until_complete(hold_idle(port, n, scheme, request))
         time.sleep(1.0)
         after = run.rss_kib(proc.pid)
         for w in writers:
@@ -235,7 +242,8 @@ def main():
         if scn == "idle-memory":
             for name in names:
                 port += 1
-                kib = idle_memory(defs[name], port, name, args.idle_conns)
+                kib = idle_memory(lambda: start(name, defs[name], port), port, args.idle_conns,
+                                  defs[name][2])
                 results["cells"].setdefault(scn, {})[name] = [{"kib_per_conn": kib}]
                 print(f"{scn:18} {name:13} {kib:8.2f} KiB per idle connection", flush=True)
             continue

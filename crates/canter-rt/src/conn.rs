@@ -117,29 +117,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
                 driver.release_idle_buffers();
                 return;
             }
-            Ok(Sniffed::Http2) => {
-                let Driver {
-                    io,
-                    rbuf,
-                    svc,
-                    worker,
-                    cfg,
-                    ..
-                } = driver;
-                // Boxed here and below: inline, the HTTP/2 actor's state would sit in every
-                // HTTP/1.1 connection's task.
-                return Box::pin(crate::h2::serve(
-                    registration,
-                    io,
-                    peer,
-                    svc,
-                    worker,
-                    cfg,
-                    rbuf,
-                    None,
-                ))
-                .await;
-            }
+            Ok(Sniffed::Http2) => return driver.into_h2(registration, None).await,
             Err(e) => {
                 if let Stop::Io(e) = e {
                     count_io_fault(&worker, &e);
@@ -162,26 +140,8 @@ pub(crate) async fn serve<S: Service, T: Transport>(
             driver.release_idle_buffers();
             return;
         }
-        let Driver {
-            io,
-            rbuf,
-            svc,
-            worker,
-            cfg,
-            ..
-        } = driver;
         let upgraded = crate::h2::Upgraded { head, settings };
-        return Box::pin(crate::h2::serve(
-            registration,
-            io,
-            peer,
-            svc,
-            worker,
-            cfg,
-            rbuf,
-            Some(upgraded),
-        ))
-        .await;
+        return driver.into_h2(registration, Some(upgraded)).await;
     }
     if matches!(result, Ok(()) | Err(Stop::Done)) {
         driver.linger().await;
@@ -285,6 +245,36 @@ struct Driver<S, T> {
 }
 
 impl<S: Service, T: Transport> Driver<S, T> {
+    /// Hands the connection, with what it has read, to the HTTP/2 actor (prior knowledge, or
+    /// `upgraded` after a 101). Boxed, and built here rather than in an `async fn` that takes the
+    /// driver: inline, the HTTP/2 actor's state (or a second copy of the driver) would sit in
+    /// every HTTP/1.1 connection's task.
+    fn into_h2(
+        self,
+        registration: Registration,
+        upgraded: Option<crate::h2::Upgraded>,
+    ) -> Pin<Box<impl Future<Output = ()>>> {
+        let Driver {
+            io,
+            peer,
+            rbuf,
+            svc,
+            worker,
+            cfg,
+            ..
+        } = self;
+        Box::pin(crate::h2::serve(
+            registration,
+            io,
+            peer,
+            svc,
+            worker,
+            cfg,
+            rbuf,
+            upgraded,
+        ))
+    }
+
     /// Reads until the input either starts with the HTTP/2 connection preface or cannot. A
     /// complete first line without an HTTP version is neither protocol: such a peer gets no
     /// HTTP answer (an HTTP/2 client whose preface is corrupt must see the connection close).

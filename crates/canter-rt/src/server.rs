@@ -471,27 +471,17 @@ struct HttpAccept<S>(Rc<S>);
 
 impl<S: Service> Accept for HttpAccept<S> {
     fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>) {
+        let (svc, worker, cfg) = (self.0.clone(), worker.clone(), cfg.clone());
+        if cfg.proxy_protocol.is_some() {
+            tokio::task::spawn_local(serve_proxied(conn, svc, worker, cfg));
+            return;
+        }
         let Accepted {
             registration,
             tcp,
             peer,
             tls,
         } = conn;
-        let (svc, worker, cfg) = (self.0.clone(), worker.clone(), cfg.clone());
-        if cfg.proxy_protocol.is_some() {
-            tokio::task::spawn_local(serve_proxied(
-                Accepted {
-                    registration,
-                    tcp,
-                    peer,
-                    tls,
-                },
-                svc,
-                worker,
-                cfg,
-            ));
-            return;
-        }
         match tls {
             None => {
                 let sniff_h2 = cfg.http2.is_some();
