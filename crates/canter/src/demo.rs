@@ -108,18 +108,18 @@ pub fn app_with_static(store: Arc<Store>, files: ServeDir) -> Router {
 
 /// The TechEmpower plaintext response: `text/plain` without a charset, so its bytes match the
 /// peers' in the benchmark suite.
-fn plaintext() -> Response {
+pub(crate) fn plaintext() -> Response {
     Response::new(StatusCode::OK)
         .with_header(header::CONTENT_TYPE, TEXT_PLAIN)
         .with_body("Hello, World!")
 }
 
 #[derive(Serialize)]
-struct Message {
+pub(crate) struct Message {
     message: &'static str,
 }
 
-fn json() -> Json<Message> {
+pub(crate) fn json() -> Json<Message> {
     Json(Message {
         message: "Hello, World!",
     })

@@ -23,10 +23,45 @@ enum Command {
     Serve(ServeArgs),
     /// Generate HTTP load against a server and report throughput and latency.
     Load(canter_load::LoadArgs),
+    /// Create and fill the TechEmpower tables (World: 10,000 rows; Fortune) in a database.
+    DbSetup(DbSetupArgs),
+}
+
+#[derive(clap::Args)]
+struct DbSetupArgs {
+    /// The database, as a connection string (postgres://user:password@host:port/dbname).
+    #[arg(long)]
+    db: String,
+}
+
+/// The application `canter serve` runs.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AppKind {
+    /// The demo app (routes listed at /).
+    Demo,
+    /// The TechEmpower benchmark app: /plaintext, /json, /db, /queries, /fortunes, /updates,
+    /// /cached-queries over PostgreSQL (needs --db).
+    Techempower,
 }
 
 #[derive(clap::Args)]
 struct ServeArgs {
+    /// The application to serve.
+    #[arg(long, value_enum, default_value = "demo")]
+    app: AppKind,
+    /// PostgreSQL connection string for --app techempower
+    /// (postgres://user:password@host:port/dbname).
+    #[arg(long, value_name = "URL")]
+    db: Option<String>,
+    /// Database connections each worker opens.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    db_connections: usize,
+    /// Milliseconds a database query may take before the request is answered 503.
+    #[arg(long, value_name = "MS", default_value_t = 5000)]
+    db_query_timeout: u64,
+    /// Milliseconds connecting to the database may take.
+    #[arg(long, value_name = "MS", default_value_t = 3000)]
+    db_connect_timeout: u64,
     /// Address to listen on (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: SocketAddr,
@@ -142,6 +177,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Serve(args) => serve(args).map_err(CliError::Serve),
         Command::Load(args) => canter_load::run(args).map(|_| ()).map_err(CliError::Load),
+        Command::DbSetup(args) => db_setup(&args).map_err(CliError::DbSetup),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -157,6 +193,7 @@ fn main() -> ExitCode {
 enum CliError {
     Serve(ServeError),
     Load(canter_load::LoadError),
+    DbSetup(String),
 }
 
 impl fmt::Display for CliError {
@@ -164,6 +201,7 @@ impl fmt::Display for CliError {
         match self {
             CliError::Serve(e) => e.fmt(f),
             CliError::Load(e) => e.fmt(f),
+            CliError::DbSetup(e) => write!(f, "db-setup: {e}"),
         }
     }
 }
@@ -177,6 +215,8 @@ enum ServeError {
     NotADirectory(PathBuf),
     /// The TLS settings could not be loaded.
     Tls(SocketAddr, canter_rt::TlsError),
+    /// The database settings do not parse.
+    Db(canter::db::DbError),
     /// Binding the listeners failed.
     Listen(SocketAddr, io::Error),
     /// Installing the signal handlers or running the workers failed.
@@ -190,11 +230,47 @@ impl fmt::Display for ServeError {
             ServeError::NotADirectory(dir) => {
                 write!(f, "--static {}: not a directory", dir.display())
             }
+            ServeError::Db(e) => write!(f, "--db: {e}"),
             ServeError::Tls(addr, e) => write!(f, "--tls-addr {addr}: {e}"),
             ServeError::Listen(addr, e) => write!(f, "cannot listen on {addr}: {e}"),
             ServeError::Runtime(e) => e.fmt(f),
         }
     }
+}
+
+/// `canter db-setup`: creates and fills the TechEmpower tables.
+fn db_setup(args: &DbSetupArgs) -> Result<(), String> {
+    let config = canter::db::DbConfig::new(&args.db).map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(canter::techempower::setup(&config))
+        .map_err(|e| e.to_string())?;
+    tracing::info!(db = config.dbname(), "created the World and Fortune tables");
+    Ok(())
+}
+
+/// The per-worker database settings of `--app techempower`.
+fn db_config(
+    args: &ServeArgs,
+) -> Result<
+    (
+        std::sync::Arc<canter::db::DbConfig>,
+        canter::techempower::Statements,
+    ),
+    ServeError,
+> {
+    let Some(url) = &args.db else {
+        return Err(ServeError::Usage("--app techempower needs --db URL"));
+    };
+    let mut config = canter::db::DbConfig::new(url)
+        .map_err(ServeError::Db)?
+        .connections(args.db_connections)
+        .query_timeout(Duration::from_millis(args.db_query_timeout))
+        .connect_timeout(Duration::from_millis(args.db_connect_timeout));
+    let statements = canter::techempower::Statements::prepare(&mut config);
+    Ok((std::sync::Arc::new(config), statements))
 }
 
 /// Builds the TLS settings the flags ask for (none without `--tls-addr`).
@@ -264,6 +340,10 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
         });
     }
     let workers = config.workers;
+    let database = match args.app {
+        AppKind::Techempower => Some(db_config(&args)?),
+        AppKind::Demo => None,
+    };
     let files = match &args.static_dir {
         Some(dir) if dir.is_dir() => {
             let files =
@@ -289,16 +369,20 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
             );
         }
     }
+    let app_name = match args.app {
+        AppKind::Demo => "demo",
+        AppKind::Techempower => "TechEmpower",
+    };
     // Before the address line, which tests wait for.
     if let Some(dir) = &args.static_dir {
         tracing::info!("serving the files under {} at /static/", dir.display());
     }
     if let Some(addr) = server.tls_local_addr() {
-        tracing::info!("canter serving the demo app over TLS on https://{addr}/");
+        tracing::info!("canter serving the {app_name} app over TLS on https://{addr}/");
     }
     tracing::info!(
         workers,
-        "canter serving the demo app on http://{}/",
+        "canter serving the {app_name} app on http://{}/",
         server.local_addr()
     );
     // One router per worker (built on that worker's thread), one item store for the process.
@@ -309,10 +393,13 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let metrics_layer = metrics.clone();
     let access_log = args.access_log;
     let compress = args.compress;
-    let app = move || {
-        let app = match &files {
-            Some(files) => canter::demo::app_with_static(store.clone(), files.clone()),
-            None => canter::demo::app(store.clone()),
+    let app = move |worker: usize| {
+        let app = match (&database, &files) {
+            (Some((db, statements)), _) => {
+                canter::techempower::app(db.clone(), *statements, worker)
+            }
+            (None, Some(files)) => canter::demo::app_with_static(store.clone(), files.clone()),
+            (None, None) => canter::demo::app(store.clone()),
         };
         match &metrics {
             Some(metrics) => app.route("/metrics", canter::get(metrics.endpoint())),
@@ -322,15 +409,15 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let layered = compress || access_log || args.metrics;
     // Without middleware the router is served as it is: no layer to step through per request.
     if layered {
-        server.serve(move |_| {
-            app()
+        server.serve(move |worker| {
+            app(worker)
                 .layer(compress.then(canter::middleware::Compression::new))
                 .layer(metrics_layer.as_ref().map(Metrics::layer))
                 .layer(access_log.then(AccessLog::new))
                 .layer(access_log.then(RequestId::layer))
         })
     } else {
-        server.serve(move |_| app())
+        server.serve(app)
     }
     .map_err(ServeError::Runtime)?;
     tracing::info!("canter stopped");

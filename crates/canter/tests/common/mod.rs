@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 
 use canter::rt::{Config, ShutdownHandle};
 
+mod postgres;
+#[allow(unused_imports)]
+pub use postgres::Postgres;
+
 // Not every test binary uses every re-export.
 #[allow(unused_imports)]
 pub use canter_testkit::{random_bytes, Client, Response, IO_TIMEOUT};
@@ -187,9 +191,7 @@ impl Drop for Server {
 }
 
 fn parse_port(line: &str) -> Option<u16> {
-    let rest = line
-        .split("serving the demo app on http://127.0.0.1:")
-        .nth(1)?;
+    let rest = line.split(" app on http://127.0.0.1:").nth(1)?;
     rest.split('/').next()?.parse().ok()
 }
 

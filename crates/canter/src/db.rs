@@ -1,0 +1,441 @@
+//! PostgreSQL on every worker: each worker owns its connections, prepares its statements once per
+//! connection and pipelines the queries of its requests over them.
+//!
+//! The runtime is thread-per-core, so the client is too: [`Db::start`] runs on a worker's thread
+//! (inside the factory given to [`Server::serve`](canter_rt::Server::serve)) and opens
+//! [`DbConfig::connections`] connections for that worker alone, with no pool shared across threads
+//! on the request path. A query is sent as soon as its future is first polled, so independent
+//! queries awaited together ([`Db::query_all`], or `futures_util::future::try_join_all`) leave in
+//! one write and their answers come back in one read; requests of one worker share its
+//! connections the same way.
+//!
+//! Faults are answers, never hangs: with no live connection a query fails at once with
+//! [`DbError::Unavailable`] (503), a query that takes longer than
+//! [`DbConfig::query_timeout`] fails with [`DbError::Timeout`] (503), and an error from the
+//! server is [`DbError::Query`] (500) with the connection still usable. A broken connection is
+//! reopened in the background with exponential backoff, and its statements prepared again.
+//!
+//! ```no_run
+//! use canter::db::{Db, DbConfig, DbError};
+//! use canter::{get, Router, State};
+//!
+//! let mut config = DbConfig::new("postgres://app@127.0.0.1/app").unwrap();
+//! let by_id = config.prepare("SELECT randomnumber FROM world WHERE id = $1");
+//! let config = std::sync::Arc::new(config);
+//!
+//! async fn number(State((db, by_id)): State<(Db, canter::db::Stmt)>) -> Result<String, DbError> {
+//!     let row = db.query_one(by_id, &[&1_i32]).await?;
+//!     Ok(row.get::<_, i32>(0).to_string())
+//! }
+//! canter::rt::Server::bind(canter::rt::Config::default())
+//!     .unwrap()
+//!     .serve(move |_worker| {
+//!         Router::new()
+//!             .route("/number", get(number))
+//!             .with_state((Db::start(config.clone()), by_id))
+//!     })
+//!     .unwrap();
+//! ```
+
+use std::cell::{Cell, RefCell};
+use std::fmt;
+use std::rc::Rc;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use canter_rt::http::StatusCode;
+use canter_rt::Response;
+use futures_util::future::try_join_all;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls, Row, Statement};
+
+use crate::app::IntoResponse;
+
+/// A prepared statement of a [`DbConfig`]: prepared on every connection when it opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stmt(usize);
+
+/// Where the database is, how many connections each worker keeps, the time limits, and the
+/// statements to prepare on each connection.
+#[derive(Clone)]
+pub struct DbConfig {
+    pg: tokio_postgres::Config,
+    connections: usize,
+    query_timeout: Duration,
+    backoff_min: Duration,
+    backoff_max: Duration,
+    statements: Vec<String>,
+}
+
+impl fmt::Debug for DbConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The password stays out of logs: tokio_postgres::Config's Debug redacts it.
+        f.debug_struct("DbConfig")
+            .field("pg", &self.pg)
+            .field("connections", &self.connections)
+            .field("query_timeout", &self.query_timeout)
+            .field("statements", &self.statements.len())
+            .finish()
+    }
+}
+
+impl DbConfig {
+    /// A configuration from a connection string (`postgres://user:password@host:port/db` or
+    /// `host=/run/postgresql user=app dbname=app`). Defaults: 2 connections per worker, a 3 s
+    /// connect timeout, a 5 s query timeout, reconnection backoff from 50 ms to 2 s.
+    pub fn new(url: &str) -> Result<DbConfig, DbError> {
+        let mut pg = tokio_postgres::Config::from_str(url).map_err(DbError::Config)?;
+        if pg.get_connect_timeout().is_none() {
+            pg.connect_timeout(Duration::from_secs(3));
+        }
+        Ok(DbConfig {
+            pg,
+            connections: 2,
+            query_timeout: Duration::from_secs(5),
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(2),
+            statements: Vec::new(),
+        })
+    }
+
+    /// Connections each worker opens (at least 1).
+    pub fn connections(mut self, n: usize) -> DbConfig {
+        self.connections = n.max(1);
+        self
+    }
+
+    /// How long connecting (TCP, start-up and authentication) may take.
+    pub fn connect_timeout(mut self, timeout: Duration) -> DbConfig {
+        self.pg.connect_timeout(timeout);
+        self
+    }
+
+    /// How long a query may wait for its answer before it fails with [`DbError::Timeout`].
+    pub fn query_timeout(mut self, timeout: Duration) -> DbConfig {
+        self.query_timeout = timeout;
+        self
+    }
+
+    /// The shortest and longest waits between attempts to reopen a broken connection (doubling
+    /// from one to the other).
+    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> DbConfig {
+        self.backoff_min = min;
+        self.backoff_max = max.max(min);
+        self
+    }
+
+    /// Adds a statement to prepare on every connection; its handle is valid for any [`Db`]
+    /// started from this configuration.
+    pub fn prepare(&mut self, sql: &str) -> Stmt {
+        self.statements.push(sql.to_owned());
+        Stmt(self.statements.len() - 1)
+    }
+
+    /// The connection settings.
+    pub(crate) fn pg(&self) -> &tokio_postgres::Config {
+        &self.pg
+    }
+
+    /// The database name, for logs.
+    pub fn dbname(&self) -> &str {
+        self.pg.get_dbname().unwrap_or("")
+    }
+}
+
+/// Why a query has no answer. As a response: 503 when the database cannot be reached in time
+/// (so a balancer retries elsewhere), 500 when it answered with an error; the cause is logged.
+#[derive(Debug)]
+pub enum DbError {
+    /// The connection string does not parse.
+    Config(tokio_postgres::Error),
+    /// No connection of this worker is open (the database is down or unreachable).
+    Unavailable,
+    /// The query got no answer within the query timeout.
+    Timeout,
+    /// The connection broke while the query was in flight.
+    Closed(tokio_postgres::Error),
+    /// The database answered with an error (the connection stays usable).
+    Query(tokio_postgres::Error),
+}
+
+impl DbError {
+    /// The HTTP status this error answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            DbError::Unavailable | DbError::Timeout | DbError::Closed(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            DbError::Config(_) | DbError::Query(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn from_pg(e: tokio_postgres::Error) -> DbError {
+        if e.is_closed() {
+            DbError::Closed(e)
+        } else {
+            DbError::Query(e)
+        }
+    }
+}
+
+impl fmt::Display for DbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DbError::Config(e) => write!(f, "bad database configuration: {e}"),
+            DbError::Unavailable => f.write_str("no database connection is open"),
+            DbError::Timeout => f.write_str("the database did not answer in time"),
+            DbError::Closed(e) => write!(f, "the database connection broke: {e}"),
+            DbError::Query(e) => match e.as_db_error() {
+                Some(db) => write!(f, "query failed: {}: {}", db.code().code(), db.message()),
+                None => write!(f, "query failed: {e}"),
+            },
+        }
+    }
+}
+
+impl std::error::Error for DbError {}
+
+impl IntoResponse for DbError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        tracing::error!(target: "canter::db", error = %self, "database request failed");
+        let message = match status {
+            StatusCode::SERVICE_UNAVAILABLE => "database unavailable\n",
+            _ => "database error\n",
+        };
+        (status, message).into_response()
+    }
+}
+
+/// One worker's database client: its connections and their prepared statements. Cheap to clone
+/// (a reference count); not `Send`, as it belongs to the worker that started it.
+#[derive(Clone)]
+pub struct Db(Rc<Inner>);
+
+impl fmt::Debug for Db {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Db")
+            .field("connections", &self.0.slots.len())
+            .field("open", &self.open_connections())
+            .finish()
+    }
+}
+
+struct Inner {
+    config: Arc<DbConfig>,
+    slots: Vec<RefCell<Option<Rc<Live>>>>,
+    next: Cell<usize>,
+}
+
+/// An open connection and its statements, in the order of [`DbConfig::prepare`].
+struct Live {
+    client: Client,
+    statements: Vec<Statement>,
+}
+
+impl Db {
+    /// Starts this worker's client: one background task per connection opens it, prepares the
+    /// statements, and reopens it with backoff whenever it breaks. Returns at once; queries fail
+    /// with [`DbError::Unavailable`] until a connection is open ([`Db::ready`] waits for one).
+    ///
+    /// Must run on a worker thread (it spawns local tasks), as the service factory does.
+    pub fn start(config: Arc<DbConfig>) -> Db {
+        let slots = (0..config.connections)
+            .map(|_| RefCell::new(None))
+            .collect();
+        let db = Db(Rc::new(Inner {
+            config,
+            slots,
+            next: Cell::new(0),
+        }));
+        for i in 0..db.0.slots.len() {
+            tokio::task::spawn_local(keep_open(Rc::downgrade(&db.0), i));
+        }
+        db
+    }
+
+    /// How many of this worker's connections are open.
+    pub fn open_connections(&self) -> usize {
+        self.0
+            .slots
+            .iter()
+            .filter(|s| s.borrow().as_ref().is_some_and(|l| !l.client.is_closed()))
+            .count()
+    }
+
+    /// Waits until at least one connection is open, or `timeout` passes (false).
+    pub async fn ready(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.open_connections() == 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// The next open connection, round robin.
+    fn live(&self) -> Result<Rc<Live>, DbError> {
+        let n = self.0.slots.len();
+        let start = self.0.next.get();
+        for k in 0..n {
+            let i = (start + k) % n;
+            if let Some(live) = &*self.0.slots[i].borrow() {
+                if !live.client.is_closed() {
+                    self.0.next.set((i + 1) % n);
+                    return Ok(live.clone());
+                }
+            }
+        }
+        Err(DbError::Unavailable)
+    }
+
+    /// Runs a prepared statement and returns its rows.
+    pub async fn query(
+        &self,
+        stmt: Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, DbError> {
+        let live = self.live()?;
+        let fut = live.client.query(&live.statements[stmt.0], params);
+        self.timed(fut).await
+    }
+
+    /// Runs a prepared statement that returns exactly one row.
+    pub async fn query_one(
+        &self,
+        stmt: Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, DbError> {
+        let live = self.live()?;
+        let fut = live.client.query_one(&live.statements[stmt.0], params);
+        self.timed(fut).await
+    }
+
+    /// Runs a prepared statement and returns the number of rows it changed.
+    pub async fn execute(
+        &self,
+        stmt: Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, DbError> {
+        let live = self.live()?;
+        let fut = live.client.execute(&live.statements[stmt.0], params);
+        self.timed(fut).await
+    }
+
+    /// Runs a prepared statement with one parameter once per value, all pipelined on one
+    /// connection (sent together, answered together); each must return exactly one row, and the
+    /// rows come back in the order of `values`.
+    pub async fn query_each<P: ToSql + Sync>(
+        &self,
+        stmt: Stmt,
+        values: &[P],
+    ) -> Result<Vec<Row>, DbError> {
+        let live = self.live()?;
+        let statement = &live.statements[stmt.0];
+        let params: Vec<[&(dyn ToSql + Sync); 1]> = values.iter().map(|v| [v as _]).collect();
+        let all = try_join_all(params.iter().map(|p| live.client.query_one(statement, p)));
+        self.timed(all).await
+    }
+
+    async fn timed<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, DbError> {
+        match tokio::time::timeout(self.0.config.query_timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(DbError::from_pg(e)),
+            Err(_) => Err(DbError::Timeout),
+        }
+    }
+}
+
+/// Keeps connection `i` of a worker's client open until the client is dropped.
+async fn keep_open(db: std::rc::Weak<Inner>, i: usize) {
+    let mut backoff = None::<Duration>;
+    loop {
+        let Some(inner) = db.upgrade() else { return };
+        let config = inner.config.clone();
+        drop(inner);
+        if let Some(wait) = backoff {
+            tokio::time::sleep(wait).await;
+        }
+        let opened = open(&config).await;
+        let Some(inner) = db.upgrade() else { return };
+        let connection = match opened {
+            Ok((live, connection)) => {
+                if backoff.is_some() {
+                    tracing::info!(target: "canter::db", db = config.dbname(), "database connection reopened");
+                }
+                *inner.slots[i].borrow_mut() = Some(Rc::new(live));
+                connection
+            }
+            Err(e) => {
+                let next = match backoff {
+                    None => config.backoff_min,
+                    Some(d) => (d * 2).min(config.backoff_max),
+                };
+                // One line per outage at warn, then the retries at debug.
+                if backoff.is_none() {
+                    tracing::warn!(target: "canter::db", db = config.dbname(), error = %e, "cannot connect to the database; retrying");
+                } else {
+                    tracing::debug!(target: "canter::db", error = %e, retry_in = ?next, "database still unreachable");
+                }
+                backoff = Some(next);
+                continue;
+            }
+        };
+        drop(inner);
+        if let Err(e) = connection.await {
+            tracing::warn!(target: "canter::db", error = %e, "database connection broke; reopening");
+        } else {
+            tracing::warn!(target: "canter::db", "database closed the connection; reopening");
+        }
+        let Some(inner) = db.upgrade() else { return };
+        *inner.slots[i].borrow_mut() = None;
+        backoff = Some(config.backoff_min);
+    }
+}
+
+type Connection =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tokio_postgres::Error>>>>;
+
+/// Why a connection could not be opened.
+enum OpenError {
+    Pg(tokio_postgres::Error),
+    /// The server closed the connection while the statements were being prepared.
+    ClosedWhilePreparing,
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::Pg(e) => e.fmt(f),
+            OpenError::ClosedWhilePreparing => {
+                f.write_str("connection closed while preparing statements")
+            }
+        }
+    }
+}
+
+/// Opens one connection and prepares every statement on it; the returned future drives the
+/// connection and ends when it breaks.
+async fn open(config: &DbConfig) -> Result<(Live, Connection), OpenError> {
+    let (client, connection) = config.pg.connect(NoTls).await.map_err(OpenError::Pg)?;
+    let mut connection: Connection = Box::pin(connection);
+    // The connection must be driven while the statements are prepared: poll both together.
+    let statements = {
+        let prepare = try_join_all(config.statements.iter().map(|sql| client.prepare(sql)));
+        tokio::pin!(prepare);
+        tokio::select! {
+            prepared = &mut prepare => prepared.map_err(OpenError::Pg)?,
+            ended = &mut connection => {
+                ended.map_err(OpenError::Pg)?;
+                return Err(OpenError::ClosedWhilePreparing);
+            }
+        }
+    };
+    Ok((Live { client, statements }, connection))
+}
