@@ -2,10 +2,10 @@
 # Build everything the side-by-side benchmarks need. Idempotent.
 #   bench/build.sh            # install missing tools, build peers and canter
 #   SKIP_APT=1 bench/build.sh # do not try apt-get
-# Installs (if missing): wrk nginx-light h2o nghttp2-client gcc liburing-dev (apt-get), Go (needed for
+# Installs (if missing): wrk nginx-light h2o nghttp2-client gcc liburing-dev postgresql (apt-get), Go (needed for
 # the Go peers; not installed here if absent: those peers are then reported and skipped).
 # Builds: bench/build/ceiling, bench/build/ceiling-uring, bench/build/go-nethttp, bench/build/fasthttp,
-#         bench/target/release/peer-{hyper,actix,may-minihttp}, target/release/canter.
+#         bench/target/release/peer-{hyper,actix,actix-pg,may-minihttp}, target/release/canter.
 # A peer that fails to build is reported at the end (and skipped by run.py, which says so).
 set -u
 BENCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,6 +26,7 @@ command -v h2o    >/dev/null || need+=(h2o)
 command -v h2load >/dev/null || need+=(nghttp2-client)
 command -v gcc    >/dev/null || need+=(gcc)
 command -v taskset >/dev/null || need+=(util-linux)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 [ -e /usr/include/liburing.h ] || need+=(liburing-dev)
 if [ ${#need[@]} -gt 0 ] && [ -z "${SKIP_APT:-}" ]; then
   echo "== apt-get install ${need[*]}"
