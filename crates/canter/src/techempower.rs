@@ -184,20 +184,22 @@ async fn cached_queries(
         let cache = te.0.cache.borrow();
         ids.iter()
             .copied()
-            .filter(|&id| cache[id as usize].is_none())
+            .filter(|&id| cache.get(id as usize).is_some_and(Option::is_none))
             .collect()
     };
     if !missing.is_empty() {
         let found = read_worlds(&te.0, &missing).await?;
         let mut cache = te.0.cache.borrow_mut();
         for w in found {
-            cache[w.id as usize] = Some(w);
+            if let Some(slot) = cache.get_mut(w.id as usize) {
+                *slot = Some(w);
+            }
         }
     }
     let cache = te.0.cache.borrow();
     let worlds = ids
         .iter()
-        .filter_map(|&id| cache[id as usize])
+        .filter_map(|&id| cache.get(id as usize).copied().flatten())
         .collect::<Vec<_>>();
     Ok(Json(worlds))
 }
