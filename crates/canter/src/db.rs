@@ -144,7 +144,9 @@ impl DbConfig {
 }
 
 /// Why a query has no answer. As a response: 503 when the database cannot be reached in time
-/// (so a balancer retries elsewhere), 500 when it answered with an error; the cause is logged.
+/// (so a balancer retries elsewhere), 500 when it answered with an error; the cause is logged
+/// (at most one line per second per worker and kind, with the count of failures since the last
+/// line).
 #[derive(Debug)]
 pub enum DbError {
     /// The connection string does not parse.
@@ -196,10 +198,41 @@ impl fmt::Display for DbError {
 
 impl std::error::Error for DbError {}
 
+thread_local! {
+    /// Per kind of failure: when this worker last logged one, and how many it has not logged
+    /// since.
+    static LAST_LOGGED: [Cell<(Option<std::time::Instant>, u64)>; 5] =
+        const { [const { Cell::new((None, 0)) }; 5] };
+}
+
+/// Logs a failed database request: at most one line per second per worker and kind of failure
+/// (an outage under load fails thousands of requests a second), each saying how many it stands
+/// for.
+fn log_failure(error: &DbError) {
+    let kind = match error {
+        DbError::Config(_) => 0,
+        DbError::Unavailable => 1,
+        DbError::Timeout => 2,
+        DbError::Closed(_) => 3,
+        DbError::Query(_) => 4,
+    };
+    LAST_LOGGED.with(|cells| {
+        let cell = &cells[kind];
+        let (last, unlogged) = cell.get();
+        let now = std::time::Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+            cell.set((last, unlogged + 1));
+            return;
+        }
+        cell.set((Some(now), 0));
+        tracing::error!(target: "canter::db", error = %error, more_since_last_line = unlogged, "database request failed");
+    });
+}
+
 impl IntoResponse for DbError {
     fn into_response(self) -> Response {
         let status = self.status();
-        tracing::error!(target: "canter::db", error = %self, "database request failed");
+        log_failure(&self);
         let message = match status {
             StatusCode::SERVICE_UNAVAILABLE => "database unavailable\n",
             _ => "database error\n",

@@ -312,6 +312,19 @@ fn a_database_that_goes_away_gets_quick_503s_then_is_served_again() {
             t.elapsed()
         );
     }
+    // Many failures, few log lines: at most one a second per worker and kind (the connection
+    // cut mid-query, then none open).
+    let t = Instant::now();
+    for _ in 0..300 {
+        assert_eq!(get(&server, "/db").status, 503);
+    }
+    let seconds = t.elapsed().as_secs() + 2;
+    let lines = server.log().matches("database request failed").count() as u64;
+    assert!(
+        (1..=2 * 2 * seconds).contains(&lines),
+        "{lines} error lines for 305 failures in {seconds} s on 2 workers:\n{}",
+        server.log()
+    );
     // Requests that need no database are unaffected.
     assert_eq!(get(&server, "/plaintext").status, 200);
     pg.restart();
