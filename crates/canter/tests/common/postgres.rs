@@ -72,7 +72,12 @@ impl Postgres {
 
     /// Stops the server at once (`-m immediate`: connections are cut as in a crash).
     pub fn stop(&self) {
-        let out = self.run(
+        let out = self.stop_now();
+        assert!(out.status.success(), "pg_ctl stop failed: {}", text(&out));
+    }
+
+    fn stop_now(&self) -> Output {
+        self.run(
             "pg_ctl",
             &[
                 "-D",
@@ -82,8 +87,7 @@ impl Postgres {
                 "-w",
                 "stop",
             ],
-        );
-        assert!(out.status.success(), "pg_ctl stop failed: {}", text(&out));
+        )
     }
 
     /// Starts the server again after [`Postgres::stop`], on the same port.
@@ -203,17 +207,7 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        let _ = self.run(
-            "pg_ctl",
-            &[
-                "-D",
-                path_str(&self.data()),
-                "-m",
-                "immediate",
-                "-w",
-                "stop",
-            ],
-        );
+        let _ = self.stop_now();
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
