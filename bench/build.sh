@@ -5,7 +5,7 @@
 # Installs (if missing): wrk nginx-light h2o nghttp2-client gcc liburing-dev postgresql (apt-get), Go (needed for
 # the Go peers; not installed here if absent: those peers are then reported and skipped).
 # Builds: bench/build/ceiling, bench/build/ceiling-uring, bench/build/go-nethttp, bench/build/fasthttp,
-#         bench/target/release/peer-{hyper,actix,actix-pg,may-minihttp}, target/release/canter.
+#         bench/target/release/peer-{hyper,actix,actix-pg,xitca-pg,may-minihttp}, pg-clients, target/release/canter.
 # A peer that fails to build is reported at the end (and skipped by run.py, which says so).
 set -u
 BENCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -79,10 +79,10 @@ fi
 
 # --- Rust peers (own workspace, own target dir) ----------------------------------------
 if command -v cargo >/dev/null; then
-  for p in hyper actix may-minihttp; do
+  for p in peer-hyper peer-actix peer-may-minihttp peer-actix-pg peer-xitca-pg pg-clients; do
     if cargo build --release --manifest-path "$BENCH/peers/rust/Cargo.toml" \
-         --target-dir "$BENCH/target" -p "peer-$p" >"$BUILD/logs/rust-$p.log" 2>&1; then
-      ok "$p -> bench/target/release/peer-$p"
+         --target-dir "$BENCH/target" -p "$p" >"$BUILD/logs/rust-$p.log" 2>&1; then
+      ok "$p -> bench/target/release/$p"
     else
       fail "$p" "cargo: $(grep -m1 -A3 '^error' "$BUILD/logs/rust-$p.log" | tr '\n' ' ')"
     fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The TechEmpower database tests side by side: canter (`serve --app techempower`) against
-actix-web with tokio-postgres (bench/peers/rust/actix-pg), on one PostgreSQL.
+actix-web with tokio-postgres (bench/peers/rust/actix-pg) and xitca-web with xitca-postgres
+(bench/peers/rust/xitca-pg, the stack of TFB's xitca-web entries), on one PostgreSQL.
 
     bench/build.sh && python3 bench/techempower.py [--rounds 5] [--duration 5s] [--db-conns 2]
 
@@ -9,12 +10,13 @@ pinned to CPU 1) is filled by `canter db-setup`. Each server runs pinned to CPU 
 worker and --db-conns connections; `canter load` runs on CPU 1 beside PostgreSQL. Every round
 starts each server in turn (the order rotating), warms it for 1 s and measures for --duration;
 the tables give medians over the rounds. Scenarios, 256 connections each: /db,
-/queries?queries=20, /fortunes, /updates?queries=20.
+/queries?queries=20, /fortunes, /updates?queries=20; as many requests as the servers answer, or
+with --fixed-rate the same offered rate for every server (RATES, about half the peak here).
 
 Per request: the server's CPU (utime+stime), PostgreSQL's CPU (every backend), and how busy CPU 1
 was (PostgreSQL and the load generator share it: near 100% means the database side is the
-bottleneck, not the server). Results go to bench/results/techempower-<time>.json and Markdown on
-standard output. Python 3 standard library only.
+bottleneck, not the server). Results go to bench/results/techempower-<time>.json, Markdown on
+standard output and bench/plots/techempower-*.svg. Python 3 standard library only.
 """
 import argparse
 import json
@@ -33,8 +35,14 @@ import tls  # noqa: E402  (stop)
 BENCH = run.BENCH
 CANTER = run.CANTER_BIN
 ACTIX_PG = os.path.join(BENCH, "target", "release", "peer-actix-pg")
+XITCA_PG = os.path.join(BENCH, "target", "release", "peer-xitca-pg")
 PG_DIR = os.path.join(BENCH, "build", "techempower")
 PG_PORT = 25432
+
+# With --fixed-rate: requests/s offered in each scenario, about half of what the database side
+# sustains here, so that every server sees the same load and its CPU per request is compared at
+# equal batching (at peak, CPU per request moves with how the database's core is shared).
+RATES = {"db": 12000, "queries-20": 1000, "fortunes": 12000, "updates-20": 600}
 
 SCENARIOS = {
     "db": "/db",
@@ -92,6 +100,7 @@ def servers(db_conns):
                                 "--app", "techempower", "--db", url,
                                 "--db-connections", str(db_conns)],
         "actix-pg": lambda port: [ACTIX_PG, str(port), url, str(db_conns)],
+        "xitca-pg": lambda port: [XITCA_PG, str(port), url, str(db_conns)],
     }
 
 
@@ -120,11 +129,11 @@ def cpu1_busy():
     return run.cpu_busy_ticks()[1]
 
 
-def measure(proc, pg_pid, path, port, conns, duration):
+def measure(proc, pg_pid, path, port, conns, duration, rate=None):
     url = f"http://127.0.0.1:{port}{path}"
-    run.run_load("canter", url, conns, 1.0)  # warm-up
+    run.run_load("canter", url, conns, 1.0, rate=rate)  # warm-up
     s0, p0, c0 = run.cpu_seconds(proc.pid), run.cpu_seconds(pg_pid), cpu1_busy()
-    r = run.run_load("canter", url, conns, duration)
+    r = run.run_load("canter", url, conns, duration, rate=rate)
     s1, p1, c1 = run.cpu_seconds(proc.pid), run.cpu_seconds(pg_pid), cpu1_busy()
     n = max(1, r["requests"])
     return {
@@ -139,6 +148,49 @@ def measure(proc, pg_pid, path, port, conns, duration):
     }
 
 
+COLORS = {"canter": "#d9480f", "actix-pg": "#1c7ed6", "xitca-pg": "#5c940d"}
+
+
+def plots(results):
+    """bench/plots/techempower-cpu-per-request.svg and techempower-throughput.svg (medians)."""
+    med = statistics.median
+    cpu, rps, pg = [], [], []
+    for sc, by_server in results.items():
+        def panel(key):
+            return [(n, med(m[key] for m in rs), COLORS.get(n, "#888"))
+                    for n, rs in by_server.items() if rs]
+        cpu.append((sc, sorted(panel("server_us"), key=lambda t: t[1])))
+        pg.append((sc, sorted(panel("pg_us"), key=lambda t: t[1])))
+        rps.append((sc, sorted(panel("rps"), key=lambda t: -t[1])))
+    os.makedirs(run.PLOTS, exist_ok=True)
+    for name, svg in (
+            ("techempower-cpu-per-request.svg", run.svg_bar_panels(
+                "TechEmpower database tests: server CPU per request (median, us)", cpu, " us",
+                lower_is_better=True)),
+            ("techempower-pg-cpu-per-request.svg", run.svg_bar_panels(
+                "TechEmpower database tests: PostgreSQL CPU per request (median, us)", pg,
+                " us", lower_is_better=True)),
+            ("techempower-throughput.svg", run.svg_bar_panels(
+                "TechEmpower database tests: requests per second (median; database-bound)",
+                rps, ""))):
+        with open(os.path.join(run.PLOTS, name), "w") as f:
+            f.write(svg)
+
+
+def table(results):
+    print("| scenario | server | req/s | server CPU µs/req | PostgreSQL CPU µs/req | CPU 1 busy "
+          "| p99 ms | non-2xx + errors |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for sc, by_server in results.items():
+        for name, rs in by_server.items():
+            med = lambda k: statistics.median(m[k] for m in rs)  # noqa: E731
+            p99 = [m["p99_us"] for m in rs if m["p99_us"]]
+            bad = sum(m["non2xx"] + m["errors"] for m in rs)
+            print(f"| {sc} | {name} | {med('rps'):,.0f} | {med('server_us'):.1f} | "
+                  f"{med('pg_us'):.1f} | {med('cpu1_busy') * 100:.0f}% | "
+                  f"{(statistics.median(p99) / 1000 if p99 else 0):.1f} | {bad} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -146,9 +198,19 @@ def main():
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--conns", type=int, default=256)
     ap.add_argument("--db-conns", type=int, default=2)
-    ap.add_argument("--servers", default="canter,actix-pg")
+    ap.add_argument("--servers", default="canter,actix-pg,xitca-pg")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
+    ap.add_argument("--fixed-rate", action="store_true",
+                    help="offer each scenario's RATES requests/s instead of as many as possible")
+    ap.add_argument("--from-json", metavar="PATH",
+                    help="measure nothing: print the table and redraw the plots from a results file")
     args = ap.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            results = json.load(f)["results"]
+        table(results)
+        plots(results)
+        return
     run.raise_nofile()
     names = args.servers.split(",")
     scenarios = args.scenarios.split(",")
@@ -166,7 +228,9 @@ def main():
                 proc = start(defs[name], port)
                 try:
                     for sc in scenarios:
-                        m = measure(proc, pg_pid, SCENARIOS[sc], port, args.conns, args.duration)
+                        rate = RATES[sc] if args.fixed_rate else None
+                        m = measure(proc, pg_pid, SCENARIOS[sc], port, args.conns, args.duration,
+                                    rate)
                         results[sc][name].append(m)
                         print(f"round {rnd + 1} {name:9} {sc:11} {m['rps']:9.0f} req/s "
                               f"server {m['server_us']:7.1f} us/req  pg {m['pg_us']:7.1f} us/req "
@@ -180,18 +244,8 @@ def main():
     out = os.path.join(BENCH, "results", time.strftime("techempower-%Y%m%d-%H%M%S.json"))
     with open(out, "w") as f:
         json.dump({"args": vars(args), "results": results}, f, indent=1)
-    print(f"| scenario | server | req/s | server CPU µs/req | PostgreSQL CPU µs/req | CPU 1 busy "
-          f"| p99 ms | non-2xx + errors |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for sc in scenarios:
-        for name in names:
-            rs = results[sc][name]
-            med = lambda k: statistics.median(m[k] for m in rs)  # noqa: E731
-            p99 = [m["p99_us"] for m in rs if m["p99_us"]]
-            bad = sum(m["non2xx"] + m["errors"] for m in rs)
-            print(f"| {sc} | {name} | {med('rps'):,.0f} | {med('server_us'):.1f} | "
-                  f"{med('pg_us'):.1f} | {med('cpu1_busy') * 100:.0f}% | "
-                  f"{(statistics.median(p99) / 1000 if p99 else 0):.1f} | {bad} |")
+    table(results)
+    plots(results)
     print(f"\nresults: {os.path.relpath(out, run.ROOT)}", file=sys.stderr)
 
 
