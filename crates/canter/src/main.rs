@@ -23,6 +23,10 @@ enum Command {
     Serve(ServeArgs),
     /// Generate HTTP load against a server and report throughput and latency.
     Load(canter_load::LoadArgs),
+    /// Send framed records from a file to a stream pipeline's source, paced.
+    Send(canter_stream::send::SendArgs),
+    /// Accept a stream pipeline's sink connection and report count, throughput and latency.
+    Receive(canter_stream::receive::ReceiveArgs),
     /// Create and fill the TechEmpower tables (World: 10,000 rows; Fortune) in a database.
     DbSetup(DbSetupArgs),
 }
@@ -178,6 +182,8 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(args).map_err(CliError::Serve),
         Command::Load(args) => canter_load::run(args).map(|_| ()).map_err(CliError::Load),
         Command::DbSetup(args) => db_setup(&args).map_err(CliError::DbSetup),
+        Command::Send(args) => send(&args),
+        Command::Receive(args) => receive(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -194,6 +200,7 @@ enum CliError {
     Serve(ServeError),
     Load(canter_load::LoadError),
     DbSetup(String),
+    Stream(String),
 }
 
 impl fmt::Display for CliError {
@@ -202,6 +209,7 @@ impl fmt::Display for CliError {
             CliError::Serve(e) => e.fmt(f),
             CliError::Load(e) => e.fmt(f),
             CliError::DbSetup(e) => write!(f, "db-setup: {e}"),
+            CliError::Stream(e) => f.write_str(e),
         }
     }
 }
@@ -235,6 +243,52 @@ impl fmt::Display for ServeError {
             ServeError::Listen(addr, e) => write!(f, "cannot listen on {addr}: {e}"),
             ServeError::Runtime(e) => e.fmt(f),
         }
+    }
+}
+
+/// `canter send`: the report on stdout (JSON with --json).
+fn send(args: &canter_stream::send::SendArgs) -> Result<(), CliError> {
+    let report =
+        canter_stream::send::run(args).map_err(|e| CliError::Stream(format!("send: {e}")))?;
+    match args.json {
+        true => println!("{}", serde_json::json!(report)),
+        false => println!(
+            "sent {} records in {:.2} s ({:.0}/s), furthest behind schedule {:.1} ms",
+            report.records, report.seconds, report.rate, report.max_lag_ms
+        ),
+    }
+    Ok(())
+}
+
+/// `canter receive`: the report on stdout (JSON with --json); fails when --expect was not met.
+fn receive(args: &canter_stream::receive::ReceiveArgs) -> Result<(), CliError> {
+    let r =
+        canter_stream::receive::run(args).map_err(|e| CliError::Stream(format!("receive: {e}")))?;
+    match args.json {
+        true => println!("{}", serde_json::json!(r)),
+        false => println!(
+            "received {} records ({} bytes) in {:.2} s ({:.0}/s) on {} connections; latency \
+             p50 {:.1} us, p99 {:.1} us, p99.99 {:.1} us, max {:.1} us ({} records without a \
+             timestamp); {} frame errors",
+            r.records,
+            r.bytes,
+            r.seconds,
+            r.rate,
+            r.connections,
+            r.latency_us.p50,
+            r.latency_us.p99,
+            r.latency_us.p9999,
+            r.latency_us.max,
+            r.no_timestamp,
+            r.frame_errors
+        ),
+    }
+    match r.complete {
+        true => Ok(()),
+        false => Err(CliError::Stream(format!(
+            "receive: {} records arrived, fewer than --expect",
+            r.records
+        ))),
     }
 }
 

@@ -1,0 +1,10 @@
+//! Stream pipelines over TCP, and the tools that feed and measure them.
+//!
+//! Records travel framed: a 4-byte big-endian length, then the record. [`frame`] reads and
+//! writes that framing; [`send`] (`canter send`) replays framed records from a file at a
+//! paced rate, and [`receive`] (`canter receive`) accepts a pipeline's sink connection and
+//! reports count, throughput over time and end-to-end latency from each record's timestamp.
+
+pub mod frame;
+pub mod receive;
+pub mod send;

@@ -1,0 +1,311 @@
+//! `canter receive`: accepts the sink connections of a pipeline and measures what arrives.
+//!
+//! Each record is counted, appended (framed, as received) to `--out` if given, and its
+//! end-to-end latency taken from the timestamp it carries: a u64, big-endian, nanoseconds since
+//! the Unix epoch (by default the record's last 8 bytes, as in Market Spread's results), against
+//! the time the bytes were read. Latencies go into an HDR histogram (3 significant digits).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufWriter, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use canter_load::parse_duration;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::frame::{self, DEFAULT_MAX_FRAME};
+
+/// CLI arguments of `canter receive`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ReceiveArgs {
+    /// Address to listen on (port 0 picks a free one; the address is printed on stderr).
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// Exit when this many records have arrived.
+    #[arg(long, value_name = "N")]
+    pub expect: Option<u64>,
+    /// Stop after this long (`30s`, `500ms`) even if --expect was not reached (exit status 1).
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Print the final report as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Append every record to FILE as it arrives, framed as received.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Where each record's timestamp starts (u64 big-endian, ns since the Unix epoch); negative
+    /// counts from the record's end (-8: its last 8 bytes).
+    #[arg(long, default_value_t = -8, allow_hyphen_values = true)]
+    pub timestamp_offset: i64,
+    /// Largest record accepted; a larger frame closes its connection with an error.
+    #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
+    pub max_frame: usize,
+    /// A line of throughput and latency on stderr this often (`1s`; `0s`: none).
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub interval: Duration,
+}
+
+/// Latency percentiles, in microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Percentiles {
+    /// Records with a usable timestamp.
+    pub count: u64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// 99.99th percentile.
+    pub p9999: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// What arrived.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Records received.
+    pub records: u64,
+    /// Record bytes received (frame headers excluded).
+    pub bytes: u64,
+    /// Seconds from the first record to the last.
+    pub seconds: f64,
+    /// Records per second over that time.
+    pub rate: f64,
+    /// End-to-end latency.
+    pub latency_us: Percentiles,
+    /// Records received in each second since the first.
+    pub per_second: Vec<u64>,
+    /// Connections accepted.
+    pub connections: u64,
+    /// Connections closed for a broken or oversized frame.
+    pub frame_errors: u64,
+    /// Records too short to hold a timestamp, or stamped in the future.
+    pub no_timestamp: u64,
+    /// Whether --expect was reached (true without --expect).
+    pub complete: bool,
+}
+
+struct Shared {
+    first: Option<Instant>,
+    last: Option<Instant>,
+    records: u64,
+    bytes: u64,
+    latency: Histogram<u64>,
+    per_second: Vec<u64>,
+    connections: u64,
+    frame_errors: u64,
+    no_timestamp: u64,
+    out: Option<BufWriter<File>>,
+}
+
+/// Runs `canter receive` until --expect records arrived or --duration passed.
+pub fn run(args: &ReceiveArgs) -> io::Result<Report> {
+    let listener = TcpListener::bind(args.listen)?;
+    eprintln!("canter receive: listening on {}", listener.local_addr()?);
+    let out = match &args.out {
+        Some(path) => Some(BufWriter::with_capacity(
+            1 << 20,
+            OpenOptions::new().create(true).append(true).open(path)?,
+        )),
+        None => None,
+    };
+    let latency = Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    let shared = Arc::new(Mutex::new(Shared {
+        first: None,
+        last: None,
+        records: 0,
+        bytes: 0,
+        latency,
+        per_second: Vec::new(),
+        connections: 0,
+        frame_errors: 0,
+        no_timestamp: 0,
+        out,
+    }));
+    {
+        let shared = shared.clone();
+        let args = args.clone();
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let shared = shared.clone();
+                let args = args.clone();
+                thread::spawn(move || serve(stream, &shared, &args));
+            }
+        });
+    }
+    let started = Instant::now();
+    let mut next_line = started + args.interval;
+    let mut last_count = 0;
+    loop {
+        thread::sleep(Duration::from_millis(10));
+        let now = Instant::now();
+        let (records, complete) = {
+            let s = lock(&shared);
+            (s.records, args.expect.is_some_and(|n| s.records >= n))
+        };
+        if complete || args.duration.is_some_and(|d| now - started >= d) {
+            break;
+        }
+        if !args.interval.is_zero() && now >= next_line {
+            let s = lock(&shared);
+            eprintln!(
+                "{:>6.1}s {:>12} records {:>12.0}/s  p50 {:.1} us  p99 {:.1} us  p99.99 {:.1} us",
+                (now - started).as_secs_f64(),
+                records,
+                (records - last_count) as f64 / args.interval.as_secs_f64(),
+                s.latency.value_at_quantile(0.5) as f64 / 1e3,
+                s.latency.value_at_quantile(0.99) as f64 / 1e3,
+                s.latency.value_at_quantile(0.9999) as f64 / 1e3,
+            );
+            last_count = records;
+            next_line += args.interval;
+        }
+    }
+    let mut s = lock(&shared);
+    if let Some(out) = s.out.as_mut() {
+        out.flush()?;
+    }
+    let seconds = match (s.first, s.last) {
+        (Some(a), Some(b)) => (b - a).as_secs_f64(),
+        _ => 0.0,
+    };
+    let us = |q: f64| s.latency.value_at_quantile(q) as f64 / 1e3;
+    Ok(Report {
+        records: s.records,
+        bytes: s.bytes,
+        seconds,
+        rate: if seconds > 0.0 {
+            s.records as f64 / seconds
+        } else {
+            0.0
+        },
+        latency_us: Percentiles {
+            count: s.latency.len(),
+            p50: us(0.5),
+            p90: us(0.9),
+            p99: us(0.99),
+            p999: us(0.999),
+            p9999: us(0.9999),
+            max: s.latency.max() as f64 / 1e3,
+        },
+        per_second: s.per_second.clone(),
+        connections: s.connections,
+        frame_errors: s.frame_errors,
+        no_timestamp: s.no_timestamp,
+        complete: args.expect.is_none_or(|n| s.records >= n),
+    })
+}
+
+fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
+    // A connection thread that panicked leaves the counts as they were: keep reporting them.
+    shared
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Reads one connection to its end, accounting each chunk of whole frames under the lock.
+fn serve(mut stream: TcpStream, shared: &Mutex<Shared>, args: &ReceiveArgs) {
+    let peer = stream.peer_addr().ok();
+    lock(shared).connections += 1;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut filled = 0;
+    loop {
+        if filled == buf.len() {
+            // One frame larger than the buffer (within --max-frame): grow to hold it.
+            buf.resize(buf.len() * 2, 0);
+        }
+        let n = match stream.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        filled += n;
+        let now = Instant::now();
+        let now_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let mut s = lock(shared);
+        let first = *s.first.get_or_insert(now);
+        let second = (now - first).as_secs() as usize;
+        let before = s.records;
+        let used = {
+            let s = &mut *s;
+            frame::split(&buf[..filled], args.max_frame, |record| {
+                s.records += 1;
+                s.bytes += record.len() as u64;
+                match timestamp(record, args.timestamp_offset) {
+                    Some(ts) if ts <= now_ns => {
+                        let _ = s.latency.record((now_ns - ts).max(1));
+                    }
+                    _ => s.no_timestamp += 1,
+                }
+            })
+        };
+        let used = match used {
+            Ok(used) => used,
+            Err(e) => {
+                s.frame_errors += 1;
+                eprintln!("canter receive: closing the connection from {peer:?}: {e}");
+                return;
+            }
+        };
+        if used > 0 {
+            s.last = Some(now);
+            if s.per_second.len() <= second {
+                s.per_second.resize(second + 1, 0);
+            }
+            // Records in this chunk, all counted in the second they were read.
+            let records = s.records - before;
+            s.per_second[second] += records;
+            if let Some(out) = s.out.as_mut() {
+                if let Err(e) = out.write_all(&buf[..used]) {
+                    eprintln!("canter receive: cannot write --out: {e}");
+                    s.out = None;
+                }
+            }
+        }
+        drop(s);
+        buf.copy_within(used..filled, 0);
+        filled -= used;
+    }
+}
+
+/// The timestamp at `offset` in `record` (negative: from its end), if the record holds one.
+fn timestamp(record: &[u8], offset: i64) -> Option<u64> {
+    let start = if offset < 0 {
+        record.len().checked_sub(offset.unsigned_abs() as usize)?
+    } else {
+        offset as usize
+    };
+    let bytes = record.get(start..start.checked_add(8)?)?;
+    let mut ts = [0u8; 8];
+    ts.copy_from_slice(bytes);
+    Some(u64::from_be_bytes(ts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timestamp;
+
+    #[test]
+    fn timestamps_from_either_end() {
+        let mut record = vec![0xaa; 3];
+        record.extend_from_slice(&42u64.to_be_bytes());
+        assert_eq!(timestamp(&record, -8), Some(42));
+        assert_eq!(timestamp(&record, 3), Some(42));
+        assert_eq!(timestamp(&record, 4), None);
+        assert_eq!(timestamp(&record[..7], -8), None);
+        assert_eq!(timestamp(&record, -100), None);
+    }
+}

@@ -1,0 +1,222 @@
+//! `canter send` and `canter receive` against each other over loopback: every record arrives
+//! once and in order, `--out` keeps the frames as received, latency is measured from each
+//! record's timestamp, `--rate` paces, `--repeat` runs until `--duration`, and a broken frame
+//! closes only its own connection.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+mod common;
+use common::TempFile;
+
+/// `n` framed records of 8..=200 bytes, each ending with the current time in ns (big-endian).
+fn records(n: usize) -> Vec<u8> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let mut out = Vec::new();
+    for i in 0..n {
+        let mut record = vec![(i % 251) as u8; i % 193];
+        record.extend_from_slice(&now.to_be_bytes());
+        out.extend_from_slice(&(record.len() as u32).to_be_bytes());
+        out.extend_from_slice(&record);
+    }
+    out
+}
+
+/// `canter receive ARGS --listen 127.0.0.1:0 --json --interval 0s`, and the address it listens on.
+fn receive(args: &[&str]) -> (Child, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args([
+            "receive",
+            "--listen",
+            "127.0.0.1:0",
+            "--json",
+            "--interval",
+            "0s",
+        ])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(addr) = line.split("listening on ").nth(1) {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(addr.trim().parse::<SocketAddr>().unwrap());
+                }
+            }
+            eprintln!("receive: {line}");
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    (child, addr)
+}
+
+fn send(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_canter"))
+        .arg("send")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn report(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+fn finish(child: Child) -> (Output, Value) {
+    let out = child.wait_with_output().unwrap();
+    let report = report(&out);
+    (out, report)
+}
+
+#[test]
+fn every_record_arrives_once_in_order_with_its_latency() {
+    let data = records(5_000);
+    let file = TempFile::new("records.bin", &data);
+    let out = TempFile::new("received.bin", b"");
+    let out_path = out.path().to_str().unwrap().to_owned();
+    let (child, addr) = receive(&["--expect", "5000", "--out", &out_path, "--duration", "30s"]);
+    let addr = addr.to_string();
+    let sent = send(&[
+        "--to",
+        &addr,
+        "--file",
+        file.path().to_str().unwrap(),
+        "--batch",
+        "64",
+        "--json",
+    ]);
+    assert!(sent.status.success(), "{sent:?}");
+    assert_eq!(report(&sent)["records"], 5_000);
+    let (done, r) = finish(child);
+    assert!(done.status.success(), "{done:?}");
+    assert_eq!(r["records"], 5_000, "{r}");
+    assert_eq!(r["complete"], true);
+    assert_eq!(r["connections"], 1);
+    assert_eq!(r["no_timestamp"], 0);
+    assert_eq!(r["latency_us"]["count"], 5_000);
+    let p50 = r["latency_us"]["p50"].as_f64().unwrap();
+    assert!(p50 > 0.0 && p50 < 60e6, "{r}");
+    let bytes: u64 = (0..5_000u64).map(|i| i % 193 + 8).sum();
+    assert_eq!(r["bytes"], bytes);
+    let per_second: u64 = r["per_second"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(per_second, 5_000);
+    // --out holds the frames exactly as sent.
+    assert!(std::fs::read(out.path()).unwrap() == data);
+}
+
+#[test]
+fn rate_paces_the_sender_and_repeat_runs_until_the_duration() {
+    let file = TempFile::new("paced.bin", &records(100));
+    let path = file.path().to_str().unwrap().to_owned();
+    let (child, addr) = receive(&["--duration", "3s"]);
+    let addr = addr.to_string();
+    // 100 records at 2,000/s, 10 a write: the last batch is due at 0.045 s.
+    let once = send(&[
+        "--to", &addr, "--file", &path, "--rate", "2000", "--batch", "10", "--json",
+    ]);
+    assert!(once.status.success(), "{once:?}");
+    let r = report(&once);
+    assert_eq!(r["records"], 100);
+    let t = r["seconds"].as_f64().unwrap();
+    assert!(t >= 0.045, "100 records at 2,000/s took {t} s");
+    // --repeat until --duration: at 1,000/s for 1 s, no more than the schedule allows.
+    let repeated = send(&[
+        "--to",
+        &addr,
+        "--file",
+        &path,
+        "--rate",
+        "1000",
+        "--repeat",
+        "--duration",
+        "1s",
+        "--json",
+    ]);
+    assert!(repeated.status.success(), "{repeated:?}");
+    let r = report(&repeated);
+    let n = r["records"].as_u64().unwrap();
+    assert!((500..=1_001).contains(&n), "{r}");
+    let (_, received) = finish(child);
+    assert_eq!(received["records"].as_u64().unwrap(), 100 + n);
+    assert_eq!(received["connections"], 2);
+}
+
+#[test]
+fn a_broken_frame_closes_only_its_connection() {
+    let (child, addr) = receive(&["--max-frame", "100", "--expect", "10", "--duration", "20s"]);
+    let mut bad = TcpStream::connect(addr).unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    bad.write_all(&1_000u32.to_be_bytes()).unwrap();
+    bad.write_all(&[0u8; 16]).unwrap();
+    // The receiver closes it: end of stream (or a reset), not silence.
+    let mut buf = [0u8; 1];
+    match bad.read(&mut buf) {
+        Ok(0) | Err(_) => {}
+        Ok(n) => panic!("read {n} bytes from the receiver"),
+    }
+    let file = TempFile::new("ok.bin", &records(10));
+    let sent = send(&[
+        "--to",
+        &addr.to_string(),
+        "--file",
+        file.path().to_str().unwrap(),
+    ]);
+    assert!(sent.status.success(), "{sent:?}");
+    let (done, r) = finish(child);
+    assert!(done.status.success(), "{done:?}");
+    assert_eq!(r["records"], 10);
+    assert_eq!(r["frame_errors"], 1);
+}
+
+#[test]
+fn bad_input_files_are_refused_with_a_reason() {
+    let truncated = {
+        let mut data = records(3);
+        data.truncate(data.len() - 2);
+        data
+    };
+    let file = TempFile::new("truncated.bin", &truncated);
+    let out = send(&[
+        "--to",
+        "127.0.0.1:9",
+        "--file",
+        file.path().to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ends inside a frame (2 bytes missing)"),
+        "{err}"
+    );
+    let out = send(&["--to", "127.0.0.1:9", "--file", "/nonexistent/records.bin"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/records.bin"));
+    // A receiver that does not get what it expects says so in its exit status.
+    let (child, _) = receive(&["--expect", "1", "--duration", "300ms"]);
+    let (done, r) = finish(child);
+    assert!(!done.status.success());
+    assert_eq!(r["complete"], false);
+}
