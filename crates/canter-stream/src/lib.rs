@@ -6,5 +6,6 @@
 //! reports count, throughput over time and end-to-end latency from each record's timestamp.
 
 pub mod frame;
+pub mod market_spread;
 pub mod receive;
 pub mod send;

@@ -248,6 +248,26 @@ impl fmt::Display for ServeError {
 
 /// `canter send`: the report on stdout (JSON with --json).
 fn send(args: &canter_stream::send::SendArgs) -> Result<(), CliError> {
+    if let Some(canter_stream::send::Generate::MarketSpread(ms)) = &args.generate {
+        let report = canter_stream::send::run_market_spread(ms)
+            .map_err(|e| CliError::Stream(format!("send market-spread: {e}")))?;
+        match ms.json {
+            true => println!("{}", serde_json::json!(report)),
+            false => {
+                for (name, r) in [("NBBO", &report.nbbo), ("order", &report.orders)] {
+                    if let Some(r) = r {
+                        println!(
+                            "sent {} {name} records in {:.2} s ({:.0}/s), furthest behind \
+                             schedule {:.1} ms",
+                            r.records, r.seconds, r.rate, r.max_lag_ms
+                        );
+                    }
+                }
+                println!("{} results expected", report.expected_results);
+            }
+        }
+        return Ok(());
+    }
     let report =
         canter_stream::send::run(args).map_err(|e| CliError::Stream(format!("send: {e}")))?;
     match args.json {

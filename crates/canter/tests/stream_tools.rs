@@ -220,3 +220,146 @@ fn bad_input_files_are_refused_with_a_reason() {
     assert!(!done.status.success());
     assert_eq!(r["complete"], false);
 }
+
+/// The frames of a file, as records.
+fn unframe(data: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let len = u32::from_be_bytes(data[at..at + 4].try_into().unwrap()) as usize;
+        out.push(&data[at + 4..at + 4 + len]);
+        at += 4 + len;
+    }
+    out
+}
+
+/// Market Spread computed here, from the rule in the issue and the record layouts, byte offsets
+/// written out again (not the generator's code): per symbol {reject: true, bid: 0, offer: 0},
+/// quotes applied in stream order ahead of the orders (the generator keeps each symbol's quote
+/// fixed, so any interleaving after the first quotes gives the same), one 55-byte result per
+/// rejected order, timestamp 0.
+fn reference(nbbo: &[u8], orders: &[u8]) -> Vec<u8> {
+    let f = |b: &[u8], at: usize| f64::from_be_bytes(b[at..at + 8].try_into().unwrap());
+    let mut state: std::collections::HashMap<[u8; 4], (bool, f64, f64)> = Default::default();
+    for q in unframe(nbbo) {
+        assert_eq!((q.len(), q[0]), (42, 2));
+        let (bid, offer) = (f(q, 26), f(q, 34));
+        let spread = offer - bid;
+        let reject = spread >= 0.05 || spread / ((bid + offer) / 2.0) >= 0.05;
+        state.insert(q[1..5].try_into().unwrap(), (reject, bid, offer));
+    }
+    let mut out = Vec::new();
+    for o in unframe(orders) {
+        assert_eq!((o.len(), o[0]), (53, 1));
+        let symbol: [u8; 4] = o[12..16].try_into().unwrap();
+        let (reject, bid, offer) = state.get(&symbol).copied().unwrap_or((true, 0.0, 0.0));
+        if reject {
+            out.extend_from_slice(&55u32.to_be_bytes());
+            out.push(o[1]); // side
+            out.extend_from_slice(&o[2..6]); // account
+            out.extend_from_slice(&o[6..12]); // order id
+            out.extend_from_slice(&symbol);
+            out.extend_from_slice(&o[16..32]); // quantity, price
+            out.extend_from_slice(&bid.to_be_bytes());
+            out.extend_from_slice(&offer.to_be_bytes());
+            out.extend_from_slice(&0u64.to_be_bytes());
+        }
+    }
+    out
+}
+
+#[test]
+fn market_spread_streams_are_written_and_sent_with_their_expected_results() {
+    let dir = std::env::temp_dir().join(format!("canter-ms-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_arg = dir.to_str().unwrap().to_owned();
+    let (nbbo_rx, nbbo_addr) = receive(&[
+        "--expect",
+        "10000",
+        "--duration",
+        "30s",
+        "--timestamp-offset",
+        "0",
+    ]);
+    let (orders_rx, orders_addr) = receive(&[
+        "--expect",
+        "10000",
+        "--duration",
+        "30s",
+        "--timestamp-offset",
+        "0",
+    ]);
+    let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args([
+            "send",
+            "market-spread",
+            "--symbols",
+            "100",
+            "--reject-share",
+            "0.1",
+        ])
+        .args([
+            "--count",
+            "20000",
+            "--rate",
+            "400000",
+            "--json",
+            "--write-dir",
+            &dir_arg,
+        ])
+        .args([
+            "--nbbo",
+            &nbbo_addr.to_string(),
+            "--orders",
+            &orders_addr.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let r = report(&out);
+    assert_eq!(r["nbbo"]["records"], 10_000, "{r}");
+    assert_eq!(r["orders"]["records"], 10_000, "{r}");
+    let nbbo = std::fs::read(dir.join("nbbo.bin")).unwrap();
+    let orders = std::fs::read(dir.join("orders.bin")).unwrap();
+    let expected = std::fs::read(dir.join("expected.bin")).unwrap();
+    let results = unframe(&expected).len() as u64;
+    assert_eq!(r["expected_results"], results);
+    // About 10% of the orders are rejected, and the reference agrees record by record.
+    assert!(
+        (500..1_500).contains(&results),
+        "{results} rejected of 10,000"
+    );
+    assert!(
+        reference(&nbbo, &orders) == expected,
+        "expected.bin differs from the reference"
+    );
+    let ours = unframe(&expected);
+    let theirs_data = reference(&nbbo, &orders);
+    let theirs = unframe(&theirs_data);
+    for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        assert_eq!(a, b, "result {i}");
+    }
+    // Both streams arrived whole, each on its own connection.
+    for rx in [nbbo_rx, orders_rx] {
+        let (done, r) = finish(rx);
+        assert!(done.status.success(), "{done:?}");
+        assert_eq!(r["records"], 10_000);
+    }
+    // The same seed writes the same data.
+    let again = dir.join("again");
+    let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args([
+            "send",
+            "market-spread",
+            "--symbols",
+            "100",
+            "--reject-share",
+            "0.1",
+        ])
+        .args(["--count", "20000", "--write-dir", again.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(std::fs::read(again.join("orders.bin")).unwrap() == orders);
+    let _ = std::fs::remove_dir_all(&dir);
+}
