@@ -87,7 +87,7 @@ pub struct Report {
     pub connections: u64,
     /// Connections closed for a broken or oversized frame.
     pub frame_errors: u64,
-    /// Records too short to hold a timestamp, or stamped in the future.
+    /// Records too short to hold a timestamp, stamped in the future, or over an hour old.
     pub no_timestamp: u64,
     /// Whether --expect was reached (true without --expect).
     pub complete: bool,
@@ -244,11 +244,13 @@ fn serve(mut stream: TcpStream, shared: &Mutex<Shared>, args: &ReceiveArgs) {
             frame::split(&buf[..filled], args.max_frame, |record| {
                 s.records += 1;
                 s.bytes += record.len() as u64;
-                match timestamp(record, args.timestamp_offset) {
-                    Some(ts) if ts <= now_ns => {
-                        let _ = s.latency.record((now_ns - ts).max(1));
-                    }
-                    _ => s.no_timestamp += 1,
+                // Latencies over the histogram's hour are not timestamps either.
+                let recorded = match timestamp(record, args.timestamp_offset) {
+                    Some(ts) if ts <= now_ns => s.latency.record((now_ns - ts).max(1)).is_ok(),
+                    _ => false,
+                };
+                if !recorded {
+                    s.no_timestamp += 1;
                 }
             })
         };

@@ -344,6 +344,9 @@ fn market_spread_streams_are_written_and_sent_with_their_expected_results() {
         let (done, r) = finish(rx);
         assert!(done.status.success(), "{done:?}");
         assert_eq!(r["records"], 10_000);
+        // Inputs carry no timestamp: none of their bytes read as one makes a latency.
+        assert_eq!(r["no_timestamp"], 10_000);
+        assert_eq!(r["latency_us"]["count"], 0);
     }
     // The same seed writes the same data.
     let again = dir.join("again");
