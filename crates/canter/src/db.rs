@@ -5,7 +5,7 @@
 //! (inside the factory given to [`Server::serve`](canter_rt::Server::serve)) and opens
 //! [`DbConfig::connections`] connections for that worker alone, with no pool shared across threads
 //! on the request path. A query is sent as soon as its future is first polled, so independent
-//! queries awaited together ([`Db::query_all`], or `futures_util::future::try_join_all`) leave in
+//! queries awaited together ([`Db::query_each`], or `futures_util::future::try_join_all`) leave in
 //! one write and their answers come back in one read; requests of one worker share its
 //! connections the same way.
 //!
@@ -270,7 +270,7 @@ struct Live {
 impl Db {
     /// Starts this worker's client: one background task per connection opens it, prepares the
     /// statements, and reopens it with backoff whenever it breaks. Returns at once; queries fail
-    /// with [`DbError::Unavailable`] until a connection is open ([`Db::ready`] waits for one).
+    /// with [`DbError::Unavailable`] until a connection is open.
     ///
     /// Must run on a worker thread (it spawns local tasks), as the service factory does.
     pub fn start(config: Arc<DbConfig>) -> Db {
@@ -295,18 +295,6 @@ impl Db {
             .iter()
             .filter(|s| s.borrow().as_ref().is_some_and(|l| !l.client.is_closed()))
             .count()
-    }
-
-    /// Waits until at least one connection is open, or `timeout` passes (false).
-    pub async fn ready(&self, timeout: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
-        while self.open_connections() == 0 {
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        true
     }
 
     /// The next open connection, round robin.
