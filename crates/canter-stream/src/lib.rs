@@ -7,5 +7,8 @@
 
 pub mod frame;
 pub mod market_spread;
+// The builder's types name every fused step's type: that is how steps fuse into one call.
+#[allow(clippy::type_complexity)]
+pub mod pipeline;
 pub mod receive;
 pub mod send;

@@ -1,0 +1,602 @@
+//! Stream pipelines: source → stateless steps → `key_by` → a stateful step → sink, run on
+//! thread-per-core workers.
+//!
+//! ```no_run
+//! use canter_stream::pipeline::{KeyedState, Pipeline, RunOptions, Sink, Source, Topology};
+//!
+//! // Count the words of lines sent to port 7000, per word, and send "word count" lines on.
+//! let counts = KeyedState::new("counts", |_word: &String| 0u64);
+//! let words = Pipeline::new("words", Source::tcp_lines("127.0.0.1:7000".parse()?), |line: &[u8]| {
+//!     std::str::from_utf8(line).map(str::to_owned)
+//! })
+//! .flat_map(|line: String| line.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+//! .key_by(|word: &String| word.clone())
+//! .update(&counts, |n: &mut u64, word: String, out| {
+//!     *n += 1;
+//!     out.emit(format!("{word} {n}"));
+//! })
+//! .sink(Sink::tcp("127.0.0.1:7001".parse()?, |line: &String, buf: &mut Vec<u8>| {
+//!     buf.extend_from_slice(line.as_bytes())
+//! }));
+//! let mut topology = Topology::new();
+//! topology.add(words);
+//! topology.start(RunOptions::default())?.wait()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! - **Fused steps.** `map`, `filter` and `flat_map` compose into one call chain per record,
+//!   with no queue between steps; the chain runs on the worker that read the record.
+//! - **Keyed state on one worker.** `key_by` picks the worker that owns each key (a hash of it);
+//!   the stateful step runs there, with that key's state, created on the key's first sight.
+//!   A record crosses threads only when its key lives on another worker, and then in a batch
+//!   with the others of the same read (one allocation per batch, not per record).
+//!   Pipelines given the same [`KeyedState`] share it.
+//! - **Backpressure end to end.** A sink whose buffer is over its high-water mark, or a worker
+//!   whose inbox from this one is full, stops this worker's sources from reading until it has
+//!   drained; nothing is dropped and no queue grows without bound.
+//! - **Bad input.** A record the decoder refuses is counted as rejected input and logged (at
+//!   most once a second per pipeline and worker); a broken frame (over the maximum size)
+//!   closes that source connection; the others keep running.
+//! - **Metrics** ([`Metrics`]): counts per pipeline, step and worker, throughput over time and
+//!   HDR latency histograms from source read to sink write, as Prometheus text and JSON.
+
+mod metrics;
+mod run;
+mod state;
+mod step;
+
+use std::fmt::Display;
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use metrics::{Metrics, Percentiles, PipeSample, Sample, Totals};
+pub use run::{Running, Shutdown};
+pub use state::{
+    Aggregate, CountWindow, Emit, KeyedState, Open, Span, Stateful, TumblingWindow, Update,
+};
+pub use step::{Filter, FlatMap, Id, Map, Step};
+
+use crate::frame::DEFAULT_MAX_FRAME;
+
+/// How a byte stream is cut into records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// A 4-byte big-endian length, then that many bytes (at most `max`).
+    LengthPrefixed {
+        /// The largest record.
+        max: usize,
+    },
+    /// Lines ended by `\n` (a `\r` before it dropped too), at most `max` bytes each.
+    Lines {
+        /// The longest line.
+        max: usize,
+    },
+}
+
+/// Where a pipeline's records come from.
+#[derive(Clone)]
+pub enum Source {
+    /// A TCP listener: every worker accepts on the address (SO_REUSEPORT) and reads its
+    /// connections.
+    Tcp {
+        /// Where to listen (port 0: any free port, see [`Running::source_addr`]).
+        addr: SocketAddr,
+        /// How records are cut.
+        framing: Framing,
+    },
+    /// A file of framed records, read once by the first worker.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// How records are cut.
+        framing: Framing,
+    },
+    /// Records made in the process (for tests): `make(i, buf)` writes record `i` into `buf`
+    /// for `i` in `0..count`; run by the first worker.
+    Generate {
+        /// How many records.
+        count: u64,
+        /// Writes one record.
+        make: Arc<dyn Fn(u64, &mut Vec<u8>) + Send + Sync>,
+    },
+}
+
+impl std::fmt::Debug for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Tcp { addr, framing } => write!(f, "Tcp({addr}, {framing:?})"),
+            Source::File { path, framing } => write!(f, "File({}, {framing:?})", path.display()),
+            Source::Generate { count, .. } => write!(f, "Generate({count})"),
+        }
+    }
+}
+
+impl Source {
+    /// A TCP listener of length-prefixed records of up to 1 MiB.
+    pub fn tcp(addr: SocketAddr) -> Source {
+        Source::Tcp {
+            addr,
+            framing: Framing::LengthPrefixed {
+                max: DEFAULT_MAX_FRAME,
+            },
+        }
+    }
+
+    /// A TCP listener of lines of up to 64 KiB.
+    pub fn tcp_lines(addr: SocketAddr) -> Source {
+        Source::Tcp {
+            addr,
+            framing: Framing::Lines { max: 64 * 1024 },
+        }
+    }
+
+    /// A file of length-prefixed records of up to 1 MiB.
+    pub fn file(path: impl Into<PathBuf>) -> Source {
+        Source::File {
+            path: path.into(),
+            framing: Framing::LengthPrefixed {
+                max: DEFAULT_MAX_FRAME,
+            },
+        }
+    }
+
+    /// `count` records made by `make`.
+    pub fn generate(
+        count: u64,
+        make: impl Fn(u64, &mut Vec<u8>) + Send + Sync + 'static,
+    ) -> Source {
+        Source::Generate {
+            count,
+            make: Arc::new(make),
+        }
+    }
+
+    fn finite(&self) -> bool {
+        !matches!(self, Source::Tcp { .. })
+    }
+}
+
+/// A shared list the [`Sink::collect`] sink appends to (for tests).
+pub struct Collector<O>(Arc<Mutex<Vec<O>>>);
+
+impl<O> Clone for Collector<O> {
+    fn clone(&self) -> Self {
+        Collector(self.0.clone())
+    }
+}
+
+impl<O> Default for Collector<O> {
+    fn default() -> Self {
+        Collector(Arc::new(Mutex::new(Vec::new())))
+    }
+}
+
+impl<O> std::fmt::Debug for Collector<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Collector({})", self.len())
+    }
+}
+
+impl<O> Collector<O> {
+    /// An empty collector.
+    pub fn new() -> Self {
+        Collector::default()
+    }
+
+    /// Records collected so far.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether nothing was collected.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes what was collected.
+    pub fn take(&self) -> Vec<O> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<O>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Encodes a record for a framed sink (the sink adds the length prefix).
+pub type Encoder<O> = Arc<dyn Fn(&O, &mut Vec<u8>) + Send + Sync>;
+
+/// Where a pipeline's records go.
+pub enum Sink<O> {
+    /// A TCP connection from each worker to `addr`, records length-prefixed; reconnects with
+    /// backoff (50 ms doubling to 2 s) while it is down, holding records up to its high-water
+    /// mark meanwhile (then the sources wait).
+    Tcp {
+        /// The receiver.
+        addr: SocketAddr,
+        /// The record encoder.
+        encode: Encoder<O>,
+    },
+    /// Records appended, length-prefixed, to a file (one writer per worker, whole batches
+    /// per write).
+    File {
+        /// The file (created if missing).
+        path: PathBuf,
+        /// The record encoder.
+        encode: Encoder<O>,
+    },
+    /// An in-memory list (for tests).
+    Collect(Collector<O>),
+    /// Nothing (a pipeline that only updates state).
+    Discard,
+}
+
+impl<O> Sink<O> {
+    /// A framed TCP client connection to `addr`.
+    pub fn tcp(
+        addr: SocketAddr,
+        encode: impl Fn(&O, &mut Vec<u8>) + Send + Sync + 'static,
+    ) -> Self {
+        Sink::Tcp {
+            addr,
+            encode: Arc::new(encode),
+        }
+    }
+
+    /// A file of framed records.
+    pub fn file(
+        path: impl Into<PathBuf>,
+        encode: impl Fn(&O, &mut Vec<u8>) + Send + Sync + 'static,
+    ) -> Self {
+        Sink::File {
+            path: path.into(),
+            encode: Arc::new(encode),
+        }
+    }
+
+    /// Collects into `c`.
+    pub fn collect(c: &Collector<O>) -> Self {
+        Sink::Collect(c.clone())
+    }
+
+    /// Drops every record.
+    pub fn discard() -> Self {
+        Sink::Discard
+    }
+}
+
+impl<O> Clone for Sink<O> {
+    fn clone(&self) -> Self {
+        match self {
+            Sink::Tcp { addr, encode } => Sink::Tcp {
+                addr: *addr,
+                encode: encode.clone(),
+            },
+            Sink::File { path, encode } => Sink::File {
+                path: path.clone(),
+                encode: encode.clone(),
+            },
+            Sink::Collect(c) => Sink::Collect(c.clone()),
+            Sink::Discard => Sink::Discard,
+        }
+    }
+}
+
+/// A pipeline's source, decoder and stateless steps, before `key_by`.
+pub struct Pipeline<T, D, C> {
+    name: String,
+    source: Source,
+    decode: D,
+    chain: C,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T, E, D> Pipeline<T, D, Id<T>>
+where
+    T: 'static,
+    E: Display,
+    D: FnMut(&[u8]) -> Result<T, E> + Clone + Send + 'static,
+{
+    /// A pipeline named `name` (in metrics and logs) reading `source`, each record decoded by
+    /// `decode` (a record it refuses is counted as rejected input and logged).
+    pub fn new(name: &str, source: Source, decode: D) -> Self {
+        Pipeline {
+            name: name.to_owned(),
+            source,
+            decode,
+            chain: Id::new(),
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T: 'static, D, C: Step<T>> Pipeline<T, D, C> {
+    fn then<C2>(self, chain: C2) -> Pipeline<T, D, C2> {
+        Pipeline {
+            name: self.name,
+            source: self.source,
+            decode: self.decode,
+            chain,
+            _t: PhantomData,
+        }
+    }
+
+    /// Changes each item.
+    pub fn map<O: 'static, F>(self, f: F) -> Pipeline<T, D, Map<C, F, O>>
+    where
+        F: FnMut(C::Out) -> O + Clone + Send + 'static,
+    {
+        let chain = Map::new(self.chain.clone(), f);
+        self.then(chain)
+    }
+
+    /// Keeps the items `f` says yes to.
+    pub fn filter<F>(self, f: F) -> Pipeline<T, D, Filter<C, F>>
+    where
+        F: FnMut(&C::Out) -> bool + Clone + Send + 'static,
+    {
+        let chain = Filter::new(self.chain.clone(), f);
+        self.then(chain)
+    }
+
+    /// Makes any number of items of each.
+    pub fn flat_map<It, F>(self, f: F) -> Pipeline<T, D, FlatMap<C, F, It>>
+    where
+        F: FnMut(C::Out) -> It + Clone + Send + 'static,
+        It: IntoIterator + 'static,
+    {
+        let chain = FlatMap::new(self.chain.clone(), f);
+        self.then(chain)
+    }
+
+    /// Routes each item to the worker owning its key, where the stateful step runs.
+    pub fn key_by<K, KF>(self, key: KF) -> Keyed<T, D, C, KF, K>
+    where
+        KF: FnMut(&C::Out) -> K + Clone + Send + 'static,
+        K: std::hash::Hash + Eq + Send + 'static,
+    {
+        Keyed {
+            head: self,
+            key,
+            _k: PhantomData,
+        }
+    }
+}
+
+/// A pipeline after `key_by`: next comes its stateful step.
+pub struct Keyed<T, D, C, KF, K> {
+    head: Pipeline<T, D, C>,
+    key: KF,
+    _k: PhantomData<fn() -> K>,
+}
+
+impl<T, D, C, KF, K> Keyed<T, D, C, KF, K>
+where
+    T: 'static,
+    C: Step<T>,
+    C::Out: Send,
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+{
+    /// The stateful step: `f(state, item, emit)` with the item's key's state from `state`.
+    pub fn update<S: 'static, O: 'static, F>(
+        self,
+        state: &KeyedState<K, S>,
+        f: F,
+    ) -> Tail<T, D, C, KF, K, Update<K, S, F, O>, Id<O>>
+    where
+        F: FnMut(&mut S, C::Out, &mut Emit<'_, O>) + Clone + Send + 'static,
+    {
+        self.stateful(Update::new(state, f))
+    }
+
+    /// Count windows: every `size` items of a key are aggregated into one output.
+    pub fn count_window<A, O>(
+        self,
+        size: u64,
+        agg: Aggregate<K, C::Out, A, O>,
+    ) -> Tail<T, D, C, KF, K, CountWindow<K, C::Out, A, O>, Id<O>>
+    where
+        A: Send + 'static,
+        O: Send + 'static,
+    {
+        self.stateful(CountWindow::new(size, agg))
+    }
+
+    /// Event-time tumbling windows of `size`, each item's time (ns) given by `time`.
+    pub fn tumbling_window<A, O>(
+        self,
+        size: Duration,
+        time: impl Fn(&C::Out) -> u64 + Send + Sync + 'static,
+        agg: Aggregate<K, C::Out, A, O>,
+    ) -> Tail<T, D, C, KF, K, TumblingWindow<K, C::Out, A, O>, Id<O>>
+    where
+        A: Send + 'static,
+        O: Send + 'static,
+    {
+        self.stateful(TumblingWindow::new(size, time, agg))
+    }
+
+    /// Any [`Stateful`] step.
+    pub fn stateful<U: Stateful<K, C::Out>>(self, step: U) -> Tail<T, D, C, KF, K, U, Id<U::Out>> {
+        Tail {
+            keyed: self,
+            step,
+            post: Id::new(),
+        }
+    }
+}
+
+/// A pipeline after its stateful step: stateless steps may follow, then the sink.
+pub struct Tail<T, D, C, KF, K, U, P> {
+    keyed: Keyed<T, D, C, KF, K>,
+    step: U,
+    post: P,
+}
+
+impl<T, D, C, KF, K, U, P> Tail<T, D, C, KF, K, U, P>
+where
+    C: Step<T>,
+    U: Stateful<K, C::Out>,
+    P: Step<U::Out>,
+{
+    fn then<P2>(self, post: P2) -> Tail<T, D, C, KF, K, U, P2> {
+        Tail {
+            keyed: self.keyed,
+            step: self.step,
+            post,
+        }
+    }
+
+    /// Changes each output.
+    pub fn map<O: 'static, F>(self, f: F) -> Tail<T, D, C, KF, K, U, Map<P, F, O>>
+    where
+        F: FnMut(P::Out) -> O + Clone + Send + 'static,
+    {
+        let post = Map::new(self.post.clone(), f);
+        self.then(post)
+    }
+
+    /// Keeps the outputs `f` says yes to.
+    pub fn filter<F>(self, f: F) -> Tail<T, D, C, KF, K, U, Filter<P, F>>
+    where
+        F: FnMut(&P::Out) -> bool + Clone + Send + 'static,
+    {
+        let post = Filter::new(self.post.clone(), f);
+        self.then(post)
+    }
+
+    /// Makes any number of outputs of each.
+    pub fn flat_map<It, F>(self, f: F) -> Tail<T, D, C, KF, K, U, FlatMap<P, F, It>>
+    where
+        F: FnMut(P::Out) -> It + Clone + Send + 'static,
+        It: IntoIterator + 'static,
+    {
+        let post = FlatMap::new(self.post.clone(), f);
+        self.then(post)
+    }
+}
+
+impl<T, E, D, C, KF, K, U, P> Tail<T, D, C, KF, K, U, P>
+where
+    T: 'static,
+    E: Display,
+    D: FnMut(&[u8]) -> Result<T, E> + Clone + Send + 'static,
+    C: Step<T>,
+    C::Out: Send,
+    KF: FnMut(&C::Out) -> K + Clone + Send + 'static,
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    U: Stateful<K, C::Out>,
+    P: Step<U::Out>,
+    P::Out: Send + 'static,
+{
+    /// Ends the pipeline in `sink`: ready for [`Topology::add`].
+    pub fn sink(self, sink: Sink<P::Out>) -> Built {
+        Built(Box::new(run::Def {
+            name: self.keyed.head.name,
+            source: self.keyed.head.source,
+            decode: self.keyed.head.decode,
+            chain: self.keyed.head.chain,
+            key: self.keyed.key,
+            step: self.step,
+            post: self.post,
+            sink,
+            _t: PhantomData,
+        }))
+    }
+}
+
+/// A complete pipeline, to add to a [`Topology`].
+pub struct Built(Box<dyn run::PipelineDef>);
+
+impl std::fmt::Debug for Built {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pipeline({})", self.0.name())
+    }
+}
+
+/// How a topology runs.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RunOptions {
+    /// Worker threads (at most 64).
+    pub workers: usize,
+    /// Pin worker `i` to CPU `i`.
+    pub pin: bool,
+    /// Bytes a sink holds per worker before the sources wait.
+    pub sink_high_water: usize,
+    /// Records in flight from the other workers to one worker, per pipeline, before their
+    /// sources wait.
+    pub inbox_capacity: usize,
+    /// Bytes read per source connection before it yields to the worker's others.
+    pub read_budget: usize,
+    /// On shutdown, longest a sink may take to deliver what it holds.
+    pub drain_timeout: Duration,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            workers: 1,
+            pin: false,
+            sink_high_water: 1 << 20,
+            inbox_capacity: 64 * 1024,
+            read_budget: 256 * 1024,
+            drain_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RunOptions {
+    /// `workers` worker threads.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = workers.clamp(1, 64);
+        self
+    }
+
+    /// Pins the workers to CPUs.
+    pub fn pin(mut self, pin: bool) -> Self {
+        self.pin = pin;
+        self
+    }
+
+    /// Sets the sink's high-water mark in bytes.
+    pub fn sink_high_water(mut self, bytes: usize) -> Self {
+        self.sink_high_water = bytes.max(1);
+        self
+    }
+
+    /// Sets the inbox capacity in records.
+    pub fn inbox_capacity(mut self, records: usize) -> Self {
+        self.inbox_capacity = records.max(1);
+        self
+    }
+}
+
+/// The pipelines of an application, run together on the same workers (sharing keyed state
+/// where they were given the same [`KeyedState`]).
+#[derive(Default, Debug)]
+pub struct Topology {
+    pipelines: Vec<Built>,
+}
+
+impl Topology {
+    /// An empty topology.
+    pub fn new() -> Self {
+        Topology::default()
+    }
+
+    /// Adds a pipeline.
+    pub fn add(&mut self, pipeline: Built) -> &mut Self {
+        self.pipelines.push(pipeline);
+        self
+    }
+
+    /// Binds the sources and starts the workers. Returns at once; [`Running::wait`] waits for
+    /// the end (finite sources all read and delivered, or a shutdown).
+    pub fn start(self, options: RunOptions) -> std::io::Result<Running> {
+        run::start(self.pipelines.into_iter().map(|b| b.0).collect(), options)
+    }
+}

@@ -1,0 +1,1539 @@
+//! Running a topology: one thread per worker, each with its own single-threaded event loop.
+//!
+//! On each worker, every source connection is a connection actor (`canter_rt::proto`) whose
+//! protocol decodes frames and runs the pipeline's fused steps inline. A record whose key the
+//! worker owns goes straight on to the stateful step and the sink buffer in the same call; one
+//! whose key lives elsewhere joins that worker's batch, handed over at the end of the read.
+//! The sink of each pipeline on each worker is a buffer drained by its own connection actor
+//! (TCP) or task (file).
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::fmt::Display;
+use std::hash::Hash;
+use std::io::{self, Read, Write};
+use std::marker::PhantomData;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use canter_rt::proto::{self, Conn, Handle, Protocol, Settings};
+use canter_rt::Stream;
+use tokio::sync::Notify;
+
+use super::metrics::{Metrics, PipeMetrics};
+use super::state::{owner, Emit, KeyedState, Stateful, Store};
+use super::step::Step;
+use super::{Collector, Encoder, Framing, RunOptions, Sink, Source};
+use crate::frame::{self, FrameError};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Now, in ns since the Unix epoch.
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Allows a log line at most once a second, counting what it held back.
+#[derive(Default)]
+struct RateLog {
+    last: Option<Instant>,
+    held: u64,
+}
+
+impl RateLog {
+    /// `Some(lines held back since the last one)` when a line may be written now.
+    fn allow(&mut self) -> Option<u64> {
+        let now = Instant::now();
+        if self.last.is_some_and(|t| now - t < Duration::from_secs(1)) {
+            self.held += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held))
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Per-worker environment
+
+/// Something to wake once a sink or an inbox has room again.
+#[derive(Clone)]
+enum Waiter {
+    Conn(Handle),
+    Task(Rc<Notify>),
+}
+
+impl Waiter {
+    fn wake(&self) {
+        match self {
+            Waiter::Conn(h) => h.wake(),
+            Waiter::Task(n) => n.notify_one(),
+        }
+    }
+}
+
+/// Records in flight into one worker's inbox of one pipeline, and which workers wait for room.
+pub(crate) struct Gauge {
+    pending: AtomicUsize,
+    blocked: AtomicU64,
+}
+
+/// What one worker shares among its pipelines' tasks.
+pub(crate) struct Env {
+    me: usize,
+    workers: usize,
+    opts: RunOptions,
+    stores: RefCell<HashMap<u64, Rc<dyn Any>>>,
+    sinks: RefCell<Vec<Rc<RefCell<SinkBuf>>>>,
+    /// Inboxes on other workers that this worker feeds.
+    gauges: RefCell<Vec<Arc<Gauge>>>,
+    waiters: RefCell<Vec<Waiter>>,
+    sources: RefCell<Vec<Handle>>,
+    tasks: RefCell<Vec<tokio::task::JoinHandle<()>>>,
+    shutting: Cell<bool>,
+    resumes: Arc<Vec<Arc<Notify>>>,
+}
+
+impl Env {
+    fn store<K: Hash + Eq + 'static, S: 'static>(
+        &self,
+        state: &KeyedState<K, S>,
+    ) -> Rc<RefCell<Store<K, S>>> {
+        let mut stores = self.stores.borrow_mut();
+        if let Some(s) = stores.get(&state.id) {
+            if let Ok(s) = s.clone().downcast::<RefCell<Store<K, S>>>() {
+                return s;
+            }
+        }
+        let s = Rc::new(RefCell::new(Store::new(state)));
+        stores.insert(state.id, s.clone());
+        s
+    }
+
+    fn sinks_full(&self) -> bool {
+        self.sinks.borrow().iter().any(|s| s.borrow().full())
+    }
+
+    /// Whether the sources must stop reading: a sink of this worker is full, or an inbox this
+    /// worker feeds is (then this worker is marked as waiting for it).
+    fn must_wait(&self) -> bool {
+        if self.sinks_full() {
+            return true;
+        }
+        let cap = self.opts.inbox_capacity;
+        for g in self.gauges.borrow().iter() {
+            if g.pending.load(Ordering::Acquire) >= cap {
+                g.blocked.fetch_or(1 << self.me, Ordering::SeqCst);
+                // The receiver may have drained in between and missed the mark: look again.
+                if g.pending.load(Ordering::SeqCst) >= cap {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    fn wait(&self, w: Waiter) {
+        self.waiters.borrow_mut().push(w);
+    }
+
+    /// Wakes everything that waited for room; each looks again.
+    fn resume_all(&self) {
+        let ws = std::mem::take(&mut *self.waiters.borrow_mut());
+        for w in ws {
+            w.wake();
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Inboxes: batches from other workers
+
+enum Batch<K, T> {
+    Data(Vec<(K, T, u64)>),
+    End,
+}
+
+struct Inbox<K, T> {
+    queue: Mutex<Vec<Batch<K, T>>>,
+    notify: Notify,
+    gauge: Arc<Gauge>,
+}
+
+impl<K, T> Inbox<K, T> {
+    fn push(&self, b: Batch<K, T>) {
+        if let Batch::Data(v) = &b {
+            self.gauge.pending.fetch_add(v.len(), Ordering::SeqCst);
+        }
+        lock(&self.queue).push(b);
+        self.notify.notify_one();
+    }
+
+    fn release(&self, n: usize, low: usize, resumes: &[Arc<Notify>]) {
+        let left = self.gauge.pending.fetch_sub(n, Ordering::SeqCst) - n;
+        if left < low {
+            let mask = self.gauge.blocked.swap(0, Ordering::SeqCst);
+            for (w, r) in resumes.iter().enumerate() {
+                if mask & (1 << w) != 0 {
+                    r.notify_one();
+                }
+            }
+        }
+    }
+}
+
+struct Shared<K, T> {
+    inboxes: Vec<Inbox<K, T>>,
+}
+
+// ------------------------------------------------------------------------------------------
+// Sinks
+
+/// A sink's buffer on one worker: framed records waiting for the connection or file.
+pub(crate) struct SinkBuf {
+    data: BytesMut,
+    /// (read time, records) of what is in `data`, oldest first, for the latency histogram.
+    segs: VecDeque<(u64, u64)>,
+    high: usize,
+    low: usize,
+    driver: Option<Waiter>,
+    closing: bool,
+    metrics: Arc<PipeMetrics>,
+    me: usize,
+}
+
+impl SinkBuf {
+    fn new(high: usize, metrics: Arc<PipeMetrics>, me: usize) -> Self {
+        SinkBuf {
+            data: BytesMut::with_capacity(64 * 1024),
+            segs: VecDeque::new(),
+            high,
+            low: high / 4,
+            driver: None,
+            closing: false,
+            metrics,
+            me,
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.data.len() >= self.high
+    }
+
+    #[inline]
+    fn push(&mut self, record: &[u8], read_ns: u64) {
+        let Ok(len) = u32::try_from(record.len()) else {
+            tracing::error!(
+                bytes = record.len(),
+                "a record of 4 GiB or more cannot be framed; dropped"
+            );
+            return;
+        };
+        self.data.reserve(4 + record.len());
+        self.data.put_u32(len);
+        self.data.extend_from_slice(record);
+        mark(&mut self.segs, read_ns);
+    }
+
+    /// Takes everything buffered, recording its latency as written now.
+    fn take(&mut self) -> Bytes {
+        record_latency(&self.metrics, self.me, self.segs.drain(..));
+        self.data.split().freeze()
+    }
+
+    fn wake_driver(&self) {
+        if let Some(d) = &self.driver {
+            d.wake();
+        }
+    }
+}
+
+#[inline]
+fn mark(segs: &mut VecDeque<(u64, u64)>, read_ns: u64) {
+    match segs.back_mut() {
+        Some((ns, n)) if *ns == read_ns => *n += 1,
+        _ => segs.push_back((read_ns, 1)),
+    }
+}
+
+fn record_latency(metrics: &PipeMetrics, me: usize, segs: impl Iterator<Item = (u64, u64)>) {
+    let now = now_ns();
+    let mut l = lock(&metrics.workers[me].latency);
+    for (ns, n) in segs {
+        // Records emitted when windows are flushed at the end have no read time.
+        if ns != 0 {
+            l.record(now, ns, n);
+        }
+    }
+}
+
+/// The pipeline's end of its sink on one worker.
+enum SinkOut<O> {
+    Buf {
+        encode: Encoder<O>,
+        scratch: Vec<u8>,
+        buf: Rc<RefCell<SinkBuf>>,
+        count: u64,
+    },
+    Collect {
+        local: Vec<O>,
+        segs: VecDeque<(u64, u64)>,
+        to: Collector<O>,
+        count: u64,
+    },
+    Discard {
+        count: u64,
+    },
+}
+
+impl<O> SinkOut<O> {
+    #[inline]
+    fn write(&mut self, o: O, read_ns: u64) {
+        match self {
+            SinkOut::Buf {
+                encode,
+                scratch,
+                buf,
+                count,
+            } => {
+                scratch.clear();
+                encode(&o, scratch);
+                buf.borrow_mut().push(scratch, read_ns);
+                *count += 1;
+            }
+            SinkOut::Collect {
+                local, segs, count, ..
+            } => {
+                local.push(o);
+                mark(segs, read_ns);
+                *count += 1;
+            }
+            SinkOut::Discard { count } => *count += 1,
+        }
+    }
+
+    fn end_turn(&mut self, metrics: &PipeMetrics, me: usize) {
+        match self {
+            SinkOut::Buf { buf, .. } => {
+                let b = buf.borrow();
+                if !b.data.is_empty() {
+                    b.wake_driver();
+                }
+            }
+            SinkOut::Collect {
+                local, segs, to, ..
+            } => {
+                if !local.is_empty() {
+                    to.lock().append(local);
+                    record_latency(metrics, me, segs.drain(..));
+                }
+            }
+            SinkOut::Discard { .. } => {}
+        }
+    }
+
+    fn count(&self) -> u64 {
+        match self {
+            SinkOut::Buf { count, .. }
+            | SinkOut::Collect { count, .. }
+            | SinkOut::Discard { count } => *count,
+        }
+    }
+}
+
+/// The sink's connection: sends what the buffer holds while the peer keeps up.
+struct SinkConn {
+    buf: Rc<RefCell<SinkBuf>>,
+    env: Rc<Env>,
+}
+
+impl SinkConn {
+    fn pull(&mut self, conn: &mut Conn<'_>) {
+        let mut b = self.buf.borrow_mut();
+        if !b.data.is_empty() {
+            if conn.can_send() {
+                let data = b.take();
+                let _ = conn.send(data);
+            } else {
+                conn.notify_writable();
+            }
+        }
+        let (room, done) = (b.data.len() < b.low, b.closing && b.data.is_empty());
+        drop(b);
+        if room {
+            self.env.resume_all();
+        }
+        if done {
+            conn.close();
+        }
+    }
+}
+
+impl Protocol for SinkConn {
+    fn on_open(&mut self, conn: &mut Conn<'_>) {
+        self.buf.borrow_mut().driver = Some(Waiter::Conn(conn.handle()));
+        self.pull(conn);
+    }
+    fn on_data(&mut self, _conn: &mut Conn<'_>, input: &mut BytesMut) {
+        input.clear();
+    }
+    fn on_writable(&mut self, conn: &mut Conn<'_>) {
+        self.pull(conn);
+    }
+    fn on_wake(&mut self, conn: &mut Conn<'_>) {
+        self.pull(conn);
+    }
+    fn on_shutdown(&mut self, _conn: &mut Conn<'_>) {}
+    fn on_close(&mut self, _why: &proto::Close) {
+        self.buf.borrow_mut().driver = None;
+    }
+}
+
+async fn tcp_sink(addr: SocketAddr, buf: Rc<RefCell<SinkBuf>>, env: Rc<Env>, flushed: Rc<Notify>) {
+    let settings = Settings::default().high_water(256 * 1024);
+    let mut backoff = Duration::from_millis(50);
+    let mut log = RateLog::default();
+    let mut closing_since: Option<Instant> = None;
+    loop {
+        {
+            let b = buf.borrow();
+            if b.closing {
+                if b.data.is_empty() {
+                    break;
+                }
+                let since = *closing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > env.opts.drain_timeout {
+                    tracing::warn!(%addr, bytes = b.data.len(), "sink gave up delivering at shutdown");
+                    break;
+                }
+            }
+        }
+        match canter_rt::connect(addr, Duration::from_secs(5)).await {
+            Ok(stream) => {
+                backoff = Duration::from_millis(50);
+                tracing::debug!(%addr, "sink connected");
+                let mut conn = SinkConn {
+                    buf: buf.clone(),
+                    env: env.clone(),
+                };
+                let why = proto::run(stream, addr, &mut conn, &settings).await;
+                let b = buf.borrow();
+                if b.closing && b.data.is_empty() {
+                    break;
+                }
+                tracing::warn!(%addr, %why, "sink connection lost; reconnecting");
+            }
+            Err(e) => {
+                if let Some(held) = log.allow() {
+                    tracing::warn!(%addr, error = %e, held, "sink cannot connect; retrying with backoff");
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    flushed.notify_one();
+}
+
+async fn file_sink(
+    mut file: std::fs::File,
+    buf: Rc<RefCell<SinkBuf>>,
+    env: Rc<Env>,
+    wake: Rc<Notify>,
+    flushed: Rc<Notify>,
+) {
+    loop {
+        let (data, closing) = {
+            let mut b = buf.borrow_mut();
+            let data = (!b.data.is_empty()).then(|| b.take());
+            (data, b.closing)
+        };
+        match data {
+            Some(data) => {
+                if let Err(e) = file.write_all(&data) {
+                    tracing::error!(error = %e, bytes = data.len(), "sink file write failed; records lost");
+                }
+                env.resume_all();
+                tokio::task::yield_now().await;
+            }
+            None if closing => break,
+            None => wake.notified().await,
+        }
+    }
+    flushed.notify_one();
+}
+
+// ------------------------------------------------------------------------------------------
+// The pipeline on one worker: head (decode, steps, route) and tail (state, steps, sink)
+
+pub(crate) trait Process {
+    fn begin(&mut self);
+    fn record(&mut self, rec: &[u8]);
+    fn end_turn(&mut self);
+    fn frame_error(&mut self, peer: Option<SocketAddr>, e: &dyn Display);
+    fn end_of_input(&mut self);
+}
+
+trait TailOps<K, T> {
+    fn process(&mut self, key: K, item: T, read_ns: u64);
+    fn end_turn(&mut self);
+    fn finish(&mut self);
+}
+
+struct TailInst<K, U: Stateful<K, X>, X, P: Step<U::Out>> {
+    store: Rc<RefCell<Store<K, U::State>>>,
+    step: U,
+    post: P,
+    sink: SinkOut<P::Out>,
+    metrics: Arc<PipeMetrics>,
+    me: usize,
+    _x: PhantomData<fn(X)>,
+}
+
+impl<K, X, U, P> TailOps<K, X> for TailInst<K, U, X, P>
+where
+    K: Hash + Eq,
+    U: Stateful<K, X>,
+    P: Step<U::Out>,
+{
+    #[inline]
+    fn process(&mut self, key: K, item: X, read_ns: u64) {
+        let TailInst {
+            store,
+            step,
+            post,
+            sink,
+            ..
+        } = self;
+        let mut store = store.borrow_mut();
+        let st = store.get(key);
+        step.update(
+            st,
+            item,
+            &mut Emit::new(
+                &mut |o| post.push(o, &mut |o| sink.write(o, read_ns)),
+                read_ns,
+            ),
+        );
+    }
+
+    fn end_turn(&mut self) {
+        self.sink.end_turn(&self.metrics, self.me);
+        let m = &self.metrics.workers[self.me];
+        m.sink.store(self.sink.count(), Ordering::Relaxed);
+        m.late.store(self.step.late(), Ordering::Relaxed);
+    }
+
+    fn finish(&mut self) {
+        let TailInst {
+            store,
+            step,
+            post,
+            sink,
+            ..
+        } = self;
+        let mut store = store.borrow_mut();
+        for st in store.map.values_mut() {
+            step.finish(
+                st,
+                &mut Emit::new(&mut |o| post.push(o, &mut |o| sink.write(o, 0)), 0),
+            );
+        }
+    }
+}
+
+struct Head<T, D, C: Step<T>, KF, K, Tl> {
+    decode: D,
+    chain: C,
+    key: KF,
+    tail: Rc<RefCell<Tl>>,
+    out: Vec<Vec<(K, C::Out, u64)>>,
+    shared: Arc<Shared<K, C::Out>>,
+    me: usize,
+    workers: usize,
+    read_ns: u64,
+    records: u64,
+    rejected: u64,
+    frame_errors: u64,
+    log: RateLog,
+    metrics: Arc<PipeMetrics>,
+    counts: Vec<u64>,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T, E, D, C, KF, K, Tl> Process for Head<T, D, C, KF, K, Tl>
+where
+    E: Display,
+    D: FnMut(&[u8]) -> Result<T, E>,
+    C: Step<T>,
+    KF: FnMut(&C::Out) -> K,
+    K: Hash,
+    Tl: TailOps<K, C::Out>,
+{
+    fn begin(&mut self) {
+        self.read_ns = now_ns();
+    }
+
+    #[inline]
+    fn record(&mut self, rec: &[u8]) {
+        self.records += 1;
+        match (self.decode)(rec) {
+            Ok(item) => {
+                let Head {
+                    chain,
+                    key,
+                    tail,
+                    out,
+                    me,
+                    workers,
+                    read_ns,
+                    ..
+                } = self;
+                let (me, workers, read_ns) = (*me, *workers, *read_ns);
+                chain.push(item, &mut |x| {
+                    let k = key(&x);
+                    let w = owner(&k, workers);
+                    if w == me {
+                        tail.borrow_mut().process(k, x, read_ns);
+                    } else {
+                        out[w].push((k, x, read_ns));
+                    }
+                });
+            }
+            Err(e) => {
+                self.rejected += 1;
+                if let Some(held) = self.log.allow() {
+                    tracing::warn!(
+                        pipeline = %self.metrics.name, worker = self.me, error = %e,
+                        bytes = rec.len(), held, "input record rejected"
+                    );
+                }
+            }
+        }
+    }
+
+    fn end_turn(&mut self) {
+        for (w, batch) in self.out.iter_mut().enumerate() {
+            if !batch.is_empty() {
+                let full = std::mem::replace(batch, Vec::with_capacity(batch.len()));
+                self.shared.inboxes[w].push(Batch::Data(full));
+            }
+        }
+        self.tail.borrow_mut().end_turn();
+        let m = &self.metrics.workers[self.me];
+        m.source.store(self.records, Ordering::Relaxed);
+        m.rejected.store(self.rejected, Ordering::Relaxed);
+        m.frame_errors.store(self.frame_errors, Ordering::Relaxed);
+        self.counts.clear();
+        self.chain.counts(&mut self.counts);
+        for (a, n) in m.steps.iter().zip(&self.counts) {
+            a.store(*n, Ordering::Relaxed);
+        }
+    }
+
+    fn frame_error(&mut self, peer: Option<SocketAddr>, e: &dyn Display) {
+        self.frame_errors += 1;
+        tracing::warn!(
+            pipeline = %self.metrics.name, worker = self.me, peer = ?peer, error = %e,
+            "broken frame; source connection closed"
+        );
+    }
+
+    fn end_of_input(&mut self) {
+        self.end_turn();
+        for inbox in &self.shared.inboxes {
+            inbox.push(Batch::End);
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Sources
+
+fn split(framing: Framing, buf: &[u8], each: impl FnMut(&[u8])) -> Result<usize, FrameError> {
+    match framing {
+        Framing::LengthPrefixed { max } => frame::split(buf, max, each),
+        Framing::Lines { max } => split_lines(buf, max, each),
+    }
+}
+
+/// Splits the complete lines at the start of `buf` (`\n` or `\r\n` ended).
+fn split_lines(buf: &[u8], max: usize, mut each: impl FnMut(&[u8])) -> Result<usize, FrameError> {
+    let mut at = 0;
+    while let Some(i) = buf[at..].iter().position(|&b| b == b'\n') {
+        let mut line = &buf[at..at + i];
+        if let Some(l) = line.strip_suffix(b"\r") {
+            line = l;
+        }
+        if line.len() > max {
+            return Err(FrameError::TooLarge {
+                len: line.len(),
+                max,
+            });
+        }
+        each(line);
+        at += i + 1;
+    }
+    if buf.len() - at > max + 1 {
+        return Err(FrameError::TooLarge {
+            len: buf.len() - at,
+            max,
+        });
+    }
+    Ok(at)
+}
+
+/// A source connection: frames in, the pipeline run inline.
+struct SourceConn {
+    head: Rc<RefCell<dyn Process>>,
+    env: Rc<Env>,
+    framing: Framing,
+}
+
+impl SourceConn {
+    fn hold(&self, conn: &mut Conn<'_>) {
+        conn.mute();
+        self.env.wait(Waiter::Conn(conn.handle()));
+    }
+}
+
+impl Protocol for SourceConn {
+    fn on_open(&mut self, conn: &mut Conn<'_>) {
+        let mut sources = self.env.sources.borrow_mut();
+        sources.retain(|h| !h.is_closed());
+        sources.push(conn.handle());
+    }
+
+    fn on_data(&mut self, conn: &mut Conn<'_>, input: &mut BytesMut) {
+        if self.env.shutting.get() {
+            conn.close();
+            return;
+        }
+        if self.env.must_wait() {
+            self.hold(conn);
+            return;
+        }
+        let mut head = self.head.borrow_mut();
+        head.begin();
+        match split(self.framing, input, |rec| head.record(rec)) {
+            Ok(used) => {
+                let _ = input.split_to(used);
+            }
+            Err(e) => {
+                head.frame_error(Some(conn.peer_addr()), &e);
+                input.clear();
+                conn.close();
+            }
+        }
+        head.end_turn();
+        drop(head);
+        if !conn.is_closing() && self.env.must_wait() {
+            self.hold(conn);
+        }
+    }
+
+    fn on_wake(&mut self, conn: &mut Conn<'_>) {
+        if self.env.shutting.get() {
+            conn.close();
+        } else if conn.is_muted() {
+            if self.env.must_wait() {
+                self.env.wait(Waiter::Conn(conn.handle()));
+            } else {
+                conn.unmute();
+            }
+        }
+    }
+
+    fn on_shutdown(&mut self, conn: &mut Conn<'_>) {
+        conn.close();
+    }
+}
+
+async fn accept_loop(
+    listener: StdListener,
+    head: Rc<RefCell<dyn Process>>,
+    env: Rc<Env>,
+    framing: Framing,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "source listener failed");
+            return;
+        }
+    };
+    let settings = Settings::default()
+        .read_budget(env.opts.read_budget)
+        .max_input(match framing {
+            Framing::LengthPrefixed { max } | Framing::Lines { max } => max + 64 * 1024,
+        });
+    let mut log = RateLog::default();
+    loop {
+        match listener.accept().await {
+            Ok((tcp, peer)) => {
+                let _ = tcp.set_nodelay(true);
+                let mut conn = SourceConn {
+                    head: head.clone(),
+                    env: env.clone(),
+                    framing,
+                };
+                let settings = settings.clone();
+                tokio::task::spawn_local(async move {
+                    let why = proto::run(Stream::Plain(tcp), peer, &mut conn, &settings).await;
+                    tracing::debug!(%peer, %why, "source connection closed");
+                });
+            }
+            Err(e) => {
+                // Out of file descriptors, typically: wait a little rather than spin.
+                if let Some(held) = log.allow() {
+                    tracing::warn!(error = %e, held, "accept failed");
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// Waits until the sources may read.
+async fn room(env: &Env, wake: &Rc<Notify>) {
+    while env.must_wait() {
+        env.wait(Waiter::Task(wake.clone()));
+        wake.notified().await;
+    }
+}
+
+async fn file_source(
+    path: std::path::PathBuf,
+    framing: Framing,
+    head: Rc<RefCell<dyn Process>>,
+    env: Rc<Env>,
+) {
+    let wake = Rc::new(Notify::new());
+    match std::fs::File::open(&path) {
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, "source file cannot be opened")
+        }
+        Ok(mut file) => {
+            let mut buf: Vec<u8> = Vec::new();
+            let mut chunk = vec![0u8; 256 * 1024];
+            while !env.shutting.get() {
+                room(&env, &wake).await;
+                let n = match file.read(&mut chunk) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::error!(path = %path.display(), error = %e, "source file read failed");
+                        break;
+                    }
+                };
+                if n == 0 {
+                    if !buf.is_empty() {
+                        let e = FrameError::Truncated { missing: 0 };
+                        head.borrow_mut().frame_error(None, &e);
+                    }
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                let r = {
+                    let mut h = head.borrow_mut();
+                    h.begin();
+                    let r = split(framing, &buf, |rec| h.record(rec));
+                    h.end_turn();
+                    if let Err(e) = &r {
+                        h.frame_error(None, e);
+                    }
+                    r
+                };
+                match r {
+                    Ok(used) => {
+                        buf.drain(..used);
+                    }
+                    Err(_) => break,
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+    head.borrow_mut().end_of_input();
+}
+
+async fn generate_source(
+    count: u64,
+    make: Arc<dyn Fn(u64, &mut Vec<u8>) + Send + Sync>,
+    head: Rc<RefCell<dyn Process>>,
+    env: Rc<Env>,
+) {
+    let wake = Rc::new(Notify::new());
+    let mut scratch = Vec::with_capacity(256);
+    let mut i = 0;
+    while i < count && !env.shutting.get() {
+        room(&env, &wake).await;
+        {
+            let mut h = head.borrow_mut();
+            h.begin();
+            let end = (i + 1024).min(count);
+            while i < end {
+                scratch.clear();
+                make(i, &mut scratch);
+                h.record(&scratch);
+                i += 1;
+            }
+            h.end_turn();
+        }
+        tokio::task::yield_now().await;
+    }
+    head.borrow_mut().end_of_input();
+}
+
+// ------------------------------------------------------------------------------------------
+// Definitions, preparation, start
+
+/// A pipeline as built, not yet bound.
+pub(crate) trait PipelineDef: Send {
+    fn name(&self) -> &str;
+    fn prepare(
+        self: Box<Self>,
+        opts: &RunOptions,
+        resumes: &Arc<Vec<Arc<Notify>>>,
+    ) -> io::Result<Arc<dyn Prepared>>;
+}
+
+/// A pipeline bound (listeners open) and ready to start on each worker.
+pub(crate) trait Prepared: Send + Sync {
+    fn name(&self) -> &str;
+    fn metrics(&self) -> Arc<PipeMetrics>;
+    fn source_addr(&self) -> Option<SocketAddr>;
+    fn finite(&self) -> bool;
+    /// Starts the pipeline's tasks on this worker; returns its head and the task that ends
+    /// when the pipeline has ended here.
+    fn start(
+        &self,
+        env: &Rc<Env>,
+    ) -> io::Result<(Rc<RefCell<dyn Process>>, tokio::task::JoinHandle<()>)>;
+}
+
+pub(crate) struct Def<T, D, C, KF, K, U, P, O> {
+    pub(crate) name: String,
+    pub(crate) source: Source,
+    pub(crate) decode: D,
+    pub(crate) chain: C,
+    pub(crate) key: KF,
+    pub(crate) step: U,
+    pub(crate) post: P,
+    pub(crate) sink: Sink<O>,
+    pub(crate) _t: PhantomData<fn() -> (T, K)>,
+}
+
+struct Prep<Df> {
+    name: String,
+    def: Mutex<Df>,
+    source: Source,
+    metrics: Arc<PipeMetrics>,
+    shared: Arc<dyn Any + Send + Sync>,
+    listeners: Mutex<Vec<Option<StdListener>>>,
+    addr: Option<SocketAddr>,
+    file: Option<std::fs::File>,
+    resumes: Arc<Vec<Arc<Notify>>>,
+}
+
+fn listen(addr: SocketAddr) -> io::Result<StdListener> {
+    use socket2::{Domain, Protocol as P, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(P::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.set_nodelay(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
+}
+
+impl<T, E, D, C, KF, K, U, P> PipelineDef for Def<T, D, C, KF, K, U, P, P::Out>
+where
+    T: 'static,
+    E: Display,
+    D: FnMut(&[u8]) -> Result<T, E> + Clone + Send + 'static,
+    C: Step<T>,
+    C::Out: Send,
+    KF: FnMut(&C::Out) -> K + Clone + Send + 'static,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    U: Stateful<K, C::Out>,
+    P: Step<U::Out>,
+    P::Out: Send + 'static,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn prepare(
+        self: Box<Self>,
+        opts: &RunOptions,
+        resumes: &Arc<Vec<Arc<Notify>>>,
+    ) -> io::Result<Arc<dyn Prepared>> {
+        let workers = opts.workers;
+        let mut names = Vec::new();
+        self.chain.names(&mut names);
+        let metrics = Arc::new(PipeMetrics::new(&self.name, names, workers));
+        let mut listeners = Vec::new();
+        let mut bound = None;
+        if let Source::Tcp { addr, .. } = &self.source {
+            let first = listen(*addr).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("pipeline {}: listen on {addr}: {e}", self.name),
+                )
+            })?;
+            let at = first.local_addr()?;
+            listeners.push(Some(first));
+            for _ in 1..workers {
+                listeners.push(Some(listen(at)?));
+            }
+            bound = Some(at);
+        }
+        let file = match &self.sink {
+            Sink::File { path, .. } => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| {
+                        io::Error::new(e.kind(), format!("sink file {}: {e}", path.display()))
+                    })?,
+            ),
+            _ => None,
+        };
+        let shared: Arc<Shared<K, C::Out>> = Arc::new(Shared {
+            inboxes: (0..workers)
+                .map(|_| Inbox {
+                    queue: Mutex::new(Vec::new()),
+                    notify: Notify::new(),
+                    gauge: Arc::new(Gauge {
+                        pending: AtomicUsize::new(0),
+                        blocked: AtomicU64::new(0),
+                    }),
+                })
+                .collect(),
+        });
+        Ok(Arc::new(Prep {
+            name: self.name.clone(),
+            source: self.source.clone(),
+            metrics,
+            shared,
+            listeners: Mutex::new(listeners),
+            addr: bound,
+            file,
+            resumes: resumes.clone(),
+            def: Mutex::new(*self),
+        }))
+    }
+}
+
+impl<T, E, D, C, KF, K, U, P> Prepared for Prep<Def<T, D, C, KF, K, U, P, P::Out>>
+where
+    T: 'static,
+    E: Display,
+    D: FnMut(&[u8]) -> Result<T, E> + Clone + Send + 'static,
+    C: Step<T>,
+    C::Out: Send,
+    KF: FnMut(&C::Out) -> K + Clone + Send + 'static,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    U: Stateful<K, C::Out>,
+    P: Step<U::Out>,
+    P::Out: Send + 'static,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn metrics(&self) -> Arc<PipeMetrics> {
+        self.metrics.clone()
+    }
+
+    fn source_addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
+    fn finite(&self) -> bool {
+        self.source.finite()
+    }
+
+    fn start(
+        &self,
+        env: &Rc<Env>,
+    ) -> io::Result<(Rc<RefCell<dyn Process>>, tokio::task::JoinHandle<()>)> {
+        let (decode, chain, key, step, post, sink) = {
+            let d = lock(&self.def);
+            (
+                d.decode.clone(),
+                d.chain.clone(),
+                d.key.clone(),
+                d.step.clone(),
+                d.post.clone(),
+                d.sink.clone(),
+            )
+        };
+        let shared = self
+            .shared
+            .clone()
+            .downcast::<Shared<K, C::Out>>()
+            .map_err(|_| io::Error::other("pipeline inbox of another type"))?;
+        let me = env.me;
+        let metrics = self.metrics.clone();
+        let flushed = Rc::new(Notify::new());
+        let mut sink_buf = None;
+        let sink = match sink {
+            Sink::Tcp { addr, encode } => {
+                let buf = Rc::new(RefCell::new(SinkBuf::new(
+                    env.opts.sink_high_water,
+                    metrics.clone(),
+                    me,
+                )));
+                env.sinks.borrow_mut().push(buf.clone());
+                tokio::task::spawn_local(tcp_sink(addr, buf.clone(), env.clone(), flushed.clone()));
+                sink_buf = Some(buf.clone());
+                SinkOut::Buf {
+                    encode,
+                    scratch: Vec::with_capacity(256),
+                    buf,
+                    count: 0,
+                }
+            }
+            Sink::File { encode, .. } => {
+                let file = self
+                    .file
+                    .as_ref()
+                    .ok_or_else(|| io::Error::other("sink file not open"))?
+                    .try_clone()?;
+                let buf = Rc::new(RefCell::new(SinkBuf::new(
+                    env.opts.sink_high_water,
+                    metrics.clone(),
+                    me,
+                )));
+                let wake = Rc::new(Notify::new());
+                buf.borrow_mut().driver = Some(Waiter::Task(wake.clone()));
+                env.sinks.borrow_mut().push(buf.clone());
+                tokio::task::spawn_local(file_sink(
+                    file,
+                    buf.clone(),
+                    env.clone(),
+                    wake,
+                    flushed.clone(),
+                ));
+                sink_buf = Some(buf.clone());
+                SinkOut::Buf {
+                    encode,
+                    scratch: Vec::with_capacity(256),
+                    buf,
+                    count: 0,
+                }
+            }
+            Sink::Collect(to) => SinkOut::Collect {
+                local: Vec::new(),
+                segs: VecDeque::new(),
+                to,
+                count: 0,
+            },
+            Sink::Discard => SinkOut::Discard { count: 0 },
+        };
+        let tail = Rc::new(RefCell::new(TailInst {
+            store: env.store(&step.state()),
+            step,
+            post,
+            sink,
+            metrics: metrics.clone(),
+            me,
+            _x: PhantomData,
+        }));
+        for (w, inbox) in shared.inboxes.iter().enumerate() {
+            if w != me {
+                env.gauges.borrow_mut().push(inbox.gauge.clone());
+            }
+        }
+        let head: Rc<RefCell<dyn Process>> = Rc::new(RefCell::new(Head {
+            decode,
+            chain,
+            key,
+            tail: tail.clone(),
+            out: (0..env.workers).map(|_| Vec::new()).collect(),
+            shared: shared.clone(),
+            me,
+            workers: env.workers,
+            read_ns: 0,
+            records: 0,
+            rejected: 0,
+            frame_errors: 0,
+            log: RateLog::default(),
+            metrics: metrics.clone(),
+            counts: Vec::new(),
+            _t: PhantomData,
+        }));
+        match &self.source {
+            Source::Tcp { framing, .. } => {
+                let listener = lock(&self.listeners)
+                    .get_mut(me)
+                    .and_then(Option::take)
+                    .ok_or_else(|| io::Error::other("no listener for this worker"))?;
+                let task = tokio::task::spawn_local(accept_loop(
+                    listener,
+                    head.clone(),
+                    env.clone(),
+                    *framing,
+                ));
+                env.tasks.borrow_mut().push(task);
+            }
+            Source::File { path, framing } if me == 0 => {
+                tokio::task::spawn_local(file_source(
+                    path.clone(),
+                    *framing,
+                    head.clone(),
+                    env.clone(),
+                ));
+            }
+            Source::Generate { count, make } if me == 0 => {
+                tokio::task::spawn_local(generate_source(
+                    *count,
+                    make.clone(),
+                    head.clone(),
+                    env.clone(),
+                ));
+            }
+            _ => {}
+        }
+        let expected = if self.finite() { 1 } else { env.workers };
+        let done = tokio::task::spawn_local(drain(
+            shared,
+            tail,
+            env.clone(),
+            expected,
+            self.resumes.clone(),
+            sink_buf.map(|b| (b, flushed)),
+        ));
+        Ok((head, done))
+    }
+}
+
+/// Runs what other workers sent this one for the pipeline, until every source has ended; then
+/// flushes windows and the sink.
+async fn drain<K, X, Tl: TailOps<K, X>>(
+    shared: Arc<Shared<K, X>>,
+    tail: Rc<RefCell<Tl>>,
+    env: Rc<Env>,
+    expected: usize,
+    resumes: Arc<Vec<Arc<Notify>>>,
+    sink: Option<(Rc<RefCell<SinkBuf>>, Rc<Notify>)>,
+) {
+    let inbox = &shared.inboxes[env.me];
+    let low = env.opts.inbox_capacity / 4;
+    let wake = Rc::new(Notify::new());
+    let mut ends = 0;
+    loop {
+        if env.sinks_full() {
+            env.wait(Waiter::Task(wake.clone()));
+            wake.notified().await;
+            continue;
+        }
+        let batches = std::mem::take(&mut *lock(&inbox.queue));
+        if batches.is_empty() {
+            inbox.notify.notified().await;
+            continue;
+        }
+        let mut n = 0;
+        {
+            let mut t = tail.borrow_mut();
+            for b in batches {
+                match b {
+                    Batch::Data(v) => {
+                        n += v.len();
+                        for (k, x, ns) in v {
+                            t.process(k, x, ns);
+                        }
+                    }
+                    Batch::End => ends += 1,
+                }
+            }
+            t.end_turn();
+        }
+        if n > 0 {
+            inbox.release(n, low, &resumes);
+        }
+        if ends >= expected {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    {
+        let mut t = tail.borrow_mut();
+        t.finish();
+        t.end_turn();
+    }
+    if let Some((buf, flushed)) = sink {
+        buf.borrow_mut().closing = true;
+        buf.borrow().wake_driver();
+        flushed.notified().await;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Threads
+
+struct ShutdownInner {
+    flag: AtomicBool,
+    notifies: Vec<Arc<Notify>>,
+}
+
+/// Stops a running topology: sources stop reading, what is in flight is delivered (within the
+/// drain timeout), then the workers end.
+#[derive(Clone)]
+pub struct Shutdown(Arc<ShutdownInner>);
+
+impl std::fmt::Debug for Shutdown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Shutdown({})", self.0.flag.load(Ordering::Relaxed))
+    }
+}
+
+impl Shutdown {
+    /// Asks the workers to stop.
+    pub fn shutdown(&self) {
+        self.0.flag.store(true, Ordering::SeqCst);
+        for n in &self.0.notifies {
+            n.notify_one();
+        }
+    }
+}
+
+/// A started topology.
+pub struct Running {
+    threads: Vec<JoinHandle<io::Result<()>>>,
+    shutdown: Shutdown,
+    metrics: Arc<Metrics>,
+    addrs: Vec<(String, Option<SocketAddr>)>,
+    sampler: Option<JoinHandle<()>>,
+    stop_sampler: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("workers", &self.threads.len())
+            .field("sources", &self.addrs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Running {
+    /// Where a pipeline's TCP source listens.
+    pub fn source_addr(&self, pipeline: &str) -> Option<SocketAddr> {
+        self.addrs
+            .iter()
+            .find(|(n, _)| n == pipeline)
+            .and_then(|(_, a)| *a)
+    }
+
+    /// The topology's metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// A handle that stops the topology from any thread.
+    pub fn shutdown_handle(&self) -> Shutdown {
+        self.shutdown.clone()
+    }
+
+    /// Whether every worker has ended.
+    pub fn is_finished(&self) -> bool {
+        self.threads.iter().all(JoinHandle::is_finished)
+    }
+
+    /// Waits for the workers to end (finite sources all read and delivered, or a shutdown).
+    pub fn wait(mut self) -> io::Result<()> {
+        let mut result = Ok(());
+        for t in self.threads.drain(..) {
+            let r = t
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("a pipeline worker panicked")));
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        self.stop_sampler.store(true, Ordering::SeqCst);
+        if let Some(s) = self.sampler.take() {
+            let _ = s.join();
+        }
+        self.metrics.sample();
+        result
+    }
+}
+
+pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Result<Running> {
+    let workers = opts.workers.clamp(1, 64);
+    let opts = RunOptions { workers, ..opts };
+    if defs.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no pipelines"));
+    }
+    let resumes: Arc<Vec<Arc<Notify>>> =
+        Arc::new((0..workers).map(|_| Arc::new(Notify::new())).collect());
+    let mut preps = Vec::new();
+    for d in defs {
+        preps.push(d.prepare(&opts, &resumes)?);
+    }
+    let metrics = Arc::new(Metrics::new(preps.iter().map(|p| p.metrics()).collect()));
+    let shutdown = Shutdown(Arc::new(ShutdownInner {
+        flag: AtomicBool::new(false),
+        notifies: (0..workers).map(|_| Arc::new(Notify::new())).collect(),
+    }));
+    let addrs = preps
+        .iter()
+        .map(|p| (p.name().to_owned(), p.source_addr()))
+        .collect();
+    let mut threads = Vec::new();
+    for me in 0..workers {
+        let preps = preps.clone();
+        let opts = opts.clone();
+        let resumes = resumes.clone();
+        let stop = shutdown.0.notifies[me].clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("canter-pipeline-{me}"))
+                .spawn(move || worker(me, preps, opts, resumes, stop))?,
+        );
+    }
+    let stop_sampler = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (metrics, stop) = (metrics.clone(), stop_sampler.clone());
+        std::thread::Builder::new()
+            .name("canter-pipeline-metrics".into())
+            .spawn(move || {
+                let mut next = Instant::now() + Duration::from_secs(1);
+                while !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(50));
+                    if Instant::now() >= next {
+                        metrics.sample();
+                        next += Duration::from_secs(1);
+                    }
+                }
+            })?
+    };
+    Ok(Running {
+        threads,
+        shutdown,
+        metrics,
+        addrs,
+        sampler: Some(sampler),
+        stop_sampler,
+    })
+}
+
+fn pin(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data, zeroed is a valid empty set; CPU_SET writes within it;
+    // sched_setaffinity reads it for the calling thread (pid 0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            tracing::warn!(cpu, error = %io::Error::last_os_error(), "could not pin the worker");
+        }
+    }
+}
+
+fn worker(
+    me: usize,
+    preps: Vec<Arc<dyn Prepared>>,
+    opts: RunOptions,
+    resumes: Arc<Vec<Arc<Notify>>>,
+    stop: Arc<Notify>,
+) -> io::Result<()> {
+    if opts.pin {
+        pin(me);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    let drain_timeout = opts.drain_timeout;
+    local.block_on(&rt, async move {
+        let env = Rc::new(Env {
+            me,
+            workers: opts.workers,
+            opts,
+            stores: RefCell::new(HashMap::new()),
+            sinks: RefCell::new(Vec::new()),
+            gauges: RefCell::new(Vec::new()),
+            waiters: RefCell::new(Vec::new()),
+            sources: RefCell::new(Vec::new()),
+            tasks: RefCell::new(Vec::new()),
+            shutting: Cell::new(false),
+            resumes: resumes.clone(),
+        });
+        {
+            let env = env.clone();
+            let resume = env.resumes[me].clone();
+            tokio::task::spawn_local(async move {
+                loop {
+                    resume.notified().await;
+                    env.resume_all();
+                }
+            });
+        }
+        let mut heads = Vec::new();
+        let mut dones = Vec::new();
+        for p in &preps {
+            let (head, done) = p.start(&env)?;
+            heads.push((p.finite(), head));
+            dones.push(done);
+        }
+        let stopped = Rc::new(Cell::new(false));
+        {
+            let (env, stopped) = (env.clone(), stopped.clone());
+            tokio::task::spawn_local(async move {
+                stop.notified().await;
+                stopped.set(true);
+                env.shutting.set(true);
+                for t in env.tasks.borrow_mut().drain(..) {
+                    t.abort();
+                }
+                for h in env.sources.borrow_mut().drain(..) {
+                    h.wake();
+                }
+                // Every record read so far has been processed (this is one thread), and each
+                // read's batches went out with it: the end markers follow them.
+                for (finite, head) in &heads {
+                    if !finite {
+                        head.borrow_mut().end_of_input();
+                    }
+                }
+                env.resume_all();
+            });
+        }
+        let all = async {
+            for d in dones {
+                let _ = d.await;
+            }
+        };
+        tokio::pin!(all);
+        // Until the end, or a shutdown; then the drain is bounded.
+        while !stopped.get() {
+            tokio::select! {
+                _ = &mut all => return Ok(()),
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        if tokio::time::timeout(drain_timeout + Duration::from_secs(1), &mut all)
+            .await
+            .is_err()
+        {
+            tracing::warn!(worker = me, "pipelines did not drain in time at shutdown");
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,518 @@
+//! Keyed state, stateful steps and windows.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A fast hasher for keys (the FxHash mix): keys come from the application, not from a peer
+/// choosing them to collide, and a symbol's 4 bytes hash in one multiply.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Fx(u64);
+
+impl Hasher for Fx {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.add(u64::from_le_bytes(w));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut w = [0u8; 8];
+            w[..rest.len()].copy_from_slice(rest);
+            self.add(u64::from_le_bytes(w) ^ ((rest.len() as u64) << 56));
+        }
+    }
+    #[inline]
+    fn write_u32(&mut self, n: u32) {
+        self.add(n as u64);
+    }
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.add(n);
+    }
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl Fx {
+    #[inline]
+    fn add(&mut self, w: u64) {
+        self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+pub(crate) type FxBuild = BuildHasherDefault<Fx>;
+
+/// The worker that owns `key`, of `workers`.
+#[inline]
+pub(crate) fn owner<K: Hash>(key: &K, workers: usize) -> usize {
+    if workers <= 1 {
+        return 0;
+    }
+    let mut h = Fx::default();
+    key.hash(&mut h);
+    // The high bits of the multiply are the well-mixed ones.
+    ((h.finish() >> 32) % workers as u64) as usize
+}
+
+static NEXT_STATE: AtomicU64 = AtomicU64::new(1);
+
+/// State kept per key, created on a key's first sight and touched only by the worker that owns
+/// the key. Several pipelines given the same `KeyedState` (a clone) share it: Market Spread's
+/// quotes pipeline writes what its orders pipeline reads.
+pub struct KeyedState<K, S> {
+    pub(crate) id: u64,
+    pub(crate) name: Arc<str>,
+    pub(crate) init: Arc<dyn Fn(&K) -> S + Send + Sync>,
+}
+
+impl<K, S> Clone for KeyedState<K, S> {
+    fn clone(&self) -> Self {
+        KeyedState {
+            id: self.id,
+            name: self.name.clone(),
+            init: self.init.clone(),
+        }
+    }
+}
+
+impl<K, S> std::fmt::Debug for KeyedState<K, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedState")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, S> KeyedState<K, S> {
+    /// State named `name` (for logs), each key's starting as `init` makes it.
+    pub fn new(name: &str, init: impl Fn(&K) -> S + Send + Sync + 'static) -> Self {
+        KeyedState {
+            id: NEXT_STATE.fetch_add(1, Ordering::Relaxed),
+            name: name.into(),
+            init: Arc::new(init),
+        }
+    }
+}
+
+/// One worker's part of a keyed state.
+pub(crate) struct Store<K, S> {
+    pub(crate) map: HashMap<K, S, FxBuild>,
+    init: Arc<dyn Fn(&K) -> S + Send + Sync>,
+}
+
+impl<K: Hash + Eq, S> Store<K, S> {
+    pub(crate) fn new(state: &KeyedState<K, S>) -> Self {
+        Store {
+            map: HashMap::default(),
+            init: state.init.clone(),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn get(&mut self, key: K) -> &mut S {
+        let init = &self.init;
+        self.map.entry(key).or_insert_with_key(|k| init(k))
+    }
+}
+
+/// Where a stateful step sends what it makes, and when its input was read.
+pub struct Emit<'a, O> {
+    f: &'a mut dyn FnMut(O),
+    read_ns: u64,
+}
+
+impl<'a, O> Emit<'a, O> {
+    pub(crate) fn new(f: &'a mut dyn FnMut(O), read_ns: u64) -> Self {
+        Emit { f, read_ns }
+    }
+
+    /// Sends `item` on, to the steps after this one and the sink.
+    #[inline]
+    pub fn emit(&mut self, item: O) {
+        (self.f)(item)
+    }
+
+    /// When the input being handled was read from its source, in ns since the Unix epoch (0
+    /// while windows are flushed at the end of the input).
+    pub fn source_time_ns(&self) -> u64 {
+        self.read_ns
+    }
+}
+
+/// A stateful step: runs on the worker owning each item's key, with that key's state.
+pub trait Stateful<K, T>: Clone + Send + 'static {
+    /// The state per key.
+    type State: 'static;
+    /// What it emits.
+    type Out: 'static;
+    /// The keyed state it works on.
+    fn state(&self) -> KeyedState<K, Self::State>;
+    /// Handles one item.
+    fn update(&mut self, state: &mut Self::State, item: T, emit: &mut Emit<'_, Self::Out>);
+    /// The input has ended: emit what is still held (open windows).
+    fn finish(&mut self, state: &mut Self::State, emit: &mut Emit<'_, Self::Out>) {
+        let _ = (state, emit);
+    }
+    /// Items refused as too late (event-time windows).
+    fn late(&self) -> u64 {
+        0
+    }
+}
+
+/// A stateful step from a closure over a shared [`KeyedState`].
+pub struct Update<K, S, F, O> {
+    state: KeyedState<K, S>,
+    f: F,
+    _o: PhantomData<fn() -> O>,
+}
+
+impl<K, S, F: Clone, O> Clone for Update<K, S, F, O> {
+    fn clone(&self) -> Self {
+        Update {
+            state: self.state.clone(),
+            f: self.f.clone(),
+            _o: PhantomData,
+        }
+    }
+}
+
+impl<K, S, F, O> Update<K, S, F, O> {
+    pub(crate) fn new(state: &KeyedState<K, S>, f: F) -> Self {
+        Update {
+            state: state.clone(),
+            f,
+            _o: PhantomData,
+        }
+    }
+}
+
+impl<K, S, T, F, O> Stateful<K, T> for Update<K, S, F, O>
+where
+    K: 'static,
+    S: 'static,
+    O: 'static,
+    F: FnMut(&mut S, T, &mut Emit<'_, O>) + Clone + Send + 'static,
+{
+    type State = S;
+    type Out = O;
+    fn state(&self) -> KeyedState<K, S> {
+        self.state.clone()
+    }
+    #[inline]
+    fn update(&mut self, state: &mut S, item: T, emit: &mut Emit<'_, O>) {
+        (self.f)(state, item, emit)
+    }
+}
+
+/// Where a window starts and ends: item positions in its key's stream for count windows
+/// (`start..end`), event times in ns for tumbling windows (`[start, end)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// First position or time in the window.
+    pub start: u64,
+    /// One past the last.
+    pub end: u64,
+}
+
+/// An aggregation per window: a starting value, how each item updates it, and the output made
+/// of it when the window closes.
+pub struct Aggregate<K, T, A, O> {
+    pub(crate) init: Arc<dyn Fn() -> A + Send + Sync>,
+    pub(crate) update: Arc<dyn Fn(&mut A, T) + Send + Sync>,
+    pub(crate) output: Arc<dyn Fn(&K, A, Span) -> O + Send + Sync>,
+}
+
+impl<K, T, A, O> Clone for Aggregate<K, T, A, O> {
+    fn clone(&self) -> Self {
+        Aggregate {
+            init: self.init.clone(),
+            update: self.update.clone(),
+            output: self.output.clone(),
+        }
+    }
+}
+
+impl<K, T, A, O> Aggregate<K, T, A, O> {
+    /// The aggregation of `init`, `update` and `output`.
+    pub fn new(
+        init: impl Fn() -> A + Send + Sync + 'static,
+        update: impl Fn(&mut A, T) + Send + Sync + 'static,
+        output: impl Fn(&K, A, Span) -> O + Send + Sync + 'static,
+    ) -> Self {
+        Aggregate {
+            init: Arc::new(init),
+            update: Arc::new(update),
+            output: Arc::new(output),
+        }
+    }
+}
+
+/// One key's open window.
+pub struct Open<K, A> {
+    key: K,
+    acc: Option<A>,
+    /// Count windows: items so far in the key's stream. Tumbling: the open window's start.
+    at: u64,
+}
+
+/// A count window: every `size` items of a key make one output.
+pub struct CountWindow<K, T, A, O> {
+    state: KeyedState<K, Open<K, A>>,
+    size: u64,
+    agg: Aggregate<K, T, A, O>,
+}
+
+impl<K, T, A, O> Clone for CountWindow<K, T, A, O> {
+    fn clone(&self) -> Self {
+        CountWindow {
+            state: self.state.clone(),
+            size: self.size,
+            agg: self.agg.clone(),
+        }
+    }
+}
+
+impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> CountWindow<K, T, A, O> {
+    pub(crate) fn new(size: u64, agg: Aggregate<K, T, A, O>) -> Self {
+        CountWindow {
+            state: KeyedState::new("count window", |k: &K| Open {
+                key: k.clone(),
+                acc: None,
+                at: 0,
+            }),
+            size: size.max(1),
+            agg,
+        }
+    }
+}
+
+impl<K, T, A, O> Stateful<K, T> for CountWindow<K, T, A, O>
+where
+    K: Send + 'static,
+    T: 'static,
+    A: Send + 'static,
+    O: Send + 'static,
+{
+    type State = Open<K, A>;
+    type Out = O;
+    fn state(&self) -> KeyedState<K, Open<K, A>> {
+        self.state.clone()
+    }
+    fn update(&mut self, st: &mut Open<K, A>, item: T, emit: &mut Emit<'_, O>) {
+        let acc = st.acc.get_or_insert_with(|| (self.agg.init)());
+        (self.agg.update)(acc, item);
+        st.at += 1;
+        if st.at.is_multiple_of(self.size) {
+            if let Some(acc) = st.acc.take() {
+                let span = Span {
+                    start: st.at - self.size,
+                    end: st.at,
+                };
+                emit.emit((self.agg.output)(&st.key, acc, span));
+            }
+        }
+    }
+    // A count window left short at the end of the input is not emitted: it never filled.
+}
+
+/// An event-time tumbling window: items are grouped per key by the window of `size` their
+/// event time falls in; a window closes when an item of the same key from a later window
+/// arrives, or when the input ends. An item older than the key's open window is late: counted
+/// and dropped.
+pub struct TumblingWindow<K, T, A, O> {
+    state: KeyedState<K, Open<K, A>>,
+    size: u64,
+    time: Arc<dyn Fn(&T) -> u64 + Send + Sync>,
+    agg: Aggregate<K, T, A, O>,
+    late: u64,
+}
+
+impl<K, T, A, O> Clone for TumblingWindow<K, T, A, O> {
+    fn clone(&self) -> Self {
+        TumblingWindow {
+            state: self.state.clone(),
+            size: self.size,
+            time: self.time.clone(),
+            agg: self.agg.clone(),
+            late: 0,
+        }
+    }
+}
+
+impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> TumblingWindow<K, T, A, O> {
+    pub(crate) fn new(
+        size: Duration,
+        time: impl Fn(&T) -> u64 + Send + Sync + 'static,
+        agg: Aggregate<K, T, A, O>,
+    ) -> Self {
+        TumblingWindow {
+            state: KeyedState::new("tumbling window", |k: &K| Open {
+                key: k.clone(),
+                acc: None,
+                at: 0,
+            }),
+            size: (size.as_nanos() as u64).max(1),
+            time: Arc::new(time),
+            agg,
+            late: 0,
+        }
+    }
+}
+
+impl<K, T, A, O> Stateful<K, T> for TumblingWindow<K, T, A, O>
+where
+    K: Send + 'static,
+    T: 'static,
+    A: Send + 'static,
+    O: Send + 'static,
+{
+    type State = Open<K, A>;
+    type Out = O;
+    fn state(&self) -> KeyedState<K, Open<K, A>> {
+        self.state.clone()
+    }
+    fn update(&mut self, st: &mut Open<K, A>, item: T, emit: &mut Emit<'_, O>) {
+        let t = (self.time)(&item);
+        let start = t - t % self.size;
+        if st.acc.is_some() {
+            if start < st.at {
+                self.late += 1;
+                return;
+            }
+            if start > st.at {
+                self.close(st, emit);
+            }
+        }
+        if st.acc.is_none() {
+            st.at = start;
+        }
+        let acc = st.acc.get_or_insert_with(|| (self.agg.init)());
+        (self.agg.update)(acc, item);
+    }
+    fn finish(&mut self, st: &mut Open<K, A>, emit: &mut Emit<'_, O>) {
+        self.close(st, emit);
+    }
+    fn late(&self) -> u64 {
+        self.late
+    }
+}
+
+impl<K, T, A, O> TumblingWindow<K, T, A, O> {
+    fn close(&self, st: &mut Open<K, A>, emit: &mut Emit<'_, O>) {
+        if let Some(acc) = st.acc.take() {
+            let span = Span {
+                start: st.at,
+                end: st.at + self.size,
+            };
+            emit.emit((self.agg.output)(&st.key, acc, span));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run<S: Stateful<u32, (u32, u64)>>(
+        step: &mut S,
+        items: &[(u32, u64)],
+        finish: bool,
+    ) -> Vec<S::Out> {
+        let state = step.state();
+        let mut store = Store::new(&state);
+        let mut out = Vec::new();
+        for &item in items {
+            let st = store.get(item.0);
+            step.update(st, item, &mut Emit::new(&mut |o| out.push(o), 0));
+        }
+        if finish {
+            let mut keys: Vec<u32> = store.map.keys().copied().collect();
+            keys.sort_unstable();
+            for k in keys {
+                let st = store.get(k);
+                step.finish(st, &mut Emit::new(&mut |o| out.push(o), 0));
+            }
+        }
+        out
+    }
+
+    fn sum() -> Aggregate<u32, (u32, u64), u64, (u32, u64, Span)> {
+        Aggregate::new(
+            || 0u64,
+            |a: &mut u64, (_, v): (u32, u64)| *a += v,
+            |k: &u32, a, span| (*k, a, span),
+        )
+    }
+
+    #[test]
+    fn count_windows_close_every_n_items_per_key() {
+        let mut w = CountWindow::new(2, sum());
+        let out = run(
+            &mut w,
+            &[(1, 1), (2, 10), (1, 2), (1, 4), (2, 20), (1, 8)],
+            true,
+        );
+        assert_eq!(
+            out,
+            [
+                (1, 3, Span { start: 0, end: 2 }),
+                (2, 30, Span { start: 0, end: 2 }),
+                (1, 12, Span { start: 2, end: 4 }),
+            ]
+        );
+    }
+
+    #[test]
+    fn tumbling_windows_close_on_a_later_window_or_at_the_end_and_drop_late_items() {
+        // Event time is the item's value in seconds.
+        let mut w = TumblingWindow::new(
+            Duration::from_secs(10),
+            |&(_, v): &(u32, u64)| v * 1_000_000_000,
+            sum(),
+        );
+        let s = |a: u64, b: u64| Span {
+            start: a * 1_000_000_000,
+            end: b * 1_000_000_000,
+        };
+        let out = run(
+            &mut w,
+            &[(1, 1), (1, 9), (2, 5), (1, 12), (1, 3), (1, 35), (2, 6)],
+            true,
+        );
+        assert_eq!(
+            out,
+            [
+                (1, 10, s(0, 10)),
+                (1, 12, s(10, 20)),
+                (1, 35, s(30, 40)),
+                (2, 11, s(0, 10))
+            ]
+        );
+        assert_eq!(w.late(), 1, "(1, 3) came after the window 10..20 opened");
+    }
+
+    #[test]
+    fn keys_spread_over_workers_and_stay_put() {
+        let mut seen = [0usize; 4];
+        for k in 0u32..4_000 {
+            let w = owner(&k, 4);
+            assert_eq!(w, owner(&k, 4));
+            seen[w] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 800), "{seen:?}");
+        assert_eq!(owner(&7u32, 1), 0);
+    }
+}
