@@ -296,11 +296,13 @@ fn file_source_to_file_sink() {
 
 /// A receiver that accepts every connection (one per worker) and, once unstalled, reads each
 /// to its end; returns what each connection brought.
-fn receiver() -> (
+type Receiver = (
     SocketAddr,
     std::thread::JoinHandle<Vec<Vec<u8>>>,
     Arc<Mutex<bool>>,
-) {
+);
+
+fn receiver() -> Receiver {
     let listener = TcpListener::bind(any_port()).expect("bind");
     listener.set_nonblocking(true).expect("nonblocking");
     let addr = listener.local_addr().expect("addr");
