@@ -220,6 +220,76 @@ impl Rejected {
     }
 }
 
+/// A symbol's state in the Market Spread pipelines: its last quote, and whether its orders are
+/// rejected. Before any quote, orders are rejected.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SymbolState {
+    /// Orders for the symbol are rejected.
+    pub reject: bool,
+    /// Last bid.
+    pub bid: f64,
+    /// Last offer.
+    pub offer: f64,
+}
+
+impl Default for SymbolState {
+    fn default() -> Self {
+        SymbolState {
+            reject: true,
+            bid: 0.0,
+            offer: 0.0,
+        }
+    }
+}
+
+/// Market Spread on the pipeline library: a quotes pipeline (`nbbo`) updating each symbol's
+/// state, and an orders pipeline (`orders`) checking each order against it and sending a
+/// result record for every rejected one to `out`. Both are keyed by symbol and share the
+/// per-symbol state.
+pub fn topology(
+    nbbo: crate::pipeline::Source,
+    orders: crate::pipeline::Source,
+    out: crate::pipeline::Sink<Rejected>,
+) -> crate::pipeline::Topology {
+    use crate::pipeline::{Emit, KeyedState, Pipeline, Sink, Topology};
+    let symbols = KeyedState::new("symbols", |_s: &Symbol| SymbolState::default());
+    let quotes = Pipeline::new("nbbo", nbbo, Nbbo::decode)
+        .key_by(|q: &Nbbo| q.symbol)
+        .update(
+            &symbols,
+            |st: &mut SymbolState, q: Nbbo, _out: &mut Emit<'_, ()>| {
+                *st = SymbolState {
+                    reject: q.rejects(),
+                    bid: q.bid,
+                    offer: q.offer,
+                }
+            },
+        )
+        .sink(Sink::discard());
+    let checks = Pipeline::new("orders", orders, Order::decode)
+        .key_by(|o: &Order| o.symbol)
+        .update(&symbols, |st: &mut SymbolState, order: Order, out| {
+            if st.reject {
+                let timestamp = out.source_time_ns();
+                out.emit(Rejected {
+                    order,
+                    bid: st.bid,
+                    offer: st.offer,
+                    timestamp,
+                });
+            }
+        })
+        .sink(out);
+    let mut t = Topology::new();
+    t.add(quotes).add(checks);
+    t
+}
+
+/// Market Spread's result records, framed, to a TCP receiver.
+pub fn tcp_results(to: std::net::SocketAddr) -> crate::pipeline::Sink<Rejected> {
+    crate::pipeline::Sink::tcp(to, |r: &Rejected, b: &mut Vec<u8>| r.encode(b))
+}
+
 /// Symbol `i` (0-based): letters in base 26, right-aligned (`   A`, `   B`, ..., `  BA`).
 pub fn symbol(mut i: usize) -> Symbol {
     let mut s = [b' '; 4];

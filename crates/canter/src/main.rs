@@ -27,8 +27,44 @@ enum Command {
     Send(canter_stream::send::SendArgs),
     /// Accept a stream pipeline's sink connection and report count, throughput and latency.
     Receive(canter_stream::receive::ReceiveArgs),
+    /// Run a stream pipeline application.
+    Pipeline {
+        /// The application.
+        #[command(subcommand)]
+        app: PipelineApp,
+    },
     /// Create and fill the TechEmpower tables (World: 10,000 rows; Fortune) in a database.
     DbSetup(DbSetupArgs),
+}
+
+/// The stream pipeline applications.
+#[derive(Subcommand)]
+enum PipelineApp {
+    /// Market Spread: NBBO quotes and orders in (framed TCP listeners), a result record for
+    /// every order rejected by its symbol's spread out (a TCP connection to --out).
+    MarketSpread(MarketSpreadPipelineArgs),
+}
+
+#[derive(clap::Args)]
+struct MarketSpreadPipelineArgs {
+    /// Where the NBBO source listens.
+    #[arg(long, value_name = "ADDR")]
+    nbbo: SocketAddr,
+    /// Where the orders source listens.
+    #[arg(long, value_name = "ADDR")]
+    orders: SocketAddr,
+    /// The receiver the results sink connects to (one connection per worker).
+    #[arg(long, value_name = "ADDR")]
+    out: SocketAddr,
+    /// Serve the live metrics page (/), /metrics (Prometheus) and /metrics.json here.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// Worker threads (symbols are spread over them by a hash).
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Pin worker i to CPU i.
+    #[arg(long)]
+    pin: bool,
 }
 
 #[derive(clap::Args)]
@@ -184,6 +220,9 @@ fn main() -> ExitCode {
         Command::DbSetup(args) => db_setup(&args).map_err(CliError::DbSetup),
         Command::Send(args) => send(&args),
         Command::Receive(args) => receive(&args),
+        Command::Pipeline {
+            app: PipelineApp::MarketSpread(args),
+        } => market_spread(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -313,6 +352,122 @@ fn receive(args: &canter_stream::receive::ReceiveArgs) -> Result<(), CliError> {
 }
 
 /// `canter db-setup`: creates and fills the TechEmpower tables.
+fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
+    use canter_stream::pipeline::{RunOptions, Source, METRICS_PAGE};
+    let fail = |what: &str, e: std::io::Error| {
+        CliError::Stream(format!("pipeline market-spread: {what}: {e}"))
+    };
+    let topology = canter_stream::market_spread::topology(
+        Source::tcp(args.nbbo),
+        Source::tcp(args.orders),
+        canter_stream::market_spread::tcp_results(args.out),
+    );
+    let running = topology
+        .start(RunOptions::default().workers(args.workers).pin(args.pin))
+        .map_err(|e| fail("start", e))?;
+    let metrics = running.metrics();
+    let mut http = None;
+    if let Some(addr) = args.metrics {
+        let config = canter_rt::Config {
+            addr,
+            workers: 1,
+            ..Default::default()
+        };
+        let server = canter_rt::Server::bind(config).map_err(|e| fail("metrics listener", e))?;
+        tracing::info!("pipeline metrics on http://{}/", server.local_addr());
+        let handle = server.shutdown_handle();
+        let metrics = metrics.clone();
+        let thread = std::thread::Builder::new()
+            .name("canter-metrics-http".into())
+            .spawn(move || {
+                server.serve(move |_worker| {
+                    let (text, json) = (metrics.clone(), metrics.clone());
+                    canter::Router::new()
+                        .route(
+                            "/",
+                            canter::get(|| {
+                                canter_rt::Response::new(canter_rt::http::StatusCode::OK)
+                                    .with_header(
+                                        canter_rt::http::header::CONTENT_TYPE,
+                                        canter_rt::http::HeaderValue::from_static(
+                                            "text/html; charset=utf-8",
+                                        ),
+                                    )
+                                    .with_body(METRICS_PAGE)
+                            }),
+                        )
+                        .route(
+                            "/metrics",
+                            canter::get(move || {
+                                canter_rt::Response::new(canter_rt::http::StatusCode::OK)
+                                    .with_header(
+                                        canter_rt::http::header::CONTENT_TYPE,
+                                        canter_rt::http::HeaderValue::from_static(
+                                            "text/plain; version=0.0.4",
+                                        ),
+                                    )
+                                    .with_body(text.prometheus())
+                            }),
+                        )
+                        .route(
+                            "/metrics.json",
+                            canter::get(move || {
+                                canter_rt::Response::new(canter_rt::http::StatusCode::OK)
+                                    .with_header(
+                                        canter_rt::http::header::CONTENT_TYPE,
+                                        canter_rt::http::HeaderValue::from_static(
+                                            "application/json",
+                                        ),
+                                    )
+                                    .with_body(json.json())
+                            }),
+                        )
+                })
+            })
+            .map_err(|e| fail("metrics thread", e))?;
+        http = Some((handle, thread));
+    }
+    let http_stop = http.as_ref().map(|(h, _)| h.clone());
+    running
+        .shutdown_handle()
+        .on_signals(move || {
+            if let Some(h) = http_stop {
+                h.shutdown();
+            }
+        })
+        .map_err(|e| fail("signals", e))?;
+    // Tests wait for this line.
+    tracing::info!(
+        workers = args.workers,
+        "canter pipeline market-spread: NBBO on {}, orders on {}, results to {}",
+        running
+            .source_addr("nbbo")
+            .map_or("?".into(), |a| a.to_string()),
+        running
+            .source_addr("orders")
+            .map_or("?".into(), |a| a.to_string()),
+        args.out
+    );
+    let result = running.wait();
+    if let Some((handle, thread)) = http {
+        handle.shutdown();
+        let _ = thread.join();
+    }
+    for name in metrics.pipelines() {
+        if let Some(t) = metrics.totals(name) {
+            tracing::info!(
+                pipeline = name,
+                records_in = t.source_records,
+                records_out = t.sink_records,
+                rejected_input = t.rejected_input,
+                frame_errors = t.frame_errors,
+                "pipeline stopped"
+            );
+        }
+    }
+    result.map_err(|e| fail("workers", e))
+}
+
 fn db_setup(args: &DbSetupArgs) -> Result<(), String> {
     let config = canter::db::DbConfig::new(&args.db).map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -366,3 +366,231 @@ fn market_spread_streams_are_written_and_sent_with_their_expected_results() {
     assert!(std::fs::read(again.join("orders.bin")).unwrap() == orders);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `canter pipeline market-spread ARGS` with its sources on free ports and metrics on; the
+/// process, the NBBO and orders addresses, and the metrics address.
+fn pipeline(args: &[&str]) -> (Child, SocketAddr, SocketAddr, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(["pipeline", "market-spread", "--nbbo", "127.0.0.1:0"])
+        .args(["--orders", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut metrics = None;
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("pipeline: {line}");
+            if let Some(rest) = line.split("metrics on http://").nth(1) {
+                metrics = rest.trim_end_matches('/').parse::<SocketAddr>().ok();
+            }
+            if let Some(rest) = line.split("NBBO on ").nth(1) {
+                let nbbo = rest
+                    .split(',')
+                    .next()
+                    .unwrap()
+                    .parse::<SocketAddr>()
+                    .unwrap();
+                let orders = rest.split("orders on ").nth(1).unwrap();
+                let orders = orders
+                    .split(',')
+                    .next()
+                    .unwrap()
+                    .parse::<SocketAddr>()
+                    .unwrap();
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send((nbbo, orders, metrics.unwrap()));
+                }
+            }
+        }
+    });
+    let (nbbo, orders, metrics) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    (child, nbbo, orders, metrics)
+}
+
+/// A GET over a plain socket: the status line's code and the body.
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut all = String::new();
+    s.read_to_string(&mut all).unwrap();
+    let code = all[9..12].parse().unwrap();
+    let body = all
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap();
+    (code, body)
+}
+
+/// The sum over workers of a Prometheus counter for one pipeline.
+fn counter(text: &str, name: &str, pipeline: &str) -> u64 {
+    let prefix = format!("{name}{{pipeline=\"{pipeline}\",");
+    text.lines()
+        .filter(|l| l.starts_with(&prefix))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// `canter pipeline market-spread` on two workers, fed by `canter send market-spread` and read by
+/// `canter receive`: every result the independent reference computes arrives (timestamps aside;
+/// order aside, since each worker has its own connection), with a plausible timestamp; the
+/// metrics count what went in and out; bad input is counted and the pipeline keeps going; and
+/// SIGTERM stops it cleanly.
+#[test]
+fn market_spread_pipeline_produces_the_reference_results() {
+    let dir = std::env::temp_dir().join(format!("canter-ms-pipe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_arg = dir.to_str().unwrap().to_owned();
+    let common = [
+        "--symbols",
+        "1000",
+        "--reject-share",
+        "0.1",
+        "--count",
+        "200000",
+    ];
+    let written = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(["send", "market-spread", "--write-dir", &dir_arg])
+        .args(common)
+        .output()
+        .unwrap();
+    assert!(written.status.success(), "{written:?}");
+    let nbbo = std::fs::read(dir.join("nbbo.bin")).unwrap();
+    let orders = std::fs::read(dir.join("orders.bin")).unwrap();
+    let expected_data = reference(&nbbo, &orders);
+    let mut expected = unframe(&expected_data);
+    let n = expected.len();
+    assert!((5_000..15_000).contains(&n), "{n} rejected of 100,000");
+    let out = TempFile::new("ms-results.bin", b"");
+    let out_path = out.path().to_str().unwrap().to_owned();
+    let (rx, rx_addr) = receive(&[
+        "--expect",
+        &n.to_string(),
+        "--out",
+        &out_path,
+        "--duration",
+        "60s",
+    ]);
+    let (mut pipe, nbbo_addr, orders_addr, metrics_addr) =
+        pipeline(&["--out", &rx_addr.to_string(), "--workers", "2"]);
+    let started = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let sent = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(["send", "market-spread", "--json"])
+        .args(common)
+        .args(["--nbbo", &nbbo_addr.to_string()])
+        .args(["--orders", &orders_addr.to_string()])
+        .output()
+        .unwrap();
+    assert!(sent.status.success(), "{sent:?}");
+    let (done, r) = finish(rx);
+    assert!(done.status.success(), "{done:?}");
+    assert_eq!(r["records"], n as u64, "{r}");
+    assert_eq!(r["connections"], 2, "one sink connection per worker");
+    let got_data = std::fs::read(out.path()).unwrap();
+    let got = unframe(&got_data);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let mut stripped: Vec<Vec<u8>> = got
+        .iter()
+        .map(|rec| {
+            assert_eq!(rec.len(), 55);
+            let ts = u64::from_be_bytes(rec[47..55].try_into().unwrap());
+            assert!(
+                (started..=now).contains(&ts),
+                "timestamp {ts} outside the run"
+            );
+            let mut rec = rec.to_vec();
+            rec[47..55].fill(0);
+            rec
+        })
+        .collect();
+    stripped.sort();
+    expected.sort();
+    for (i, (a, b)) in stripped.iter().zip(&expected).enumerate() {
+        assert_eq!(&a[..], &b[..], "result {i} (sorted)");
+    }
+    // The metrics agree, as Prometheus text and as JSON (the quotes may still be arriving:
+    // results need only their first quotes); the page is served.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (code, text) = get(metrics_addr, "/metrics");
+        assert_eq!(code, 200);
+        let counts = (
+            counter(&text, "canter_source_records_total", "nbbo"),
+            counter(&text, "canter_source_records_total", "orders"),
+            counter(&text, "canter_sink_records_total", "orders"),
+        );
+        if counts == (100_000, 100_000, n as u64) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{counts:?}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let (code, json) = get(metrics_addr, "/metrics.json");
+    assert_eq!(code, 200);
+    let json: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json["pipelines"][1]["name"], "orders");
+    assert_eq!(json["pipelines"][1]["latency_us"]["count"], n as u64);
+    let (code, page) = get(metrics_addr, "/");
+    assert_eq!(code, 200);
+    assert!(page.contains("metrics.json"));
+    // Bad input on a new orders connection: a short record (counted, skipped), then a good
+    // order of a rejecting symbol (processed), then an oversized frame (closes that
+    // connection only).
+    let mut bad = TcpStream::connect(orders_addr).unwrap();
+    bad.write_all(&[0, 0, 0, 3, 1, 2, 3]).unwrap();
+    let order = &orders[..4 + 53];
+    bad.write_all(order).unwrap();
+    bad.write_all(&(2u32 << 20).to_be_bytes()).unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut byte = [0u8; 1];
+    assert!(matches!(bad.read(&mut byte), Ok(0) | Err(_)), "closed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, text) = get(metrics_addr, "/metrics");
+        let counts = (
+            counter(&text, "canter_rejected_input_total", "orders"),
+            counter(&text, "canter_frame_errors_total", "orders"),
+            counter(&text, "canter_source_records_total", "orders"),
+        );
+        if counts == (1, 1, 100_002) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{counts:?}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    // SIGTERM: a clean stop.
+    let killed = Command::new("kill")
+        .args(["-TERM", &pipe.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = pipe.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running after SIGTERM"
+        );
+        thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

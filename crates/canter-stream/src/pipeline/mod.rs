@@ -600,3 +600,8 @@ impl Topology {
         run::start(self.pipelines.into_iter().map(|b| b.0).collect(), options)
     }
 }
+
+/// The live metrics page: charts of throughput and latency percentiles over time per pipeline,
+/// and the totals, drawn from `metrics.json` (relative to the page) every second. Self-contained
+/// (no scripts or styles from elsewhere).
+pub const METRICS_PAGE: &str = include_str!("metrics.html");
