@@ -272,6 +272,9 @@ pub struct Settings {
     /// Input the protocol may leave unconsumed (a partial message) before the connection is
     /// closed with [`Close::InputLimit`].
     pub max_input: usize,
+    /// Room made for each read: the default suits request/response protocols; a streaming
+    /// protocol reading megabytes a second takes fewer, larger reads with more.
+    pub read_size: usize,
 }
 
 impl Default for Settings {
@@ -282,6 +285,7 @@ impl Default for Settings {
             read_budget: 256 * 1024,
             write_timeout: Duration::from_secs(30),
             max_input: 4 * 1024 * 1024,
+            read_size: READ_BUF,
         }
     }
 }
@@ -309,6 +313,12 @@ impl Settings {
     /// Sets the most input left unconsumed.
     pub fn max_input(mut self, bytes: usize) -> Settings {
         self.max_input = bytes.max(1);
+        self
+    }
+
+    /// Sets the room made for each read.
+    pub fn read_size(mut self, bytes: usize) -> Settings {
+        self.read_size = bytes.max(1024);
         self
     }
 
@@ -800,13 +810,15 @@ impl Actor {
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => return Poll::Pending,
             }
+            let size = self.core.settings.read_size;
             self.input = match self.core.worker.as_deref() {
-                Some(w) => w.take_buf(),
-                None => BytesMut::with_capacity(READ_BUF),
+                Some(w) if size <= READ_BUF => w.take_buf(),
+                _ => BytesMut::with_capacity(size),
             };
         }
-        if self.input.capacity() - self.input.len() < READ_BUF / 2 {
-            self.input.reserve(READ_BUF);
+        let size = self.core.settings.read_size;
+        if self.input.capacity() - self.input.len() < size / 2 {
+            self.input.reserve(size);
         }
         let n = std::task::ready!(poll_read_buf(io, cx, &mut self.input))?;
         self.read_in_turn += n;

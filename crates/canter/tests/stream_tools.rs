@@ -367,9 +367,19 @@ fn market_spread_streams_are_written_and_sent_with_their_expected_results() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A child process killed when dropped (a failing test leaves nothing running).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `canter pipeline market-spread ARGS` with its sources on free ports and metrics on; the
 /// process, the NBBO and orders addresses, and the metrics address.
-fn pipeline(args: &[&str]) -> (Child, SocketAddr, SocketAddr, SocketAddr) {
+fn pipeline(args: &[&str]) -> (Killed, SocketAddr, SocketAddr, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
         .args(["pipeline", "market-spread", "--nbbo", "127.0.0.1:0"])
         .args(["--orders", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
@@ -411,7 +421,7 @@ fn pipeline(args: &[&str]) -> (Child, SocketAddr, SocketAddr, SocketAddr) {
         }
     });
     let (nbbo, orders, metrics) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
-    (child, nbbo, orders, metrics)
+    (Killed(child), nbbo, orders, metrics)
 }
 
 /// A GET over a plain socket: the status line's code and the body.
@@ -576,13 +586,13 @@ fn market_spread_pipeline_produces_the_reference_results() {
     }
     // SIGTERM: a clean stop.
     let killed = Command::new("kill")
-        .args(["-TERM", &pipe.id().to_string()])
+        .args(["-TERM", &pipe.0.id().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let status = loop {
-        if let Some(status) = pipe.try_wait().unwrap() {
+        if let Some(status) = pipe.0.try_wait().unwrap() {
             break status;
         }
         assert!(
@@ -593,4 +603,76 @@ fn market_spread_pipeline_produces_the_reference_results() {
     };
     assert!(status.success(), "{status:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Chromium from Debian's package, installed when missing; the test fails when it cannot be.
+fn chromium() -> std::path::PathBuf {
+    let find = || {
+        ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+            .iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.exists())
+    };
+    if let Some(p) = find() {
+        return p;
+    }
+    common::apt_install("chromium");
+    find().expect(
+        "Chromium is needed by this test and could not be installed (apt-get install chromium)",
+    )
+}
+
+/// The live metrics page in headless Chromium: it loads, fetches the metrics and draws both
+/// charts of every pipeline with the seconds of history the pipeline has so far.
+#[test]
+fn metrics_page_draws_in_headless_chromium() {
+    let browser = chromium();
+    let (rx, rx_addr) = receive(&["--duration", "30s"]);
+    let (pipe, nbbo_addr, orders_addr, metrics_addr) = pipeline(&["--out", &rx_addr.to_string()]);
+    let sent = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args([
+            "send",
+            "market-spread",
+            "--symbols",
+            "100",
+            "--count",
+            "40000",
+        ])
+        .args(["--rate", "10000", "--nbbo", &nbbo_addr.to_string()])
+        .args(["--orders", &orders_addr.to_string()])
+        .output()
+        .unwrap();
+    assert!(sent.status.success(), "{sent:?}");
+    let profile = std::env::temp_dir().join(format!("canter-chromium-{}", std::process::id()));
+    let dom = Command::new(&browser)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(["--virtual-time-budget=3000", "--dump-dom"])
+        .arg(format!("http://{metrics_addr}/"))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&profile);
+    let html = String::from_utf8_lossy(&dom.stdout);
+    assert!(dom.status.success(), "{dom:?}");
+    // Four charts (throughput and latency of two pipelines), every series with points.
+    let charts = html.matches("<svg").count();
+    assert_eq!(charts, 4, "{html}");
+    let points: Vec<usize> = html
+        .split("data-points=\"")
+        .skip(1)
+        .map(|s| s.split('"').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(points.len(), 10, "2 + 3 series per pipeline: {html}");
+    assert!(points.iter().all(|&p| p >= 2), "{points:?}");
+    let polyline = html.split("<polyline points=\"").nth(1).unwrap();
+    assert!(polyline.split('"').next().unwrap().contains(','), "{html}");
+    assert!(html.contains("<td>orders</td>"), "{html}");
+    assert!(html.contains("s of history"), "{html}");
+    drop(pipe);
+    let _ = finish(rx);
 }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use canter_rt::proto::{self, Conn, Handle, Protocol, Settings};
 use canter_rt::Stream;
 use tokio::sync::Notify;
@@ -200,9 +200,12 @@ struct Shared<K, T> {
 // ------------------------------------------------------------------------------------------
 // Sinks
 
+/// The sink buffer's starting capacity.
+const SINK_CHUNK: usize = 64 * 1024;
+
 /// A sink's buffer on one worker: framed records waiting for the connection or file.
 pub(crate) struct SinkBuf {
-    data: BytesMut,
+    data: Vec<u8>,
     /// (read time, records) of what is in `data`, oldest first, for the latency histogram.
     segs: VecDeque<(u64, u64)>,
     high: usize,
@@ -216,7 +219,7 @@ pub(crate) struct SinkBuf {
 impl SinkBuf {
     fn new(high: usize, metrics: Arc<PipeMetrics>, me: usize) -> Self {
         SinkBuf {
-            data: BytesMut::with_capacity(64 * 1024),
+            data: Vec::with_capacity(SINK_CHUNK),
             segs: VecDeque::new(),
             high,
             low: high / 4,
@@ -231,25 +234,28 @@ impl SinkBuf {
         self.data.len() >= self.high
     }
 
+    /// Encodes `record` straight into the buffer, framed.
     #[inline]
-    fn push(&mut self, record: &[u8], read_ns: u64) {
-        let Ok(len) = u32::try_from(record.len()) else {
-            tracing::error!(
-                bytes = record.len(),
-                "a record of 4 GiB or more cannot be framed; dropped"
-            );
+    fn push<O>(&mut self, encode: &Encoder<O>, record: &O, read_ns: u64) {
+        let start = self.data.len();
+        self.data.extend_from_slice(&[0; 4]);
+        encode(record, &mut self.data);
+        let Ok(len) = u32::try_from(self.data.len() - start - 4) else {
+            tracing::error!("a record of 4 GiB or more cannot be framed; dropped");
+            self.data.truncate(start);
             return;
         };
-        self.data.reserve(4 + record.len());
-        self.data.put_u32(len);
-        self.data.extend_from_slice(record);
+        self.data[start..start + 4].copy_from_slice(&len.to_be_bytes());
         mark(&mut self.segs, read_ns);
     }
 
     /// Takes everything buffered, recording its latency as written now.
     fn take(&mut self) -> Bytes {
         record_latency(&self.metrics, self.me, self.segs.drain(..));
-        self.data.split().freeze()
+        Bytes::from(std::mem::replace(
+            &mut self.data,
+            Vec::with_capacity(SINK_CHUNK),
+        ))
     }
 
     fn wake_driver(&self) {
@@ -282,7 +288,6 @@ fn record_latency(metrics: &PipeMetrics, me: usize, segs: impl Iterator<Item = (
 enum SinkOut<O> {
     Buf {
         encode: Encoder<O>,
-        scratch: Vec<u8>,
         buf: Rc<RefCell<SinkBuf>>,
         count: u64,
     },
@@ -301,15 +306,8 @@ impl<O> SinkOut<O> {
     #[inline]
     fn write(&mut self, o: O, read_ns: u64) {
         match self {
-            SinkOut::Buf {
-                encode,
-                scratch,
-                buf,
-                count,
-            } => {
-                scratch.clear();
-                encode(&o, scratch);
-                buf.borrow_mut().push(scratch, read_ns);
+            SinkOut::Buf { encode, buf, count } => {
+                buf.borrow_mut().push(encode, &o, read_ns);
                 *count += 1;
             }
             SinkOut::Collect {
@@ -480,6 +478,8 @@ async fn file_sink(
 pub(crate) trait Process {
     fn begin(&mut self);
     fn record(&mut self, rec: &[u8]);
+    /// Runs every complete record at the start of `buf`; returns the bytes they took.
+    fn records(&mut self, framing: Framing, buf: &[u8]) -> Result<usize, FrameError>;
     fn end_turn(&mut self);
     fn frame_error(&mut self, peer: Option<SocketAddr>, e: &dyn Display);
     fn end_of_input(&mut self);
@@ -623,6 +623,10 @@ where
         }
     }
 
+    fn records(&mut self, framing: Framing, buf: &[u8]) -> Result<usize, FrameError> {
+        split(framing, buf, |rec| self.record(rec))
+    }
+
     fn end_turn(&mut self) {
         for (w, batch) in self.out.iter_mut().enumerate() {
             if !batch.is_empty() {
@@ -726,7 +730,7 @@ impl Protocol for SourceConn {
         }
         let mut head = self.head.borrow_mut();
         head.begin();
-        match split(self.framing, input, |rec| head.record(rec)) {
+        match head.records(self.framing, input) {
             Ok(used) => {
                 let _ = input.split_to(used);
             }
@@ -775,6 +779,7 @@ async fn accept_loop(
     };
     let settings = Settings::default()
         .read_budget(env.opts.read_budget)
+        .read_size(64 * 1024)
         .max_input(match framing {
             Framing::LengthPrefixed { max } | Framing::Lines { max } => max + 64 * 1024,
         });
@@ -847,7 +852,7 @@ async fn file_source(
                 let r = {
                     let mut h = head.borrow_mut();
                     h.begin();
-                    let r = split(framing, &buf, |rec| h.record(rec));
+                    let r = h.records(framing, &buf);
                     h.end_turn();
                     if let Err(e) = &r {
                         h.frame_error(None, e);
@@ -987,6 +992,17 @@ where
         let mut listeners = Vec::new();
         let mut bound = None;
         if let Source::Tcp { addr, .. } = &self.source {
+            // Every worker's listener shares the port (SO_REUSEPORT), and so would another
+            // process's that got there first, taking some of the connections: refuse a port
+            // anything listens on already.
+            if addr.port() != 0 {
+                drop(StdListener::bind(addr).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("pipeline {}: {addr} is taken: {e}", self.name),
+                    )
+                })?);
+            }
             let first = listen(*addr).map_err(|e| {
                 io::Error::new(
                     e.kind(),
@@ -1103,7 +1119,6 @@ where
                 sink_buf = Some(buf.clone());
                 SinkOut::Buf {
                     encode,
-                    scratch: Vec::with_capacity(256),
                     buf,
                     count: 0,
                 }
@@ -1132,7 +1147,6 @@ where
                 sink_buf = Some(buf.clone());
                 SinkOut::Buf {
                     encode,
-                    scratch: Vec::with_capacity(256),
                     buf,
                     count: 0,
                 }

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Market Spread side by side: `canter pipeline market-spread` against the same job written by
+hand with no framework (bench/peers/rust/ms-epoll: one thread, one epoll loop, the ceiling).
+
+    bench/build.sh && python3 bench/market_spread.py [--rounds 3] [--duration 30] [--rates 750000,1500000]
+
+Data: 1,000 symbols, half NBBO and half orders, about 10% of the orders rejected (`canter send
+market-spread --write-dir`, 10 million records, generated once under bench/build/market-spread).
+The server runs on CPU 0 (canter with one worker, pinned); the two `canter send` processes (NBBO
+and orders, each replaying its file with --repeat) and `canter receive` run on CPU 1.
+
+- peak: the senders write as fast as the server reads (backpressure paces them) for --duration.
+- fixed-N: each stream offered N records/s (2N in all), paced without coordinated omission.
+- peak-2w (canter only): two workers, on both CPUs, sharing them with the load generator.
+
+Per run: input records/s, results received, the server's CPU (utime+stime of every thread) per
+input record, and end-to-end latency percentiles from `canter receive` (each result's
+timestamp is when its order was read from the source). Every run checks nothing was lost: the
+results received equal the rejected orders among those sent (computed from the files here).
+Rounds interleave the servers; tables show medians. Results go to
+bench/results/market-spread-<time>.json and Markdown on standard output.
+"""
+import argparse
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from array import array
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+CANTER = os.path.join(ROOT, "target", "release", "canter")
+EPOLL = os.path.join(BENCH, "target", "release", "ms-epoll")
+DATA = os.path.join(BENCH, "build", "market-spread")
+RECV, NBBO, ORDERS, METRICS = (f"127.0.0.1:{p}" for p in (7300, 7301, 7302, 7303))
+
+
+def generate():
+    if not os.path.exists(os.path.join(DATA, "orders.bin")):
+        os.makedirs(DATA, exist_ok=True)
+        subprocess.run([CANTER, "send", "market-spread", "--write-dir", DATA, "--symbols", "1000",
+                        "--reject-share", "0.1", "--count", "10000000"], check=True)
+
+
+def frames(path):
+    data = open(path, "rb").read()
+    at = 0
+    while at < len(data):
+        n = int.from_bytes(data[at:at + 4], "big")
+        yield data[at + 4:at + 4 + n]
+        at += 4 + n
+
+
+def reject_prefix():
+    """prefix[i]: rejected orders among the first i of orders.bin (quotes are fixed per symbol)."""
+    reject = {}
+    for q in frames(os.path.join(DATA, "nbbo.bin")):
+        b, o = struct.unpack(">dd", q[26:42])
+        spread = o - b
+        reject[q[1:5]] = spread >= 0.05 or spread / ((b + o) / 2) >= 0.05
+    prefix = array("I", [0])
+    n = 0
+    for r in frames(os.path.join(DATA, "orders.bin")):
+        n += reject.get(r[12:16], True)
+        prefix.append(n)
+    return prefix
+
+
+def expected_results(prefix, sent):
+    total = len(prefix) - 1
+    return (sent // total) * prefix[-1] + prefix[sent % total]
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cmd(kind):
+    if kind == "epoll":
+        return ["taskset", "-c", "0", EPOLL, "--nbbo", NBBO, "--orders", ORDERS, "--out", RECV]
+    workers, cpus = ("2", "0,1") if kind == "canter-2w" else ("1", "0")
+    return ["taskset", "-c", cpus, CANTER, "pipeline", "market-spread", "--nbbo", NBBO, "--orders",
+            ORDERS, "--out", RECV, "--metrics", METRICS, "--workers", workers, "--pin"]
+
+
+def one(kind, rate, duration, prefix):
+    """One run; returns its figures."""
+    subprocess.run(["pkill", "-f", "canter receive"], stderr=subprocess.DEVNULL)
+    rx = subprocess.Popen(["taskset", "-c", "1", CANTER, "receive", "--listen", RECV, "--duration",
+                           f"{duration + 8}s", "--json", "--interval", "0s"],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    env = dict(os.environ, RUST_LOG="warn")
+    srv = subprocess.Popen(server_cmd(kind), env=env, stderr=subprocess.DEVNULL)
+    time.sleep(0.7)
+    pace = ["--rate", str(rate)] if rate else []
+    send = lambda to, f: subprocess.Popen(  # noqa: E731
+        ["taskset", "-c", "1", CANTER, "send", "--to", to, "--file", os.path.join(DATA, f), "--repeat",
+         "--duration", str(duration), "--batch", "64", "--json"] + pace, stdout=subprocess.PIPE)
+    s1 = send(NBBO, "nbbo.bin")
+    time.sleep(0.3)
+    c0, t0 = cpu_seconds(srv.pid), time.time()
+    s2 = send(ORDERS, "orders.bin")
+    r1, r2 = (json.loads(s.communicate()[0]) for s in (s1, s2))
+    c1, t1 = cpu_seconds(srv.pid), time.time()
+    recv = json.loads(rx.communicate()[0])
+    counted = {}
+    if kind.startswith("canter"):
+        # The pipeline's own counts: orders read, results handed to the sink.
+        import urllib.request
+        text = urllib.request.urlopen(f"http://{METRICS}/metrics", timeout=10).read().decode()
+        for line in text.splitlines():
+            for name in ("canter_source_records_total", "canter_sink_records_total"):
+                if line.startswith(name + '{pipeline="orders"'):
+                    counted[name] = counted.get(name, 0) + int(line.rsplit(" ", 1)[1])
+    srv.terminate()
+    srv.wait()
+    records = r1["records"] + r2["records"]
+    expected = expected_results(prefix, r2["records"])
+    lat = recv["latency_us"]
+    return {
+        "server": kind, "offered_per_stream": rate, "input_records": records,
+        "input_rate": r1["rate"] + r2["rate"], "results": recv["records"], "expected": expected,
+        "lost": expected - recv["records"], "cpu_share": (c1 - c0) / (t1 - t0),
+        "cpu_ns_per_record": (c1 - c0) / records * 1e9, "p50_us": lat["p50"], "p99_us": lat["p99"],
+        "p9999_us": lat["p9999"], "max_us": lat["max"],
+        "sender_lag_ms": max(r1["max_lag_ms"], r2["max_lag_ms"]),
+        "orders_sent": r2["records"], "orders_read": counted.get("canter_source_records_total"),
+        "results_made": counted.get("canter_sink_records_total"),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=int, default=30)
+    ap.add_argument("--rates", default="750000,1500000", help="per-stream rates for fixed-rate runs")
+    ap.add_argument("--servers", default="canter,epoll")
+    ap.add_argument("--no-2w", action="store_true", help="skip the two-worker canter peak")
+    args = ap.parse_args()
+    generate()
+    prefix = reject_prefix()
+    servers = args.servers.split(",")
+    scenarios = [("peak", 0)] + [(f"fixed-{r}", int(r)) for r in args.rates.split(",") if r]
+    runs = []
+    for rnd in range(args.rounds):
+        for name, rate in scenarios:
+            order = servers[rnd % len(servers):] + servers[:rnd % len(servers)]
+            kinds = order + (["canter-2w"] if name == "peak" and not args.no_2w else [])
+            for kind in kinds:
+                r = one(kind, rate, args.duration, prefix)
+                r["scenario"], r["round"] = name, rnd
+                runs.append(r)
+                print(f"round {rnd} {name} {kind}: {r['input_rate']:,.0f} in/s, {r['results']:,} results "
+                      f"(lost {r['lost']}; orders sent {r['orders_sent']:,} read {r['orders_read']}, results made {r['results_made']}), CPU {r['cpu_share']:.0%}, {r['cpu_ns_per_record']:.0f} ns/record, "
+                      f"p50 {r['p50_us']:.0f} us p99 {r['p99_us']:.0f} us p99.99 {r['p9999_us']:.0f} us",
+                      file=sys.stderr)
+    os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
+    out = os.path.join(BENCH, "results", time.strftime("market-spread-%Y%m%d-%H%M%S.json"))
+    json.dump(runs, open(out, "w"), indent=1)
+    print(f"| scenario | server | input records/s | server CPU | CPU ns/record | p50 µs | p99 µs | p99.99 µs | lost |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    keys = sorted({(r["scenario"], r["server"]) for r in runs}, key=lambda k: (scenarios.index(
+        next(s for s in scenarios if s[0] == k[0])), k[1]))
+    for sc, srv in keys:
+        rs = [r for r in runs if (r["scenario"], r["server"]) == (sc, srv)]
+        med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
+        print(f"| {sc} | {srv} | {med('input_rate'):,.0f} | {med('cpu_share'):.0%} | "
+              f"{med('cpu_ns_per_record'):.0f} | {med('p50_us'):.0f} | {med('p99_us'):.0f} | "
+              f"{med('p9999_us'):.0f} | {sum(r['lost'] for r in rs)} |")
+    print(f"\n{len(runs)} runs, {args.duration} s each; raw: {os.path.relpath(out, ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
