@@ -543,7 +543,7 @@ impl Default for RunOptions {
             pin: false,
             sink_high_water: 1 << 20,
             inbox_capacity: 64 * 1024,
-            read_budget: 256 * 1024,
+            read_budget: 1024 * 1024,
             drain_timeout: Duration::from_secs(5),
         }
     }

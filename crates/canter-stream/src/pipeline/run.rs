@@ -399,7 +399,7 @@ impl Protocol for SinkConn {
 }
 
 async fn tcp_sink(addr: SocketAddr, buf: Rc<RefCell<SinkBuf>>, env: Rc<Env>, flushed: Rc<Notify>) {
-    let settings = Settings::default().high_water(256 * 1024);
+    let settings = Settings::default().high_water(1024 * 1024);
     let mut backoff = Duration::from_millis(50);
     let mut log = RateLog::default();
     let mut closing_since: Option<Instant> = None;
@@ -779,7 +779,7 @@ async fn accept_loop(
     };
     let settings = Settings::default()
         .read_budget(env.opts.read_budget)
-        .read_size(64 * 1024)
+        .read_size(256 * 1024)
         .max_input(match framing {
             Framing::LengthPrefixed { max } | Framing::Lines { max } => max + 64 * 1024,
         });

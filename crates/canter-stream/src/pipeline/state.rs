@@ -7,8 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A fast hasher for keys (the FxHash mix): keys come from the application, not from a peer
-/// choosing them to collide, and a symbol's 4 bytes hash in one multiply.
+/// A fast hasher for keys (the FxHash mix, then a folded multiply): keys come from the
+/// application, not from a peer choosing them to collide, and a symbol's 4 bytes hash in two
+/// multiplies. The final fold matters: a multiply alone carries input bits only upwards, so
+/// keys differing in their last bytes (symbols `   A`, `   B`...) would share the low bits
+/// the table indexes by, and pile up in a few buckets.
 #[derive(Default, Clone, Copy)]
 pub(crate) struct Fx(u64);
 
@@ -42,7 +45,8 @@ impl Hasher for Fx {
     }
     #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        let x = (self.0 as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (x as u64) ^ ((x >> 64) as u64)
     }
 }
 
@@ -514,5 +518,21 @@ mod tests {
         }
         assert!(seen.iter().all(|&n| n > 800), "{seen:?}");
         assert_eq!(owner(&7u32, 1), 0);
+    }
+
+    #[test]
+    fn symbols_differing_in_their_last_bytes_spread_over_the_low_bits() {
+        // Hash tables index by the low bits: 1,000 symbols must not share a few of them.
+        let mut buckets = std::collections::HashSet::new();
+        for i in 0..1_000 {
+            let mut h = Fx::default();
+            std::hash::Hash::hash(&crate::market_spread::symbol(i), &mut h);
+            buckets.insert(h.finish() & 1023);
+        }
+        assert!(
+            buckets.len() > 550,
+            "{} of 1024 buckets used",
+            buckets.len()
+        );
     }
 }
