@@ -39,7 +39,7 @@ pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 pub use canter_h1::{Limits, Timeouts};
 pub use outbound::{connect, connect_tls};
 pub use server::{
-    shutdown_on_signals, ClientFault, Config, Server, ShutdownHandle, Stats, TlsListener,
+    listen, shutdown_on_signals, ClientFault, Config, Server, ShutdownHandle, Stats, TlsListener,
     MAX_SERVER_NAME,
 };
 pub use service::{Reply, Request, Response, Service};

@@ -431,7 +431,9 @@ fn check_server_name(name: &str) -> io::Result<()> {
     Ok(())
 }
 
-fn listen(addr: SocketAddr, backlog: i32) -> io::Result<StdListener> {
+/// A nonblocking listener on `addr` with SO_REUSEPORT (so that every worker can have its own on
+/// the same port) and TCP_NODELAY inherited by accepted sockets.
+pub fn listen(addr: SocketAddr, backlog: i32) -> io::Result<StdListener> {
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
     socket.set_reuse_port(true)?;

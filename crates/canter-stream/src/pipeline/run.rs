@@ -951,18 +951,6 @@ struct Prep<Df> {
     resumes: Arc<Vec<Arc<Notify>>>,
 }
 
-fn listen(addr: SocketAddr) -> io::Result<StdListener> {
-    use socket2::{Domain, Protocol as P, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(P::TCP))?;
-    socket.set_reuse_address(true)?;
-    socket.set_reuse_port(true)?;
-    socket.set_nonblocking(true)?;
-    socket.set_nodelay(true)?;
-    socket.bind(&addr.into())?;
-    socket.listen(1024)?;
-    Ok(socket.into())
-}
-
 impl<T, E, D, C, KF, K, U, P> PipelineDef for Def<T, D, C, KF, K, U, P, P::Out>
 where
     T: 'static,
@@ -1003,7 +991,7 @@ where
                     )
                 })?);
             }
-            let first = listen(*addr).map_err(|e| {
+            let first = canter_rt::listen(*addr, 1024).map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("pipeline {}: listen on {addr}: {e}", self.name),
@@ -1012,7 +1000,7 @@ where
             let at = first.local_addr()?;
             listeners.push(Some(first));
             for _ in 1..workers {
-                listeners.push(Some(listen(at)?));
+                listeners.push(Some(canter_rt::listen(at, 1024)?));
             }
             bound = Some(at);
         }
