@@ -386,11 +386,19 @@ impl Server {
 
 /// Shuts the server down on SIGINT or SIGTERM (watched from a small background thread).
 pub fn shutdown_on_signals(handle: ShutdownHandle) -> io::Result<()> {
+    on_signals(move || {
+        tracing::info!("shutting down: draining connections");
+        handle.shutdown();
+    })
+}
+
+/// Runs `then` once, on the first SIGINT or SIGTERM, from a small background thread. The
+/// signals are watched from before this returns, so one right after start-up is not missed.
+pub fn on_signals(then: impl FnOnce() + Send + 'static) -> io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()?;
-    // Register before returning, so a signal that arrives right after start-up is handled.
     let (mut int, mut term) = {
         let _guard = rt.enter();
         (
@@ -406,9 +414,8 @@ pub fn shutdown_on_signals(handle: ShutdownHandle) -> io::Result<()> {
                     _ = int.recv() => {}
                     _ = term.recv() => {}
                 }
-                tracing::info!("shutting down: draining connections");
-                handle.shutdown();
             });
+            then();
         })?;
     Ok(())
 }

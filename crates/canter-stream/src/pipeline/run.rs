@@ -1316,33 +1316,12 @@ impl Shutdown {
     /// Stops the topology on SIGINT or SIGTERM (watched from a small thread), then runs
     /// `also` (to stop a metrics server, say).
     pub fn on_signals(&self, also: impl FnOnce() + Send + 'static) -> io::Result<()> {
-        use tokio::signal::unix::{signal, SignalKind};
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .build()?;
-        // Registered before returning: a signal right after start-up is not missed.
-        let (mut int, mut term) = {
-            let _guard = rt.enter();
-            (
-                signal(SignalKind::interrupt())?,
-                signal(SignalKind::terminate())?,
-            )
-        };
         let handle = self.clone();
-        std::thread::Builder::new()
-            .name("canter-pipeline-signals".into())
-            .spawn(move || {
-                rt.block_on(async {
-                    tokio::select! {
-                        _ = int.recv() => {}
-                        _ = term.recv() => {}
-                    }
-                });
-                tracing::info!("shutting down: draining the pipelines");
-                handle.shutdown();
-                also();
-            })?;
-        Ok(())
+        canter_rt::on_signals(move || {
+            tracing::info!("shutting down: draining the pipelines");
+            handle.shutdown();
+            also();
+        })
     }
 }
 
