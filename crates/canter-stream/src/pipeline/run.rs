@@ -906,23 +906,17 @@ async fn generate_source(
 /// A pipeline as built, not yet bound.
 pub(crate) trait PipelineDef: Send {
     fn name(&self) -> &str;
+    /// Binds the listeners and makes the inboxes.
     fn prepare(
         self: Box<Self>,
         opts: &RunOptions,
         resumes: &Arc<Vec<Arc<Notify>>>,
-    ) -> io::Result<Arc<dyn Prepared>>;
-}
-
-/// A pipeline bound (listeners open) and ready to start on each worker.
-pub(crate) trait Prepared: Send + Sync {
-    fn name(&self) -> &str;
-    fn metrics(&self) -> Arc<PipeMetrics>;
-    fn source_addr(&self) -> Option<SocketAddr>;
-    fn finite(&self) -> bool;
+    ) -> io::Result<Arc<Prep>>;
     /// Starts the pipeline's tasks on this worker; returns its head and the task that ends
     /// when the pipeline has ended here.
     fn start(
         &self,
+        prep: &Prep,
         env: &Rc<Env>,
     ) -> io::Result<(Rc<RefCell<dyn Process>>, tokio::task::JoinHandle<()>)>;
 }
@@ -939,9 +933,10 @@ pub(crate) struct Def<T, D, C, KF, K, U, P, O> {
     pub(crate) _t: PhantomData<fn() -> (T, K)>,
 }
 
-struct Prep<Df> {
+/// A pipeline bound (listeners open) and ready to start on each worker.
+pub(crate) struct Prep {
     name: String,
-    def: Mutex<Df>,
+    def: Mutex<Box<dyn PipelineDef>>,
     source: Source,
     metrics: Arc<PipeMetrics>,
     shared: Arc<dyn Any + Send + Sync>,
@@ -972,7 +967,7 @@ where
         self: Box<Self>,
         opts: &RunOptions,
         resumes: &Arc<Vec<Arc<Notify>>>,
-    ) -> io::Result<Arc<dyn Prepared>> {
+    ) -> io::Result<Arc<Prep>> {
         let workers = opts.workers;
         let mut names = Vec::new();
         self.chain.names(&mut names);
@@ -1037,62 +1032,30 @@ where
             addr: bound,
             file,
             resumes: resumes.clone(),
-            def: Mutex::new(*self),
+            def: Mutex::new(self),
         }))
-    }
-}
-
-impl<T, E, D, C, KF, K, U, P> Prepared for Prep<Def<T, D, C, KF, K, U, P, P::Out>>
-where
-    T: 'static,
-    E: Display,
-    D: FnMut(&[u8]) -> Result<T, E> + Clone + Send + 'static,
-    C: Step<T>,
-    C::Out: Send,
-    KF: FnMut(&C::Out) -> K + Clone + Send + 'static,
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    U: Stateful<K, C::Out>,
-    P: Step<U::Out>,
-    P::Out: Send + 'static,
-{
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn metrics(&self) -> Arc<PipeMetrics> {
-        self.metrics.clone()
-    }
-
-    fn source_addr(&self) -> Option<SocketAddr> {
-        self.addr
-    }
-
-    fn finite(&self) -> bool {
-        self.source.finite()
     }
 
     fn start(
         &self,
+        prep: &Prep,
         env: &Rc<Env>,
     ) -> io::Result<(Rc<RefCell<dyn Process>>, tokio::task::JoinHandle<()>)> {
-        let (decode, chain, key, step, post, sink) = {
-            let d = lock(&self.def);
-            (
-                d.decode.clone(),
-                d.chain.clone(),
-                d.key.clone(),
-                d.step.clone(),
-                d.post.clone(),
-                d.sink.clone(),
-            )
-        };
-        let shared = self
+        let (decode, chain, key, step, post, sink) = (
+            self.decode.clone(),
+            self.chain.clone(),
+            self.key.clone(),
+            self.step.clone(),
+            self.post.clone(),
+            self.sink.clone(),
+        );
+        let shared = prep
             .shared
             .clone()
             .downcast::<Shared<K, C::Out>>()
             .map_err(|_| io::Error::other("pipeline inbox of another type"))?;
         let me = env.me;
-        let metrics = self.metrics.clone();
+        let metrics = prep.metrics.clone();
         let flushed = Rc::new(Notify::new());
         let mut sink_buf = None;
         let sink = match sink {
@@ -1112,7 +1075,7 @@ where
                 }
             }
             Sink::File { encode, .. } => {
-                let file = self
+                let file = prep
                     .file
                     .as_ref()
                     .ok_or_else(|| io::Error::other("sink file not open"))?
@@ -1179,9 +1142,9 @@ where
             counts: Vec::new(),
             _t: PhantomData,
         }));
-        match &self.source {
+        match &prep.source {
             Source::Tcp { framing, .. } => {
-                let listener = lock(&self.listeners)
+                let listener = lock(&prep.listeners)
                     .get_mut(me)
                     .and_then(Option::take)
                     .ok_or_else(|| io::Error::other("no listener for this worker"))?;
@@ -1211,16 +1174,41 @@ where
             }
             _ => {}
         }
-        let expected = if self.finite() { 1 } else { env.workers };
+        let expected = if prep.finite() { 1 } else { env.workers };
         let done = tokio::task::spawn_local(drain(
             shared,
             tail,
             env.clone(),
             expected,
-            self.resumes.clone(),
+            prep.resumes.clone(),
             sink_buf.map(|b| (b, flushed)),
         ));
         Ok((head, done))
+    }
+}
+
+impl Prep {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn metrics(&self) -> Arc<PipeMetrics> {
+        self.metrics.clone()
+    }
+
+    fn source_addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
+    fn finite(&self) -> bool {
+        self.source.finite()
+    }
+
+    fn start(
+        &self,
+        env: &Rc<Env>,
+    ) -> io::Result<(Rc<RefCell<dyn Process>>, tokio::task::JoinHandle<()>)> {
+        lock(&self.def).start(self, env)
     }
 }
 
@@ -1461,7 +1449,7 @@ fn pin(cpu: usize) {
 
 fn worker(
     me: usize,
-    preps: Vec<Arc<dyn Prepared>>,
+    preps: Vec<Arc<Prep>>,
     opts: RunOptions,
     resumes: Arc<Vec<Arc<Notify>>>,
     stop: Arc<Notify>,
