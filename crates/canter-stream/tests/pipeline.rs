@@ -508,3 +508,65 @@ fn lines_source_counts_words() {
     running.shutdown_handle().shutdown();
     running.wait().expect("workers");
 }
+
+/// Source connections are bounded per worker (each may hold a frame's worth of input): one
+/// over the limit is closed at once; when one closes, a new one is served.
+#[test]
+fn source_connections_beyond_the_limit_are_closed() {
+    let state = KeyedState::new("none", |_k: &u32| ());
+    let out = Collector::new();
+    let p = Pipeline::new("bounded", Source::tcp(any_port()), decode)
+        .key_by(|(k, _)| *k)
+        .update(&state, |_: &mut (), x: (u32, u64), out| out.emit(x))
+        .sink(Sink::collect(&out));
+    let mut t = Topology::new();
+    t.add(p);
+    let running = t
+        .start(RunOptions::default().max_source_connections(2))
+        .expect("start");
+    let src = running.source_addr("bounded").expect("source");
+    let mut record = Vec::new();
+    make(1, &mut record);
+    let mut frame = Vec::new();
+    canter_stream::frame::encode(&record, &mut frame);
+    // Two connections, each holding half a frame.
+    let mut held: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(src).expect("connect");
+            s.write_all(&frame[..8]).expect("write");
+            s
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut third = TcpStream::connect(src).expect("connect");
+    third
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut byte = [0u8; 1];
+    // Closed (end of stream or reset), not merely silent until the read timeout.
+    let closed = match third.read(&mut byte) {
+        Ok(0) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        Ok(_) => false,
+    };
+    assert!(closed, "the third connection is closed");
+    // The held ones still work: finishing their frames delivers both records.
+    for s in &mut held {
+        s.write_all(&frame[8..]).expect("write");
+    }
+    while out.len() < 2 {
+        assert!(Instant::now() < deadline, "{}", out.len());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // One closes; a new connection is served.
+    drop(held.pop());
+    std::thread::sleep(Duration::from_millis(200));
+    let mut again = TcpStream::connect(src).expect("connect");
+    again.write_all(&frame).expect("write");
+    while out.len() < 3 {
+        assert!(Instant::now() < deadline, "{}", out.len());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    running.shutdown_handle().shutdown();
+    running.wait().expect("workers");
+}

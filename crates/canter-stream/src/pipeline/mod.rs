@@ -532,6 +532,9 @@ pub struct RunOptions {
     pub inbox_capacity: usize,
     /// Bytes read per source connection before it yields to the worker's others.
     pub read_budget: usize,
+    /// Source connections each worker keeps open (each may hold a frame's worth of input);
+    /// more are closed at once, with a log line.
+    pub max_source_connections: usize,
     /// On shutdown, longest a sink may take to deliver what it holds.
     pub drain_timeout: Duration,
 }
@@ -544,6 +547,7 @@ impl Default for RunOptions {
             sink_high_water: 1 << 20,
             inbox_capacity: 64 * 1024,
             read_budget: 1024 * 1024,
+            max_source_connections: 1024,
             drain_timeout: Duration::from_secs(5),
         }
     }
@@ -565,6 +569,12 @@ impl RunOptions {
     /// Sets the sink's high-water mark in bytes.
     pub fn sink_high_water(mut self, bytes: usize) -> Self {
         self.sink_high_water = bytes.max(1);
+        self
+    }
+
+    /// Sets the most source connections per worker.
+    pub fn max_source_connections(mut self, n: usize) -> Self {
+        self.max_source_connections = n.max(1);
         self
     }
 

@@ -100,6 +100,8 @@ pub(crate) struct Env {
     gauges: RefCell<Vec<Arc<Gauge>>>,
     waiters: RefCell<Vec<Waiter>>,
     sources: RefCell<Vec<Handle>>,
+    /// Source connections open on this worker.
+    open_sources: Cell<usize>,
     tasks: RefCell<Vec<tokio::task::JoinHandle<()>>>,
     shutting: Cell<bool>,
     resumes: Arc<Vec<Arc<Notify>>>,
@@ -787,6 +789,15 @@ async fn accept_loop(
     loop {
         match listener.accept().await {
             Ok((tcp, peer)) => {
+                // Each connection may hold up to a frame of input: their number is bounded.
+                if env.open_sources.get() >= env.opts.max_source_connections {
+                    if let Some(held) = log.allow() {
+                        tracing::warn!(%peer, held, "source connection refused: at max_source_connections");
+                    }
+                    drop(tcp);
+                    continue;
+                }
+                env.open_sources.set(env.open_sources.get() + 1);
                 let _ = tcp.set_nodelay(true);
                 let mut conn = SourceConn {
                     head: head.clone(),
@@ -796,6 +807,7 @@ async fn accept_loop(
                 let settings = settings.clone();
                 tokio::task::spawn_local(async move {
                     let why = proto::run(Stream::Plain(tcp), peer, &mut conn, &settings).await;
+                    conn.env.open_sources.set(conn.env.open_sources.get() - 1);
                     tracing::debug!(%peer, %why, "source connection closed");
                 });
             }
@@ -1472,6 +1484,7 @@ fn worker(
             gauges: RefCell::new(Vec::new()),
             waiters: RefCell::new(Vec::new()),
             sources: RefCell::new(Vec::new()),
+            open_sources: Cell::new(0),
             tasks: RefCell::new(Vec::new()),
             shutting: Cell::new(false),
             resumes: resumes.clone(),
