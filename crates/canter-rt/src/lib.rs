@@ -39,8 +39,8 @@ pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 pub use canter_h1::{Limits, Timeouts};
 pub use outbound::{connect, connect_tls};
 pub use server::{
-    listen, on_signals, shutdown_on_signals, ClientFault, Config, Server, ShutdownHandle, Stats,
-    TlsListener, MAX_SERVER_NAME,
+    listen, on_signals, shutdown_on_signals, ClientFault, Config, ParkHooks, Server,
+    ShutdownHandle, Stats, TlsListener, MAX_SERVER_NAME,
 };
 pub use service::{Reply, Request, Response, Service};
 pub use tls::{reload_on_sighup, ClientTls, PeerCertificates, ServerTls, TlsAcceptor, TlsError};

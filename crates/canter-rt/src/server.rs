@@ -86,6 +86,26 @@ pub struct Config {
     /// not allowed, or with a missing, malformed, oversized or late header, is closed with a
     /// debug line (a [`ClientFault::Protocol`]). `None` (the default): no header expected.
     pub proxy_protocol: Option<crate::proxy::ProxyProtocol>,
+    /// Called on each worker thread just before its event loop blocks waiting for events, and
+    /// just after it wakes: for an embedding that must give something up while the worker is
+    /// idle (the Python front end releases the interpreter lock there). Not called when the
+    /// loop only checks for events without waiting. `None` (the default): nothing.
+    pub park_hooks: Option<ParkHooks>,
+}
+
+/// The pair of callbacks of [`Config::park_hooks`].
+#[derive(Clone)]
+pub struct ParkHooks {
+    /// Runs before the worker blocks.
+    pub before_park: Arc<dyn Fn() + Send + Sync>,
+    /// Runs after the worker wakes.
+    pub after_unpark: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl std::fmt::Debug for ParkHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParkHooks").finish_non_exhaustive()
+    }
 }
 
 /// Where and how to accept TLS connections.
@@ -120,6 +140,7 @@ impl Default for Config {
             http2: Some(canter_h2::Settings::default()),
             fault_log_interval: Duration::from_secs(10),
             proxy_protocol: None,
+            park_hooks: None,
         }
     }
 }
@@ -333,6 +354,30 @@ impl Server {
         F: Fn(usize) -> S + Send + Sync + 'static,
     {
         self.run(move |i| HttpAccept(Rc::new(factory(i))))
+    }
+
+    /// Runs the server's single worker on the calling thread until shutdown, instead of a
+    /// thread of its own: for an embedding whose state belongs to one thread (the Python front
+    /// end runs the interpreter's main thread as the worker). Fails if [`Config::workers`] is
+    /// not 1.
+    pub fn serve_inline<S, F>(mut self, factory: F) -> io::Result<()>
+    where
+        S: Service,
+        F: FnOnce(usize) -> S + 'static,
+    {
+        if self.listeners.len() != 1 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "serve_inline runs one worker: set Config::workers to 1",
+            ));
+        }
+        let listeners = Listeners {
+            plain: self.listeners.remove(0),
+            tls: self.tls_listeners.pop(),
+        };
+        run_worker(0, listeners, self.config, self.rx, self.stats, move |i| {
+            HttpAccept(Rc::new(factory(i)))
+        })
     }
 
     /// Runs the workers with a custom protocol instead of HTTP until shutdown; blocks the
@@ -560,9 +605,15 @@ where
     if config.pin_workers {
         pin_to_cpu(index);
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all();
+    if let Some(hooks) = &config.park_hooks {
+        let (before, after) = (hooks.before_park.clone(), hooks.after_unpark.clone());
+        builder
+            .on_thread_park(move || before())
+            .on_thread_unpark(move || after());
+    }
+    let rt = builder.build()?;
     let local = tokio::task::LocalSet::new();
     // The accept loop runs as a task of its own: `block_on`'s future is polled every time the
     // worker wakes up, so it only looks at a cell the loop fills when it ends (or unwinds).

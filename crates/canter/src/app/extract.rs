@@ -101,6 +101,18 @@ impl Parts {
             .map(|(_, v)| v)
     }
 
+    /// Every path parameter of the matched route, in the pattern's order: its name and its raw
+    /// (percent-encoded) value.
+    pub fn params(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.params.iter(self.req.path())
+    }
+
+    /// The request itself (head, body unless an extractor took it, extensions), for a handler
+    /// that hands it on whole, such as a binding to another language.
+    pub fn into_request(self) -> Request {
+        self.req
+    }
+
     /// Takes the request body; `None` if an extractor took it already.
     pub fn take_body(&mut self) -> Option<RequestBody> {
         if std::mem::replace(&mut self.body_taken, true) {
