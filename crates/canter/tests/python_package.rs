@@ -1,0 +1,74 @@
+//! The Python package (`python/`): built with a plain `pip install ./python` into a virtual
+//! environment under the target directory, then its pytest suite (`python/tests`), which runs
+//! real servers in subprocesses. Fails, never skips, when Python, pip or the build fail.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Packages the tests need besides canter itself.
+const TEST_REQUIREMENTS: &[&str] = &["pytest", "requests"];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn run(cmd: &mut Command, what: &str) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn python_package_builds_and_passes_its_tests() {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-venv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        run(
+            Command::new("python3").args(["-m", "venv"]).arg(&venv),
+            "creating a virtual environment (python3 -m venv)",
+        );
+    }
+    run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(TEST_REQUIREMENTS),
+        "installing the test requirements",
+    );
+    // Exactly what the README tells users to run.
+    run(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .arg(root().join("python")),
+        "pip install ./python",
+    );
+    let status = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+        .current_dir(root().join("python"))
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "the Python package's tests failed: {status}"
+    );
+}

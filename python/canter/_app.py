@@ -1,0 +1,205 @@
+"""The application object and the process supervisor behind `App.run`."""
+
+import inspect
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+from . import _native
+from ._runtime import WorkerLoop
+
+log = logging.getLogger("canter")
+
+_PARAM = re.compile(r"\{\*?([^{}]+)\}")
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+
+
+class App:
+    """Routes requests to handlers.
+
+    A handler takes the request, then the route's path parameters by name, and returns str
+    (text/plain), bytes, dict or list (JSON), None (204) or a `canter.Response`. A plain
+    function runs inline on the worker; an `async def` runs as a task on the worker's asyncio
+    loop. Raising `canter.HTTPError(status, message)` answers with that status; any other
+    exception answers 500 and logs its traceback, and the worker keeps serving.
+    """
+
+    def __init__(self):
+        self.routes = []
+
+    def route(self, pattern, methods=("GET",)):
+        """Registers the decorated function for `methods` at `pattern` (`/items/{id}`,
+        `/files/{*rest}`)."""
+        if isinstance(methods, str):
+            methods = (methods,)
+        names = _PARAM.findall(pattern)
+
+        def register(func):
+            params = list(inspect.signature(func).parameters.values())
+            if not params:
+                raise TypeError(f"{func.__qualname__} must take the request as its first argument")
+            args = []
+            for p in params[1:]:
+                if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                    raise TypeError(f"{func.__qualname__}: *args and **kwargs are not supported")
+                if p.name not in names:
+                    if p.default is p.empty:
+                        raise TypeError(
+                            f"{func.__qualname__}: argument {p.name!r} is not a parameter of {pattern!r}"
+                        )
+                    break
+                args.append(p.name)
+            is_async = inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func)
+            for m in methods:
+                self.routes.append((m.upper(), pattern, func, is_async, args))
+            return func
+
+        return register
+
+    def get(self, pattern):
+        return self.route(pattern, ("GET",))
+
+    def post(self, pattern):
+        return self.route(pattern, ("POST",))
+
+    def put(self, pattern):
+        return self.route(pattern, ("PUT",))
+
+    def delete(self, pattern):
+        return self.route(pattern, ("DELETE",))
+
+    def patch(self, pattern):
+        return self.route(pattern, ("PATCH",))
+
+    def run(self, host="127.0.0.1", port=8080, workers=1, **options):
+        """Serves until SIGINT or SIGTERM with `workers` processes sharing the port
+        (SO_REUSEPORT); a worker that dies is restarted. Options: `body_limit` (bytes, default
+        1 MiB: larger bodies are answered 413 before Python runs), `server_name`,
+        `max_connections` (per worker), `idle_timeout` and `drain_timeout` (seconds), `http2`
+        (h2c with prior knowledge, default on)."""
+        _configure_logging()
+        Supervisor(self.routes, host, port, workers, options).run()
+
+
+def _configure_logging():
+    if not logging.getLogger().handlers and not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
+class Supervisor:
+    """Forks the worker processes, restarts those that die, and stops them on a signal."""
+
+    #: A worker that dies sooner than this after its start counts as failing to start.
+    MIN_LIFE = 1.0
+
+    def __init__(self, routes, host, port, workers, options, serve=None):
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
+        self.routes = routes
+        self.host = host
+        self.workers = workers
+        self.options = options
+        self.serve = serve or self._serve_native
+        self.children = {}  # pid -> (index, start time)
+        self.stopping = False
+        # Holds the port without listening on it (so it gets no connections): with port 0 the
+        # workers all bind the port picked here, and no other program takes it meanwhile.
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.reserve = socket.socket(family, socket.SOCK_STREAM)
+        self.reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        self.reserve.bind((host, port))
+        self.port = self.reserve.getsockname()[1]
+
+    def _serve_native(self, index, ready):
+        wl = WorkerLoop()
+        try:
+            _native.serve(self.routes, self.host, self.port, ready, wl, **self.options)
+        finally:
+            wl.close()
+
+    def spawn(self, index):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            code = 0
+            try:
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                self.reserve.close()
+
+                def ready(port):
+                    os.write(w, b"1")
+                    os.close(w)
+
+                self.serve(index, ready)
+            except BaseException:
+                log.exception("worker %d failed", index)
+                code = 1
+            finally:
+                logging.shutdown()
+                os._exit(code)
+        os.close(w)
+        self.children[pid] = (index, time.monotonic())
+        return r
+
+    def _stop(self, signum, frame):
+        if not self.stopping:
+            log.info("shutting down: draining the workers")
+        self.stopping = True
+        for pid in list(self.children):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def run(self):
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        pipes = [self.spawn(i) for i in range(self.workers)]
+        for r in pipes:
+            ok = os.read(r, 1) == b"1"
+            os.close(r)
+            if not ok:
+                log.error("a worker failed to start")
+        log.info("serving http://%s:%d with %d worker(s)", self.host, self.port, self.workers)
+        failures = 0
+        while self.children:
+            try:
+                pid, status = os.wait()
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+            index, started = self.children.pop(pid, (None, 0))
+            if index is None or self.stopping:
+                continue
+            how = _describe(status)
+            lived = time.monotonic() - started
+            failures = failures + 1 if lived < self.MIN_LIFE else 0
+            if failures >= 5:
+                log.error("worker %d %s again at start: giving up", index, how)
+                self._stop(None, None)
+                continue
+            log.warning("worker %d (pid %d) %s: restarting it", index, pid, how)
+            time.sleep(min(0.1 * 2**failures, 2.0) if failures else 0)
+            r = self.spawn(index)
+            os.read(r, 1)
+            os.close(r)
+        self.reserve.close()
+        log.info("stopped")
+
+
+def _describe(status):
+    if os.WIFSIGNALED(status):
+        return f"was killed by signal {os.WTERMSIG(status)}"
+    return f"exited with status {os.WEXITSTATUS(status)}"

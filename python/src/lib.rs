@@ -1,0 +1,405 @@
+//! `canter._native`: the canter engine under Python handlers.
+//!
+//! A worker process runs one canter worker thread. That thread holds the interpreter lock while
+//! it works and gives it up only while its event loop waits for events (the runtime's park
+//! hooks), so a request costs no lock handover: parsing, routing, limits, pipelining and writes
+//! stay in Rust, and only the handler itself runs Python. Async handlers run as asyncio tasks on
+//! a loop driven by the same thread ([`aio`]).
+
+use std::cell::Cell;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use bytes::Bytes;
+use canter::{MethodRouter, Parts, Router};
+use canter_rt::http::{Method, StatusCode};
+use canter_rt::{Config, ParkHooks, Reply, Response as RtResponse, Server};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyOSError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+mod aio;
+mod json;
+mod request;
+mod response;
+mod stream;
+
+use request::Request;
+
+create_exception!(
+    canter,
+    HTTPError,
+    PyException,
+    "Raise `HTTPError(status, message)` in a handler to answer with that status and \
+     `{\"error\": message, \"status\": status}`."
+);
+
+/// A route as `App` passes it: method, pattern, function, whether it is async, and the names of
+/// its arguments after the request.
+type RouteArgs = (String, String, Py<PyAny>, bool, Vec<String>);
+
+/// A route as Python registered it.
+struct RouteSpec {
+    method: Method,
+    pattern: String,
+    func: Py<PyAny>,
+    is_async: bool,
+    /// For each parameter of the function after the request, its index among the pattern's.
+    order: Vec<usize>,
+    names: Vec<Arc<str>>,
+}
+
+/// One route's handler on one worker.
+struct Route {
+    func: Py<PyAny>,
+    is_async: bool,
+    order: Vec<usize>,
+    names: Vec<Arc<str>>,
+    body_limit: usize,
+}
+
+/// The canter handler that calls a Python function.
+#[derive(Clone)]
+struct PyHandler(std::rc::Rc<Route>);
+
+/// Marker type for [`canter::Handler`].
+#[doc(hidden)]
+pub enum Python_ {}
+
+impl canter::Handler<Python_> for PyHandler {
+    fn call(&self, parts: Parts) -> Reply {
+        let params: Vec<(Arc<str>, String)> = parts
+            .params()
+            .zip(&self.0.names)
+            .map(|((_, v), n)| (n.clone(), request::decode(v).into_owned()))
+            .collect();
+        let peer = canter_rt::peer_addr();
+        let (head, mut body, _) = parts.into_request().into_parts();
+        if body.content_length() == Some(0) {
+            let req = Request {
+                head,
+                body: Bytes::new(),
+                params,
+                peer,
+            };
+            return self.0.run(req);
+        }
+        let route = self.0.clone();
+        Reply::future(async move {
+            let body = match body.collect(route.body_limit).await {
+                Ok(b) => b,
+                Err(e) => {
+                    let status =
+                        StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+                    return error_json(status, &e.to_string());
+                }
+            };
+            let req = Request {
+                head,
+                body,
+                params,
+                peer,
+            };
+            route.run(req).await
+        })
+    }
+}
+
+impl Route {
+    /// Calls the function; converts what it returns, or starts the coroutine it returns.
+    fn run(&self, req: Request) -> Reply {
+        Python::attach(|py| {
+            let out = match self.call(py, req) {
+                Ok(out) => out,
+                Err(e) => return Reply::Ready(error_response(py, &e)),
+            };
+            if self.is_async || is_awaitable(py, &out) {
+                let task = match aio::spawn(py, &out) {
+                    Ok(t) => t,
+                    Err(e) => return Reply::Ready(error_response(py, &e)),
+                };
+                return Reply::future(async move {
+                    let out = task.await;
+                    Python::attach(|py| match out {
+                        Ok(v) => respond(py, v.bind(py)),
+                        Err(e) => error_response(py, &e),
+                    })
+                });
+            }
+            Reply::Ready(respond(py, &out))
+        })
+    }
+
+    fn call<'py>(&self, py: Python<'py>, req: Request) -> PyResult<Bound<'py, PyAny>> {
+        let func = self.func.bind(py);
+        if self.order.is_empty() {
+            return func.call1((Bound::new(py, req)?,));
+        }
+        let values: Vec<String> = self
+            .order
+            .iter()
+            .map(|&i| {
+                req.params
+                    .get(i)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let mut args = Vec::with_capacity(values.len() + 1);
+        args.push(Bound::new(py, req)?.into_any());
+        for v in values {
+            args.push(v.into_pyobject(py)?.into_any());
+        }
+        func.call1(PyTuple::new(py, args)?)
+    }
+}
+
+/// Whether a sync function returned an awaitable (a coroutine from a function `inspect` did not
+/// see as async, say). The common results are told apart by type first: `hasattr` on a str
+/// raises and clears an AttributeError, which costs more than the rest of the request.
+fn is_awaitable(py: Python<'_>, v: &Bound<'_, PyAny>) -> bool {
+    use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+    if v.is_exact_instance_of::<PyString>()
+        || v.is_exact_instance_of::<PyDict>()
+        || v.is_exact_instance_of::<PyBytes>()
+        || v.is_exact_instance_of::<PyList>()
+        || v.is_none()
+        || v.is_instance_of::<response::Response>()
+    {
+        return false;
+    }
+    v.hasattr(pyo3::intern!(py, "__await__")).unwrap_or(false)
+}
+
+/// The response for a handler's return value; a value of the wrong kind is a 500.
+fn respond(py: Python<'_>, v: &Bound<'_, PyAny>) -> RtResponse {
+    match response::convert(py, v) {
+        Ok(r) => r,
+        Err(e) => error_response(py, &e),
+    }
+}
+
+/// The answer to an exception: its status for [`HTTPError`], else 500 with the traceback
+/// logged. A cancelled task (the client left) is not logged as an error.
+fn error_response(py: Python<'_>, e: &PyErr) -> RtResponse {
+    if e.is_instance_of::<HTTPError>(py) {
+        let args = e.value(py).getattr("args").ok();
+        let status = args
+            .as_ref()
+            .and_then(|a| a.get_item(0).ok())
+            .and_then(|s| s.extract::<u16>().ok())
+            .and_then(|s| StatusCode::from_u16(s).ok())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let message = args
+            .as_ref()
+            .and_then(|a| a.get_item(1).ok())
+            .and_then(|m| m.str().ok().map(|s| s.to_string()))
+            .unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_owned());
+        return error_json(status, &message);
+    }
+    log_exception(py, e);
+    error_json(StatusCode::INTERNAL_SERVER_ERROR, "internal server error")
+}
+
+/// `{"error": message, "status": n}` with `status`, as canter's own rejections answer.
+fn error_json(status: StatusCode, message: &str) -> RtResponse {
+    let body = serde_json::json!({ "error": message, "status": status.as_u16() });
+    RtResponse::json_bytes(Bytes::from(body.to_string())).with_status(status)
+}
+
+/// Logs `e` with its traceback through Python's `logging` (logger `canter`).
+pub(crate) fn log_exception(py: Python<'_>, e: &PyErr) {
+    let logged = py
+        .import("canter._runtime")
+        .and_then(|m| m.getattr("log_exception"))
+        .and_then(|f| f.call1((e.value(py), e.traceback(py))));
+    if logged.is_err() {
+        e.print(py);
+    }
+}
+
+thread_local! {
+    /// Set while this thread runs a worker and holds the interpreter lock.
+    static HOLDS_GIL: Cell<bool> = const { Cell::new(false) };
+    /// The thread state saved while the worker is parked.
+    static SAVED: Cell<*mut ffi::PyThreadState> = const { Cell::new(std::ptr::null_mut()) };
+}
+
+/// Releases the interpreter lock while the worker's event loop waits for events, and takes it
+/// back when it wakes: the worker holds it all the time it works, so a request costs no
+/// hand-over, and other threads (an executor's, say) run while it waits.
+fn park_hooks() -> ParkHooks {
+    ParkHooks {
+        before_park: Arc::new(|| {
+            if HOLDS_GIL.with(Cell::get) {
+                // SAFETY: this thread holds the lock (HOLDS_GIL) and runs no Python code while
+                // parked; the state is restored by `after_unpark` before anything else runs.
+                let ts = unsafe { ffi::PyEval_SaveThread() };
+                SAVED.with(|s| s.set(ts));
+            }
+        }),
+        after_unpark: Arc::new(|| {
+            let ts = SAVED.with(|s| s.replace(std::ptr::null_mut()));
+            if !ts.is_null() {
+                // SAFETY: `ts` is this thread's state, saved by `before_park` just before.
+                unsafe { ffi::PyEval_RestoreThread(ts) };
+            }
+        }),
+    }
+}
+
+/// Names of a pattern's parameters, in order (`{name}` and `{*name}`).
+fn pattern_params(pattern: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = pattern;
+    while let Some(start) = rest.find('{') {
+        let Some(end) = rest[start..].find('}') else {
+            break;
+        };
+        let name = &rest[start + 1..start + end];
+        out.push(name.trim_start_matches('*').to_owned());
+        rest = &rest[start + end + 1..];
+    }
+    out
+}
+
+/// Builds a worker's router on its own thread.
+fn build_router(py: Python<'_>, routes: &[RouteSpec], body_limit: usize) -> Router {
+    let mut router = Router::new();
+    for r in routes {
+        let handler = PyHandler(std::rc::Rc::new(Route {
+            func: r.func.clone_ref(py),
+            is_async: r.is_async,
+            order: r.order.clone(),
+            names: r.names.clone(),
+            body_limit,
+        }));
+        router = router.route(
+            &r.pattern,
+            MethodRouter::new().on(r.method.clone(), handler),
+        );
+    }
+    router
+}
+
+static LOG: Once = Once::new();
+
+fn init_logging() {
+    LOG.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("CANTER_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    });
+}
+
+/// Serves `routes` on `host:port` on the calling thread until SIGINT or SIGTERM, then drains.
+/// `on_ready(port)` is called once the listener is bound; `worker_loop` (a
+/// `canter._runtime.WorkerLoop`) is the asyncio loop the worker drives meanwhile.
+///
+/// `routes`: `(method, pattern, function, is_async, argument names)` tuples.
+#[pyfunction]
+#[pyo3(signature = (routes, host, port, on_ready, worker_loop, *, body_limit=1048576, server_name="canter".to_owned(), max_connections=65536, idle_timeout=None, drain_timeout=10.0, http2=true))]
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    py: Python<'_>,
+    routes: Vec<RouteArgs>,
+    host: String,
+    port: u16,
+    on_ready: Py<PyAny>,
+    worker_loop: Py<PyAny>,
+    body_limit: usize,
+    server_name: String,
+    max_connections: usize,
+    idle_timeout: Option<f64>,
+    drain_timeout: f64,
+    http2: bool,
+) -> PyResult<()> {
+    init_logging();
+    let mut specs = Vec::with_capacity(routes.len());
+    for (method, pattern, func, is_async, args) in routes {
+        let method = Method::from_bytes(method.to_ascii_uppercase().as_bytes())
+            .map_err(|_| PyValueError::new_err(format!("invalid method {method:?}")))?;
+        let names = pattern_params(&pattern);
+        let order = args
+            .iter()
+            .map(|a| {
+                names.iter().position(|n| n == a).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "handler argument {a:?} is not a parameter of route {pattern:?}"
+                    ))
+                })
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        specs.push(RouteSpec {
+            method,
+            pattern,
+            func,
+            is_async,
+            order,
+            names: names.into_iter().map(Arc::from).collect(),
+        });
+    }
+    let addr: SocketAddr = (host.as_str(), port)
+        .to_socket_addrs()
+        .map_err(|e| PyOSError::new_err(format!("{host}: {e}")))?
+        .next()
+        .ok_or_else(|| PyOSError::new_err(format!("{host}: no address")))?;
+    let mut config = Config {
+        addr,
+        workers: 1,
+        server_name,
+        max_connections,
+        drain_timeout: Duration::from_secs_f64(drain_timeout.max(0.0)),
+        park_hooks: Some(park_hooks()),
+        ..Config::default()
+    };
+    if let Some(t) = idle_timeout {
+        config.timeouts.idle = Duration::from_secs_f64(t.max(0.001));
+    }
+    if !http2 {
+        config.http2 = None;
+    }
+    // The engine refuses a larger body (413) before Python runs.
+    config.limits.max_body = body_limit as u64;
+    let server = Server::bind(config).map_err(|e| PyOSError::new_err(format!("{addr}: {e}")))?;
+    on_ready.call1(py, (server.local_addr().port(),))?;
+    canter_rt::shutdown_on_signals(server.shutdown_handle())?;
+    let wl = worker_loop.clone_ref(py);
+    // The worker runs right here, on the thread that called (Python's main thread in a worker
+    // process), holding the interpreter lock except while parked.
+    let result = server.serve_inline(move |_worker| {
+        HOLDS_GIL.with(|h| h.set(true));
+        Python::attach(|py| {
+            aio::install(worker_loop.bind(py))?;
+            Ok::<_, PyErr>(build_router(py, &specs, body_limit))
+        })
+        .unwrap_or_else(|e| {
+            Python::attach(|py| log_exception(py, &e));
+            Router::new().fallback(|| {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the Python worker failed to start\n",
+                )
+            })
+        })
+    });
+    HOLDS_GIL.with(|h| h.set(false));
+    aio::uninstall(wl.bind(py))?;
+    result.map_err(|e| PyOSError::new_err(e.to_string()))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add_class::<Request>()?;
+    m.add_class::<request::Headers>()?;
+    m.add_class::<response::Response>()?;
+    m.add("HTTPError", m.py().get_type::<HTTPError>())?;
+    Ok(())
+}

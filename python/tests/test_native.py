@@ -1,0 +1,230 @@
+"""The native API against a real server process, with real clients (http.client, requests,
+curl and raw sockets)."""
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zlib
+
+import pytest
+import requests
+
+
+def get(server, path, **kw):
+    return requests.get(server.base + path, timeout=10, **kw)
+
+
+def test_plaintext_and_json(native):
+    r = get(native, "/")
+    assert r.status_code == 200
+    assert r.text == "Hello, World!"
+    assert r.headers["content-type"] == "text/plain; charset=utf-8"
+    assert r.headers["server"] == "canter"
+    r = get(native, "/json")
+    assert r.headers["content-type"] == "application/json"
+    assert r.json() == {"message": "Hello, World!", "n": 1, "pi": 3.5, "ok": True, "none": None,
+                        "l": [1, "a"]}
+
+
+def test_json_matches_the_json_module_on_awkward_values(native):
+    payload = {"s": "quote\" back\\ nl\n tab\t ctl\x01 é 😀", "big": 2**70, "neg": -5,
+               "f": 0.1, "e": 1e300, "nested": [[[{"k": []}]]], "t": [1, 2]}
+    r = requests.post(native.base + "/items", json=payload, timeout=10)
+    assert r.status_code == 201
+    assert r.headers["x-id"] == "1"
+    assert json.loads(r.content) == payload
+
+
+def test_path_parameters_are_decoded_and_passed_by_name(native):
+    assert get(native, "/hello/w%C3%A9rld%20x").text == "Hello, wérld x!"
+    r = get(native, "/pair/one/two").json()
+    assert r == {"a": "one", "b": "two", "params": {"a": "one", "b": "two"}}
+    assert get(native, "/files/a/b/c.txt").text == "a/b/c.txt"
+
+
+def test_request_attributes(native):
+    conn = http.client.HTTPConnection("127.0.0.1", native.port, timeout=10)
+    conn.putrequest("GET", "/inspect?a=1&b=x+y&a=2&c=%2F", skip_accept_encoding=True)
+    conn.putheader("X-Token", "secret")
+    conn.putheader("X-Many", "1")
+    conn.putheader("X-Many", "2")
+    conn.endheaders()
+    r = conn.getresponse()
+    assert r.status == 200
+    body = json.loads(r.read())
+    assert body == {
+        "method": "GET", "path": "/inspect", "raw_path": "/inspect",
+        "query_string": "a=1&b=x+y&a=2&c=%2F", "query": {"a": "1", "b": "x y", "c": "/"},
+        "x_token": "secret", "has_accept": False, "many": ["1", "2"],
+        "client_host": "127.0.0.1", "version": "1.1",
+    }
+
+
+def test_body_and_json_errors_come_from_the_engine(native):
+    r = requests.post(native.base + "/items", data=b"{}", timeout=10,
+                      headers={"content-type": "text/plain"})
+    assert r.status_code == 415
+    assert r.json()["status"] == 415
+    r = requests.post(native.base + "/items", data=b"{bad", timeout=10,
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert "invalid JSON" in r.json()["error"]
+    r = requests.post(native.base + "/echo", data=b"x" * 1000, timeout=10)
+    assert r.status_code == 200 and r.headers["x-len"] == "1000" and r.content == b"x" * 1000
+
+
+def test_a_body_over_the_limit_is_refused_before_python_runs(native):
+    before = get(native, "/calls").json()["calls"]
+    r = requests.post(native.base + "/echo", data=b"x" * (64 * 1024 + 1), timeout=10)
+    assert r.status_code == 413
+    # Chunked, so the size is known only while reading.
+    r = requests.post(native.base + "/echo", data=iter([b"y" * 40000, b"y" * 40000]), timeout=10)
+    assert r.status_code == 413
+    assert get(native, "/calls").json()["calls"] == before
+
+
+def test_bad_requests_are_answered_by_the_engine(native):
+    before = get(native, "/calls").json()["calls"]
+    with socket.create_connection(("127.0.0.1", native.port), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+        data = s.recv(4096)
+    assert data.startswith(b"HTTP/1.1 400 ")
+    assert get(native, "/calls").json()["calls"] == before
+
+
+def test_an_exception_answers_500_logs_the_traceback_and_the_worker_keeps_serving(native):
+    r = get(native, "/boom")
+    assert r.status_code == 500
+    assert r.json() == {"error": "internal server error", "status": 500}
+    native.wait_for(r"RuntimeError: boom from a handler")
+    assert 'raise RuntimeError("boom from a handler")' in native.log()
+    r = get(native, "/aboom")
+    assert r.status_code == 500
+    native.wait_for(r"ValueError: boom from an async handler")
+    assert get(native, "/").status_code == 200
+
+
+def test_return_values(native):
+    r = get(native, "/teapot")
+    assert r.status_code == 418 and r.json() == {"error": "short and stout", "status": 418}
+    r = get(native, "/none")
+    assert r.status_code == 204 and r.content == b""
+    r = get(native, "/bytes")
+    assert r.content == b"\x00\x01binary"
+    assert r.headers["content-type"] == "application/octet-stream"
+    for _ in range(3):
+        r = get(native, "/prebuilt")
+        assert r.text == "prebuilt\n" and r.headers["x-prebuilt"] == "yes"
+    r = get(native, "/bad-return")
+    assert r.status_code == 500
+    native.wait_for(r"TypeError: a handler returned int")
+
+
+def test_methods_and_routing(native):
+    assert requests.put(native.base + "/multi", timeout=10).text == "PUT"
+    assert get(native, "/multi").text == "GET"
+    r = requests.delete(native.base + "/multi", timeout=10)
+    assert r.status_code == 405
+    assert "GET" in r.headers["allow"] and "PUT" in r.headers["allow"]
+    assert get(native, "/nowhere").status_code == 404
+    r = requests.head(native.base + "/", timeout=10)
+    assert r.status_code == 200 and r.content == b"" and r.headers["content-length"] == "13"
+
+
+def test_async_handlers_run_concurrently_on_the_worker_loop(native):
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("r", get(native, "/wait")))
+    t.start()
+    time.sleep(0.2)
+    assert "r" not in got  # still waiting for the event
+    assert get(native, "/").status_code == 200  # the worker serves meanwhile
+    assert get(native, "/release").text == "ok"
+    t.join(10)
+    assert got["r"].text == "released"
+    assert get(native, "/sleep?s=0.01").json() == {"slept": True}
+
+
+def test_streamed_responses(native):
+    r = get(native, "/stream?n=5")
+    assert r.headers["transfer-encoding"] == "chunked"
+    assert r.text == "".join(f"piece {i}\n" for i in range(5))
+    r = get(native, "/astream")
+    assert r.text == "apiece 0\napiece 1\napiece 2\n"
+
+
+def test_a_large_stream_is_pulled_while_the_client_reads(native):
+    n = 200_000
+    with socket.create_connection(("127.0.0.1", native.port), timeout=20) as s:
+        s.sendall(f"GET /stream?n={n} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        data = b""
+        while not data.endswith(b"0\r\n\r\n"):
+            chunk = s.recv(1 << 16)
+            assert chunk
+            data += chunk
+    body = data.split(b"\r\n\r\n", 1)[1]
+    assert body.count(b"piece ") == n
+
+
+def test_file_response(native):
+    r = get(native, "/file")
+    assert r.text == "hello from a file\n"
+    assert r.headers["content-type"] == "text/plain; charset=utf-8"
+    assert r.headers["content-length"] == "18"
+
+
+def test_pipelined_requests_are_answered_in_one_write(native):
+    n = 16
+    with socket.create_connection(("127.0.0.1", native.port), timeout=10) as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * n)
+        time.sleep(0.3)
+        data = s.recv(1 << 20)
+    assert data.count(b"HTTP/1.1 200 OK") == n
+    assert data.count(b"Hello, World!") == n
+
+
+def test_http2_with_prior_knowledge(native):
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.fail("curl is not installed")
+    out = subprocess.run([curl, "-s", "--http2-prior-knowledge", "-w", "\n%{http_version}",
+                          native.base + "/hello/h2"], capture_output=True, text=True, timeout=20)
+    assert out.stdout == "Hello, h2!\n2", out.stderr
+
+
+def test_a_worker_that_dies_is_restarted(start_server):
+    s = start_server([sys.executable, "native_app.py", "0", "2"])
+    pids = {get(s, "/calls").json()["pid"] for _ in range(40)}
+    with pytest.raises(requests.ConnectionError):
+        get(s, "/die")
+    s.wait_for(r"worker \d \(pid \d+\) exited with status 3: restarting it")
+    deadline = time.time() + 10
+    while True:
+        try:
+            if get(s, "/").status_code == 200:
+                break
+        except requests.ConnectionError:
+            pass
+        assert time.time() < deadline
+        time.sleep(0.05)
+    assert s.proc.poll() is None
+    assert len(pids) >= 1
+
+
+def test_sigterm_drains_in_flight_requests(start_server):
+    s = start_server([sys.executable, "native_app.py", "0", "1"])
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("r", get(s, "/sleep?s=0.5")))
+    t.start()
+    time.sleep(0.2)
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(10)
+    assert got["r"].status_code == 200 and got["r"].json() == {"slept": True}
+    assert s.proc.wait(10) == 0
+    assert "stopped" in s.log()
