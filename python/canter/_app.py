@@ -106,7 +106,7 @@ class Supervisor:
         self.routes = routes
         self.host = host
         self.workers = workers
-        self.options = options
+        self.options = {k: v for k, v in options.items() if v is not None}
         self.serve = serve or self._serve_native
         self.children = {}  # pid -> (index, start time)
         self.stopping = False
@@ -119,10 +119,10 @@ class Supervisor:
         self.reserve.bind((host, port))
         self.port = self.reserve.getsockname()[1]
 
-    def _serve_native(self, index, ready):
+    def _serve_native(self, index, port, ready):
         wl = WorkerLoop()
         try:
-            _native.serve(self.routes, self.host, self.port, ready, wl, **self.options)
+            _native.serve(self.routes, self.host, port, ready, wl, **self.options)
         finally:
             wl.close()
 
@@ -141,7 +141,7 @@ class Supervisor:
                     os.write(w, b"1")
                     os.close(w)
 
-                self.serve(index, ready)
+                self.serve(index, self.port, ready)
             except BaseException:
                 log.exception("worker %d failed", index)
                 code = 1

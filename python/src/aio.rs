@@ -148,6 +148,16 @@ impl Done {
     }
 }
 
+/// Starts `awaitable` as a task on the worker's loop and lets it run on its own.
+pub fn start(py: Python<'_>, awaitable: &Bound<'_, PyAny>) -> PyResult<()> {
+    let wl = LOOP
+        .with(|l| l.borrow().clone())
+        .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("no worker loop"))?;
+    wl.start.bind(py).call1((awaitable,))?;
+    wl.wake.notify_one();
+    Ok(())
+}
+
 /// An awaitable running as an asyncio task on this worker's loop; resolves to its result.
 /// Dropped before the end (the client went away, the handler timed out), it cancels the task.
 pub struct Task {

@@ -19,9 +19,10 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 
 mod aio;
+mod asgi;
 mod json;
 mod request;
 mod response;
@@ -184,7 +185,7 @@ fn respond(py: Python<'_>, v: &Bound<'_, PyAny>) -> RtResponse {
 
 /// The answer to an exception: its status for [`HTTPError`], else 500 with the traceback
 /// logged. A cancelled task (the client left) is not logged as an error.
-fn error_response(py: Python<'_>, e: &PyErr) -> RtResponse {
+pub(crate) fn error_response(py: Python<'_>, e: &PyErr) -> RtResponse {
     if e.is_instance_of::<HTTPError>(py) {
         let args = e.value(py).getattr("args").ok();
         let status = args
@@ -205,7 +206,7 @@ fn error_response(py: Python<'_>, e: &PyErr) -> RtResponse {
 }
 
 /// `{"error": message, "status": n}` with `status`, as canter's own rejections answer.
-fn error_json(status: StatusCode, message: &str) -> RtResponse {
+pub(crate) fn error_json(status: StatusCode, message: &str) -> RtResponse {
     let body = serde_json::json!({ "error": message, "status": status.as_u16() });
     RtResponse::json_bytes(Bytes::from(body.to_string())).with_status(status)
 }
@@ -298,29 +299,34 @@ fn init_logging() {
     });
 }
 
-/// Serves `routes` on `host:port` on the calling thread until SIGINT or SIGTERM, then drains.
-/// `on_ready(port)` is called once the listener is bound; `worker_loop` (a
-/// `canter._runtime.WorkerLoop`) is the asyncio loop the worker drives meanwhile.
-///
-/// `routes`: `(method, pattern, function, is_async, argument names)` tuples.
-#[pyfunction]
-#[pyo3(signature = (routes, host, port, on_ready, worker_loop, *, body_limit=1048576, server_name="canter".to_owned(), max_connections=65536, idle_timeout=None, drain_timeout=10.0, http2=true))]
-#[allow(clippy::too_many_arguments)]
-fn serve(
-    py: Python<'_>,
-    routes: Vec<RouteArgs>,
-    host: String,
-    port: u16,
-    on_ready: Py<PyAny>,
-    worker_loop: Py<PyAny>,
-    body_limit: usize,
-    server_name: String,
-    max_connections: usize,
-    idle_timeout: Option<f64>,
-    drain_timeout: f64,
-    http2: bool,
-) -> PyResult<()> {
-    init_logging();
+/// What a worker serves: native routes, or an ASGI app.
+enum Target {
+    Routes(Vec<RouteSpec>),
+    Asgi {
+        app: Py<PyAny>,
+        run: Py<PyAny>,
+        state: Option<Py<PyDict>>,
+        root_path: String,
+    },
+}
+
+/// A worker's service.
+enum PyService {
+    Native(Router),
+    Asgi(asgi::Asgi),
+}
+
+impl canter_rt::Service for PyService {
+    #[inline]
+    fn call(&self, req: canter_rt::Request) -> Reply {
+        match self {
+            PyService::Native(r) => r.call(req),
+            PyService::Asgi(a) => a.call(req),
+        }
+    }
+}
+
+fn route_specs(routes: Vec<RouteArgs>) -> PyResult<Vec<RouteSpec>> {
     let mut specs = Vec::with_capacity(routes.len());
     for (method, pattern, func, is_async, args) in routes {
         let method = Method::from_bytes(method.to_ascii_uppercase().as_bytes())
@@ -345,6 +351,53 @@ fn serve(
             names: names.into_iter().map(Arc::from).collect(),
         });
     }
+    Ok(specs)
+}
+
+/// Serves `target` on `host:port` on the calling thread until SIGINT or SIGTERM, then drains.
+/// `on_ready(port)` is called once the listener is bound; `worker_loop` (a
+/// `canter._runtime.WorkerLoop`) is the asyncio loop the worker drives meanwhile.
+///
+/// `target`: a list of `(method, pattern, function, is_async, argument names)` tuples (the
+/// native API), or a dict `{"app": asgi_app, "run": wrapper, "state": dict or None,
+/// "root_path": str}` (an ASGI app; `wrapper(app, scope, receive, send)` runs it).
+#[pyfunction]
+#[pyo3(signature = (target, host, port, on_ready, worker_loop, *, body_limit=1048576, server_name="canter".to_owned(), max_connections=65536, idle_timeout=None, drain_timeout=10.0, http2=true))]
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    py: Python<'_>,
+    target: &Bound<'_, PyAny>,
+    host: String,
+    port: u16,
+    on_ready: Py<PyAny>,
+    worker_loop: Py<PyAny>,
+    body_limit: usize,
+    server_name: String,
+    max_connections: usize,
+    idle_timeout: Option<f64>,
+    drain_timeout: f64,
+    http2: bool,
+) -> PyResult<()> {
+    init_logging();
+    let target = if let Ok(d) = target.cast::<PyDict>() {
+        let get = |k: &str| {
+            d.get_item(k)?
+                .ok_or_else(|| PyValueError::new_err(format!("ASGI target without {k:?}")))
+        };
+        let state = get("state")?;
+        Target::Asgi {
+            app: get("app")?.unbind(),
+            run: get("run")?.unbind(),
+            state: if state.is_none() {
+                None
+            } else {
+                Some(state.cast_into::<PyDict>()?.unbind())
+            },
+            root_path: get("root_path")?.extract()?,
+        }
+    } else {
+        Target::Routes(route_specs(target.extract()?)?)
+    };
     let addr: SocketAddr = (host.as_str(), port)
         .to_socket_addrs()
         .map_err(|e| PyOSError::new_err(format!("{host}: {e}")))?
@@ -368,7 +421,8 @@ fn serve(
     // The engine refuses a larger body (413) before Python runs.
     config.limits.max_body = body_limit as u64;
     let server = Server::bind(config).map_err(|e| PyOSError::new_err(format!("{addr}: {e}")))?;
-    on_ready.call1(py, (server.local_addr().port(),))?;
+    let local = server.local_addr();
+    on_ready.call1(py, (local.port(),))?;
     canter_rt::shutdown_on_signals(server.shutdown_handle())?;
     let wl = worker_loop.clone_ref(py);
     // The worker runs right here, on the thread that called (Python's main thread in a worker
@@ -377,16 +431,37 @@ fn serve(
         HOLDS_GIL.with(|h| h.set(true));
         Python::attach(|py| {
             aio::install(worker_loop.bind(py))?;
-            Ok::<_, PyErr>(build_router(py, &specs, body_limit))
+            Ok::<_, PyErr>(match target {
+                Target::Routes(specs) => PyService::Native(build_router(py, &specs, body_limit)),
+                Target::Asgi {
+                    app,
+                    run,
+                    state,
+                    root_path,
+                } => {
+                    let info = PyDict::new(py);
+                    info.set_item("version", "3.0")?;
+                    info.set_item("spec_version", "2.4")?;
+                    PyService::Asgi(asgi::Asgi {
+                        run,
+                        app,
+                        loop_: worker_loop.bind(py).getattr("loop")?.unbind(),
+                        state,
+                        root_path,
+                        server: (local.ip().to_string(), local.port()),
+                        asgi: info.unbind(),
+                    })
+                }
+            })
         })
         .unwrap_or_else(|e| {
             Python::attach(|py| log_exception(py, &e));
-            Router::new().fallback(|| {
+            PyService::Native(Router::new().fallback(|| {
                 (
                     StatusCode::SERVICE_UNAVAILABLE,
                     "the Python worker failed to start\n",
                 )
-            })
+            }))
         })
     });
     HOLDS_GIL.with(|h| h.set(false));
@@ -401,5 +476,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<request::Headers>()?;
     m.add_class::<response::Response>()?;
     m.add("HTTPError", m.py().get_type::<HTTPError>())?;
+    m.add(
+        "ClientDisconnected",
+        m.py().get_type::<asgi::ClientDisconnected>(),
+    )?;
     Ok(())
 }

@@ -7,9 +7,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Packages the tests need besides canter itself.
-const TEST_REQUIREMENTS: &[&str] = &["pytest", "requests"];
-
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -45,9 +42,10 @@ fn python_package_builds_and_passes_its_tests() {
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
+                "-r",
             ])
-            .args(TEST_REQUIREMENTS),
-        "installing the test requirements",
+            .arg(root().join("python/tests/requirements.txt")),
+        "installing the test requirements (python/tests/requirements.txt)",
     );
     // Exactly what the README tells users to run.
     run(

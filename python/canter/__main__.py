@@ -1,0 +1,5 @@
+"""`python -m canter serve module:app`: see canter.asgi."""
+
+from .asgi import main
+
+main()

@@ -1,0 +1,153 @@
+"""ASGI 3 applications (Starlette, FastAPI, ...) on the canter engine:
+`python -m canter serve module:app --host H --port P --workers N`."""
+
+import asyncio
+import importlib
+import logging
+import os
+import sys
+
+from . import _native
+from ._app import Supervisor, _configure_logging
+from ._runtime import WorkerLoop, log_exception
+
+log = logging.getLogger("canter")
+
+ClientDisconnected = _native.ClientDisconnected
+
+
+async def _run(app, scope, receive, send):
+    """Runs one request's app call; an exception is logged (and answered 500 if no response
+    was started)."""
+    try:
+        await app(scope, receive, send)
+    except (asyncio.CancelledError, ClientDisconnected):
+        pass
+    except Exception as e:  # noqa: BLE001 - the app's failure, logged with its traceback
+        log_exception(e)
+    finally:
+        send.ended()
+
+
+class Lifespan:
+    """The `lifespan` scope: startup before the worker serves, shutdown after it drained."""
+
+    def __init__(self, app, loop):
+        self.app = app
+        self.loop = loop
+        self.state = {}
+        self.supported = True
+        self.inbox = asyncio.Queue()
+        self.startup_done = loop.create_future()
+        self.shutdown_done = loop.create_future()
+        self.task = None
+
+    async def _receive(self):
+        return await self.inbox.get()
+
+    async def _send(self, message):
+        kind = message["type"]
+        if kind in ("lifespan.startup.complete", "lifespan.startup.failed"):
+            if not self.startup_done.done():
+                self.startup_done.set_result(message)
+        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+            if not self.shutdown_done.done():
+                self.shutdown_done.set_result(message)
+        else:
+            raise ValueError(f"unsupported lifespan message {kind!r}")
+
+    async def _main(self):
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.4"},
+                 "state": self.state}
+        try:
+            await self.app(scope, self._receive, self._send)
+        except BaseException as e:  # noqa: BLE001
+            if not self.startup_done.done():
+                # An app without lifespan support raises on the unknown scope type.
+                self.supported = False
+                log.info("the ASGI app does not support lifespan (%s: %s); going on without it",
+                         type(e).__name__, e)
+                self.startup_done.set_result({"type": "unsupported"})
+            else:
+                log_exception(e)
+            if not self.shutdown_done.done():
+                self.shutdown_done.set_result({"type": "lifespan.shutdown.failed",
+                                               "message": str(e)})
+
+    async def startup(self):
+        self.task = self.loop.create_task(self._main())
+        await self.inbox.put({"type": "lifespan.startup"})
+        message = await self.startup_done
+        if message["type"] == "lifespan.startup.failed":
+            raise RuntimeError("lifespan startup failed: " + message.get("message", ""))
+
+    async def shutdown(self):
+        if not self.supported:
+            return
+        await self.inbox.put({"type": "lifespan.shutdown"})
+        message = await self.shutdown_done
+        if message["type"] == "lifespan.shutdown.failed":
+            log.error("lifespan shutdown failed: %s", message.get("message", ""))
+
+
+def load(spec):
+    """`module:attribute` (dots allowed in both) to the object."""
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ValueError(f"{spec!r}: expected module:attribute, e.g. main:app")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def serve(app, host="127.0.0.1", port=8000, workers=1, root_path="", lifespan="auto",
+          **options):
+    """Serves the ASGI app with `workers` processes sharing the port, until SIGINT/SIGTERM."""
+    _configure_logging()
+
+    def worker(index, port, ready):
+        wl = WorkerLoop()
+        try:
+            life = Lifespan(app, wl.loop) if lifespan != "off" else None
+            if life is not None:
+                wl.loop.run_until_complete(life.startup())
+            state = life.state if life is not None and life.supported else None
+            target = {"app": app, "run": _run, "state": state, "root_path": root_path}
+            _native.serve(target, host, port, ready, wl, **options)
+            if life is not None:
+                wl.loop.run_until_complete(life.shutdown())
+        finally:
+            wl.close()
+
+    Supervisor(None, host, port, workers, options, serve=worker).run()
+
+
+def main(argv=None):
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m canter",
+                                description="Serve an ASGI 3 application on the canter engine.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve module:app")
+    s.add_argument("app", help="the ASGI app as module:attribute, e.g. main:app")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--workers", type=int, default=1, help="worker processes (SO_REUSEPORT)")
+    s.add_argument("--root-path", default="", help="the app's mount point behind a proxy")
+    s.add_argument("--lifespan", choices=("auto", "off"), default="auto")
+    s.add_argument("--app-dir", default=".", help="directory put first on sys.path")
+    s.add_argument("--body-limit", type=int, default=1 << 20,
+                   help="largest request body in bytes (413 beyond, before the app runs)")
+    s.add_argument("--max-connections", type=int, default=65536, help="per worker")
+    s.add_argument("--idle-timeout", type=float, default=None, help="seconds")
+    s.add_argument("--drain-timeout", type=float, default=10.0, help="seconds")
+    s.add_argument("--server-name", default="canter")
+    s.add_argument("--no-http2", action="store_true", help="HTTP/1.1 only (no h2c)")
+    a = p.parse_args(argv)
+    sys.path.insert(0, os.path.abspath(a.app_dir))
+    app = load(a.app)
+    serve(app, host=a.host, port=a.port, workers=a.workers, root_path=a.root_path,
+          lifespan=a.lifespan, body_limit=a.body_limit, max_connections=a.max_connections,
+          idle_timeout=a.idle_timeout, drain_timeout=a.drain_timeout,
+          server_name=a.server_name, http2=not a.no_http2)

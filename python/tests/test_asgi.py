@@ -1,0 +1,172 @@
+"""`python -m canter serve` with a real Starlette app and a real FastAPI app, driven by httpx,
+requests and curl."""
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import requests
+
+
+def serve(start_server, target, *args):
+    return start_server([sys.executable, "-m", "canter", "serve", target, "--port", "0",
+                         "--body-limit", str(256 * 1024), *args])
+
+
+@pytest.fixture(scope="module")
+def starlette_app():
+    from conftest import Server
+
+    s = Server([sys.executable, "-m", "canter", "serve", "asgi_app:app", "--port", "0",
+                "--body-limit", str(256 * 1024)])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def fastapi_app():
+    from conftest import Server
+
+    s = Server([sys.executable, "-m", "canter", "serve", "asgi_app:api", "--port", "0",
+                "--workers", "2"])
+    yield s
+    s.stop()
+
+
+def test_starlette_responses(starlette_app):
+    with httpx.Client(base_url=starlette_app.base, timeout=10) as c:
+        r = c.get("/")
+        assert r.status_code == 200 and r.text == "Hello, World!"
+        assert r.headers["content-type"] == "text/plain; charset=utf-8"
+        assert r.headers["content-length"] == "13"
+        assert r.headers["server"] == "canter"
+        assert c.get("/json").json() == {"message": "Hello, World!"}
+        assert c.get("/nope").status_code == 404
+        assert c.post("/").status_code == 405
+
+
+def test_lifespan_state_reaches_requests(starlette_app):
+    assert requests.get(starlette_app.base + "/state", timeout=10).text == "hello from lifespan"
+    starlette_app.wait_for(r"lifespan startup pid \d+")
+
+
+def test_scope(starlette_app):
+    r = requests.get(starlette_app.base + "/scope/a%20b/c?x=1&y=%2F", timeout=10,
+                     headers={"X-Custom": "Value"})
+    s = r.json()
+    assert s["path"] == "/scope/a b/c"
+    assert s["raw_path"] == "/scope/a%20b/c"
+    assert s["query_string"] == "x=1&y=%2F"
+    assert s["method"] == "GET" and s["http_version"] == "1.1" and s["scheme"] == "http"
+    assert s["client"][0] == "127.0.0.1" and s["server"] == ["127.0.0.1", starlette_app.port]
+    assert ["x-custom", "Value"] in s["headers"]
+    assert s["asgi"]["version"] == "3.0"
+
+
+def test_request_bodies(starlette_app):
+    r = requests.post(starlette_app.base + "/echo", data="hello body", timeout=10)
+    assert r.text == "hello body" and r.headers["x-len"] == "10"
+    # Streamed in: chunked upload read with request.stream().
+    pieces = [b"z" * 50_000 for _ in range(4)]
+    r = requests.post(starlette_app.base + "/upload", data=iter(pieces), timeout=10)
+    body = r.json()
+    assert body["bytes"] == 200_000 and body["chunks"] >= 1
+    # Over the limit: refused by the engine.
+    r = requests.post(starlette_app.base + "/echo", data=b"x" * (256 * 1024 + 1), timeout=10)
+    assert r.status_code == 413
+
+
+def test_streamed_response(starlette_app):
+    n = 100_000
+    with requests.get(starlette_app.base + f"/stream?n={n}", timeout=30, stream=True) as r:
+        assert r.headers["transfer-encoding"] == "chunked"
+        text = r.content.decode()
+    assert text.count("\n") == n and text.endswith(f"line {n - 1}\n")
+
+
+def test_client_disconnect_is_seen_by_the_app(starlette_app):
+    with socket.create_connection(("127.0.0.1", starlette_app.port), timeout=10) as s:
+        s.sendall(b"GET /watch HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while len(got) < 4096:
+            chunk = s.recv(4096)
+            assert chunk, got
+            got += chunk
+    starlette_app.wait_for(r"client disconnected at \d+")
+
+
+def test_exceptions_answer_500_and_the_worker_keeps_serving(starlette_app):
+    r = requests.get(starlette_app.base + "/boom", timeout=10)
+    assert r.status_code == 500
+    starlette_app.wait_for(r"RuntimeError: boom in a Starlette endpoint")
+    assert requests.get(starlette_app.base + "/", timeout=10).status_code == 200
+
+
+def test_sync_endpoints_and_background_tasks(starlette_app):
+    assert requests.get(starlette_app.base + "/sync", timeout=10).text == "from a thread"
+    assert requests.get(starlette_app.base + "/background", timeout=10).text == "queued"
+    starlette_app.wait_for(r"background task ran")
+
+
+def test_http2_and_curl(starlette_app):
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.fail("curl is not installed")
+    out = subprocess.run([curl, "-s", "--http2-prior-knowledge", "-w", "\n%{http_version}",
+                          starlette_app.base + "/json"], capture_output=True, text=True, timeout=20)
+    assert out.stdout == '{"message":"Hello, World!"}\n2', out.stderr
+
+
+def test_fastapi(fastapi_app):
+    with httpx.Client(base_url=fastapi_app.base, timeout=10) as c:
+        r = c.post("/items", json={"name": "pen", "price": 1.5, "tags": ["a"]})
+        assert r.status_code == 201
+        assert r.json() == {"name": "pen", "price": 1.5, "tags": ["a"]}
+        r = c.post("/items", json={"name": "pen"})
+        assert r.status_code == 422
+        assert r.json()["detail"][0]["loc"] == ["body", "price"]
+        assert c.get("/items/5", params={"q": "x"}).json() == {"item_id": 5, "q": "x"}
+        r = c.get("/items/404")
+        assert r.status_code == 404 and r.json() == {"detail": "no such item"}
+        assert c.get("/items/abc").status_code == 422
+        assert c.get("/plaintext").text == "Hello, World!"
+        schema = c.get("/openapi.json").json()
+        assert "/items/{item_id}" in schema["paths"]
+
+
+def test_fastapi_with_curl(fastapi_app):
+    out = subprocess.run(["curl", "-s", "-X", "POST", "-H", "content-type: application/json",
+                          "-d", '{"name":"cup","price":2}', fastapi_app.base + "/items"],
+                         capture_output=True, text=True, timeout=20)
+    assert json.loads(out.stdout) == {"name": "cup", "price": 2.0, "tags": []}
+
+
+def test_sigterm_runs_lifespan_shutdown(start_server):
+    s = serve(start_server, "asgi_app:app", "--workers", "2")
+    assert requests.get(s.base + "/state", timeout=10).status_code == 200
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(15) == 0
+    log = s.log()
+    assert log.count("lifespan startup pid") == 2
+    assert log.count("lifespan shutdown pid") == 2
+
+
+def test_an_app_without_lifespan_still_serves(start_server, tmp_path):
+    (tmp_path / "bare.py").write_text(
+        "async def app(scope, receive, send):\n"
+        "    assert scope['type'] == 'http'\n"
+        "    await send({'type': 'http.response.start', 'status': 200,\n"
+        "                'headers': [(b'content-type', b'text/plain')]})\n"
+        "    await send({'type': 'http.response.body', 'body': b'bare', 'more_body': True})\n"
+        "    await send({'type': 'http.response.body', 'body': b' app'})\n"
+    )
+    s = serve(start_server, "bare:app", "--app-dir", str(tmp_path))
+    s.wait_for(r"does not support lifespan")
+    r = requests.get(s.base + "/", timeout=10)
+    assert r.text == "bare app"
