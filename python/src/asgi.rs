@@ -358,8 +358,9 @@ pub struct Asgi {
     pub(crate) app: Py<PyAny>,
     pub(crate) loop_: Py<PyAny>,
     pub(crate) state: Option<Py<PyDict>>,
-    pub(crate) root_path: String,
-    pub(crate) server: (String, u16),
+    pub(crate) root_path: Py<PyString>,
+    /// `(host, port)`, made once: tuples and str are immutable, so every scope shares them.
+    pub(crate) server: Py<PyTuple>,
     pub(crate) asgi: Py<PyDict>,
 }
 
@@ -432,7 +433,7 @@ impl Asgi {
             intern!(py, "query_string"),
             PyBytes::new(py, head.query().unwrap_or("").as_bytes()),
         )?;
-        d.set_item(intern!(py, "root_path"), &self.root_path)?;
+        d.set_item(intern!(py, "root_path"), self.root_path.bind(py))?;
         let headers = PyList::empty(py);
         let mut lower = Vec::new();
         for (n, v) in head.headers() {
@@ -448,10 +449,7 @@ impl Asgi {
             Some(a) => d.set_item(intern!(py, "client"), (a.ip().to_string(), a.port()))?,
             None => d.set_item(intern!(py, "client"), py.None())?,
         }
-        d.set_item(
-            intern!(py, "server"),
-            (self.server.0.as_str(), self.server.1),
-        )?;
+        d.set_item(intern!(py, "server"), self.server.bind(py))?;
         if let Some(state) = &self.state {
             d.set_item(intern!(py, "state"), state.bind(py).copy()?)?;
         }

@@ -19,7 +19,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyString, PyTuple};
 
 mod aio;
 mod asgi;
@@ -447,8 +447,10 @@ fn serve(
                         app,
                         loop_: worker_loop.bind(py).getattr("loop")?.unbind(),
                         state,
-                        root_path,
-                        server: (local.ip().to_string(), local.port()),
+                        root_path: PyString::new(py, &root_path).unbind(),
+                        server: (local.ip().to_string(), local.port())
+                            .into_pyobject(py)?
+                            .unbind(),
                         asgi: info.unbind(),
                     })
                 }
