@@ -117,6 +117,47 @@ def cell(name, scenario, port, duration):
         stop(proc)
 
 
+COLORS = {"canter-native": "#d9480f", "canter-rust": "#f08c00", "canter-asgi": "#d9480f",
+          "granian-rsgi": "#1c7ed6", "granian-asgi": "#1c7ed6", "robyn": "#7048e8",
+          "socketify": "#2b8a3e", "uvicorn": "#495057"}
+
+
+def plots(results):
+    """bench/plots/python-cpu-per-request.svg and python-throughput.svg; returns their paths."""
+    med = statistics.median
+    cpu, rps = [], []
+    for key, by_server in results.items():
+        cpu.append((key, sorted(((n, med(r["cpu_us"] for r in rs), COLORS.get(n, "#888"))
+                                 for n, rs in by_server.items()), key=lambda t: t[1])))
+        rps.append((key, sorted(((n, med(r["rps"] for r in rs), COLORS.get(n, "#888"))
+                                 for n, rs in by_server.items()), key=lambda t: -t[1])))
+    os.makedirs(run.PLOTS, exist_ok=True)
+    written = []
+    for name, svg in (
+            ("python-cpu-per-request.svg", run.svg_bar_panels(
+                "Python servers: server CPU time per request (median, us)", cpu, " us",
+                lower_is_better=True)),
+            ("python-throughput.svg", run.svg_bar_panels(
+                "Python servers: requests per second (median)", rps, ""))):
+        with open(os.path.join(run.PLOTS, name), "w") as f:
+            f.write(svg)
+        written.append(os.path.join("bench", "plots", name))
+    return written
+
+
+def report(results):
+    for key, by_server in results.items():
+        print(f"### {key}\n\n| server | req/s | server CPU µs/req | errors |\n|---|---:|---:|---:|")
+        for name, runs in by_server.items():
+            rps = statistics.median(r["rps"] for r in runs)
+            cpu = statistics.median(r["cpu_us"] for r in runs)
+            errs = sum(r["errors"] for r in runs)
+            print(f"| {name} | {rps:,.0f} | {cpu:.2f} | {errs} |")
+        print()
+    for path in plots(results):
+        print(f"plot: {path}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -124,7 +165,12 @@ def main():
     ap.add_argument("--only", default="native,asgi")
     ap.add_argument("--servers", default="", help="comma-separated subset of the servers")
     ap.add_argument("--quiet-wait", type=float, default=5.0)
+    ap.add_argument("--from-json", help="measure nothing: report and plot a results file")
     args = ap.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            report(json.load(f))
+        return
     setup()
     run.raise_nofile()
     wanted = set(filter(None, args.servers.split(",")))
@@ -148,14 +194,7 @@ def main():
     with open(out, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nresults: {out}\n")
-    for key, by_server in results.items():
-        print(f"### {key}\n\n| server | req/s | server CPU µs/req | errors |\n|---|---:|---:|---:|")
-        for name, runs in by_server.items():
-            rps = statistics.median(r["rps"] for r in runs)
-            cpu = statistics.median(r["cpu_us"] for r in runs)
-            errs = sum(r["errors"] for r in runs)
-            print(f"| {name} | {rps:,.0f} | {cpu:.2f} | {errs} |")
-        print()
+    report(results)
 
 
 if __name__ == "__main__":
