@@ -92,6 +92,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     let now = worker.now();
     let mut driver = Driver {
         h1: Conn::new(cfg.limits, cfg.timeouts, now),
+        tls: io.encrypted(),
         io,
         peer,
         rbuf: BytesMut::new(),
@@ -223,6 +224,8 @@ struct Driver<S, T> {
     h1: Conn,
     io: T,
     peer: SocketAddr,
+    /// The transport is TLS (for [`crate::peer_is_tls`]).
+    tls: bool,
     rbuf: BytesMut,
     out: Out,
     svc: Rc<S>,
@@ -322,7 +325,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
     async fn process(&mut self) -> Res<()> {
         let mut answered = 0;
         loop {
-            crate::set_peer(self.peer);
+            crate::set_peer(self.peer, self.tls);
             // One unwinding boundary per run of requests answered without suspending, not one
             // per request: returning each reply through `catch_unwind` copied it twice more.
             let step = match catch_unwind(AssertUnwindSafe(|| self.answer_ready(&mut answered))) {
@@ -804,7 +807,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
     {
         poll_fn(|cx| {
             loop {
-                crate::set_peer(self.peer);
+                crate::set_peer(self.peer, self.tls);
                 match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut *fut).poll(cx))) {
                     Ok(Poll::Ready(v)) => return Poll::Ready(Ok(Driven::Done(v))),
                     Ok(Poll::Pending) => {}

@@ -190,6 +190,8 @@ struct H2<S, T> {
     conn: Connection,
     io: T,
     peer: SocketAddr,
+    /// The transport is TLS (for [`crate::peer_is_tls`]).
+    tls: bool,
     rbuf: BytesMut,
     out: Out,
     svc: Rc<S>,
@@ -225,6 +227,7 @@ impl<S: Service, T: Transport> H2<S, T> {
         let now = worker.now();
         H2 {
             conn,
+            tls: io.encrypted(),
             io,
             peer,
             unparsed: !rbuf.is_empty(),
@@ -245,7 +248,7 @@ impl<S: Service, T: Transport> H2<S, T> {
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
-        crate::set_peer(self.peer);
+        crate::set_peer(self.peer, self.tls);
         self.pulled_in_turn = 0;
         loop {
             if self.worker.draining() && !self.drained {

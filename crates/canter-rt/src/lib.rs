@@ -50,7 +50,7 @@ pub use bytes;
 pub use http;
 
 thread_local! {
-    static PEER: std::cell::Cell<Option<std::net::SocketAddr>> = const { std::cell::Cell::new(None) };
+    static PEER: std::cell::Cell<Option<(std::net::SocketAddr, bool)>> = const { std::cell::Cell::new(None) };
 }
 
 /// The client's address for the request being handled on this thread: the connection's peer,
@@ -63,13 +63,22 @@ thread_local! {
 /// few handlers ask.
 #[inline]
 pub fn peer_addr() -> Option<std::net::SocketAddr> {
-    PEER.with(std::cell::Cell::get)
+    PEER.with(std::cell::Cell::get).map(|(a, _)| a)
 }
 
-/// Makes `peer` the answer of [`peer_addr`] on this thread.
+/// Whether the request being handled on this thread came over TLS (for a handler that must
+/// tell `https` from `http`, as an ASGI server's scope does). Kept and called as
+/// [`peer_addr`] is; `false` outside the runtime's workers.
 #[inline]
-pub(crate) fn set_peer(peer: std::net::SocketAddr) {
-    PEER.with(|p| p.set(Some(peer)));
+pub fn peer_is_tls() -> bool {
+    PEER.with(std::cell::Cell::get).is_some_and(|(_, tls)| tls)
+}
+
+/// Makes `peer` (and whether its connection is encrypted) the answer of [`peer_addr`] and
+/// [`peer_is_tls`] on this thread.
+#[inline]
+pub(crate) fn set_peer(peer: std::net::SocketAddr, tls: bool) {
+    PEER.with(|p| p.set(Some((peer, tls))));
 }
 
 /// Runs blocking work on the runtime's blocking pool and awaits its result, keeping the worker's

@@ -55,6 +55,11 @@ pub trait Transport: Unpin + 'static {
         None
     }
 
+    /// Whether the bytes are encrypted (TLS): what [`crate::peer_is_tls`] tells handlers.
+    fn encrypted(&self) -> bool {
+        false
+    }
+
     /// Whether the transport holds output of its own that [`Transport::poll_flush`] has yet to
     /// push out (TLS records the socket could not take). The actor keeps flushing while it does,
     /// even with its own queue empty.
@@ -164,6 +169,10 @@ impl Transport for TlsStream {
 
     fn has_pending_output(&self) -> bool {
         self.get_ref().1.wants_write()
+    }
+
+    fn encrypted(&self) -> bool {
+        true
     }
 
     fn peer_certificates(&self) -> Option<crate::tls::PeerCertificates> {
@@ -295,6 +304,10 @@ impl Transport for Stream {
             Stream::Plain(s) => Some(s),
             Stream::Tls(_) => None,
         }
+    }
+
+    fn encrypted(&self) -> bool {
+        self.is_tls()
     }
 
     fn peer_certificates(&self) -> Option<crate::tls::PeerCertificates> {
