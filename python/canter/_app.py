@@ -81,7 +81,8 @@ class App:
         (SO_REUSEPORT); a worker that dies is restarted. Options: `body_limit` (bytes, default
         1 MiB: larger bodies are answered 413 before Python runs), `server_name`,
         `max_connections` (per worker), `idle_timeout` and `drain_timeout` (seconds), `http2`
-        (h2c with prior knowledge, default on)."""
+        (h2c with prior knowledge, default on), and `tls_port`, `tls_cert`, `tls_key` (PEM
+        files) for an HTTPS listener beside the plain one (HTTP/2 by ALPN)."""
         _configure_logging()
         Supervisor(self.routes, host, port, workers, options).run()
 
@@ -110,14 +111,22 @@ class Supervisor:
         self.serve = serve or self._serve_native
         self.children = {}  # pid -> (index, start time)
         self.stopping = False
-        # Holds the port without listening on it (so it gets no connections): with port 0 the
-        # workers all bind the port picked here, and no other program takes it meanwhile.
+        self.reserved = []
+        self.port = self._reserve(host, port)
+        self.tls_port = None
+        if self.options.get("tls_port") is not None:
+            self.tls_port = self.options["tls_port"] = self._reserve(host, self.options["tls_port"])
+
+    def _reserve(self, host, port):
+        """Holds the port without listening on it (so it gets no connections): with port 0 the
+        workers all bind the port picked here, and no other program takes it meanwhile."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.reserve = socket.socket(family, socket.SOCK_STREAM)
-        self.reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        self.reserve.bind((host, port))
-        self.port = self.reserve.getsockname()[1]
+        s = socket.socket(family, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind((host, port))
+        self.reserved.append(s)
+        return s.getsockname()[1]
 
     def _serve_native(self, index, port, ready):
         wl = WorkerLoop()
@@ -135,7 +144,8 @@ class Supervisor:
             try:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                self.reserve.close()
+                for s in self.reserved:
+                    s.close()
 
                 def ready(port):
                     os.write(w, b"1")
@@ -172,6 +182,8 @@ class Supervisor:
             if not ok:
                 log.error("a worker failed to start")
         log.info("serving http://%s:%d with %d worker(s)", self.host, self.port, self.workers)
+        if self.tls_port is not None:
+            log.info("serving https://%s:%d", self.host, self.tls_port)
         failures = 0
         while self.children:
             try:
@@ -195,7 +207,8 @@ class Supervisor:
             r = self.spawn(index)
             os.read(r, 1)
             os.close(r)
-        self.reserve.close()
+        for s in self.reserved:
+            s.close()
         log.info("stopped")
 
 

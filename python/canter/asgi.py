@@ -120,7 +120,9 @@ def serve(app, host="127.0.0.1", port=8000, workers=1, root_path="", lifespan="a
         finally:
             wl.close()
 
-    Supervisor(None, host, port, workers, options, serve=worker).run()
+    sup = Supervisor(None, host, port, workers, options, serve=worker)
+    options = sup.options  # with the TLS port the supervisor reserved
+    sup.run()
 
 
 def main(argv=None):
@@ -144,10 +146,15 @@ def main(argv=None):
     s.add_argument("--drain-timeout", type=float, default=10.0, help="seconds")
     s.add_argument("--server-name", default="canter")
     s.add_argument("--no-http2", action="store_true", help="HTTP/1.1 only (no h2c)")
+    s.add_argument("--tls-port", type=int, default=None,
+                   help="also serve HTTPS on this port (0 picks one); needs --tls-cert/--tls-key")
+    s.add_argument("--tls-cert", default=None, help="certificate chain (PEM)")
+    s.add_argument("--tls-key", default=None, help="private key (PEM)")
     a = p.parse_args(argv)
     sys.path.insert(0, os.path.abspath(a.app_dir))
     app = load(a.app)
     serve(app, host=a.host, port=a.port, workers=a.workers, root_path=a.root_path,
           lifespan=a.lifespan, body_limit=a.body_limit, max_connections=a.max_connections,
           idle_timeout=a.idle_timeout, drain_timeout=a.drain_timeout,
-          server_name=a.server_name, http2=not a.no_http2)
+          server_name=a.server_name, http2=not a.no_http2, tls_port=a.tls_port,
+          tls_cert=a.tls_cert, tls_key=a.tls_key)

@@ -423,7 +423,12 @@ impl Asgi {
             intern!(py, "method"),
             PyString::intern(py, head.method_str()),
         )?;
-        d.set_item(intern!(py, "scheme"), intern!(py, "http"))?;
+        let scheme = if canter_rt::peer_is_tls() {
+            intern!(py, "https")
+        } else {
+            intern!(py, "http")
+        };
+        d.set_item(intern!(py, "scheme"), scheme)?;
         d.set_item(intern!(py, "path"), &*request::decode(head.path()))?;
         d.set_item(
             intern!(py, "raw_path"),

@@ -78,6 +78,7 @@ impl canter::Handler<Python_> for PyHandler {
             .map(|((_, v), n)| (n.clone(), request::decode(v).into_owned()))
             .collect();
         let peer = canter_rt::peer_addr();
+        let tls = canter_rt::peer_is_tls();
         let (head, mut body, _) = parts.into_request().into_parts();
         if body.content_length() == Some(0) {
             let req = Request {
@@ -85,6 +86,7 @@ impl canter::Handler<Python_> for PyHandler {
                 body: Bytes::new(),
                 params,
                 peer,
+                tls,
             };
             return self.0.run(req);
         }
@@ -103,6 +105,7 @@ impl canter::Handler<Python_> for PyHandler {
                 body,
                 params,
                 peer,
+                tls,
             };
             route.run(req).await
         })
@@ -362,7 +365,7 @@ fn route_specs(routes: Vec<RouteArgs>) -> PyResult<Vec<RouteSpec>> {
 /// native API), or a dict `{"app": asgi_app, "run": wrapper, "state": dict or None,
 /// "root_path": str}` (an ASGI app; `wrapper(app, scope, receive, send)` runs it).
 #[pyfunction]
-#[pyo3(signature = (target, host, port, on_ready, worker_loop, *, body_limit=1048576, server_name="canter".to_owned(), max_connections=65536, idle_timeout=None, drain_timeout=10.0, http2=true))]
+#[pyo3(signature = (target, host, port, on_ready, worker_loop, *, body_limit=1048576, server_name="canter".to_owned(), max_connections=65536, idle_timeout=None, drain_timeout=10.0, http2=true, tls_port=None, tls_cert=None, tls_key=None))]
 #[allow(clippy::too_many_arguments)]
 fn serve(
     py: Python<'_>,
@@ -377,6 +380,9 @@ fn serve(
     idle_timeout: Option<f64>,
     drain_timeout: f64,
     http2: bool,
+    tls_port: Option<u16>,
+    tls_cert: Option<std::path::PathBuf>,
+    tls_key: Option<std::path::PathBuf>,
 ) -> PyResult<()> {
     init_logging();
     let target = if let Ok(d) = target.cast::<PyDict>() {
@@ -420,6 +426,24 @@ fn serve(
     }
     // The engine refuses a larger body (413) before Python runs.
     config.limits.max_body = body_limit as u64;
+    match (tls_port, tls_cert, tls_key) {
+        (Some(tls_port), Some(cert), Some(key)) => {
+            let acceptor = canter_rt::ServerTls::new()
+                .cert(cert, key)
+                .build()
+                .map_err(|e| PyValueError::new_err(format!("TLS: {e}")))?;
+            config.tls = Some(canter_rt::TlsListener {
+                addr: SocketAddr::new(addr.ip(), tls_port),
+                acceptor,
+            });
+        }
+        (None, None, None) => {}
+        _ => {
+            return Err(PyValueError::new_err(
+                "TLS needs all of tls_port, tls_cert and tls_key",
+            ))
+        }
+    }
     let server = Server::bind(config).map_err(|e| PyOSError::new_err(format!("{addr}: {e}")))?;
     let local = server.local_addr();
     on_ready.call1(py, (local.port(),))?;

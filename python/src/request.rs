@@ -20,6 +20,8 @@ pub struct Request {
     /// Path parameters, decoded, in the route pattern's order.
     pub(crate) params: Vec<(std::sync::Arc<str>, String)>,
     pub(crate) peer: Option<std::net::SocketAddr>,
+    /// The request came over TLS.
+    pub(crate) tls: bool,
 }
 
 /// Percent-decodes `s` (invalid UTF-8 replaced), borrowing it when it has no escapes.
@@ -132,6 +134,16 @@ impl Request {
                 ],
             )?)),
             None => Ok(None),
+        }
+    }
+
+    /// `"https"` for a request that came over TLS, else `"http"`.
+    #[getter]
+    fn scheme(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
         }
     }
 

@@ -5,6 +5,7 @@ import json
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -170,3 +171,33 @@ def test_an_app_without_lifespan_still_serves(start_server, tmp_path):
     s.wait_for(r"does not support lifespan")
     r = requests.get(s.base + "/", timeout=10)
     assert r.text == "bare app"
+
+
+def self_signed(tmp_path):
+    """A certificate for 127.0.0.1 made by openssl; its (cert, key) paths."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("openssl is not installed")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def test_tls_listener_and_the_https_scheme(start_server, tmp_path):
+    cert, key = self_signed(tmp_path)
+    s = serve(start_server, "asgi_app:app", "--tls-port", "0", "--tls-cert", str(cert),
+              "--tls-key", str(key))
+    tls_port = int(s.wait_for(r"serving https://[^:]+:(\d+)").group(1))
+    r = requests.get(f"https://127.0.0.1:{tls_port}/scope/x", verify=str(cert), timeout=10)
+    assert r.json()["scheme"] == "https"
+    assert requests.get(s.base + "/scope/x", timeout=10).json()["scheme"] == "http"
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(cert)), timeout=10) as c:
+        assert c.get(f"https://127.0.0.1:{tls_port}/").text == "Hello, World!"
+    out = subprocess.run(["curl", "-s", "--http2", "--cacert", str(cert), "-w",
+                          "\n%{http_version}", f"https://127.0.0.1:{tls_port}/json"],
+                         capture_output=True, text=True, timeout=20)
+    assert out.stdout == '{"message":"Hello, World!"}\n2', out.stderr

@@ -228,3 +228,22 @@ def test_sigterm_drains_in_flight_requests(start_server):
     assert got["r"].status_code == 200 and got["r"].json() == {"slept": True}
     assert s.proc.wait(10) == 0
     assert "stopped" in s.log()
+
+
+def test_tls_on_the_native_api(start_server, tmp_path):
+    from test_asgi import self_signed
+
+    cert, key = self_signed(tmp_path)
+    (tmp_path / "tls_app.py").write_text(
+        "import sys, canter\n"
+        "app = canter.App()\n"
+        "@app.get('/scheme')\n"
+        "def scheme(req):\n"
+        "    return req.scheme\n"
+        f"app.run(port=0, tls_port=0, tls_cert={str(cert)!r}, tls_key={str(key)!r})\n"
+    )
+    s = start_server([sys.executable, str(tmp_path / "tls_app.py")])
+    tls_port = int(s.wait_for(r"serving https://[^:]+:(\d+)").group(1))
+    assert requests.get(f"https://127.0.0.1:{tls_port}/scheme", verify=str(cert),
+                        timeout=10).text == "https"
+    assert get(s, "/scheme").text == "http"
