@@ -97,6 +97,29 @@ async def watch_disconnect(request):
     return StreamingResponse(gen())
 
 
+PRODUCED = {"n": 0, "done": False}
+
+
+async def firehose(request):
+    """1 KiB pieces, up to 100 MB, counted as the app hands them to the server."""
+    PRODUCED["n"] = 0
+    PRODUCED["done"] = False
+
+    async def gen():
+        try:
+            for _ in range(100_000):
+                PRODUCED["n"] += 1
+                yield b"f" * 1024
+        finally:
+            PRODUCED["done"] = True
+
+    return StreamingResponse(gen())
+
+
+async def produced(request):
+    return JSONResponse(PRODUCED)
+
+
 def after():
     print("background task ran", flush=True)
 
@@ -118,6 +141,8 @@ app = Starlette(
         Route("/sync", sync_endpoint),
         Route("/watch", watch_disconnect),
         Route("/background", background),
+        Route("/firehose", firehose),
+        Route("/produced", produced),
     ],
     lifespan=lifespan,
 )

@@ -139,6 +139,30 @@ def stream(req):
     return canter.Response(stream=gen(), content_type="text/plain")
 
 
+PRODUCED = {"n": 0, "done": False}
+
+
+@app.get("/firehose")
+def firehose(req):
+    PRODUCED["n"] = 0
+    PRODUCED["done"] = False
+
+    def gen():
+        try:
+            for _ in range(100_000):
+                PRODUCED["n"] += 1
+                yield b"f" * 1024
+        finally:
+            PRODUCED["done"] = True
+
+    return canter.Response(stream=gen())
+
+
+@app.get("/produced")
+def produced(req):
+    return PRODUCED
+
+
 @app.get("/astream")
 def astream(req):
     async def gen():

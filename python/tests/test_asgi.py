@@ -201,3 +201,26 @@ def test_tls_listener_and_the_https_scheme(start_server, tmp_path):
                           "\n%{http_version}", f"https://127.0.0.1:{tls_port}/json"],
                          capture_output=True, text=True, timeout=20)
     assert out.stdout == '{"message":"Hello, World!"}\n2', out.stderr
+
+
+def test_a_client_that_does_not_read_stops_the_app(start_server):
+    """Backpressure: a streamed response is pulled only as the client reads, so an app that
+    could write 100 MB stops a few MB in (socket buffers and 64 KiB queued), and ends when the
+    client goes."""
+    s = serve(start_server, "asgi_app:app")
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    sock.sendall(b"GET /firehose HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(1.0)
+    first = requests.get(s.base + "/produced", timeout=10).json()
+    time.sleep(0.5)
+    second = requests.get(s.base + "/produced", timeout=10).json()
+    assert first["n"] == second["n"], (first, second)  # stalled, not still producing
+    assert 0 < second["n"] < 20_000, second  # under 20 MB of the 100 MB
+    assert not second["done"]
+    sock.close()
+    deadline = time.time() + 10
+    while not requests.get(s.base + "/produced", timeout=10).json()["done"]:
+        assert time.time() < deadline, "the app kept running after the client left"
+        time.sleep(0.05)
+    assert requests.get(s.base + "/produced", timeout=10).json()["n"] < 20_000

@@ -247,3 +247,24 @@ def test_tls_on_the_native_api(start_server, tmp_path):
     assert requests.get(f"https://127.0.0.1:{tls_port}/scheme", verify=str(cert),
                         timeout=10).text == "https"
     assert get(s, "/scheme").text == "http"
+
+
+def test_a_client_that_does_not_read_stops_the_generator(start_server):
+    """A streamed body is pulled from the generator only as the client reads; when the client
+    goes, the generator is closed (its `finally` runs)."""
+    s = start_server([sys.executable, "native_app.py", "0", "1"])
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    sock.sendall(b"GET /firehose HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(1.0)
+    first = get(s, "/produced").json()
+    time.sleep(0.5)
+    second = get(s, "/produced").json()
+    assert first["n"] == second["n"], (first, second)
+    assert 0 < second["n"] < 20_000, second
+    assert not second["done"]
+    sock.close()
+    deadline = time.time() + 10
+    while not get(s, "/produced").json()["done"]:
+        assert time.time() < deadline, "the generator kept running after the client left"
+        time.sleep(0.05)
