@@ -92,3 +92,17 @@ def start_server():
     yield start
     for s in started:
         s.stop()
+
+
+def canter_load(url, *args):
+    """Runs `canter load URL ARGS --json` (the binary the Rust test names in CANTER_BIN) and
+    returns its report."""
+    import json
+
+    binary = os.environ.get("CANTER_BIN")
+    if not binary:
+        pytest.fail("CANTER_BIN is not set: run these tests through cargo test")
+    out = subprocess.run([binary, "load", url, "--json", "--no-progress", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)

@@ -182,6 +182,13 @@ def multi(req):
     return req.method
 
 
+@app.get("/big-headers")
+def big_headers(req):
+    n = int(req.query.get("n", "60000"))
+    headers = [(f"x-h{i}", "v" * 100) for i in range(90)] + [("x-big", "b" * n)]
+    return canter.Response("ok", headers=headers)
+
+
 @app.get("/die")
 def die(req):
     os._exit(3)

@@ -224,3 +224,16 @@ def test_a_client_that_does_not_read_stops_the_app(start_server):
         assert time.time() < deadline, "the app kept running after the client left"
         time.sleep(0.05)
     assert requests.get(s.base + "/produced", timeout=10).json()["n"] < 20_000
+
+
+def test_under_load_every_request_is_answered(starlette_app, fastapi_app):
+    from conftest import canter_load
+
+    for url, extra in ((starlette_app.base + "/", ["-c", "200"]),
+                       (starlette_app.base + "/json", ["-c", "50", "--pipeline", "8"]),
+                       (fastapi_app.base + "/items/7?q=x", ["-c", "100"])):
+        report = canter_load(url, "-d", "2s", *extra)
+        assert report["requests"] > 1000, report
+        assert sum(report["errors"].values()) == 0, report
+        assert not report.get("non2xx"), report
+    assert requests.get(starlette_app.base + "/", timeout=10).status_code == 200

@@ -268,3 +268,23 @@ def test_a_client_that_does_not_read_stops_the_generator(start_server):
     while not get(s, "/produced").json()["done"]:
         assert time.time() < deadline, "the generator kept running after the client left"
         time.sleep(0.05)
+
+
+def test_large_and_many_response_headers(native):
+    # Japronto's workers crashed on large response headers (squeaky-pl/japronto#192).
+    r = get(native, "/big-headers?n=60000")
+    assert r.status_code == 200 and r.text == "ok"
+    assert r.headers["x-big"] == "b" * 60000
+    assert all(r.headers[f"x-h{i}"] == "v" * 100 for i in range(90))
+
+
+def test_under_load_every_request_is_answered(native):
+    from conftest import canter_load
+
+    for path, extra in (("/", ["-c", "200"]), ("/json", ["-c", "50", "--pipeline", "16"]),
+                        ("/sleep?s=0.001", ["-c", "100"])):
+        report = canter_load(native.base + path, "-d", "2s", *extra)
+        assert report["requests"] > 1000, report
+        assert sum(report["errors"].values()) == 0, report
+        assert not report.get("non2xx"), report
+    assert get(native, "/").status_code == 200

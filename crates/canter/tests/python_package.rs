@@ -62,6 +62,8 @@ fn python_package_builds_and_passes_its_tests() {
     );
     let status = Command::new(&python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+        // The load tests drive the servers with `canter load`.
+        .env("CANTER_BIN", env!("CARGO_BIN_EXE_canter"))
         .current_dir(root().join("python"))
         .status()
         .unwrap();
