@@ -44,14 +44,7 @@ fn write_at(out: &mut Vec<u8>, value: &Bound<'_, PyAny>, depth: usize) -> PyResu
         }
         out.push(b'}');
     } else if let Ok(l) = value.cast::<PyList>() {
-        out.push(b'[');
-        for (i, v) in l.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_at(out, &v, depth + 1)?;
-        }
-        out.push(b']');
+        write_array(out, l.iter(), depth)?;
     } else if value.is_none() {
         out.extend_from_slice(b"null");
     } else if let Ok(b) = value.cast::<PyBool>() {
@@ -72,20 +65,30 @@ fn write_at(out: &mut Vec<u8>, value: &Bound<'_, PyAny>, depth: usize) -> PyResu
         }
         out.extend_from_slice(ryu::Buffer::new().format_finite(x).as_bytes());
     } else if let Ok(t) = value.cast::<PyTuple>() {
-        out.push(b'[');
-        for (i, v) in t.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_at(out, &v, depth + 1)?;
-        }
-        out.push(b']');
+        write_array(out, t.iter(), depth)?;
     } else {
         return Err(PyTypeError::new_err(format!(
             "{} is not JSON serializable",
             value.get_type().name()?
         )));
     }
+    Ok(())
+}
+
+/// Writes the items of a list or tuple as a JSON array.
+fn write_array<'py>(
+    out: &mut Vec<u8>,
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    depth: usize,
+) -> PyResult<()> {
+    out.push(b'[');
+    for (i, v) in items.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_at(out, &v, depth + 1)?;
+    }
+    out.push(b']');
     Ok(())
 }
 

@@ -106,3 +106,17 @@ def canter_load(url, *args):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+def curl_h2(url):
+    """GETs `url` with curl over HTTP/2 with prior knowledge; returns the body and, after a
+    newline, the HTTP version curl used."""
+    import shutil
+
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.fail("curl is not installed")
+    out = subprocess.run([curl, "-s", "--http2-prior-knowledge", "-w", "\n%{http_version}", url],
+                         capture_output=True, text=True, timeout=20)
+    assert out.returncode == 0, out.stderr
+    return out.stdout

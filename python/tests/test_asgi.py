@@ -116,12 +116,9 @@ def test_sync_endpoints_and_background_tasks(starlette_app):
 
 
 def test_http2_and_curl(starlette_app):
-    curl = shutil.which("curl")
-    if curl is None:
-        pytest.fail("curl is not installed")
-    out = subprocess.run([curl, "-s", "--http2-prior-knowledge", "-w", "\n%{http_version}",
-                          starlette_app.base + "/json"], capture_output=True, text=True, timeout=20)
-    assert out.stdout == '{"message":"Hello, World!"}\n2', out.stderr
+    from conftest import curl_h2
+
+    assert curl_h2(starlette_app.base + "/json") == '{"message":"Hello, World!"}\n2'
 
 
 def test_fastapi(fastapi_app):

@@ -3,15 +3,11 @@ curl and raw sockets)."""
 
 import http.client
 import json
-import os
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
-import zlib
 
 import pytest
 import requests
@@ -190,12 +186,9 @@ def test_pipelined_requests_are_answered_in_one_write(native):
 
 
 def test_http2_with_prior_knowledge(native):
-    curl = shutil.which("curl")
-    if curl is None:
-        pytest.fail("curl is not installed")
-    out = subprocess.run([curl, "-s", "--http2-prior-knowledge", "-w", "\n%{http_version}",
-                          native.base + "/hello/h2"], capture_output=True, text=True, timeout=20)
-    assert out.stdout == "Hello, h2!\n2", out.stderr
+    from conftest import curl_h2
+
+    assert curl_h2(native.base + "/hello/h2") == "Hello, h2!\n2"
 
 
 def test_a_worker_that_dies_is_restarted(start_server):

@@ -24,6 +24,22 @@ fn run(cmd: &mut Command, what: &str) {
     );
 }
 
+/// `python -m pip install --quiet ARGS`.
+fn pip_install(python: &Path, args: &[&std::ffi::OsStr], what: &str) {
+    run(
+        Command::new(python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(args),
+        what,
+    );
+}
+
 #[test]
 fn python_package_builds_and_passes_its_tests() {
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-venv");
@@ -34,30 +50,18 @@ fn python_package_builds_and_passes_its_tests() {
             "creating a virtual environment (python3 -m venv)",
         );
     }
-    run(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-r",
-            ])
-            .arg(root().join("python/tests/requirements.txt")),
+    pip_install(
+        &python,
+        &[
+            "-r".as_ref(),
+            root().join("python/tests/requirements.txt").as_os_str(),
+        ],
         "installing the test requirements (python/tests/requirements.txt)",
     );
     // Exactly what the README tells users to run.
-    run(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .arg(root().join("python")),
+    pip_install(
+        &python,
+        &[root().join("python").as_os_str()],
         "pip install ./python",
     );
     let status = Command::new(&python)
