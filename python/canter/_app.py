@@ -111,6 +111,7 @@ class Supervisor:
         self.serve = serve or self._serve_native
         self.children = {}  # pid -> (index, start time)
         self.stopping = False
+        self.gave_up = False
         self.reserved = []
         self.port = self._reserve(host, port)
         self.tls_port = None
@@ -200,6 +201,7 @@ class Supervisor:
             failures = failures + 1 if lived < self.MIN_LIFE else 0
             if failures >= 5:
                 log.error("worker %d %s again at start: giving up", index, how)
+                self.gave_up = True
                 self._stop(None, None)
                 continue
             log.warning("worker %d (pid %d) %s: restarting it", index, pid, how)
@@ -210,6 +212,8 @@ class Supervisor:
         for s in self.reserved:
             s.close()
         log.info("stopped")
+        if self.gave_up:
+            raise SystemExit(1)
 
 
 def _describe(status):

@@ -281,3 +281,35 @@ def test_under_load_every_request_is_answered(native):
         assert sum(report["errors"].values()) == 0, report
         assert not report.get("non2xx"), report
     assert get(native, "/").status_code == 200
+
+
+def test_a_worker_that_cannot_start_stops_the_server_with_an_error(tmp_path):
+    # Each worker fails at start (no such certificate): restarted with a backoff, then given up.
+    (tmp_path / "app.py").write_text(
+        "import canter\n"
+        "app = canter.App()\n"
+        "app.run(port=0, tls_port=0, tls_cert='/nonexistent.pem', tls_key='/nonexistent.key')\n"
+    )
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert "nonexistent.pem" in out.stderr
+    assert "again at start: giving up" in out.stderr, out.stderr
+
+
+def test_a_taken_port_is_an_error_at_once(tmp_path):
+    taken = socket.socket()  # without SO_REUSEPORT: nobody may share it
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    (tmp_path / "app.py").write_text(
+        f"import canter\ncanter.App().run(port={taken.getsockname()[1]})\n")
+    import subprocess
+
+    try:
+        out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True,
+                             text=True, timeout=60)
+    finally:
+        taken.close()
+    assert out.returncode != 0 and "Address already in use" in out.stderr, out.stderr
