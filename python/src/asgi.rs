@@ -178,9 +178,13 @@ impl Ready {
         slf
     }
 
-    fn __next__(&mut self, py: Python<'_>) -> PyResult<()> {
-        let value = self.value.take().unwrap_or_else(|| py.None());
-        Err(PyStopIteration::new_err((value,)))
+    /// Done at once: with no value, as the end of iteration (no exception object made, which
+    /// is most of what an `await send(...)` costs otherwise); with one, as StopIteration(value).
+    fn __next__(&mut self) -> PyResult<Option<()>> {
+        match self.value.take() {
+            None => Ok(None),
+            Some(value) => Err(PyStopIteration::new_err((value,))),
+        }
     }
 }
 
@@ -249,7 +253,7 @@ impl Send {
                 let status: u16 = message.get_item(pyo3::intern!(py, "status"))?.extract()?;
                 let status = StatusCode::from_u16(status)
                     .map_err(|_| PyValueError::new_err(format!("invalid status {status}")))?;
-                if let Ok(headers) = message.get_item(pyo3::intern!(py, "headers")) {
+                if let Some(headers) = field(message, pyo3::intern!(py, "headers"))? {
                     for pair in headers.try_iter()? {
                         let pair = pair?;
                         let name = pair.get_item(0)?;
@@ -277,16 +281,16 @@ impl Send {
                         "http.response.body sent after the last one",
                     ));
                 }
-                if let Ok(body) = message.get_item(pyo3::intern!(py, "body")) {
+                if let Some(body) = field(message, pyo3::intern!(py, "body"))? {
                     let body = body.cast::<PyBytes>()?.as_bytes();
                     if !body.is_empty() {
                         ex.queued += body.len();
                         ex.chunks.push_back(Bytes::copy_from_slice(body));
                     }
                 }
-                let more = match message.get_item(pyo3::intern!(py, "more_body")) {
-                    Ok(m) => m.is_truthy()?,
-                    Err(_) => false,
+                let more = match field(message, pyo3::intern!(py, "more_body"))? {
+                    Some(m) => m.is_truthy()?,
+                    None => false,
                 };
                 if !more {
                     ex.body_done = true;
@@ -311,6 +315,22 @@ impl Send {
         ex.app_ended = true;
         ex.wake();
         let _ = py;
+    }
+}
+
+/// An optional key of an ASGI message, without raising (and clearing) a KeyError when the
+/// message is a dict, as it always is in practice.
+fn field<'py>(
+    message: &Bound<'py, PyAny>,
+    key: &Bound<'py, PyString>,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if let Ok(d) = message.cast::<PyDict>() {
+        return d.get_item(key);
+    }
+    match message.get_item(key) {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyKeyError>(message.py()) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
