@@ -65,6 +65,10 @@ struct MarketSpreadPipelineArgs {
     /// Pin worker i to CPU i.
     #[arg(long)]
     pin: bool,
+    /// Source connections each worker holds at most (each may hold a frame's input); one over
+    /// it is closed at once, with a warning.
+    #[arg(long, default_value_t = 1024, value_name = "N")]
+    max_source_connections: usize,
 }
 
 #[derive(clap::Args)]
@@ -351,7 +355,7 @@ fn receive(args: &canter_stream::receive::ReceiveArgs) -> Result<(), CliError> {
     }
 }
 
-/// `canter db-setup`: creates and fills the TechEmpower tables.
+/// `canter pipeline market-spread`: runs the Market Spread topology until SIGINT or SIGTERM.
 fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
     use canter_stream::pipeline::{RunOptions, Source, METRICS_PAGE};
     let fail = |what: &str, e: std::io::Error| {
@@ -363,7 +367,12 @@ fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
         canter_stream::market_spread::tcp_results(args.out),
     );
     let running = topology
-        .start(RunOptions::default().workers(args.workers).pin(args.pin))
+        .start(
+            RunOptions::default()
+                .workers(args.workers)
+                .pin(args.pin)
+                .max_source_connections(args.max_source_connections),
+        )
         .map_err(|e| fail("start", e))?;
     let metrics = running.metrics();
     let mut http = None;
@@ -468,6 +477,7 @@ fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
     result.map_err(|e| fail("workers", e))
 }
 
+/// `canter db-setup`: creates and fills the TechEmpower tables.
 fn db_setup(args: &DbSetupArgs) -> Result<(), String> {
     let config = canter::db::DbConfig::new(&args.db).map_err(|e| e.to_string())?;
     let rt = tokio::runtime::Builder::new_current_thread()

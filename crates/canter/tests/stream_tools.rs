@@ -676,3 +676,91 @@ fn metrics_page_draws_in_headless_chromium() {
     drop(pipe);
     let _ = finish(rx);
 }
+
+/// One framed NBBO record (42 bytes) for `symbol`.
+fn nbbo_record(symbol: &[u8; 4], bid: f64, offer: f64) -> Vec<u8> {
+    let mut r = vec![2u8];
+    r.extend_from_slice(symbol);
+    r.extend_from_slice(b"20261125-12:00:00.000");
+    r.extend_from_slice(&bid.to_be_bytes());
+    r.extend_from_slice(&offer.to_be_bytes());
+    let mut framed = (r.len() as u32).to_be_bytes().to_vec();
+    framed.extend_from_slice(&r);
+    framed
+}
+
+/// One framed order record (53 bytes) for `symbol`.
+fn order_record(symbol: &[u8; 4]) -> Vec<u8> {
+    let mut r = vec![1u8, 1];
+    r.extend_from_slice(&7u32.to_be_bytes());
+    r.extend_from_slice(b"ORD001");
+    r.extend_from_slice(symbol);
+    r.extend_from_slice(&10f64.to_be_bytes());
+    r.extend_from_slice(&100f64.to_be_bytes());
+    r.extend_from_slice(b"20261125-12:00:00.000");
+    let mut framed = (r.len() as u32).to_be_bytes().to_vec();
+    framed.extend_from_slice(&r);
+    framed
+}
+
+/// Waits until the pipeline's metrics count `want` source records for `pipeline`.
+fn wait_source_records(metrics: SocketAddr, pipeline: &str, want: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, text) = get(metrics, "/metrics");
+        let got = counter(&text, "canter_source_records_total", pipeline);
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{pipeline}: {got} of {want}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `--max-source-connections 1`: while one source connection is open, the next is refused
+/// (closed at once, its records unread), and once the first closes a new one is served.
+#[test]
+fn max_source_connections_flag_bounds_the_open_sources() {
+    let (receiver, out) = receive(&[]);
+    let _receiver = Killed(receiver);
+    let out = out.to_string();
+    let (_pipe, nbbo, orders, metrics) = pipeline(&[
+        "--out",
+        &out,
+        "--workers",
+        "1",
+        "--max-source-connections",
+        "1",
+    ]);
+    let mut first = TcpStream::connect(nbbo).unwrap();
+    first.write_all(&nbbo_record(b"   A", 10.0, 20.0)).unwrap();
+    wait_source_records(metrics, "nbbo", 1);
+    let mut refused = TcpStream::connect(orders).unwrap();
+    let _ = refused.write_all(&order_record(b"   A"));
+    refused
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert!(
+        matches!(refused.read(&mut byte), Ok(0) | Err(_)),
+        "the connection over the limit was not closed"
+    );
+    let (_, text) = get(metrics, "/metrics");
+    assert_eq!(counter(&text, "canter_source_records_total", "orders"), 0);
+    drop(first);
+    // The first connection's end frees its place (after the worker has seen it close).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut next = TcpStream::connect(orders).unwrap();
+        let _ = next.write_all(&order_record(b"   A"));
+        thread::sleep(Duration::from_millis(100));
+        let (_, text) = get(metrics, "/metrics");
+        if counter(&text, "canter_source_records_total", "orders") == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no place freed");
+    }
+}
