@@ -95,6 +95,24 @@ def release(req):
     return "ok"
 
 
+CANCELLED = {"n": 0}
+
+
+@app.get("/forever")
+async def forever(req):
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        CANCELLED["n"] += 1
+        raise
+    return "never"
+
+
+@app.get("/cancelled")
+def cancelled(req):
+    return CANCELLED
+
+
 @app.get("/boom")
 def boom(req):
     raise RuntimeError("boom from a handler")

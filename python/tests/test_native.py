@@ -313,3 +313,14 @@ def test_a_taken_port_is_an_error_at_once(tmp_path):
     finally:
         taken.close()
     assert out.returncode != 0 and "Address already in use" in out.stderr, out.stderr
+
+
+def test_a_client_that_leaves_cancels_its_async_handler(native):
+    before = get(native, "/cancelled").json()["n"]
+    with socket.create_connection(("127.0.0.1", native.port), timeout=10) as s:
+        s.sendall(b"GET /forever HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.2)
+    deadline = time.time() + 10
+    while get(native, "/cancelled").json()["n"] != before + 1:
+        assert time.time() < deadline, "the handler's task was not cancelled"
+        time.sleep(0.05)
