@@ -1,8 +1,8 @@
 //! `canter._native`: the canter engine under Python handlers.
 //!
-//! A worker process runs one canter worker thread. That thread holds the interpreter lock while
-//! it works and gives it up only while its event loop waits for events (the runtime's park
-//! hooks), so a request costs no lock handover: parsing, routing, limits, pipelining and writes
+//! A worker process runs the canter worker on its main thread (`Server::serve_inline`). That
+//! thread holds the interpreter lock while it works and gives it up only while its event loop
+//! waits for events (the runtime's park hooks), so a request costs no lock handover: parsing, routing, limits, pipelining and writes
 //! stay in Rust, and only the handler itself runs Python. Async handlers run as asyncio tasks on
 //! a loop driven by the same thread ([`aio`]).
 

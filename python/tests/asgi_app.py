@@ -12,6 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
+from firehose import PRODUCED, pieces
+
 EVENTS = []
 
 
@@ -97,21 +99,12 @@ async def watch_disconnect(request):
     return StreamingResponse(gen())
 
 
-PRODUCED = {"n": 0, "done": False}
-
-
 async def firehose(request):
-    """1 KiB pieces, up to 100 MB, counted as the app hands them to the server."""
-    PRODUCED["n"] = 0
-    PRODUCED["done"] = False
+    """firehose.pieces() from an async generator (closing it closes them)."""
 
     async def gen():
-        try:
-            for _ in range(100_000):
-                PRODUCED["n"] += 1
-                yield b"f" * 1024
-        finally:
-            PRODUCED["done"] = True
+        for piece in pieces():
+            yield piece
 
     return StreamingResponse(gen())
 

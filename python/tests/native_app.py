@@ -6,6 +6,8 @@ import sys
 
 import canter
 
+from firehose import PRODUCED, pieces
+
 app = canter.App()
 calls = {"n": 0}
 event = None
@@ -157,23 +159,9 @@ def stream(req):
     return canter.Response(stream=gen(), content_type="text/plain")
 
 
-PRODUCED = {"n": 0, "done": False}
-
-
 @app.get("/firehose")
 def firehose(req):
-    PRODUCED["n"] = 0
-    PRODUCED["done"] = False
-
-    def gen():
-        try:
-            for _ in range(100_000):
-                PRODUCED["n"] += 1
-                yield b"f" * 1024
-        finally:
-            PRODUCED["done"] = True
-
-    return canter.Response(stream=gen())
+    return canter.Response(stream=pieces())
 
 
 @app.get("/produced")
