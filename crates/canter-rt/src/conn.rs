@@ -102,10 +102,8 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         cfg,
         timer: Timer::new(),
         read_in_turn: 0,
-        closing: false,
-        errored: false,
+        phase: Phase::Open,
         deferred: 0,
-        in_handler: false,
         allow_h2c: sniff_h2,
         upgrade: None,
     };
@@ -233,21 +231,49 @@ struct Driver<S, T> {
     cfg: Rc<Config>,
     timer: Timer,
     read_in_turn: usize,
-    /// Set once the connection must close after flushing what is buffered.
-    closing: bool,
-    /// An error response was sent: the peer's input may be out of sync, so close lingering.
-    errored: bool,
-    /// Reads since a pending head was last parsed.
+    /// Where the connection is in its life.
+    phase: Phase,
+    /// Reads since a pending head was last parsed (a count, not part of the phase: it only
+    /// paces parsing of a head that arrives in small pieces).
     deferred: u32,
-    /// Set while the service's `call` runs: tells a handler's panic from any other.
-    in_handler: bool,
     /// HTTP/2 is on and the connection is cleartext: `Upgrade: h2c` is honoured.
     allow_h2c: bool,
     /// The request that asked for the upgrade, and its decoded `HTTP2-Settings`.
     upgrade: Option<Box<(RequestHead, Vec<u8>)>>,
 }
 
+/// Where a connection is in its life: one value rather than a flag per condition, so that
+/// no combination that cannot happen (an error answered on a connection that stays open, a
+/// handler running on one that is closing) can be written down.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    /// Reading and answering requests.
+    Open,
+    /// The service's `call` is running: a panic caught now is the handler's, answered 500.
+    InHandler,
+    /// Closes once what is buffered has been sent.
+    Closing,
+    /// An error was answered, or an exchange's state is unknown: the peer's input may be out
+    /// of step with ours, so the close lingers (reads and drops what still comes) before the
+    /// socket goes.
+    Failed,
+}
+
 impl<S: Service, T: Transport> Driver<S, T> {
+    /// The connection closes once what is buffered has been sent.
+    #[inline]
+    fn closing(&self) -> bool {
+        matches!(self.phase, Phase::Closing | Phase::Failed)
+    }
+
+    /// Closes after what is buffered; a failed connection stays failed (its close lingers).
+    #[inline]
+    fn close(&mut self) {
+        if self.phase != Phase::Failed {
+            self.phase = Phase::Closing;
+        }
+    }
+
     /// Hands the connection, with what it has read, to the HTTP/2 actor (prior knowledge, or
     /// `upgraded` after a 101). Boxed, and built here rather than in an `async fn` that takes the
     /// driver: inline, the HTTP/2 actor's state (or a second copy of the driver) would sit in
@@ -314,7 +340,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
             if self.upgrade.is_some() {
                 return Err(Stop::Upgrade);
             }
-            if self.closing {
+            if self.closing() {
                 return Ok(());
             }
             parse = self.read().await?;
@@ -352,7 +378,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
     /// Parses and answers requests while that needs no waiting; says what must happen next.
     fn answer_ready(&mut self, answered: &mut usize) -> Step {
         loop {
-            if self.closing {
+            if self.closing() {
                 return Step::Done;
             }
             if self.out.len() >= self.cfg.high_water {
@@ -406,22 +432,22 @@ impl<S: Service, T: Transport> Driver<S, T> {
     /// connection closes); anywhere else the exchange's state is unknown, so the connection
     /// closes without another byte.
     fn unwound(&mut self) -> Step {
-        if std::mem::take(&mut self.in_handler) {
+        if self.phase == Phase::InHandler {
+            self.phase = Phase::Open;
             return Step::Slow(Slow {
                 reply: None,
                 pipe: None,
             });
         }
         tracing::error!(peer = %self.peer, "panic while serving the connection; closing it");
-        self.closing = true;
-        self.errored = true;
+        self.phase = Phase::Failed;
         Step::Done
     }
 
     /// Starts an exchange and completes it without suspending when it can: no request body
     /// and a ready response with a full or empty body (the common case). Otherwise returns what
     /// [`Driver::exchange`] needs to finish it. A panic in the handler unwinds through here to
-    /// [`Driver::process`], with `in_handler` set.
+    /// [`Driver::process`], in [`Phase::InHandler`].
     #[inline(always)]
     fn exchange_sync(&mut self, head: RequestHead) -> Option<Slow> {
         if self.worker.draining() {
@@ -446,9 +472,9 @@ impl<S: Service, T: Transport> Driver<S, T> {
         if let Some(certs) = self.io.peer_certificates() {
             req.extensions_mut().insert(certs);
         }
-        self.in_handler = true;
+        self.phase = Phase::InHandler;
         let reply = self.svc.call(req);
-        self.in_handler = false;
+        self.phase = Phase::Open;
         match reply {
             Reply::Ready(Response {
                 status,
@@ -519,22 +545,21 @@ impl<S: Service, T: Transport> Driver<S, T> {
         self.out.prepare(&self.worker);
         let server = self.cfg.server_name.as_bytes();
         self.h1.reject(status, &date, server, &mut self.out.buf);
-        self.closing = true;
-        self.errored = true;
+        self.phase = Phase::Failed;
     }
 
     /// Ends the response framing and decides whether the connection goes on.
     fn end(&mut self, complete: bool) {
         if !complete {
-            self.closing = true;
+            self.close();
             return;
         }
         match self.h1.finish(&mut self.out.buf, self.worker.now()) {
             Ok(Next::KeepAlive) => {}
-            Ok(Next::Close) => self.closing = true,
+            Ok(Next::Close) => self.close(),
             Err(_) => {
                 tracing::error!(peer = %self.peer, "response body shorter than its Content-Length");
-                self.closing = true;
+                self.close();
             }
         }
     }
@@ -623,7 +648,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
         body_held: bool,
     ) -> bool {
         // Decide now whether the connection survives, so the head can say `Connection: close`.
-        if self.worker.draining() || self.closing {
+        if self.worker.draining() || self.closing() {
             self.h1.set_close();
         }
         if !self.h1.body_done() && !body_held {
@@ -835,7 +860,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                         pipe.borrow_mut()
                             .close(PipeState::Failed(BodyError::Disconnected));
                         self.h1.set_close();
-                        self.closing = true;
+                        self.close();
                     }
                     Poll::Ready(Ok(_)) => {}
                     Poll::Pending => break,
@@ -843,7 +868,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
             }
             // The future waits on something else. Unless configured otherwise, watch the peer
             // meanwhile: if it closed the connection, nobody waits for this answer.
-            if !self.cfg.half_close && self.h1.body_done() && !self.closing && self.peer_gone(cx) {
+            if !self.cfg.half_close && self.h1.body_done() && !self.closing() && self.peer_gone(cx) {
                 return Poll::Ready(Ok(Driven::Gone));
             }
             // Send what is ready meanwhile (earlier pipelined responses, the head and pieces of
@@ -874,7 +899,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                         pipe.borrow_mut()
                             .close(PipeState::Failed(BodyError::TimedOut));
                         self.h1.set_close();
-                        self.closing = true;
+                        self.close();
                         cx.waker().wake_by_ref();
                     }
                 }
@@ -919,7 +944,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                         e => BodyError::Malformed(e),
                     };
                     p.close(PipeState::Failed(err));
-                    self.closing = true;
+                    self.close();
                 }
             }
             progressed = true;
@@ -964,7 +989,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
     /// Reads and drops a small unread remainder of the request body so the connection can be
     /// reused; closes instead when the remainder is large or unknown-and-long.
     async fn discard_body(&mut self) -> Res<()> {
-        if self.h1.body_done() || self.closing || !self.h1.keep_alive() {
+        if self.h1.body_done() || self.closing() || !self.h1.keep_alive() {
             return Ok(());
         }
         if self.h1.body_remaining().is_some_and(|n| n > DISCARD_MAX) {
@@ -1133,7 +1158,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
         // Nothing unread and nothing wrong on plain TCP: the close sends the FIN by itself, so
         // no separate `shutdown` call (one system call per connection fewer when each request
         // has its own). TLS still says close_notify first.
-        let settled = self.h1.body_done() && self.rbuf.is_empty() && !self.errored;
+        let settled = self.h1.body_done() && self.rbuf.is_empty() && self.phase != Phase::Failed;
         if settled && self.io.raw_tcp().is_some() {
             return;
         }
