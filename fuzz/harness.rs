@@ -76,15 +76,16 @@ impl<'a> Input<'a> {
     }
 }
 
-/// Sane limits from 11 bytes: max_head 64..=64 KiB, max_headers 0..=300, max_target 0..=64 KiB,
-/// max_body up to 16 MiB or unlimited, max_chunk_ext 0..=2040, max_trailers 0..=64 KiB.
+/// Valid limits from 11 bytes (each at the edges of its range too): max_head 64..=64 KiB − 1,
+/// max_headers 0..=256, max_target 1..=64 KiB, max_body up to 16 MiB or unlimited,
+/// max_chunk_ext 0..=2040, max_trailers 0..=64 KiB.
 pub fn limits(inp: &mut Input<'_>) -> Limits {
-    let max_head = (64 + usize::from(inp.u16())).min(64 * 1024);
+    let max_head = (64 + usize::from(inp.u16())).min(Limits::HEAD_CAP);
     let max_headers = match inp.u8() {
-        255 => 300,
+        255 => Limits::HEADER_COUNT_CAP,
         n => usize::from(n),
     };
-    let max_target = usize::from(inp.u16());
+    let max_target = usize::from(inp.u16()).max(1);
     let max_body = match inp.u8() {
         255 => u64::MAX,
         hi => (u64::from(hi) << 16) | u64::from(inp.u16()),
@@ -95,14 +96,15 @@ pub fn limits(inp: &mut Input<'_>) -> Limits {
     }
     let max_chunk_ext = usize::from(inp.u8()) * 8;
     let max_trailers = usize::from(inp.u16());
-    Limits {
-        max_head,
-        max_headers,
-        max_target,
-        max_body,
-        max_chunk_ext,
-        max_trailers,
-    }
+    Limits::builder()
+        .max_head(max_head)
+        .max_headers(max_headers)
+        .max_target(max_target)
+        .max_body(max_body)
+        .max_chunk_ext(max_chunk_ext)
+        .max_trailers(max_trailers)
+        .build()
+        .expect("valid limits")
 }
 
 /// xorshift32, for split points.
@@ -166,7 +168,7 @@ fn is_tchar(b: u8) -> bool {
 /// Checks the invariants of one parsed head and returns its comparable view.
 pub fn check_head(h: &RequestHead, limits: &Limits) -> HeadView {
     let raw = h.raw().to_vec();
-    assert!(raw.len() <= limits.max_head, "head longer than max_head");
+    assert!(raw.len() <= limits.max_head(), "head longer than max_head");
     assert!(
         raw.ends_with(b"\r\n\r\n"),
         "head does not end with CRLF CRLF"
@@ -184,7 +186,7 @@ pub fn check_head(h: &RequestHead, limits: &Limits) -> HeadView {
     let target = h.target();
     assert!(!target.is_empty(), "empty target");
     assert!(
-        target.len() <= limits.max_target,
+        target.len() <= limits.max_target(),
         "target longer than max_target"
     );
     assert!(
@@ -206,7 +208,7 @@ pub fn check_head(h: &RequestHead, limits: &Limits) -> HeadView {
         .map(|(n, v)| (n.to_owned(), v.to_vec()))
         .collect();
     assert!(
-        headers.len() <= limits.max_headers.min(Limits::HEADER_COUNT_CAP),
+        headers.len() <= limits.max_headers().min(Limits::HEADER_COUNT_CAP),
         "more headers than max_headers"
     );
     let mut hosts = 0;
@@ -237,7 +239,7 @@ pub fn check_head(h: &RequestHead, limits: &Limits) -> HeadView {
         Version::Http2 => panic!("the HTTP/1 parser produced an HTTP/2 head"),
     }
     if let BodyKind::Length(n) = h.body_kind() {
-        assert!(n <= limits.max_body, "declared body above max_body");
+        assert!(n <= limits.max_body(), "declared body above max_body");
     }
     check_framing(h, &headers);
     HeadView {
@@ -381,7 +383,7 @@ fn head_outcome(
         Ok(None) => {
             assert_eq!(&buf[..], fed, "Ok(None) consumed bytes");
             assert!(
-                buf.len() < limits.max_head,
+                buf.len() < limits.max_head(),
                 "Ok(None) with max_head bytes buffered: unbounded growth"
             );
             HeadOutcome::NeedMore
@@ -468,7 +470,7 @@ fn decode_all(
                 assert!(!d.is_empty(), "empty Data event");
                 assert!(before - buf.len() >= d.len(), "Data longer than consumed");
                 out.extend_from_slice(&d);
-                assert!(out.len() as u64 <= limits.max_body, "body above max_body");
+                assert!(out.len() as u64 <= limits.max_body(), "body above max_body");
                 assert_eq!(dec.received(), out.len() as u64, "received() is wrong");
             }
             BodyEvent::NeedMore => {
@@ -631,10 +633,10 @@ impl Machine<'_> {
         self.rbuf.extend_from_slice(bytes);
         self.wants_more = false;
         assert!(
-            self.rbuf.len() <= self.limits.max_head + bytes.len(),
+            self.rbuf.len() <= self.limits.max_head() + bytes.len(),
             "read buffer grew to {} (max_head {}, read {})",
             self.rbuf.len(),
-            self.limits.max_head,
+            self.limits.max_head(),
             bytes.len()
         );
         true
@@ -675,7 +677,7 @@ impl Machine<'_> {
             Ok(None) => {
                 assert_eq!(before, self.rbuf.len(), "Ok(None) consumed bytes");
                 assert!(
-                    self.rbuf.is_empty() || self.rbuf.len() < self.limits.max_head,
+                    self.rbuf.is_empty() || self.rbuf.len() < self.limits.max_head(),
                     "Ok(None) holding max_head bytes"
                 );
                 self.wants_more = true;
@@ -737,7 +739,7 @@ impl Machine<'_> {
                 }
                 ex.body_received += d.len() as u64;
                 assert!(
-                    ex.body_received <= self.limits.max_body,
+                    ex.body_received <= self.limits.max_body(),
                     "body above max_body"
                 );
                 if let BodyKind::Length(n) = ex.body_kind {
@@ -924,8 +926,8 @@ impl Machine<'_> {
         let _ = self.conn.body_remaining();
         let t = &self.timeouts;
         if let Some(at) = self.conn.deadline() {
-            let lo = t.idle.min(t.head).min(t.body);
-            let hi = t.idle.max(t.head).max(t.body);
+            let lo = t.idle().min(t.head()).min(t.body());
+            let hi = t.idle().max(t.head()).max(t.body());
             assert!(at >= self.t0 + lo, "deadline before the connection started");
             assert!(
                 at <= self.now + hi,
@@ -1038,12 +1040,13 @@ impl Machine<'_> {
 pub fn conn_machine(data: &[u8]) {
     let mut inp = Input::new(data);
     let limits = limits(&mut inp);
-    let timeouts = Timeouts {
-        idle: Duration::from_secs(u64::from(inp.u8())),
-        head: Duration::from_secs(u64::from(inp.u8())),
-        body: Duration::from_secs(u64::from(inp.u8())),
-        write: Duration::from_secs(30),
-    };
+    let timeouts = Timeouts::builder()
+        .idle(Duration::from_secs(u64::from(inp.u8()).max(1)))
+        .head(Duration::from_secs(u64::from(inp.u8()).max(1)))
+        .body(Duration::from_secs(u64::from(inp.u8()).max(1)))
+        .write(Duration::from_secs(30))
+        .build()
+        .expect("valid timeouts");
     let read = match inp.u8() {
         0 => 4096,
         n => usize::from(n),

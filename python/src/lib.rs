@@ -409,33 +409,35 @@ fn serve(
         .map_err(|e| PyOSError::new_err(format!("{host}: {e}")))?
         .next()
         .ok_or_else(|| PyOSError::new_err(format!("{host}: no address")))?;
-    let mut config = Config {
-        addr,
-        workers: 1,
-        server_name,
-        max_connections,
-        drain_timeout: Duration::from_secs_f64(drain_timeout.max(0.0)),
-        park_hooks: Some(park_hooks()),
-        ..Config::default()
-    };
+    let invalid = |e: canter_rt::ConfigError| PyValueError::new_err(e.to_string());
+    let mut timeouts = canter_rt::Timeouts::builder();
     if let Some(t) = idle_timeout {
-        config.timeouts.idle = Duration::from_secs_f64(t.max(0.001));
-    }
-    if !http2 {
-        config.http2 = None;
+        timeouts = timeouts.idle(Duration::from_secs_f64(t.max(0.001)));
     }
     // The engine refuses a larger body (413) before Python runs.
-    config.limits.max_body = body_limit as u64;
+    let limits = canter_rt::Limits::builder().max_body(body_limit as u64);
+    let mut config = Config::builder()
+        .addr(addr)
+        .workers(1)
+        .server_name(server_name)
+        .max_connections(max_connections)
+        .drain_timeout(Duration::from_secs_f64(drain_timeout.max(0.0)))
+        .park_hooks(Some(park_hooks()))
+        .timeouts(timeouts.build().map_err(invalid)?)
+        .limits(limits.build().map_err(invalid)?);
+    if !http2 {
+        config = config.http2(None);
+    }
     match (tls_port, tls_cert, tls_key) {
         (Some(tls_port), Some(cert), Some(key)) => {
             let acceptor = canter_rt::ServerTls::new()
                 .cert(cert, key)
                 .build()
                 .map_err(|e| PyValueError::new_err(format!("TLS: {e}")))?;
-            config.tls = Some(canter_rt::TlsListener {
+            config = config.tls(Some(canter_rt::TlsListener {
                 addr: SocketAddr::new(addr.ip(), tls_port),
                 acceptor,
-            });
+            }));
         }
         (None, None, None) => {}
         _ => {
@@ -444,7 +446,8 @@ fn serve(
             ))
         }
     }
-    let server = Server::bind(config).map_err(|e| PyOSError::new_err(format!("{addr}: {e}")))?;
+    let server = Server::bind(config.build().map_err(invalid)?)
+        .map_err(|e| PyOSError::new_err(format!("{addr}: {e}")))?;
     let local = server.local_addr();
     on_ready.call1(py, (local.port(),))?;
     canter_rt::shutdown_on_signals(server.shutdown_handle())?;

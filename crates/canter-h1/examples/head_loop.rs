@@ -40,8 +40,9 @@ fn main() {
     } else {
         b"GET /plaintext HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n\r\n".repeat(DEPTH)
     };
-    let preamble: &[u8] =
-        b"HTTP/1.1 200 OK\r\nServer: canter\r\nDate: Sun, 22 Nov 2026 12:00:00 GMT\r\n";
+    let preamble = canter_h1::Preamble::new("canter", b"Sun, 22 Nov 2026 12:00:00 GMT")
+        .expect("a valid Server value");
+    let content_type = http::HeaderValue::from_static("text/plain");
     let body: &[u8] = std::hint::black_box(b"Hello, World!");
     let now = Instant::now();
     let mut conn = Conn::new(Limits::default(), Timeouts::default(), now);
@@ -61,10 +62,10 @@ fn main() {
                 drop(head);
                 conn.start_response_prevalidated(
                     200,
-                    Some(b"text/plain"),
+                    Some(&content_type),
                     [],
                     BodyLen::Known(body.len() as u64),
-                    preamble,
+                    &preamble,
                     &mut out,
                 );
                 if conn.data_prefix(body.len(), &mut out) != Ok(true) {

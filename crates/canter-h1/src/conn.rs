@@ -17,6 +17,7 @@
 use std::time::Instant;
 
 use bytes::BytesMut;
+use http::{HeaderName, HeaderValue};
 
 use crate::head::HostCache;
 
@@ -265,33 +266,35 @@ impl Conn {
         server: &[u8],
         out: &mut BytesMut,
     ) -> bool {
-        let parts = Preamble::Parts { date, server };
+        let parts = Lines::Parts { date, server };
         self.encode_head::<true>(status, None, headers, len, parts, out)
     }
 
-    /// The fast form of [`Conn::start_response`] for a driver that keeps the status line of a
-    /// 200 and the Server and Date fields preformatted: `preamble` is
-    /// `HTTP/1.1 200 OK\r\nServer: …\r\nDate: …\r\n` exactly (see [`OK_LINE`]; it is written
-    /// whole for a 200 and without its first line otherwise). `content_type` is the value of a
-    /// Content-Type field; `headers` are further fields. Both must be already known to be valid,
-    /// such as `http::HeaderName`/`http::HeaderValue` pairs (their constructors refuse anything
-    /// that is not a token or that contains CR, LF or NUL). Nothing is checked per byte; passing
-    /// unchecked peer-derived bytes here would allow response splitting.
+    /// The fast form of [`Conn::start_response`], for fields whose validity their types carry:
+    /// the status line of a 200 with the Server and Date fields come preformatted as a
+    /// [`Preamble`] (written whole for a 200, without its first line otherwise);
+    /// `content_type` is the value of a Content-Type field and `headers` are further fields, as
+    /// `http::HeaderName`/`http::HeaderValue` (whose constructors refuse a name that is not a
+    /// token and a value with CR, LF or another control byte). Nothing is checked per byte, and
+    /// nothing needs to be: no argument can split the response.
     pub fn start_response_prevalidated<'h>(
         &mut self,
         status: u16,
-        content_type: Option<&[u8]>,
-        headers: impl IntoIterator<Item = (&'h [u8], &'h [u8])>,
+        content_type: Option<&HeaderValue>,
+        headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
         len: BodyLen,
-        preamble: &[u8],
+        preamble: &Preamble,
         out: &mut BytesMut,
     ) -> bool {
+        let fields = headers
+            .into_iter()
+            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
         self.encode_head::<false>(
             status,
-            content_type,
-            headers,
+            content_type.map(HeaderValue::as_bytes),
+            fields,
             len,
-            Preamble::Ready(preamble),
+            Lines::Ready(preamble.as_bytes()),
             out,
         )
     }
@@ -304,7 +307,7 @@ impl Conn {
         content_type: Option<&[u8]>,
         headers: impl IntoIterator<Item = (&'h [u8], &'h [u8])>,
         len: BodyLen,
-        preamble: Preamble<'_>,
+        preamble: Lines<'_>,
         out: &mut BytesMut,
     ) -> bool {
         if std::mem::take(&mut self.continue_pending) {
@@ -315,7 +318,7 @@ impl Conn {
         let no_body = status == 204 || status == 304 || (100..200).contains(&status);
         let mut w = HeadWriter::new(out, 256);
         match preamble {
-            Preamble::Ready(block) => {
+            Lines::Ready(block) => {
                 debug_assert!(
                     block.starts_with(OK_LINE),
                     "preamble without its status line"
@@ -327,7 +330,7 @@ impl Conn {
                     w.put(block.get(OK_LINE.len()..).unwrap_or_default());
                 }
             }
-            Preamble::Parts { date, server } => {
+            Lines::Parts { date, server } => {
                 put_status_line(status, &mut w);
                 w.put(b"Server: ");
                 w.put(server);
@@ -492,9 +495,66 @@ impl Conn {
 }
 
 /// The Server and Date fields: preformatted, or to be formatted.
-enum Preamble<'a> {
+enum Lines<'a> {
     Ready(&'a [u8]),
     Parts { date: &'a [u8], server: &'a [u8] },
+}
+
+/// The preformatted opening of a 200 response, `HTTP/1.1 200 OK\r\nServer: …\r\nDate: …\r\n`,
+/// for [`Conn::start_response_prevalidated`]: a driver keeps one and refreshes its date once a
+/// second. Its Server value is checked when it is made and its date when it is set, so the
+/// block can be written into every response without looking at it again.
+#[derive(Debug, Clone)]
+pub struct Preamble {
+    block: Vec<u8>,
+    /// Where the date starts in `block`.
+    date_at: usize,
+}
+
+impl Preamble {
+    /// The longest Server value.
+    pub const MAX_SERVER: usize = 64;
+
+    /// The block for `server` (1 to [`Preamble::MAX_SERVER`] visible ASCII characters or
+    /// spaces), with `date` (an IMF-fixdate such as `Sun, 06 Nov 1994 08:49:37 GMT`).
+    pub fn new(server: &str, date: &[u8; 29]) -> Result<Preamble, crate::ConfigError> {
+        let printable = |s: &[u8]| s.iter().all(|b| (0x20..0x7f).contains(b));
+        if server.is_empty() || server.len() > Self::MAX_SERVER || !printable(server.as_bytes()) {
+            return Err(crate::ConfigError::new(
+                "server_name",
+                format!(
+                    "{server:?} must be 1 to {} printable ASCII characters",
+                    Self::MAX_SERVER
+                ),
+            ));
+        }
+        let mut block = Vec::with_capacity(OK_LINE.len() + server.len() + 50);
+        block.extend_from_slice(OK_LINE);
+        block.extend_from_slice(b"Server: ");
+        block.extend_from_slice(server.as_bytes());
+        block.extend_from_slice(b"\r\nDate: ");
+        let date_at = block.len();
+        block.extend_from_slice(&[b' '; 29]);
+        block.extend_from_slice(b"\r\n");
+        let mut preamble = Preamble { block, date_at };
+        preamble.set_date(date)?;
+        Ok(preamble)
+    }
+
+    /// Replaces the date (refused, and the old one kept, unless it is printable ASCII).
+    pub fn set_date(&mut self, date: &[u8; 29]) -> Result<(), crate::ConfigError> {
+        if !date.iter().all(|b| (0x20..0x7f).contains(b)) {
+            return Err(crate::ConfigError::new("date", "must be printable ASCII"));
+        }
+        self.block[self.date_at..self.date_at + 29].copy_from_slice(date);
+        Ok(())
+    }
+
+    /// The whole block.
+    #[inline]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.block
+    }
 }
 
 /// Response header fields come from the framework's validated types; this is the last line of
@@ -759,31 +819,57 @@ mod tests {
 
     #[test]
     fn prevalidated_head_uses_the_block_whole_only_for_200() {
-        let block = b"HTTP/1.1 200 OK\r\nServer: s\r\nDate: d\r\n";
+        let date = b"Sun, 22 Nov 2026 12:00:00 GMT";
+        let block = Preamble::new("s", date).expect("valid");
+        let lines = "Server: s\r\nDate: Sun, 22 Nov 2026 12:00:00 GMT\r\n";
         let now = Instant::now();
-        for (status, expected) in [
-            (200, "HTTP/1.1 200 OK\r\nServer: s\r\nDate: d\r\n"),
-            (404, "HTTP/1.1 404 Not Found\r\nServer: s\r\nDate: d\r\n"),
-            (
-                422,
-                "HTTP/1.1 422 Unprocessable Content\r\nServer: s\r\nDate: d\r\n",
-            ),
+        for (status, first) in [
+            (200, "HTTP/1.1 200 OK\r\n"),
+            (404, "HTTP/1.1 404 Not Found\r\n"),
+            (422, "HTTP/1.1 422 Unprocessable Content\r\n"),
         ] {
+            let expected = format!("{first}{lines}");
             let mut conn = Conn::new(Limits::default(), Timeouts::default(), now);
             let mut out = BytesMut::new();
-            let fields = [(&b"x-a"[..], &b"1"[..])];
+            let (name, value) = (
+                HeaderName::from_static("x-a"),
+                HeaderValue::from_static("1"),
+            );
             let body = conn.start_response_prevalidated(
                 status,
-                Some(b"text/plain"),
-                fields,
+                Some(&HeaderValue::from_static("text/plain")),
+                [(&name, &value)],
                 BodyLen::Known(2),
-                block,
+                &block,
                 &mut out,
             );
             assert!(body);
             let tail = "Content-Length: 2\r\nContent-Type: text/plain\r\nX-A: 1\r\n\r\n";
             assert_eq!(String::from_utf8_lossy(&out), format!("{expected}{tail}"));
         }
+    }
+
+    /// A Server value that could split a response or does not fit is refused when the block is
+    /// made, and a date with a control byte when it is set (the old date stays).
+    #[test]
+    fn preamble_checks_what_goes_into_it() {
+        let date = *b"Sun, 22 Nov 2026 12:00:00 GMT";
+        let too_long = "s".repeat(Preamble::MAX_SERVER + 1);
+        for bad in ["", "a\r\nX-Injected: 1", "caf\u{e9}", too_long.as_str()] {
+            let err = Preamble::new(bad, &date).expect_err(bad);
+            assert_eq!(err.setting(), "server_name");
+        }
+        let mut block = Preamble::new("edge/2.1 (test)", &date).expect("valid");
+        let mut bad_date = *b"Mon, 23 Nov 2026 12:00:00 GMT";
+        bad_date[5] = b'\n';
+        assert!(block.set_date(&bad_date).is_err());
+        block
+            .set_date(b"Mon, 23 Nov 2026 12:00:01 GMT")
+            .expect("valid");
+        assert_eq!(
+            block.as_bytes(),
+            b"HTTP/1.1 200 OK\r\nServer: edge/2.1 (test)\r\nDate: Mon, 23 Nov 2026 12:00:01 GMT\r\n"
+        );
     }
 
     /// Every field name goes out in one case: each word capitalized, whatever case it came in,

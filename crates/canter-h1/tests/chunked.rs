@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::BytesMut;
-use canter_h1::{BodyDecoder, BodyEvent, Conn, Limits, Timeouts};
+use canter_h1::{BodyDecoder, BodyEvent, Conn, Limits, LimitsBuilder, Timeouts};
 use common::{decode_bytewise, decode_split, decode_whole, now, Decoded, TAIL};
 
 enum Want {
@@ -40,10 +40,8 @@ impl Case {
     }
 }
 
-fn limits(f: impl FnOnce(&mut Limits)) -> Limits {
-    let mut l = Limits::default();
-    f(&mut l);
-    l
+fn limits(f: impl FnOnce(LimitsBuilder) -> LimitsBuilder) -> Limits {
+    f(Limits::builder()).build().expect("valid limits")
 }
 
 fn chunked_cases() -> Vec<Case> {
@@ -106,13 +104,13 @@ fn chunked_cases() -> Vec<Case> {
             "5;abcdefg\r\nhello\r\n0\r\n\r\n",
             Body(b"hello"),
         )
-        .limits(limits(|l| l.max_chunk_ext = 8)),
+        .limits(limits(|l| l.max_chunk_ext(8))),
         case(
             "extension over max_chunk_ext",
             "5;abcdefgh\r\nhello\r\n0\r\n\r\n",
             Status(400),
         )
-        .limits(limits(|l| l.max_chunk_ext = 8)),
+        .limits(limits(|l| l.max_chunk_ext(8))),
         case(
             "extension over default max_chunk_ext",
             format!("5;{}\r\nhello\r\n0\r\n\r\n", "e".repeat(1100)),
@@ -134,15 +132,15 @@ fn chunked_cases() -> Vec<Case> {
             "0\r\nX: 12345\r\n\r\n",
             Body(b""),
         )
-        .limits(limits(|l| l.max_trailers = 10)),
+        .limits(limits(|l| l.max_trailers(10))),
         case("no trailers with max_trailers 0", "0\r\n\r\n", Body(b""))
-            .limits(limits(|l| l.max_trailers = 0)),
+            .limits(limits(|l| l.max_trailers(0))),
         case(
             "trailers over max_trailers",
             "0\r\nX: 123456\r\n\r\n",
             Status(431),
         )
-        .limits(limits(|l| l.max_trailers = 10)),
+        .limits(limits(|l| l.max_trailers(10))),
         case(
             "trailers over default max_trailers",
             format!("0\r\nX: {}\r\n\r\n", "t".repeat(9000)),
@@ -220,13 +218,13 @@ fn chunked_cases() -> Vec<Case> {
             "5\r\nhello\r\n5\r\nworld\r\n0\r\n\r\n",
             Body(b"helloworld"),
         )
-        .limits(limits(|l| l.max_body = 10)),
+        .limits(limits(|l| l.max_body(10))),
         case(
             "chunked body over max_body",
             "5\r\nhello\r\n6\r\nworld!\r\n0\r\n\r\n",
             Status(413),
         )
-        .limits(limits(|l| l.max_body = 10)),
+        .limits(limits(|l| l.max_body(10))),
         case(
             "no terminating chunk",
             "5\r\nhello\r\n",

@@ -704,11 +704,11 @@ fn body_errors_through_conn() {
             431,
         ),
     ];
-    let limits = Limits {
-        max_body: 10,
-        max_trailers: 8,
-        ..Limits::default()
-    };
+    let limits = Limits::builder()
+        .max_body(10)
+        .max_trailers(8)
+        .build()
+        .expect("valid limits");
     for (name, req, status) in table {
         let t = Instant::now();
         let mut conn = Conn::new(limits, Timeouts::default(), t);
@@ -813,12 +813,13 @@ fn set_close_and_idle_state() {
 fn deadlines_follow_the_phases() {
     let t0 = Instant::now();
     let s = Duration::from_secs;
-    let timeouts = Timeouts {
-        idle: s(100),
-        head: s(10),
-        body: s(20),
-        write: s(30),
-    };
+    let timeouts = Timeouts::builder()
+        .idle(s(100))
+        .head(s(10))
+        .body(s(20))
+        .write(s(30))
+        .build()
+        .expect("valid timeouts");
     let mut conn = Conn::new(Limits::default(), timeouts, t0);
     assert_eq!(conn.deadline(), Some(t0 + s(100)), "idle since accept");
 
@@ -889,8 +890,14 @@ fn deadline_for_a_request_without_body_and_pipelined_next() {
     assert_eq!(conn.deadline(), None, "with the handler");
     let mut out = BytesMut::new();
     respond(&mut conn, 204, BodyLen::Known(0), &[], &mut out, t0 + s(2)).expect("ok");
-    assert_eq!(conn.deadline(), Some(t0 + s(2) + Timeouts::default().idle));
+    assert_eq!(
+        conn.deadline(),
+        Some(t0 + s(2) + Timeouts::default().idle())
+    );
     // The partial pipelined head switches to the head timer from the time it is polled.
     assert!(matches!(conn.poll_request(&mut buf, t0 + s(3)), Ok(None)));
-    assert_eq!(conn.deadline(), Some(t0 + s(3) + Timeouts::default().head));
+    assert_eq!(
+        conn.deadline(),
+        Some(t0 + s(3) + Timeouts::default().head())
+    );
 }

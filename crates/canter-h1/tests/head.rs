@@ -7,31 +7,31 @@ use canter_h1::{BodyKind, Limits, Method, RequestHead, Version};
 use common::{err, ok, partial, run_head_cases, HeadCase};
 
 fn small_target() -> Limits {
-    Limits {
-        max_target: 16,
-        ..Limits::default()
-    }
+    Limits::builder()
+        .max_target(16)
+        .build()
+        .expect("valid limits")
 }
 
 fn small_head() -> Limits {
-    Limits {
-        max_head: 64,
-        ..Limits::default()
-    }
+    Limits::builder()
+        .max_head(64)
+        .build()
+        .expect("valid limits")
 }
 
 fn three_headers() -> Limits {
-    Limits {
-        max_headers: 3,
-        ..Limits::default()
-    }
+    Limits::builder()
+        .max_headers(3)
+        .build()
+        .expect("valid limits")
 }
 
 fn small_body() -> Limits {
-    Limits {
-        max_body: 10,
-        ..Limits::default()
-    }
+    Limits::builder()
+        .max_body(10)
+        .build()
+        .expect("valid limits")
 }
 
 /// `method()` agrees with `method_str()`.
@@ -200,10 +200,12 @@ fn valid_cases() -> Vec<HeadCase> {
             "GET / HTTP/1.0\r\n\r\n",
             |h| assert_eq!(h.headers().count(), 0),
         )
-        .limits(Limits {
-            max_headers: 0,
-            ..Limits::default()
-        }),
+        .limits(
+            Limits::builder()
+                .max_headers(0)
+                .build()
+                .expect("valid limits"),
+        ),
         ok(
             "absolute-form with empty query",
             "GET http://h? HTTP/1.1\r\nHost: h\r\n\r\n",
@@ -762,11 +764,13 @@ fn rejected_cases() -> Vec<HeadCase> {
             target_of(200),
             414,
         )
-        .limits(Limits {
-            max_target: 16,
-            max_head: 64,
-            ..Limits::default()
-        }),
+        .limits(
+            Limits::builder()
+                .max_target(16)
+                .max_head(64)
+                .build()
+                .expect("valid limits"),
+        ),
         err("default max_target", target_of(8 * 1024 + 1), 414),
         err(
             "absolute-form with empty host",
@@ -866,15 +870,19 @@ fn rejected_cases() -> Vec<HeadCase> {
             many_headers(20),
             431,
         )
-        .limits(Limits {
-            max_headers: 3,
-            max_head: 200,
-            ..Limits::default()
-        }),
-        err("max_headers 0", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 431).limits(Limits {
-            max_headers: 0,
-            ..Limits::default()
-        }),
+        .limits(
+            Limits::builder()
+                .max_headers(3)
+                .max_head(200)
+                .build()
+                .expect("valid limits"),
+        ),
+        err("max_headers 0", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 431).limits(
+            Limits::builder()
+                .max_headers(0)
+                .build()
+                .expect("valid limits"),
+        ),
     ];
     // Every control byte and DEL in a header value, and in a header name.
     for b in (0u8..0x20).chain([0x7f]) {

@@ -298,12 +298,12 @@ fn mutated(rng: &mut Rng) -> Vec<u8> {
 fn random_garbage_never_panics_or_overconsumes() {
     let mut rng = Rng::new(0xdead_beef_cafe_f00d);
     let t = Instant::now();
-    let limits = Limits {
-        max_head: 96,
-        max_target: 32,
-        max_headers: 4,
-        ..Limits::default()
-    };
+    let limits = Limits::builder()
+        .max_head(96)
+        .max_target(32)
+        .max_headers(4)
+        .build()
+        .expect("valid limits");
     let mut seen = [0usize; 3]; // heads, partial, errors
     for i in 0..5000 {
         let input = if i % 2 == 0 {
@@ -371,12 +371,12 @@ fn random_chunked_garbage() {
                 }
             })
             .collect();
-        let limits = Limits {
-            max_chunk_ext: 8,
-            max_trailers: 16,
-            max_body: 64,
-            ..Limits::default()
-        };
+        let limits = Limits::builder()
+            .max_chunk_ext(8)
+            .max_trailers(16)
+            .max_body(64)
+            .build()
+            .expect("valid limits");
         let dec = || canter_h1::BodyDecoder::chunked(&limits);
         let whole = common::decode_whole(dec(), &input);
         let bytewise = common::decode_bytewise(dec(), &input);

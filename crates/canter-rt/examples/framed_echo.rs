@@ -37,16 +37,14 @@ fn main() -> std::io::Result<()> {
         .init();
     let mut args = std::env::args().skip(1);
     let addr = args.next().unwrap_or_else(|| "127.0.0.1:9000".into());
-    let mut config = Config {
-        addr: addr
-            .parse()
+    let mut config = Config::builder().addr(
+        addr.parse()
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
-        ..Config::default()
-    };
+    );
     if let Some(n) = args.next().and_then(|n| n.parse().ok()) {
-        config.workers = n;
+        config = config.workers(n);
     }
-    let server = Server::bind(config)?;
+    let server = Server::bind(config.build()?)?;
     canter_rt::shutdown_on_signals(server.shutdown_handle())?;
     tracing::info!("framed echo listening on {}", server.local_addr());
     server.serve_protocol(|_worker| |_peer| protocol())

@@ -79,10 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     .alpn(&[])
     .build()?;
-    let server = Server::bind(Config {
-        addr,
-        ..Config::default()
-    })?;
+    let server = Server::bind(Config::builder().addr(addr).build()?)?;
     canter_rt::shutdown_on_signals(server.shutdown_handle())?;
     tracing::info!(
         "STARTTLS line protocol listening on {}",

@@ -661,10 +661,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
             Body::File { len, .. } => BodyLen::Known(*len),
         };
         self.out.prepare(&self.worker);
-        let content_type = content_type.map(HeaderValue::as_bytes);
-        let fields = headers
-            .iter()
-            .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+        let fields = headers.iter().map(|(n, v)| (n, v));
         let (h1, out) = (&mut self.h1, &mut self.out.buf);
         self.worker.with_preamble(|preamble| {
             h1.start_response_prevalidated(
@@ -715,7 +712,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
         };
         let src = file.as_raw_fd();
         let mut left = len;
-        let mut deadline = later(self.worker.now(), self.cfg.timeouts.write);
+        let mut deadline = later(self.worker.now(), self.cfg.timeouts.write());
         poll_fn(|cx| {
             let mut turn = 0;
             loop {
@@ -759,7 +756,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                         turn += n;
                         // For the Content-Length bookkeeping; writes nothing for a sized body.
                         let _ = self.h1.data_prefix(n, &mut self.out.buf);
-                        deadline = later(self.worker.now(), self.cfg.timeouts.write);
+                        deadline = later(self.worker.now(), self.cfg.timeouts.write());
                     }
                     // Readiness was cleared: the next poll_write_ready registers for it.
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -868,7 +865,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
             }
             // The future waits on something else. Unless configured otherwise, watch the peer
             // meanwhile: if it closed the connection, nobody waits for this answer.
-            if !self.cfg.half_close && self.h1.body_done() && !self.closing() && self.peer_gone(cx) {
+            if !self.cfg.half_close && self.h1.body_done() && !self.closing() && self.peer_gone(cx)
+            {
                 return Poll::Ready(Ok(Driven::Gone));
             }
             // Send what is ready meanwhile (earlier pipelined responses, the head and pieces of
@@ -1042,7 +1040,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
         if self.out.is_empty() && !self.io.has_pending_output() {
             return Ok(());
         }
-        let mut deadline = later(self.worker.now(), self.cfg.timeouts.write);
+        let mut deadline = later(self.worker.now(), self.cfg.timeouts.write());
         poll_fn(|cx| {
             let before = self.out.len();
             match self.out.poll_write(&mut self.io, cx) {
@@ -1050,7 +1048,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                 Poll::Ready(Err(e)) => Poll::Ready(Err(Stop::Io(e))),
                 Poll::Pending => {
                     if self.out.len() < before {
-                        deadline = later(self.worker.now(), self.cfg.timeouts.write);
+                        deadline = later(self.worker.now(), self.cfg.timeouts.write());
                     }
                     if self.timer.poll_expired(cx, deadline) {
                         return Poll::Ready(Err(Stop::Timeout("write")));
@@ -1095,7 +1093,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
         .await;
         if result.is_ok() {
             let head_pending = !self.h1.is_idle();
-            let max_head = self.cfg.limits.max_head.min(canter_h1::Limits::HEAD_CAP);
+            let max_head = self.cfg.limits.max_head().min(canter_h1::Limits::HEAD_CAP);
             let fresh = self.rbuf.get(before..).unwrap_or_default();
             self.deferred += 1;
             let due = !head_pending
@@ -1131,7 +1129,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
         // (a full buffer would otherwise double for the last few bytes), and once the head
         // is large, read into whatever room is left before growing at all (growing doubles).
         if self.h1.body_done() {
-            let max_head = self.cfg.limits.max_head.min(canter_h1::Limits::HEAD_CAP);
+            let max_head = self.cfg.limits.max_head().min(canter_h1::Limits::HEAD_CAP);
             let want = (max_head + 1)
                 .saturating_sub(self.rbuf.len())
                 .clamp(1, READ_BUF / 2);

@@ -72,7 +72,7 @@ enum Stop {
 /// The HTTP/2 settings a server built with `cfg` advertises.
 pub(crate) fn settings(cfg: &Config) -> Settings {
     let mut s = cfg.http2.unwrap_or_default();
-    s.max_header_list = s.max_header_list.min(cfg.limits.max_head as u32);
+    s.max_header_list = s.max_header_list.min(cfg.limits.max_head() as u32);
     s
 }
 
@@ -143,7 +143,7 @@ async fn drive<S: Service, T: Transport>(mut h2: H2<S, T>, registration: Registr
     if !matches!(result, Err(Stop::Io(_))) {
         // Send the GOAWAY (or anything else still buffered) before closing; bounded by the
         // write timeout.
-        let deadline = tokio::time::Instant::now() + h2.cfg.timeouts.write;
+        let deadline = tokio::time::Instant::now() + h2.cfg.timeouts.write();
         let _ = tokio::time::timeout_at(deadline, poll_fn(|cx| h2.out.poll_write(&mut h2.io, cx)))
             .await;
         let _ = poll_fn(|cx| h2.io.poll_shutdown(cx)).await;
@@ -348,13 +348,13 @@ impl<S: Service, T: Transport> H2<S, T> {
 
     fn poll_timeouts(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
         let t = &self.cfg.timeouts;
-        let write_at = (!self.out.is_empty()).then(|| later(self.write_progress_at, t.write));
+        let write_at = (!self.out.is_empty()).then(|| later(self.write_progress_at, t.write()));
         // Streams whose response is out but whose request body never ends do not keep a quiet
         // connection alive.
         let idle_at = self
             .exchanges
             .is_empty()
-            .then(|| later(self.active_at, t.idle));
+            .then(|| later(self.active_at, t.idle()));
         let handler_at = self.exchanges.iter().map(|e| e.deadline).min();
         let Some(first) = [write_at, idle_at, handler_at].into_iter().flatten().min() else {
             return Poll::Pending;
@@ -475,7 +475,7 @@ impl<S: Service, T: Transport> H2<S, T> {
             self.conn.consume(stream, len, &mut self.out);
             return;
         };
-        let max_body = self.cfg.limits.max_body;
+        let max_body = self.cfg.limits.max_body();
         let ex = &mut self.exchanges[i];
         ex.received += len as u64;
         let Some(pipe) = &ex.pipe else {
@@ -532,7 +532,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                 return;
             }
         };
-        if declared.is_some_and(|n| n > self.cfg.limits.max_body) {
+        if declared.is_some_and(|n| n > self.cfg.limits.max_body()) {
             let res =
                 Response::text("Payload Too Large\n").with_status(StatusCode::PAYLOAD_TOO_LARGE);
             self.respond_and_track(stream, res, head_only, None);

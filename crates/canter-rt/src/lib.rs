@@ -36,10 +36,10 @@ mod transport;
 mod worker;
 
 pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
-pub use canter_h1::{Limits, Timeouts};
+pub use canter_h1::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};
 pub use outbound::{connect, connect_tls};
 pub use server::{
-    listen, on_signals, shutdown_on_signals, ClientFault, Config, ParkHooks, Server,
+    listen, on_signals, shutdown_on_signals, ClientFault, Config, ConfigBuilder, ParkHooks, Server,
     ShutdownHandle, Stats, TlsListener, MAX_SERVER_NAME,
 };
 pub use service::{Reply, Request, Response, Service};

@@ -326,7 +326,7 @@ impl Settings {
         Settings::default()
             .high_water(cfg.high_water)
             .read_budget(cfg.read_budget)
-            .write_timeout(cfg.timeouts.write)
+            .write_timeout(cfg.timeouts.write())
     }
 }
 

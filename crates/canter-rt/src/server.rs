@@ -12,7 +12,7 @@ use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::Duration;
 
-use canter_h1::{Limits, Timeouts};
+use canter_h1::{ConfigError, Limits, Timeouts};
 use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -21,63 +21,167 @@ use crate::service::Service;
 use crate::tls::TlsAcceptor;
 use crate::worker::{Registration, Worker};
 
-/// Server settings. `Config::default()` serves 127.0.0.1:8080 on every core.
+/// Server settings, built with [`Config::builder`], which checks them; `Config::default()`
+/// serves 127.0.0.1:8080 on every core.
+///
+/// ```
+/// use std::time::Duration;
+/// let config = canter_rt::Config::builder()
+///     .addr("127.0.0.1:0".parse()?)
+///     .workers(2)
+///     .handler_timeout(Duration::from_secs(5))
+///     .build()?;
+/// assert_eq!(config.workers(), 2);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
+    pub(crate) addr: SocketAddr,
+    pub(crate) workers: usize,
+    pub(crate) pin_workers: bool,
+    pub(crate) limits: Limits,
+    pub(crate) timeouts: Timeouts,
+    pub(crate) min_body_rate: u64,
+    pub(crate) min_body_rate_grace: Duration,
+    pub(crate) handler_timeout: Duration,
+    pub(crate) high_water: usize,
+    pub(crate) read_budget: usize,
+    pub(crate) max_pipeline: usize,
+    pub(crate) max_connections: usize,
+    pub(crate) backlog: i32,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) half_close: bool,
+    pub(crate) server_name: String,
+    pub(crate) tls: Option<TlsListener>,
+    pub(crate) http2: Option<canter_h2::Settings>,
+    pub(crate) fault_log_interval: Duration,
+    pub(crate) proxy_protocol: Option<crate::proxy::ProxyProtocol>,
+    pub(crate) park_hooks: Option<ParkHooks>,
+}
+
+impl Config {
+    /// A builder starting from the defaults.
+    pub fn builder() -> ConfigBuilder {
+        ConfigBuilder(Config::default())
+    }
+
+    /// A builder starting from this configuration, to change some of it.
+    pub fn to_builder(self) -> ConfigBuilder {
+        ConfigBuilder(self)
+    }
+
     /// Address to listen on; port 0 picks a free port (shared by all workers).
-    pub addr: SocketAddr,
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// Number of worker threads (event loops).
-    pub workers: usize,
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
     /// Pin worker `i` to CPU `i`.
-    pub pin_workers: bool,
+    pub fn pin_workers(&self) -> bool {
+        self.pin_workers
+    }
+
     /// Parser limits.
-    pub limits: Limits,
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
     /// Idle, head, body and write timeouts.
-    pub timeouts: Timeouts,
+    pub fn timeouts(&self) -> Timeouts {
+        self.timeouts
+    }
+
     /// Minimum request body data rate, in bytes per second of the handler waiting for the body,
     /// enforced after [`Config::min_body_rate_grace`]; slower clients get the body timeout (408).
     /// 0 turns it off.
-    pub min_body_rate: u64,
+    pub fn min_body_rate(&self) -> u64 {
+        self.min_body_rate
+    }
+
     /// Waiting time before [`Config::min_body_rate`] applies.
-    pub min_body_rate_grace: Duration,
+    pub fn min_body_rate_grace(&self) -> Duration {
+        self.min_body_rate_grace
+    }
+
     /// Longest a handler may run before the request is answered 503 and the connection closed.
-    pub handler_timeout: Duration,
+    pub fn handler_timeout(&self) -> Duration {
+        self.handler_timeout
+    }
+
     /// Output bytes above which a connection stops parsing pipelined requests and reading
     /// until the peer has taken what is buffered.
-    pub high_water: usize,
+    pub fn high_water(&self) -> usize {
+        self.high_water
+    }
+
     /// Bytes a connection may read before yielding to the other connections of its worker.
-    pub read_budget: usize,
+    pub fn read_budget(&self) -> usize {
+        self.read_budget
+    }
+
     /// Pipelined requests a connection answers in one turn before it flushes and yields: bounds
     /// the responses in flight per connection and the work one client can claim at a time.
-    pub max_pipeline: usize,
+    pub fn max_pipeline(&self) -> usize {
+        self.max_pipeline
+    }
+
     /// Connections per worker; beyond it new connections wait in the listen backlog.
-    pub max_connections: usize,
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+    }
+
     /// Listen backlog.
-    pub backlog: i32,
+    pub fn backlog(&self) -> i32 {
+        self.backlog
+    }
+
     /// How long a graceful shutdown waits for in-flight requests.
-    pub drain_timeout: Duration,
+    pub fn drain_timeout(&self) -> Duration {
+        self.drain_timeout
+    }
+
     /// Whether a peer that shuts down its sending side still waits for the answer of a request
     /// whose handler is pending. `false` (the default, as in hyper): while a handler's future
     /// waits, the connection watches the socket, and end of input or a reset means the client is
     /// gone; the future is dropped (its work cancelled) and the connection closed. `true`: the
     /// handler runs to completion (up to [`Config::handler_timeout`]) and its response is sent.
     /// Handlers that answer without waiting are answered either way.
-    pub half_close: bool,
+    pub fn half_close(&self) -> bool {
+        self.half_close
+    }
+
     /// Value of the Server header: 1 to [`MAX_SERVER_NAME`] visible ASCII characters or spaces
-    /// ([`Server::bind`] refuses others: the value goes into every response as it is).
-    pub server_name: String,
+    /// ([`ConfigBuilder::build`] refuses others: the value goes into every response as it is).
+    pub fn server_name(&self) -> &str {
+        &self.server_name
+    }
+
     /// A TLS listener beside the plain one: same service, same limits, each worker accepting
     /// on both.
-    pub tls: Option<TlsListener>,
+    pub fn tls(&self) -> Option<&TlsListener> {
+        self.tls.as_ref()
+    }
+
     /// HTTP/2 (h2c with prior knowledge on the plain listener, ALPN `h2` on the TLS one) with
     /// these settings; `None` serves HTTP/1.1 only. Its header list limit is capped at
     /// [`Limits::max_head`].
-    pub http2: Option<canter_h2::Settings>,
+    pub fn http2(&self) -> Option<&canter_h2::Settings> {
+        self.http2.as_ref()
+    }
+
     /// Client faults ([`ClientFault`]: bad requests, timeouts, resets, failed handshakes) are
     /// logged one by one at DEBUG only, since any peer can cause as many as it likes; at INFO,
     /// one line per this interval gives their counts by kind, when there were any. The counts
     /// are also in [`Stats::client_faults`].
-    pub fault_log_interval: Duration,
+    pub fn fault_log_interval(&self) -> Duration {
+        self.fault_log_interval
+    }
+
     /// Every connection, on the plain and the TLS listener, opens with a PROXY protocol header
     /// (version 1 or 2) from a load balancer, read before anything else (the TLS handshake
     /// included); the client it names becomes the connection's peer: [`crate::peer_addr`] and
@@ -85,12 +189,182 @@ pub struct Config {
     /// [`Server::serve_protocol`]. A connection from a source
     /// not allowed, or with a missing, malformed, oversized or late header, is closed with a
     /// debug line (a [`ClientFault::Protocol`]). `None` (the default): no header expected.
-    pub proxy_protocol: Option<crate::proxy::ProxyProtocol>,
+    pub fn proxy_protocol(&self) -> Option<&crate::proxy::ProxyProtocol> {
+        self.proxy_protocol.as_ref()
+    }
+
     /// Called on each worker thread just before its event loop blocks waiting for events, and
     /// just after it wakes: for an embedding that must give something up while the worker is
     /// idle (the Python front end releases the interpreter lock there). Not called when the
     /// loop only checks for events without waiting. `None` (the default): nothing.
-    pub park_hooks: Option<ParkHooks>,
+    pub fn park_hooks(&self) -> Option<&ParkHooks> {
+        self.park_hooks.as_ref()
+    }
+}
+
+/// Builds a [`Config`]; [`ConfigBuilder::build`] checks it. Each setter's meaning is on the
+/// getter of the same name.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ConfigBuilder(Config);
+
+impl ConfigBuilder {
+    /// See [`Config::addr`].
+    pub fn addr(mut self, addr: SocketAddr) -> Self {
+        self.0.addr = addr;
+        self
+    }
+
+    /// See [`Config::workers`].
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.0.workers = workers;
+        self
+    }
+
+    /// See [`Config::pin_workers`].
+    pub fn pin_workers(mut self, pin_workers: bool) -> Self {
+        self.0.pin_workers = pin_workers;
+        self
+    }
+
+    /// See [`Config::limits`].
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.0.limits = limits;
+        self
+    }
+
+    /// See [`Config::timeouts`].
+    pub fn timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.0.timeouts = timeouts;
+        self
+    }
+
+    /// See [`Config::min_body_rate`].
+    pub fn min_body_rate(mut self, min_body_rate: u64) -> Self {
+        self.0.min_body_rate = min_body_rate;
+        self
+    }
+
+    /// See [`Config::min_body_rate_grace`].
+    pub fn min_body_rate_grace(mut self, min_body_rate_grace: Duration) -> Self {
+        self.0.min_body_rate_grace = min_body_rate_grace;
+        self
+    }
+
+    /// See [`Config::handler_timeout`].
+    pub fn handler_timeout(mut self, handler_timeout: Duration) -> Self {
+        self.0.handler_timeout = handler_timeout;
+        self
+    }
+
+    /// See [`Config::high_water`].
+    pub fn high_water(mut self, high_water: usize) -> Self {
+        self.0.high_water = high_water;
+        self
+    }
+
+    /// See [`Config::read_budget`].
+    pub fn read_budget(mut self, read_budget: usize) -> Self {
+        self.0.read_budget = read_budget;
+        self
+    }
+
+    /// See [`Config::max_pipeline`].
+    pub fn max_pipeline(mut self, max_pipeline: usize) -> Self {
+        self.0.max_pipeline = max_pipeline;
+        self
+    }
+
+    /// See [`Config::max_connections`].
+    pub fn max_connections(mut self, max_connections: usize) -> Self {
+        self.0.max_connections = max_connections;
+        self
+    }
+
+    /// See [`Config::backlog`].
+    pub fn backlog(mut self, backlog: i32) -> Self {
+        self.0.backlog = backlog;
+        self
+    }
+
+    /// See [`Config::drain_timeout`].
+    pub fn drain_timeout(mut self, drain_timeout: Duration) -> Self {
+        self.0.drain_timeout = drain_timeout;
+        self
+    }
+
+    /// See [`Config::half_close`].
+    pub fn half_close(mut self, half_close: bool) -> Self {
+        self.0.half_close = half_close;
+        self
+    }
+
+    /// See [`Config::server_name`].
+    pub fn server_name(mut self, server_name: impl Into<String>) -> Self {
+        self.0.server_name = server_name.into();
+        self
+    }
+
+    /// See [`Config::tls`].
+    pub fn tls(mut self, tls: Option<TlsListener>) -> Self {
+        self.0.tls = tls;
+        self
+    }
+
+    /// See [`Config::http2`].
+    pub fn http2(mut self, http2: Option<canter_h2::Settings>) -> Self {
+        self.0.http2 = http2;
+        self
+    }
+
+    /// See [`Config::fault_log_interval`].
+    pub fn fault_log_interval(mut self, fault_log_interval: Duration) -> Self {
+        self.0.fault_log_interval = fault_log_interval;
+        self
+    }
+
+    /// See [`Config::proxy_protocol`].
+    pub fn proxy_protocol(mut self, proxy_protocol: Option<crate::proxy::ProxyProtocol>) -> Self {
+        self.0.proxy_protocol = proxy_protocol;
+        self
+    }
+
+    /// See [`Config::park_hooks`].
+    pub fn park_hooks(mut self, park_hooks: Option<ParkHooks>) -> Self {
+        self.0.park_hooks = park_hooks;
+        self
+    }
+
+    /// The configuration, or the first setting out of its range.
+    pub fn build(self) -> Result<Config, ConfigError> {
+        let c = self.0;
+        // Refuses a Server value that is empty, too long, or not printable ASCII: it is
+        // written into every response head as it is, so CR or LF in it would split responses.
+        canter_h1::Preamble::new(&c.server_name, EPOCH_DATE)?;
+        for (value, name) in [
+            (c.workers, "workers"),
+            (c.high_water, "high_water"),
+            (c.read_budget, "read_budget"),
+            (c.max_pipeline, "max_pipeline"),
+            (c.max_connections, "max_connections"),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::new(name, "must be at least 1"));
+            }
+        }
+        if c.backlog < 1 {
+            return Err(ConfigError::new("backlog", "must be at least 1"));
+        }
+        for (value, name) in [
+            (c.handler_timeout, "handler_timeout"),
+            (c.fault_log_interval, "fault_log_interval"),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::new(name, "must be above zero"));
+            }
+        }
+        Ok(c)
+    }
 }
 
 /// The pair of callbacks of [`Config::park_hooks`].
@@ -294,8 +568,7 @@ pub struct Server {
 impl Server {
     /// Binds one SO_REUSEPORT listener per worker.
     pub fn bind(config: Config) -> io::Result<Server> {
-        check_server_name(&config.server_name)?;
-        let workers = config.workers.max(1);
+        let workers = config.workers;
         let first = listen(config.addr, config.backlog)?;
         let local_addr = first.local_addr()?;
         let mut listeners = vec![first];
@@ -466,22 +739,11 @@ pub fn on_signals(then: impl FnOnce() + Send + 'static) -> io::Result<()> {
 }
 
 /// The longest [`Config::server_name`].
-pub const MAX_SERVER_NAME: usize = 64;
+pub const MAX_SERVER_NAME: usize = canter_h1::Preamble::MAX_SERVER;
 
-/// Refuses a Server value that is empty, too long, or not printable ASCII: it is written into
-/// every response head without further checks, so CR or LF in it would split responses.
-fn check_server_name(name: &str) -> io::Result<()> {
-    let printable = name.bytes().all(|b| (0x20..0x7f).contains(&b));
-    if name.is_empty() || name.len() > MAX_SERVER_NAME || !printable {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "server_name {name:?}: must be 1 to {MAX_SERVER_NAME} printable ASCII characters"
-            ),
-        ));
-    }
-    Ok(())
-}
+/// A placeholder date for a Server value's check and a worker's first block (its clock
+/// replaces it at once).
+const EPOCH_DATE: &[u8; 29] = b"Thu, 01 Jan 1970 00:00:00 GMT";
 
 /// A nonblocking listener on `addr` with SO_REUSEPORT (so that every worker can have its own on
 /// the same port) and TCP_NODELAY inherited by accepted sockets.
@@ -682,7 +944,8 @@ where
         (Some(l), Some(t)) => Some((TcpListener::from_std(l)?, t.acceptor.clone())),
         _ => None,
     };
-    let worker = Rc::new(Worker::new(&config.server_name, stats));
+    let preamble = canter_h1::Preamble::new(&config.server_name, EPOCH_DATE)?;
+    let worker = Rc::new(Worker::new(preamble, stats));
     let mut accept = factory(index);
     let cfg = Rc::new(config);
     // One summary of the client faults for the whole server, from the first worker.

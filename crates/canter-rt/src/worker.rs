@@ -9,6 +9,7 @@ use std::task::Waker;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::BytesMut;
+use canter_h1::Preamble;
 
 use crate::server::Stats;
 
@@ -28,9 +29,8 @@ const POOL_MAX: usize = 256;
 
 pub(crate) struct Worker {
     date: RefCell<[u8; 29]>,
-    /// `Server: …\r\nDate: …\r\n`, rebuilt when the second changes.
-    preamble: RefCell<Vec<u8>>,
-    server: String,
+    /// `HTTP/1.1 200 OK\r\nServer: …\r\nDate: …\r\n`, its date refreshed when the second changes.
+    preamble: RefCell<Preamble>,
     stats: Arc<Stats>,
     now: Cell<Instant>,
     second: Cell<u64>,
@@ -60,11 +60,11 @@ impl Worker {
         self.stats.fault(kind);
     }
 
-    pub(crate) fn new(server: &str, stats: Arc<Stats>) -> Worker {
+    /// A worker whose responses say `preamble`'s Server value.
+    pub(crate) fn new(preamble: Preamble, stats: Arc<Stats>) -> Worker {
         let w = Worker {
             date: RefCell::new([0; 29]),
-            preamble: RefCell::new(Vec::new()),
-            server: server.to_owned(),
+            preamble: RefCell::new(preamble),
             stats,
             now: Cell::new(Instant::now()),
             second: Cell::new(u64::MAX),
@@ -92,18 +92,12 @@ impl Worker {
         if date.len() == cached.len() {
             cached.copy_from_slice(date.as_bytes());
         }
-        let mut preamble = self.preamble.borrow_mut();
-        preamble.clear();
-        preamble.extend_from_slice(canter_h1::OK_LINE);
-        preamble.extend_from_slice(b"Server: ");
-        preamble.extend_from_slice(self.server.as_bytes());
-        preamble.extend_from_slice(b"\r\nDate: ");
-        preamble.extend_from_slice(&cached[..]);
-        preamble.extend_from_slice(b"\r\n");
+        // An IMF-fixdate is printable ASCII; were it ever not, the second before stays.
+        let _ = self.preamble.borrow_mut().set_date(&cached);
     }
 
     /// Runs `f` with the preformatted `HTTP/1.1 200 OK\r\nServer: …\r\nDate: …\r\n` block.
-    pub(crate) fn with_preamble<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+    pub(crate) fn with_preamble<R>(&self, f: impl FnOnce(&Preamble) -> R) -> R {
         f(&self.preamble.borrow())
     }
 

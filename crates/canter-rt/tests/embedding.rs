@@ -11,16 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use canter_rt::{
-    ClientTls, Config, ParkHooks, Reply, Request, Response, Server, ServerTls, TlsListener,
+    ClientTls, Config, ConfigBuilder, ParkHooks, Reply, Request, Response, Server, ServerTls,
+    TlsListener,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn config() -> Config {
-    Config {
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        workers: 1,
-        ..Config::default()
-    }
+fn config() -> ConfigBuilder {
+    Config::builder()
+        .addr(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .workers(1)
 }
 
 fn handler(_req: Request) -> Reply {
@@ -44,11 +43,7 @@ fn get(addr: SocketAddr) -> String {
 
 #[test]
 fn serve_inline_refuses_more_than_one_worker() {
-    let server = Server::bind(Config {
-        workers: 2,
-        ..config()
-    })
-    .unwrap();
+    let server = Server::bind(config().workers(2).build().unwrap()).unwrap();
     let err = server.serve_inline(|_| handler).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
 }
@@ -58,19 +53,21 @@ fn serve_inline_runs_on_the_calling_thread_with_park_hooks() {
     let parked = Arc::new(AtomicUsize::new(0));
     let unparked = Arc::new(AtomicUsize::new(0));
     let (p, u) = (parked.clone(), unparked.clone());
-    let mut config = config();
-    config.park_hooks = Some(ParkHooks {
-        before_park: Arc::new(move || {
-            p.fetch_add(1, Ordering::SeqCst);
-        }),
-        after_unpark: Arc::new(move || {
-            u.fetch_add(1, Ordering::SeqCst);
-        }),
-    });
-    config.tls = Some(TlsListener {
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        acceptor: ServerTls::new().self_signed().build().unwrap(),
-    });
+    let config = config()
+        .park_hooks(Some(ParkHooks {
+            before_park: Arc::new(move || {
+                p.fetch_add(1, Ordering::SeqCst);
+            }),
+            after_unpark: Arc::new(move || {
+                u.fetch_add(1, Ordering::SeqCst);
+            }),
+        }))
+        .tls(Some(TlsListener {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            acceptor: ServerTls::new().self_signed().build().unwrap(),
+        }))
+        .build()
+        .unwrap();
     let server = Server::bind(config).unwrap();
     let (addr, tls_addr) = (server.local_addr(), server.tls_local_addr().unwrap());
     let shutdown = server.shutdown_handle();

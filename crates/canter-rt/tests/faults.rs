@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use canter_rt::http::StatusCode;
-use canter_rt::{Body, BodyStream, Config, Reply, Request, Response};
+use canter_rt::{Body, BodyStream, Config, Reply, Request, Response, Timeouts};
 
-use common::{chunked, test_config, Client, TestServer};
+use common::{chunked, test_config, test_timeouts, Client, TestServer};
 
 /// Body of the 256 MiB `/stream` response, in 64 KiB pieces.
 const STREAM_LEN: u64 = 256 << 20;
@@ -348,8 +348,11 @@ fn stream_panic_truncates_the_response_and_closes() {
 
 #[test]
 fn never_completing_handler_gets_503() {
-    let mut config = test_config();
-    config.handler_timeout = Duration::from_secs(1);
+    let config = test_config()
+        .to_builder()
+        .handler_timeout(Duration::from_secs(1))
+        .build()
+        .expect("valid config");
     let server = start(config);
     let mut c = server.client();
     let start = Instant::now();
@@ -372,8 +375,16 @@ fn never_completing_handler_gets_503() {
 
 #[test]
 fn stalled_request_body_is_cut_off() {
-    let mut config = test_config();
-    config.timeouts.body = Duration::from_secs(1);
+    let config = test_config()
+        .to_builder()
+        .timeouts(
+            test_timeouts()
+                .body(Duration::from_secs(1))
+                .build()
+                .expect("valid"),
+        )
+        .build()
+        .expect("valid config");
     let server = start(config);
     let mut c = server.client();
     let start = Instant::now();
@@ -622,8 +633,11 @@ fn two_pipelined_chunked_requests_in_one_write() {
 /// connection already in the backlog is accepted in one burst before any of them is counted.
 #[test]
 fn max_connections_leaves_the_rest_waiting_in_the_backlog() {
-    let mut config = test_config();
-    config.max_connections = 10;
+    let config = test_config()
+        .to_builder()
+        .max_connections(10)
+        .build()
+        .expect("valid config");
     let server = start(config);
     let mut clients: Vec<Option<Client>> = (0..30)
         .map(|_| {
@@ -703,8 +717,11 @@ fn max_connections_leaves_the_rest_waiting_in_the_backlog() {
 /// before that task has registered (9 < 10) and parks in `accept()`, which then takes the 11th.
 #[test]
 fn max_connections_paced_arrivals_wait_in_the_backlog() {
-    let mut config = test_config();
-    config.max_connections = 10;
+    let config = test_config()
+        .to_builder()
+        .max_connections(10)
+        .build()
+        .expect("valid config");
     let server = start(config);
     let mut first: Vec<Client> = (0..10)
         .map(|i| {
@@ -748,8 +765,11 @@ fn max_connections_paced_arrivals_wait_in_the_backlog() {
 
 #[test]
 fn graceful_shutdown_finishes_the_request_in_flight() {
-    let mut config = test_config();
-    config.drain_timeout = Duration::from_secs(3);
+    let config = test_config()
+        .to_builder()
+        .drain_timeout(Duration::from_secs(3))
+        .build()
+        .expect("valid config");
     let mut server = start(config);
     let addr = server.addr;
 
@@ -815,13 +835,20 @@ fn graceful_shutdown_finishes_the_request_in_flight() {
 /// "No timeout" spelled as `Duration::MAX` must not overflow a deadline anywhere.
 #[test]
 fn duration_max_timeouts_mean_no_timeout() {
-    let mut config = test_config();
-    config.handler_timeout = Duration::MAX;
-    config.drain_timeout = Duration::MAX;
-    config.timeouts.idle = Duration::MAX;
-    config.timeouts.head = Duration::MAX;
-    config.timeouts.body = Duration::MAX;
-    config.timeouts.write = Duration::MAX;
+    let timeouts = Timeouts::builder()
+        .idle(Duration::MAX)
+        .head(Duration::MAX)
+        .body(Duration::MAX)
+        .write(Duration::MAX)
+        .build()
+        .expect("valid timeouts");
+    let config = test_config()
+        .to_builder()
+        .handler_timeout(Duration::MAX)
+        .drain_timeout(Duration::MAX)
+        .timeouts(timeouts)
+        .build()
+        .expect("valid config");
     let server = start(config);
     let mut c = server.client();
     let r = c.get("/hello");
@@ -835,9 +862,12 @@ fn duration_max_timeouts_mean_no_timeout() {
 /// client above the rate is served.
 #[test]
 fn body_below_the_minimum_rate_is_cut_off() {
-    let mut config = test_config();
-    config.min_body_rate = 200;
-    config.min_body_rate_grace = Duration::from_secs(1);
+    let config = test_config()
+        .to_builder()
+        .min_body_rate(200)
+        .min_body_rate_grace(Duration::from_secs(1))
+        .build()
+        .expect("valid config");
     let server = start(config);
 
     // 10 bytes every 250 ms: 40 B/s, well below 200 B/s, but never 5 s without progress.
@@ -894,11 +924,15 @@ fn body_below_the_minimum_rate_is_cut_off() {
 // ---- configuration -------------------------------------------------------------------------
 
 /// A configured Server value goes out on every response (the preformatted 200 block and the
-/// other statuses alike); one that could split a response or does not fit is refused by `bind`.
+/// other statuses alike); one that could split a response or does not fit is refused when the
+/// configuration is built.
 #[test]
 fn server_name_is_sent_and_checked() {
-    let mut config = test_config();
-    config.server_name = "edge/2.1 (test)".to_owned();
+    let config = test_config()
+        .to_builder()
+        .server_name("edge/2.1 (test)")
+        .build()
+        .expect("valid config");
     let server = start(config);
     let mut c = server.client();
     c.send(get_request("/hello") + &get_request("/missing"));
@@ -911,11 +945,35 @@ fn server_name_is_sent_and_checked() {
 
     let too_long = "s".repeat(canter_rt::MAX_SERVER_NAME + 1);
     for bad in ["", "a\r\nX-Injected: 1", "caf\u{e9}", too_long.as_str()] {
-        let mut config = test_config();
-        config.server_name = bad.to_owned();
-        let err = canter_rt::Server::bind(config).expect_err(bad);
-        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad:?}");
+        let err = test_config()
+            .to_builder()
+            .server_name(bad)
+            .build()
+            .expect_err(bad);
+        assert_eq!(err.setting(), "server_name", "{bad:?}");
     }
+}
+
+/// Settings out of range are refused, by name, when the configuration is built: a `Config` in
+/// hand is always one `bind` can serve.
+#[test]
+fn config_builder_refuses_out_of_range_settings() {
+    let b = || test_config().to_builder();
+    for (builder, name) in [
+        (b().workers(0), "workers"),
+        (b().high_water(0), "high_water"),
+        (b().read_budget(0), "read_budget"),
+        (b().max_pipeline(0), "max_pipeline"),
+        (b().max_connections(0), "max_connections"),
+        (b().backlog(0), "backlog"),
+        (b().handler_timeout(Duration::ZERO), "handler_timeout"),
+        (b().fault_log_interval(Duration::ZERO), "fault_log_interval"),
+    ] {
+        let err = builder.build().expect_err(name);
+        assert_eq!(err.setting(), name, "{err}");
+    }
+    let config = b().workers(3).max_pipeline(1).build().expect("valid");
+    assert_eq!((config.workers(), config.max_pipeline()), (3, 1));
 }
 
 // ---- worker start-up -----------------------------------------------------------------------
@@ -983,8 +1041,11 @@ fn a_closing_client_cancels_its_pending_handler() {
 /// With `half_close` set, a client that half-closes after its request gets the answer.
 #[test]
 fn half_close_config_lets_the_pending_handler_answer() {
-    let mut config = test_config();
-    config.half_close = true;
+    let config = test_config()
+        .to_builder()
+        .half_close(true)
+        .build()
+        .expect("valid config");
     let server = start(config);
     let mut c = server.client();
     c.send(get_request("/hold/1"));

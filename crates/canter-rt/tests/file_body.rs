@@ -23,7 +23,7 @@ use canter_rt::http::StatusCode;
 use canter_rt::{Body, Config, Reply, Request, Response};
 use canter_testkit::random_bytes;
 
-use common::{test_config, TestServer};
+use common::{test_config, test_timeouts, TestServer};
 
 /// A fresh directory for one test.
 fn test_dir(name: &str) -> PathBuf {
@@ -250,8 +250,15 @@ fn file_truncated_under_the_server() {
 fn write_timeout_applies() {
     let dir = test_dir("timeout");
     std::fs::write(dir.join("big"), random_bytes(32 << 20, 9)).unwrap();
-    let mut config = test_config();
-    config.timeouts.write = Duration::from_millis(500);
+    let timeouts = test_timeouts()
+        .write(Duration::from_millis(500))
+        .build()
+        .expect("valid timeouts");
+    let config = test_config()
+        .to_builder()
+        .timeouts(timeouts)
+        .build()
+        .expect("valid config");
     let server = start(config, dir);
     let mut c = server.client();
     c.send("GET /f/big HTTP/1.1\r\nHost: x\r\n\r\n");

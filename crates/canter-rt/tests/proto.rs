@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use canter_rt::framing::{FrameHandler, Framed, LengthPrefixed, Lines};
 use canter_rt::proto::{self, Close, Conn, Protocol, Settings, TlsUpgrade};
-use canter_rt::{ClientTls, Config, Server, ServerTls, ShutdownHandle, TlsListener};
+use canter_rt::{ClientTls, Config, Server, ServerTls, ShutdownHandle, Timeouts, TlsListener};
 
 /// A protocol server on 127.0.0.1:0 in a background thread, stopped on drop.
 struct ProtoServer {
@@ -69,14 +69,18 @@ impl Drop for ProtoServer {
 }
 
 fn config() -> Config {
-    let mut config = Config {
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        workers: 1,
-        drain_timeout: Duration::from_secs(2),
-        ..Config::default()
-    };
-    config.timeouts.write = Duration::from_secs(5);
-    config
+    Config::builder()
+        .addr(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .workers(1)
+        .drain_timeout(Duration::from_secs(2))
+        .timeouts(
+            Timeouts::builder()
+                .write(Duration::from_secs(5))
+                .build()
+                .expect("valid timeouts"),
+        )
+        .build()
+        .expect("valid config")
 }
 
 fn echo_server() -> ProtoServer {
@@ -268,11 +272,14 @@ fn client_protocol_over_connect() {
 
 #[test]
 fn protocol_on_a_tls_listener() {
-    let mut config = config();
-    config.tls = Some(TlsListener {
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        acceptor: self_signed(),
-    });
+    let config = config()
+        .to_builder()
+        .tls(Some(TlsListener {
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            acceptor: self_signed(),
+        }))
+        .build()
+        .expect("valid config");
     let server = ProtoServer::start(config, |_| |_| framed_echo::protocol());
     let tls_addr = server.tls_addr.unwrap();
     let rt = client_runtime();
@@ -503,9 +510,12 @@ impl Protocol for WhoAmI {
 /// header is closed before the protocol exists.
 #[test]
 fn custom_protocols_behind_a_proxy_header() {
-    let proxied = || Config {
-        proxy_protocol: Some(canter_rt::proxy::ProxyProtocol::default()),
-        ..config()
+    let proxied = || {
+        config()
+            .to_builder()
+            .proxy_protocol(Some(canter_rt::proxy::ProxyProtocol::default()))
+            .build()
+            .expect("valid config")
     };
     let server = ProtoServer::start(proxied(), |_| |peer| WhoAmI(peer));
     for (header, want) in [

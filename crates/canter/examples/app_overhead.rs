@@ -84,12 +84,8 @@ fn router() -> Router {
 }
 
 fn serve<S: Service>(addr: std::net::SocketAddr, app: fn() -> S) {
-    let config = Config {
-        addr,
-        workers: 1,
-        ..Config::default()
-    };
-    let server = match Server::bind(config) {
+    let config = Config::builder().addr(addr).workers(1).build();
+    let server = match config.map_err(std::io::Error::from).and_then(Server::bind) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("cannot listen on {addr}: {e}");

@@ -46,10 +46,7 @@ fn main() -> ExitCode {
 }
 
 fn run(dir: PathBuf, addr: SocketAddr) -> std::io::Result<()> {
-    let server = Server::bind(Config {
-        addr,
-        ..Config::default()
-    })?;
+    let server = Server::bind(Config::builder().addr(addr).build()?)?;
     canter::rt::shutdown_on_signals(server.shutdown_handle())?;
     println!(
         "serving {} on http://{}/",

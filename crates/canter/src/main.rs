@@ -242,8 +242,15 @@ fn main() -> ExitCode {
 enum CliError {
     Serve(ServeError),
     Load(canter_load::LoadError),
-    DbSetup(String),
-    Stream(String),
+    DbSetup(DbSetupError),
+    /// `canter send` (or `send market-spread`, the first field says which) failed.
+    Send(&'static str, canter_stream::send::SendError),
+    /// `canter receive` failed.
+    Receive(io::Error),
+    /// `canter receive --expect N` saw fewer records than N.
+    ReceivedTooFew(u64),
+    /// `canter pipeline market-spread`: what failed, and why.
+    Pipeline(&'static str, io::Error),
 }
 
 impl fmt::Display for CliError {
@@ -252,7 +259,33 @@ impl fmt::Display for CliError {
             CliError::Serve(e) => e.fmt(f),
             CliError::Load(e) => e.fmt(f),
             CliError::DbSetup(e) => write!(f, "db-setup: {e}"),
-            CliError::Stream(e) => f.write_str(e),
+            CliError::Send(what, e) => write!(f, "{what}: {e}"),
+            CliError::Receive(e) => write!(f, "receive: {e}"),
+            CliError::ReceivedTooFew(n) => {
+                write!(f, "receive: {n} records arrived, fewer than --expect")
+            }
+            CliError::Pipeline(what, e) => write!(f, "pipeline market-spread: {what}: {e}"),
+        }
+    }
+}
+
+/// Why `canter db-setup` failed.
+#[derive(Debug)]
+enum DbSetupError {
+    /// The URL does not parse.
+    Url(canter::db::DbError),
+    /// The event loop could not be built.
+    Runtime(io::Error),
+    /// Connecting, creating or filling the tables failed.
+    Setup(tokio_postgres::Error),
+}
+
+impl fmt::Display for DbSetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DbSetupError::Url(e) => e.fmt(f),
+            DbSetupError::Runtime(e) => e.fmt(f),
+            DbSetupError::Setup(e) => e.fmt(f),
         }
     }
 }
@@ -268,6 +301,8 @@ enum ServeError {
     Tls(SocketAddr, canter_rt::TlsError),
     /// The database settings do not parse.
     Db(canter::db::DbError),
+    /// A setting is out of its range.
+    Config(canter_rt::ConfigError),
     /// Binding the listeners failed.
     Listen(SocketAddr, io::Error),
     /// Installing the signal handlers or running the workers failed.
@@ -283,6 +318,7 @@ impl fmt::Display for ServeError {
             }
             ServeError::Db(e) => write!(f, "--db: {e}"),
             ServeError::Tls(addr, e) => write!(f, "--tls-addr {addr}: {e}"),
+            ServeError::Config(e) => e.fmt(f),
             ServeError::Listen(addr, e) => write!(f, "cannot listen on {addr}: {e}"),
             ServeError::Runtime(e) => e.fmt(f),
         }
@@ -293,7 +329,7 @@ impl fmt::Display for ServeError {
 fn send(args: &canter_stream::send::SendArgs) -> Result<(), CliError> {
     if let Some(canter_stream::send::Generate::MarketSpread(ms)) = &args.generate {
         let report = canter_stream::send::run_market_spread(ms)
-            .map_err(|e| CliError::Stream(format!("send market-spread: {e}")))?;
+            .map_err(|e| CliError::Send("send market-spread", e))?;
         match ms.json {
             true => println!("{}", serde_json::json!(report)),
             false => {
@@ -311,8 +347,7 @@ fn send(args: &canter_stream::send::SendArgs) -> Result<(), CliError> {
         }
         return Ok(());
     }
-    let report =
-        canter_stream::send::run(args).map_err(|e| CliError::Stream(format!("send: {e}")))?;
+    let report = canter_stream::send::run(args).map_err(|e| CliError::Send("send", e))?;
     match args.json {
         true => println!("{}", serde_json::json!(report)),
         false => println!(
@@ -325,8 +360,7 @@ fn send(args: &canter_stream::send::SendArgs) -> Result<(), CliError> {
 
 /// `canter receive`: the report on stdout (JSON with --json); fails when --expect was not met.
 fn receive(args: &canter_stream::receive::ReceiveArgs) -> Result<(), CliError> {
-    let r =
-        canter_stream::receive::run(args).map_err(|e| CliError::Stream(format!("receive: {e}")))?;
+    let r = canter_stream::receive::run(args).map_err(CliError::Receive)?;
     match args.json {
         true => println!("{}", serde_json::json!(r)),
         false => println!(
@@ -348,19 +382,14 @@ fn receive(args: &canter_stream::receive::ReceiveArgs) -> Result<(), CliError> {
     }
     match r.complete {
         true => Ok(()),
-        false => Err(CliError::Stream(format!(
-            "receive: {} records arrived, fewer than --expect",
-            r.records
-        ))),
+        false => Err(CliError::ReceivedTooFew(r.records)),
     }
 }
 
 /// `canter pipeline market-spread`: runs the Market Spread topology until SIGINT or SIGTERM.
 fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
     use canter_stream::pipeline::{RunOptions, Source, METRICS_PAGE};
-    let fail = |what: &str, e: std::io::Error| {
-        CliError::Stream(format!("pipeline market-spread: {what}: {e}"))
-    };
+    let fail = CliError::Pipeline;
     let topology = canter_stream::market_spread::topology(
         Source::tcp(args.nbbo),
         Source::tcp(args.orders),
@@ -377,11 +406,11 @@ fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
     let metrics = running.metrics();
     let mut http = None;
     if let Some(addr) = args.metrics {
-        let config = canter_rt::Config {
-            addr,
-            workers: 1,
-            ..Default::default()
-        };
+        let config = canter_rt::Config::builder()
+            .addr(addr)
+            .workers(1)
+            .build()
+            .map_err(|e| fail("metrics listener", e.into()))?;
         let server = canter_rt::Server::bind(config).map_err(|e| fail("metrics listener", e))?;
         tracing::info!("pipeline metrics on http://{}/", server.local_addr());
         let handle = server.shutdown_handle();
@@ -478,14 +507,14 @@ fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
 }
 
 /// `canter db-setup`: creates and fills the TechEmpower tables.
-fn db_setup(args: &DbSetupArgs) -> Result<(), String> {
-    let config = canter::db::DbConfig::new(&args.db).map_err(|e| e.to_string())?;
+fn db_setup(args: &DbSetupArgs) -> Result<(), DbSetupError> {
+    let config = canter::db::DbConfig::new(&args.db).map_err(DbSetupError::Url)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(DbSetupError::Runtime)?;
     rt.block_on(canter::techempower::setup(&config))
-        .map_err(|e| e.to_string())?;
+        .map_err(DbSetupError::Setup)?;
     tracing::info!(db = config.dbname(), "created the World and Fortune tables");
     Ok(())
 }
@@ -543,42 +572,49 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
     if let Err(e) = canter_rt::raise_open_files_limit() {
         tracing::warn!(error = %e, "could not raise the open files limit");
     }
-    let mut config = canter_rt::Config {
-        addr: args.addr,
-        pin_workers: args.pin,
-        ..Default::default()
-    };
+    let timeouts = canter_rt::Timeouts::builder()
+        .idle(Duration::from_secs(args.idle_timeout))
+        .head(Duration::from_secs(args.head_timeout))
+        .body(Duration::from_secs(args.body_timeout))
+        .write(Duration::from_secs(args.write_timeout))
+        .build()
+        .map_err(ServeError::Config)?;
+    let limits = canter_rt::Limits::builder()
+        .max_head(args.max_head)
+        .max_body(args.max_body)
+        .max_headers(args.max_headers)
+        .max_target(args.max_target)
+        .build()
+        .map_err(ServeError::Config)?;
+    let mut config = canter_rt::Config::builder()
+        .addr(args.addr)
+        .pin_workers(args.pin)
+        .timeouts(timeouts)
+        .limits(limits)
+        .fault_log_interval(Duration::from_secs(args.fault_log_interval))
+        .max_pipeline(args.max_pipeline)
+        .min_body_rate(args.min_body_rate)
+        .handler_timeout(Duration::from_secs(args.handler_timeout))
+        .max_connections(args.max_connections)
+        .half_close(args.half_close);
     if let Some(n) = args.workers {
-        config.workers = n.max(1);
+        config = config.workers(n);
     }
-    config.timeouts.idle = Duration::from_secs(args.idle_timeout);
-    config.fault_log_interval = Duration::from_secs(args.fault_log_interval);
     if args.proxy_protocol {
-        config.proxy_protocol = Some(canter_rt::proxy::ProxyProtocol {
+        config = config.proxy_protocol(Some(canter_rt::proxy::ProxyProtocol {
             from: args.proxy_from.clone(),
             ..Default::default()
-        });
+        }));
     }
-    config.timeouts.head = Duration::from_secs(args.head_timeout);
-    config.timeouts.body = Duration::from_secs(args.body_timeout);
-    config.limits.max_head = args.max_head;
-    config.limits.max_body = args.max_body;
-    config.limits.max_headers = args.max_headers;
-    config.limits.max_target = args.max_target;
-    config.max_pipeline = args.max_pipeline.max(1);
-    config.min_body_rate = args.min_body_rate;
-    config.handler_timeout = Duration::from_secs(args.handler_timeout);
-    config.timeouts.write = Duration::from_secs(args.write_timeout);
-    config.max_connections = args.max_connections;
-    config.half_close = args.half_close;
     let acceptor = tls_acceptor(&args)?;
     if let (Some(addr), Some(acceptor)) = (args.tls_addr, &acceptor) {
-        config.tls = Some(canter_rt::TlsListener {
+        config = config.tls(Some(canter_rt::TlsListener {
             addr,
             acceptor: acceptor.clone(),
-        });
+        }));
     }
-    let workers = config.workers;
+    let config = config.build().map_err(ServeError::Config)?;
+    let workers = config.workers();
     let database = match args.app {
         AppKind::Techempower => Some(db_config(&args)?),
         AppKind::Demo => None,

@@ -19,7 +19,7 @@ use common::{Client, InProcess};
 
 /// `app` on `workers` workers; the server lives until the test process exits.
 fn start(workers: usize, app: impl Fn(usize) -> Router + Send + Sync + 'static) -> SocketAddr {
-    InProcess::start_with(InProcess::config(workers), app).detach()
+    InProcess::start_with(InProcess::config(workers).build().unwrap(), app).detach()
 }
 
 #[test]

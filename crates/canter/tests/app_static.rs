@@ -14,7 +14,6 @@ use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
-use canter::rt::Config;
 use canter::{get, Router, ServeDir};
 use common::{assert_imf_fixdate, curl, need, random_bytes, Client, InProcess, Response, Server};
 
@@ -747,10 +746,10 @@ fn static_flag_mounts_and_absence_leaves_no_route() {
 
 /// `make()` served in this process on one worker, with a 2 s drain on shutdown.
 fn in_process(make: impl Fn() -> Router + Send + Sync + 'static) -> InProcess {
-    let config = Config {
-        drain_timeout: Duration::from_secs(2),
-        ..InProcess::config(1)
-    };
+    let config = InProcess::config(1)
+        .drain_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
     InProcess::start_with(config, move |_| make())
 }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use canter_rt::{Config, Server, Service, ShutdownHandle, Stats};
+use canter_rt::{Config, Server, Service, ShutdownHandle, Stats, Timeouts, TimeoutsBuilder};
 // Not every test binary uses every re-export.
 #[allow(unused_imports)]
 pub use canter_testkit::{chunked, Client, Response, IO_TIMEOUT};
@@ -30,19 +30,24 @@ pub struct TestServer {
 
 /// A config for tests: 127.0.0.1:0, one worker, short timeouts.
 pub fn test_config() -> Config {
-    let mut config = Config {
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        workers: 1,
-        handler_timeout: Duration::from_secs(5),
-        drain_timeout: Duration::from_secs(3),
-        backlog: 1024,
-        ..Config::default()
-    };
-    config.timeouts.idle = Duration::from_secs(10);
-    config.timeouts.head = Duration::from_secs(5);
-    config.timeouts.body = Duration::from_secs(5);
-    config.timeouts.write = Duration::from_secs(5);
-    config
+    Config::builder()
+        .addr(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .workers(1)
+        .handler_timeout(Duration::from_secs(5))
+        .drain_timeout(Duration::from_secs(3))
+        .backlog(1024)
+        .timeouts(test_timeouts().build().expect("valid timeouts"))
+        .build()
+        .expect("valid config")
+}
+
+/// The timeouts of [`test_config`], to change some of them.
+pub fn test_timeouts() -> TimeoutsBuilder {
+    Timeouts::builder()
+        .idle(Duration::from_secs(10))
+        .head(Duration::from_secs(5))
+        .body(Duration::from_secs(5))
+        .write(Duration::from_secs(5))
 }
 
 impl TestServer {

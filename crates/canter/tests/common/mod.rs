@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use canter::rt::{Config, ShutdownHandle};
+use canter::rt::{Config, ConfigBuilder, ShutdownHandle};
 
 mod postgres;
 #[allow(unused_imports)]
@@ -254,19 +254,17 @@ pub struct InProcess {
 impl InProcess {
     /// The configuration [`InProcess::start`] uses: 127.0.0.1:0 and `workers` workers, the
     /// defaults otherwise (e.g. a 10 s `drain_timeout`). Start from it to change more.
-    pub fn config(workers: usize) -> Config {
-        Config {
-            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            workers,
-            ..Config::default()
-        }
+    pub fn config(workers: usize) -> ConfigBuilder {
+        Config::builder()
+            .addr(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .workers(workers)
     }
 
     /// Serves `app` (called once per worker with its index) with one worker.
     pub fn start<S: canter::rt::Service>(
         app: impl Fn(usize) -> S + Send + Sync + 'static,
     ) -> InProcess {
-        InProcess::start_with(InProcess::config(1), app)
+        InProcess::start_with(InProcess::config(1).build().unwrap(), app)
     }
 
     /// Serves `app` with `config` (bind it to port 0: start from [`InProcess::config`]).
