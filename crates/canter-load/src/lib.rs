@@ -57,7 +57,7 @@ pub mod schedule;
 pub mod stats;
 pub mod target;
 
-pub use duration::parse_duration;
+pub use duration::{parse_duration, DurationError};
 pub use error::LoadError;
 pub use stats::{Errors, Latency, Report};
 pub use target::Protocol;
