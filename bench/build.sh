@@ -88,7 +88,7 @@ if command -v cargo >/dev/null; then
     fi
   done
   # --- canter itself ---------------------------------------------------------------------
-  if (cd "$ROOT" && cargo build --release -p canter) >"$BUILD/logs/canter.log" 2>&1; then
+  if (cd "$ROOT" && cargo build --release -p canter-cli) >"$BUILD/logs/canter.log" 2>&1; then
     ok "canter -> target/release/canter"
     if "$ROOT/target/release/canter" serve --help >/dev/null 2>&1; then ok "canter serve"; \
       else fail "canter serve" "\`canter serve --help\` fails: run.py will skip canter"; fi

@@ -38,3 +38,31 @@ pub use canter_rt as rt;
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+#[cfg(test)]
+mod manifest_tests {
+    /// The library builds without the command line's dependencies: those belong to
+    /// `canter-cli`, so a program that serves with canter does not compile them.
+    #[test]
+    fn the_library_leaves_the_command_line_out() {
+        let manifest = include_str!("../Cargo.toml");
+        let deps = manifest
+            .split("[dependencies]")
+            .nth(1)
+            .and_then(|rest| rest.split("\n[").next())
+            .expect("a [dependencies] table");
+        for cli_only in [
+            "clap",
+            "hdrhistogram",
+            "tracing-subscriber",
+            "canter-load",
+            "canter-stream",
+        ] {
+            assert!(
+                !deps.lines().any(|l| l.starts_with(cli_only)),
+                "{cli_only} is a dependency of the library"
+            );
+        }
+        assert!(!manifest.contains("[[bin]]"), "the library has a binary");
+    }
+}
