@@ -149,6 +149,30 @@ impl RequestHead {
         self.method
     }
 
+    /// The method as an `http::Method`, the type handlers and the HTTP/2 side share.
+    #[inline(always)]
+    pub fn http_method(&self) -> http::Method {
+        match self.method {
+            Method::Get => http::Method::GET,
+            Method::Head => http::Method::HEAD,
+            Method::Post => http::Method::POST,
+            Method::Put => http::Method::PUT,
+            Method::Delete => http::Method::DELETE,
+            Method::Patch => http::Method::PATCH,
+            Method::Options => http::Method::OPTIONS,
+            Method::Connect => http::Method::CONNECT,
+            Method::Trace => http::Method::TRACE,
+            Method::Other => self.other_method(),
+        }
+    }
+
+    /// An extension method: the parser validated the token, which `http` accepts as it is.
+    #[cold]
+    #[inline(never)]
+    fn other_method(&self) -> http::Method {
+        http::Method::from_bytes(self.method_str().as_bytes()).unwrap_or(http::Method::GET)
+    }
+
     /// The request method as sent (a validated token).
     pub fn method_str(&self) -> &str {
         ascii(self.method_span.get(&self.buf))

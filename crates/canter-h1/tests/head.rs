@@ -34,8 +34,9 @@ fn small_body() -> Limits {
         .expect("valid limits")
 }
 
-/// `method()` agrees with `method_str()`.
+/// `method()` and `http_method()` agree with `method_str()`.
 fn method_consistent(h: &RequestHead) {
+    assert_eq!(h.http_method().as_str(), h.method_str());
     let expected = match h.method_str() {
         "GET" => Method::Get,
         "HEAD" => Method::Head,

@@ -25,21 +25,7 @@ pub struct Request {
 impl Request {
     #[inline(always)]
     pub(crate) fn new(head: RequestHead, body: RequestBody) -> Request {
-        let method = match head.method() {
-            canter_h1::Method::Get => Method::GET,
-            canter_h1::Method::Head => Method::HEAD,
-            canter_h1::Method::Post => Method::POST,
-            canter_h1::Method::Put => Method::PUT,
-            canter_h1::Method::Delete => Method::DELETE,
-            canter_h1::Method::Patch => Method::PATCH,
-            canter_h1::Method::Options => Method::OPTIONS,
-            canter_h1::Method::Connect => Method::CONNECT,
-            canter_h1::Method::Trace => Method::TRACE,
-            // The parser validated the token, so this cannot fail; fall back to a harmless value.
-            canter_h1::Method::Other => {
-                Method::from_bytes(head.method_str().as_bytes()).unwrap_or(Method::GET)
-            }
-        };
+        let method = head.http_method();
         Request {
             head,
             method,
