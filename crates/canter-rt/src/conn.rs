@@ -22,6 +22,7 @@ use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -36,7 +37,7 @@ use crate::output::Out;
 use crate::server::{ClientFault, Config};
 use crate::service::{Reply, Request, Response, Service};
 use crate::transport::Transport;
-use crate::worker::{later, Registration, Worker, READ_BUF};
+use crate::worker::{clock, later, Registration, Worker, READ_BUF};
 
 /// Unread request body the connection is willing to read and discard to keep the connection.
 const DISCARD_MAX: u64 = 64 * 1024;
@@ -161,6 +162,59 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         }
     }
     driver.release_idle_buffers();
+}
+
+/// Serves one connection the caller already has, until it closes: the HTTP/1.1 actor a
+/// [`Server`](crate::Server) runs for each accepted socket (and, when [`Config::http2`] is set
+/// and the peer opens with the HTTP/2 preface, the HTTP/2 one), for a transport made elsewhere:
+/// a socket accepted by other code, a stream already wrapped in TLS, an in-memory pipe in
+/// tests. It runs on the calling task, with a worker context of its own (the coarse clock, the
+/// Date header, the buffer pool); the listener settings of `config` (`addr`, `workers`,
+/// `backlog`, `tls`, `max_connections`, `proxy_protocol`) do not apply. Returns the counters,
+/// whose client faults say how the peer misbehaved.
+///
+/// Time is tokio's: under a paused clock (tokio's `test-util`) every timeout runs on virtual
+/// time, which is how canter's own tests script a peer against the actor without waiting.
+pub async fn serve_connection<S: Service, T: Transport>(
+    io: T,
+    peer: SocketAddr,
+    service: S,
+    config: Config,
+) -> Arc<crate::Stats> {
+    let stats = Arc::new(crate::Stats::default());
+    let preamble = match canter_h1::Preamble::new(&config.server_name, crate::server::EPOCH_DATE) {
+        Ok(preamble) => preamble,
+        Err(e) => {
+            // A built Config has a valid Server value; say so rather than serve without one.
+            tracing::error!(error = %e, "cannot serve the connection");
+            return stats;
+        }
+    };
+    let worker = Rc::new(Worker::new(preamble, stats.clone()));
+    let registration = Registration {
+        id: worker.register(),
+        worker: worker.clone(),
+    };
+    let sniff_h2 = config.http2.is_some();
+    let conn = serve(
+        registration,
+        io,
+        peer,
+        Rc::new(service),
+        worker.clone(),
+        Rc::new(config),
+        sniff_h2,
+    );
+    let mut conn = std::pin::pin!(conn);
+    let mut every = tokio::time::interval(crate::worker::TICK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut conn => return stats,
+            _ = every.tick() => worker.tick(),
+        }
+    }
 }
 
 /// Runs the TLS handshake of an accepted connection under the handshake timeout, then serves
@@ -888,7 +942,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                 .min();
             if let Some(at) = first {
                 if self.timer.poll_expired(cx, at) {
-                    if deadline.is_some_and(|d| d <= at) && Instant::now() >= at {
+                    if deadline.is_some_and(|d| d <= at) && clock() >= at {
                         return Poll::Ready(Ok(Driven::TimedOut));
                     }
                     if let Some(pipe) = pipe {
@@ -1316,7 +1370,7 @@ impl Timer {
             return false;
         }
         while self.sleep.as_mut().poll(cx).is_ready() {
-            if Instant::now() >= deadline {
+            if clock() >= deadline {
                 self.armed = None;
                 self.registered = false;
                 return true;

@@ -362,7 +362,7 @@ impl<S: Service, T: Transport> H2<S, T> {
         if !self.timer.poll_expired(cx, first) {
             return Poll::Pending;
         }
-        let passed = |at: Instant| Instant::now() >= Worker::expiry(at);
+        let passed = |at: Instant| crate::worker::clock() >= Worker::expiry(at);
         if write_at.is_some_and(passed) {
             return Poll::Ready(Err(Stop::Timeout("write")));
         }

@@ -37,6 +37,7 @@ mod worker;
 
 pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 pub use canter_h1::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};
+pub use conn::serve_connection;
 pub use outbound::{connect, connect_tls};
 pub use server::{
     listen, on_signals, shutdown_on_signals, ClientFault, Config, ConfigBuilder, ParkHooks, Server,

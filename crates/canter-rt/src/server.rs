@@ -743,7 +743,7 @@ pub const MAX_SERVER_NAME: usize = canter_h1::Preamble::MAX_SERVER;
 
 /// A placeholder date for a Server value's check and a worker's first block (its clock
 /// replaces it at once).
-const EPOCH_DATE: &[u8; 29] = b"Thu, 01 Jan 1970 00:00:00 GMT";
+pub(crate) const EPOCH_DATE: &[u8; 29] = b"Thu, 01 Jan 1970 00:00:00 GMT";
 
 /// A nonblocking listener on `addr` with SO_REUSEPORT (so that every worker can have its own on
 /// the same port) and TCP_NODELAY inherited by accepted sockets.

@@ -27,6 +27,14 @@ pub(crate) const TICK: Duration = Duration::from_millis(100);
 /// Buffers kept for reuse per worker.
 const POOL_MAX: usize = 256;
 
+/// The time now, through tokio's clock: the same as `Instant::now()` in a build without tokio's
+/// `test-util` feature, and the paused, virtual clock in tests that pause it (timeouts are then
+/// tested without waiting for them).
+#[inline]
+pub(crate) fn clock() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 pub(crate) struct Worker {
     date: RefCell<[u8; 29]>,
     /// `HTTP/1.1 200 OK\r\nServer: …\r\nDate: …\r\n`, its date refreshed when the second changes.
@@ -66,7 +74,7 @@ impl Worker {
             date: RefCell::new([0; 29]),
             preamble: RefCell::new(preamble),
             stats,
-            now: Cell::new(Instant::now()),
+            now: Cell::new(clock()),
             second: Cell::new(u64::MAX),
             pool: RefCell::new(Vec::new()),
             draining: Cell::new(false),
@@ -79,7 +87,7 @@ impl Worker {
     /// Refreshes the clock, and the Date header when the second changed; called every
     /// [`TICK`] by the worker's ticker.
     pub(crate) fn tick(&self) {
-        self.now.set(Instant::now());
+        self.now.set(clock());
         let wall = SystemTime::now();
         let second = wall
             .duration_since(SystemTime::UNIX_EPOCH)

@@ -1,6 +1,5 @@
 //! Fault tests of the runtime over real sockets on 127.0.0.1: handler panics (synchronous, in a
-//! future, in a body stream), a handler that never completes, a stalled request body, clients
-//! that disconnect mid-request (checked for leaked connection tasks), async body reading with
+//! future, in a body stream), clients that disconnect mid-request (checked for leaked connection tasks), async body reading with
 //! chunked and pipelined requests, `max_connections`, and graceful shutdown with a request in
 //! flight. Also two response-stream cases beyond the list (a stalled stream whose
 //! client left, a slowly trickling stream), the check of the configured Server value, a
@@ -11,7 +10,9 @@
 //! `cargo test -p canter-rt --test faults -- --ignored`.
 //!
 //! Each test runs its own in-process [`canter_rt::Server`] (one worker, short timeouts) on a
-//! background thread and stops it at the end.
+//! background thread and stops it at the end. The timeouts (head, idle, body, minimum body rate,
+//! handler, write) are tested on virtual time against a scripted peer in `http_scripted.rs`,
+//! which needs neither sockets nor waiting.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -30,7 +31,7 @@ use bytes::Bytes;
 use canter_rt::http::StatusCode;
 use canter_rt::{Body, BodyStream, Config, Reply, Request, Response, Timeouts};
 
-use common::{chunked, test_config, test_timeouts, Client, TestServer};
+use common::{chunked, test_config, Client, TestServer};
 
 /// Body of the 256 MiB `/stream` response, in 64 KiB pieces.
 const STREAM_LEN: u64 = 256 << 20;
@@ -341,87 +342,6 @@ fn stream_panic_truncates_the_response_and_closes() {
         assert_worker_alive(&server);
     }
     server.wait_idle(Duration::from_secs(2), "after stream panics");
-    server.stop();
-}
-
-// ---- timeouts ------------------------------------------------------------------------------
-
-#[test]
-fn never_completing_handler_gets_503() {
-    let config = test_config()
-        .to_builder()
-        .handler_timeout(Duration::from_secs(1))
-        .build()
-        .expect("valid config");
-    let server = start(config);
-    let mut c = server.client();
-    let start = Instant::now();
-    c.send(get_request("/never"));
-    let r = c.response();
-    let took = start.elapsed();
-    println!("/never answered {} after {took:?}", r.status);
-    assert_eq!(r.status, 503, "{r:?}");
-    assert!(r.closes(), "{r:?}");
-    assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
-        "503 after {took:?}"
-    );
-    c.expect_closed();
-    drop(c);
-    assert_worker_alive(&server);
-    server.wait_idle(Duration::from_secs(2), "after handler timeout");
-    server.stop();
-}
-
-#[test]
-fn stalled_request_body_is_cut_off() {
-    let config = test_config()
-        .to_builder()
-        .timeouts(
-            test_timeouts()
-                .body(Duration::from_secs(1))
-                .build()
-                .expect("valid"),
-        )
-        .build()
-        .expect("valid config");
-    let server = start(config);
-    let mut c = server.client();
-    let start = Instant::now();
-    c.send("POST /slow-body HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789");
-    // Whatever the server says (408, 400, or nothing), it must close within ~4 s.
-    c.set_read_timeout(Duration::from_secs(6));
-    let (data, end) = c.drain();
-    let took = start.elapsed();
-    println!(
-        "stalled body: closed after {took:?} ({end:?}) having sent {:?}",
-        String::from_utf8_lossy(&data)
-    );
-    if let Err(e) = &end {
-        assert_eq!(
-            e.kind(),
-            ErrorKind::ConnectionReset,
-            "expected a close: {e}"
-        );
-    }
-    assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
-        "closed after {took:?}"
-    );
-    if !data.is_empty() {
-        let text = String::from_utf8_lossy(&data);
-        assert!(
-            text.starts_with("HTTP/1.1 408") || text.starts_with("HTTP/1.1 400"),
-            "{text:?}"
-        );
-        assert!(
-            text.to_ascii_lowercase().contains("connection: close"),
-            "{text:?}"
-        );
-    }
-    drop(c);
-    server.wait_idle(Duration::from_secs(2), "after body timeout");
-    assert_worker_alive(&server);
     server.stop();
 }
 
@@ -855,70 +775,6 @@ fn duration_max_timeouts_mean_no_timeout() {
     assert_eq!(r.status, 200);
     let r = c.get("/hello");
     assert_eq!(r.status, 200);
-}
-
-/// The minimum body data rate: a client that keeps sending, but below the rate, is cut off with
-/// 408 once the grace period is over (the no-progress timeout alone would never fire), while a
-/// client above the rate is served.
-#[test]
-fn body_below_the_minimum_rate_is_cut_off() {
-    let config = test_config()
-        .to_builder()
-        .min_body_rate(200)
-        .min_body_rate_grace(Duration::from_secs(1))
-        .build()
-        .expect("valid config");
-    let server = start(config);
-
-    // 10 bytes every 250 ms: 40 B/s, well below 200 B/s, but never 5 s without progress.
-    let mut slow = TcpStream::connect(server.addr).unwrap();
-    slow.set_read_timeout(Some(Duration::from_millis(250)))
-        .unwrap();
-    slow.write_all(b"POST /slow-body HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
-        .unwrap();
-    let started = Instant::now();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while started.elapsed() < Duration::from_secs(6) {
-        if slow.write_all(&[b'a'; 10]).is_err() {
-            break;
-        }
-        match slow.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                got.extend_from_slice(&buf[..n]);
-                break;
-            }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-            Err(_) => break,
-        }
-    }
-    let at = started.elapsed();
-    slow.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    while let Ok(n) = slow.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        got.extend_from_slice(&buf[..n]);
-    }
-    let text = String::from_utf8_lossy(&got);
-    assert!(text.starts_with("HTTP/1.1 408 "), "after {at:?}: {text}");
-    assert!(
-        at >= Duration::from_millis(900),
-        "cut off before the grace period: {at:?}"
-    );
-    assert!(at < Duration::from_secs(5), "cut off only at {at:?}");
-
-    // 1,000 bytes every 100 ms (10 KB/s) for 1.5 s: above the rate, served in full.
-    let mut fast = server.client();
-    fast.send("POST /sum HTTP/1.1\r\nHost: x\r\nContent-Length: 15000\r\n\r\n");
-    for _ in 0..15 {
-        fast.send([b'b'; 1000]);
-        thread::sleep(Duration::from_millis(100));
-    }
-    let r = fast.response();
-    assert_eq!(r.status, 200, "{r:?}");
-    assert_eq!(r.text(), "15000");
 }
 
 // ---- configuration -------------------------------------------------------------------------

@@ -1,0 +1,314 @@
+//! The HTTP/1.1 connection actor against a scripted peer on virtual time, through
+//! `canter_rt::serve_connection`: the transport is an in-memory pipe (`tokio::io::duplex`) and
+//! the clock is tokio's paused clock, which jumps to the next timer whenever everything is
+//! idle. Timeouts of seconds are tested exactly, in milliseconds of real time, with no sleeps
+//! and no sockets. What needs a kernel (resets, backlogs, many connections) stays in
+//! `faults.rs`.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use canter_rt::http::StatusCode;
+use canter_rt::{serve_connection, ClientFault, Config, Reply, Request, Response, Timeouts};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::time::Instant;
+
+/// The coarse clock's resolution: a timeout fires at most this late (never early).
+const TICK: Duration = Duration::from_millis(100);
+
+fn peer() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 4000))
+}
+
+fn app(mut req: Request) -> Reply {
+    match req.path() {
+        "/hello" => Response::text("hello").into(),
+        "/never" => Reply::future(async {
+            std::future::pending::<()>().await;
+            Response::text("unreachable")
+        }),
+        "/big" => Response::text(vec![b'x'; 4 << 20]).into(),
+        "/sum" => Reply::future(async move {
+            let body = req.body_mut();
+            let mut total = 0usize;
+            while let Some(chunk) = body.chunk().await {
+                match chunk {
+                    Ok(data) => total += data.len(),
+                    Err(e) => {
+                        return Response::text(format!("body error: {e}\n")).with_status(
+                            StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
+                        )
+                    }
+                }
+            }
+            Response::text(total.to_string())
+        }),
+        _ => Response::new(StatusCode::NOT_FOUND).into(),
+    }
+}
+
+/// One worker's settings with the given timeouts and handler timeout.
+fn config(timeouts: Timeouts, handler_timeout: Duration) -> Config {
+    Config::builder()
+        .timeouts(timeouts)
+        .handler_timeout(handler_timeout)
+        .build()
+        .unwrap()
+}
+
+/// Serves `app` on one end of a pipe while `script` plays the peer on the other; returns the
+/// server's counters and the virtual time at which the connection ended.
+async fn converse<F>(
+    config: Config,
+    capacity: usize,
+    script: impl FnOnce(DuplexStream) -> F,
+) -> (std::sync::Arc<canter_rt::Stats>, Instant)
+where
+    F: std::future::Future<Output = ()>,
+{
+    let (ours, theirs) = tokio::io::duplex(capacity);
+    let server = async {
+        let stats = serve_connection(ours, peer(), app, config).await;
+        (stats, Instant::now())
+    };
+    // Bounded in virtual time: a timeout that never fires fails the test instead of hanging it.
+    let both = async { tokio::join!(server, script(theirs)) };
+    let ((stats, ended), ()) = tokio::time::timeout(Duration::from_secs(600), both)
+        .await
+        .expect("the connection or the script did not end within 600 s of virtual time");
+    (stats, ended)
+}
+
+/// Everything the server sends until it closes its side.
+async fn read_to_close(peer: &mut DuplexStream) -> String {
+    let mut out = Vec::new();
+    peer.read_to_end(&mut out).await.unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn assert_within_a_tick(what: &str, took: Duration, want: Duration) {
+    assert!(
+        took >= want && took <= want + 2 * TICK,
+        "{what} after {took:?}, wanted {want:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn pipelined_requests_are_answered_in_order_and_the_connection_kept() {
+    let start = Instant::now();
+    let idle = Duration::from_secs(30);
+    let timeouts = Timeouts::builder().idle(idle).build().unwrap();
+    let (_, ended) = converse(
+        config(timeouts, Duration::from_secs(60)),
+        1 << 16,
+        |mut p| async move {
+            p.write_all(
+                b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n",
+            )
+            .await
+            .unwrap();
+            let mut buf = vec![0; 4096];
+            let mut text = String::new();
+            while text.matches("HTTP/1.1 ").count() < 2 || !text.ends_with("\r\n\r\n") {
+                let n = p.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed early: {text}");
+                text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+            let first = text.find("HTTP/1.1 200 OK").unwrap();
+            let second = text.find("HTTP/1.1 404 Not Found").unwrap();
+            assert!(first < second, "{text}");
+            assert!(text.contains("\r\n\r\nhello"), "{text}");
+            // Kept open: the next request on the same connection is answered too.
+            p.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let rest = read_to_close(&mut p).await;
+            assert!(rest.starts_with("HTTP/1.1 200 OK\r\n"), "{rest}");
+            assert!(rest.contains("Connection: close\r\n"), "{rest}");
+        },
+    )
+    .await;
+    // Closed at once on `Connection: close`, not at the idle timeout.
+    assert!(ended - start < TICK, "{:?}", ended - start);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_keep_alive_connection_closes_at_the_idle_timeout() {
+    let idle = Duration::from_secs(7);
+    let timeouts = Timeouts::builder().idle(idle).build().unwrap();
+    let (stats, _) = converse(
+        config(timeouts, Duration::from_secs(60)),
+        1 << 16,
+        |mut p| async move {
+            p.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = vec![0; 4096];
+            let n = p.read(&mut buf).await.unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK"));
+            let answered = Instant::now();
+            // Nothing more is sent; the server closes without a word at the idle timeout.
+            assert_eq!(read_to_close(&mut p).await, "");
+            assert_within_a_tick("idle close", answered.elapsed(), idle);
+        },
+    )
+    .await;
+    assert_eq!(stats.client_faults(ClientFault::IdleTimeout), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_request_head_gets_408_at_the_head_timeout() {
+    let head = Duration::from_secs(5);
+    let timeouts = Timeouts::builder().head(head).build().unwrap();
+    let (stats, _) = converse(
+        config(timeouts, Duration::from_secs(60)),
+        1 << 16,
+        |mut p| async move {
+            let start = Instant::now();
+            p.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\nX-Half")
+                .await
+                .unwrap();
+            let text = read_to_close(&mut p).await;
+            assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
+            assert!(text.contains("Connection: close\r\n"), "{text}");
+            assert_within_a_tick("408", start.elapsed(), head);
+        },
+    )
+    .await;
+    assert_eq!(stats.client_faults(ClientFault::HeadTimeout), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_that_never_completes_gets_503_at_the_handler_timeout() {
+    let handler = Duration::from_secs(20);
+    let (_, _) = converse(
+        config(Timeouts::default(), handler),
+        1 << 16,
+        |mut p| async move {
+            let start = Instant::now();
+            p.write_all(b"GET /never HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let text = read_to_close(&mut p).await;
+            assert!(text.starts_with("HTTP/1.1 503 "), "{text}");
+            assert!(text.contains("Connection: close\r\n"), "{text}");
+            assert_within_a_tick("503", start.elapsed(), handler);
+        },
+    )
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_request_body_is_cut_off_at_the_body_timeout() {
+    let body = Duration::from_secs(3);
+    let timeouts = Timeouts::builder().body(body).build().unwrap();
+    let (stats, _) = converse(
+        config(timeouts, Duration::from_secs(60)),
+        1 << 16,
+        |mut p| async move {
+            p.write_all(b"POST /sum HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+                .await
+                .unwrap();
+            let sent = Instant::now();
+            let text = read_to_close(&mut p).await;
+            assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
+            assert!(text.contains("Connection: close\r\n"), "{text}");
+            assert_within_a_tick("body timeout", sent.elapsed(), body);
+        },
+    )
+    .await;
+    assert_eq!(stats.client_faults(ClientFault::BodyTimeout), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_below_the_minimum_rate_is_cut_off_after_the_grace() {
+    // 10 bytes every 250 ms: 40 B/s, below 200 B/s, but never 5 s without progress.
+    let config = Config::builder()
+        .min_body_rate(200)
+        .min_body_rate_grace(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let (stats, _) = converse(config, 1 << 16, |mut p| async move {
+        p.write_all(b"POST /sum HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+            .await
+            .unwrap();
+        let start = Instant::now();
+        let mut buf = vec![0; 4096];
+        let mut got = Vec::new();
+        loop {
+            if p.write_all(&[b'a'; 10]).await.is_err() {
+                break;
+            }
+            match tokio::time::timeout(Duration::from_millis(250), p.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+                Err(_) => {}
+            }
+            if !got.is_empty() || start.elapsed() > Duration::from_secs(30) {
+                break;
+            }
+        }
+        let at = start.elapsed();
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 408 "), "after {at:?}: {text}");
+        // Not before the grace, and well before the 30 s body timeout would have fired.
+        assert!(
+            at >= Duration::from_secs(2) && at < Duration::from_secs(5),
+            "cut off after {at:?}"
+        );
+    })
+    .await;
+    assert_eq!(stats.client_faults(ClientFault::BodyTimeout), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_above_the_minimum_rate_is_served_in_full() {
+    // 1,000 bytes every 100 ms (10 KB/s) for 3 s, past the grace: above the rate.
+    let config = Config::builder()
+        .min_body_rate(200)
+        .min_body_rate_grace(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let (stats, _) = converse(config, 1 << 16, |mut p| async move {
+        p.write_all(
+            b"POST /sum HTTP/1.1\r\nHost: x\r\nContent-Length: 30000\r\nConnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        for _ in 0..30 {
+            p.write_all(&[b'b'; 1000]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let text = read_to_close(&mut p).await;
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\n30000"), "{text}");
+    })
+    .await;
+    assert_eq!(stats.client_faults(ClientFault::BodyTimeout), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_that_stops_reading_is_dropped_at_the_write_timeout() {
+    let write = Duration::from_secs(4);
+    let timeouts = Timeouts::builder().write(write).build().unwrap();
+    // A 64 KiB pipe and a 4 MiB answer: the server fills the pipe and then waits on the peer.
+    let start = Instant::now();
+    let (_, ended) = converse(
+        config(timeouts, Duration::from_secs(60)),
+        1 << 16,
+        |mut p| async move {
+            p.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = vec![0; 1024];
+            let n = p.read(&mut buf).await.unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK"));
+            // Read no more; hold the pipe open long after the server has given up on it.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        },
+    )
+    .await;
+    assert_within_a_tick("write timeout", ended - start, write);
+}
