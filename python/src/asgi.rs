@@ -426,7 +426,7 @@ impl Asgi {
     fn scope<'py>(
         &self,
         py: Python<'py>,
-        head: &canter_h1::RequestHead,
+        head: &canter_rt::RequestHead,
         peer: Option<std::net::SocketAddr>,
     ) -> PyResult<Bound<'py, PyDict>> {
         use pyo3::intern;
@@ -434,8 +434,8 @@ impl Asgi {
         d.set_item(intern!(py, "type"), intern!(py, "http"))?;
         d.set_item(intern!(py, "asgi"), self.asgi.bind(py))?;
         let version = match head.version() {
-            canter_h1::Version::Http10 => intern!(py, "1.0"),
-            canter_h1::Version::Http11 => intern!(py, "1.1"),
+            canter_rt::Version::Http10 => intern!(py, "1.0"),
+            canter_rt::Version::Http11 => intern!(py, "1.1"),
             _ => intern!(py, "2"),
         };
         d.set_item(intern!(py, "http_version"), version)?;

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
-use canter_h1::RequestHead;
+use canter_rt::RequestHead;
 use percent_encoding::percent_decode_str;
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
@@ -151,8 +151,8 @@ impl Request {
     #[getter]
     fn http_version(&self) -> &'static str {
         match self.head.version() {
-            canter_h1::Version::Http10 => "1.0",
-            canter_h1::Version::Http11 => "1.1",
+            canter_rt::Version::Http10 => "1.0",
+            canter_rt::Version::Http11 => "1.1",
             _ => "2",
         }
     }

@@ -933,7 +933,7 @@ impl HostCache {
 /// Byte-slice equality compared eight bytes at a time, inlined: for the short keys of the
 /// request path (a Host value, a route path) a call to `memcmp` costs more than the compare.
 #[inline]
-pub fn eq_bytes(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn eq_bytes(a: &[u8], b: &[u8]) -> bool {
     eq_with_bits(a, b, 0)
 }
 

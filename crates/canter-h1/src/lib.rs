@@ -39,5 +39,5 @@ mod limits;
 pub use body::{BodyDecoder, BodyEvent};
 pub use conn::{reason, BodyLen, Conn, LengthMismatch, Next, Preamble, OK_LINE};
 pub use error::{BadBody, Error, Malformed};
-pub use head::{eq_bytes, BodyKind, Method, RequestHead, Version};
+pub use head::{BodyKind, Method, RequestHead, Version};
 pub use limits::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};

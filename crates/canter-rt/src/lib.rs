@@ -36,6 +36,9 @@ mod transport;
 mod worker;
 
 pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
+/// The request head every protocol hands to a [`Service`]: HTTP/1.1 parses it, HTTP/2 builds
+/// one from its header block; [`Request::head`] gives it.
+pub use canter_h1::{BodyKind, RequestHead, Version};
 pub use canter_h1::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};
 pub use conn::serve_connection;
 pub use outbound::{connect, connect_tls};

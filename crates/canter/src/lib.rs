@@ -1,8 +1,9 @@
 //! canter: a fast, strict HTTP server toolkit on a thread-per-core connection-actor runtime.
 //!
-//! The runtime ([`canter_rt`]) owns sockets, event loops and timers; the protocol engine
-//! ([`canter_h1`]) is a pure state machine; this crate holds the application layer and the
-//! `canter` command (`canter serve`, `canter load`).
+//! The runtime ([`canter_rt`]) owns sockets, event loops, timers and the protocol engines (pure
+//! state machines, reached only through it); this crate holds the application layer: it sees
+//! requests as the runtime hands them over, whichever protocol carried them. The `canter`
+//! command is the `canter-cli` package.
 //!
 //! ```no_run
 //! use canter::rt::{Config, Reply, Request, Response, Server};
@@ -31,7 +32,6 @@ pub use app::{Cookies, IntoChunk, JsonLines, Multipart, NdJson, StreamBody};
 pub use cookie;
 pub use maud;
 
-pub use canter_h1 as h1;
 pub use canter_rt as rt;
 
 /// The README's examples are compiled as doctests so they stay true.

@@ -15,8 +15,8 @@ use std::future::Future;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use canter_h1::RequestHead;
 use canter_rt::http::{header, Extensions, Method, StatusCode};
+use canter_rt::RequestHead;
 use canter_rt::{BodyError, Request, RequestBody, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -7,9 +7,8 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::rc::Rc;
 
-use canter_h1::RequestHead;
 use canter_rt::http::{header, HeaderValue, Method, StatusCode};
-use canter_rt::{Reply, Request, Response, Service};
+use canter_rt::{BodyKind, Reply, Request, RequestHead, Response, Service};
 use smallvec::SmallVec;
 
 use super::extract::{
@@ -103,8 +102,8 @@ impl RouteLimits {
             ));
         }
         let declared = match head.body_kind() {
-            canter_h1::BodyKind::Length(n) => n,
-            canter_h1::BodyKind::Chunked => 0,
+            BodyKind::Length(n) => n,
+            BodyKind::Chunked => 0,
         };
         if self.max_body.is_some_and(|max| declared > max as u64) {
             return Err(Rejection::new(
@@ -760,7 +759,7 @@ impl Router {
             .candidates(path)
             .iter()
             .map(|&i| &table.routes[i])
-            .find(|r| canter_h1::eq_bytes(r.pattern.as_bytes(), path.as_bytes()));
+            .find(|r| same_path(r.pattern.as_bytes(), path.as_bytes()));
         let (route, spans) = if let Some(route) = exact {
             (route, SmallVec::new())
         } else {
@@ -862,6 +861,34 @@ impl Service for Router {
     }
 }
 
+/// Path equality for the exact-route lookup, inlined: a word at a time, the last word
+/// overlapping the one before. For these short strings a call to `memcmp` (what `==` on slices
+/// becomes) costs more than the compare: 15 instructions more per pipelined request by callgrind.
+#[inline(always)]
+fn same_path(a: &[u8], b: &[u8]) -> bool {
+    fn at<const N: usize>(s: &[u8], i: usize) -> Option<[u8; N]> {
+        s.get(i..i + N)?.try_into().ok()
+    }
+    let n = a.len();
+    if n != b.len() {
+        return false;
+    }
+    if n >= 8 {
+        let mut i = 0;
+        while i + 8 < n {
+            if at::<8>(a, i) != at::<8>(b, i) {
+                return false;
+            }
+            i += 8;
+        }
+        return at::<8>(a, n - 8) == at::<8>(b, n - 8);
+    }
+    if n >= 4 {
+        return at::<4>(a, 0) == at::<4>(b, 0) && at::<4>(a, n - 4) == at::<4>(b, n - 4);
+    }
+    a.iter().zip(b).all(|(x, y)| x == y)
+}
+
 /// The names of `{name}` and `{*name}` segments, in order (`{{`/`}}` are escaped braces).
 fn param_names(pattern: &str) -> Vec<Box<str>> {
     let mut names = Vec::new();
@@ -884,6 +911,24 @@ fn param_names(pattern: &str) -> Vec<Box<str>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Equal to slice equality for every length and every position of a single difference.
+    #[test]
+    fn same_path_is_slice_equality() {
+        let a: Vec<u8> = (0..70u8)
+            .map(|b| b.wrapping_mul(31).wrapping_add(7))
+            .collect();
+        for n in 0..a.len() {
+            let x = &a[..n];
+            assert!(same_path(x, x), "{n}");
+            assert!(!same_path(x, &a[..n + 1]), "{n} against {}", n + 1);
+            for i in 0..n {
+                let mut y = x.to_vec();
+                y[i] ^= 0x01;
+                assert!(!same_path(x, &y), "{n}: byte {i} differs");
+            }
+        }
+    }
 
     #[test]
     fn tail_word_is_the_zero_padded_remainder() {
