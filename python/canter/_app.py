@@ -78,11 +78,15 @@ class App:
 
     def run(self, host="127.0.0.1", port=8080, workers=1, **options):
         """Serves until SIGINT or SIGTERM with `workers` processes sharing the port
-        (SO_REUSEPORT); a worker that dies is restarted. Options: `body_limit` (bytes, default
-        1 MiB: larger bodies are answered 413 before Python runs), `server_name`,
-        `max_connections` (per worker), `idle_timeout` and `drain_timeout` (seconds), `http2`
-        (h2c with prior knowledge, default on), and `tls_port`, `tls_cert`, `tls_key` (PEM
-        files) for an HTTPS listener beside the plain one (HTTP/2 by ALPN)."""
+        (SO_REUSEPORT); a worker that dies is restarted. Options, the engine's limits as
+        `canter serve` has them (each checked before any worker starts; a bad one raises
+        ValueError): `body_limit` (bytes, default 1 MiB: larger bodies are answered 413 before
+        Python runs), `max_head`, `max_headers`, `max_target` (431/414 above them),
+        `max_connections` (per worker), `max_pipeline`, `min_body_rate` (bytes/s),
+        `idle_timeout`, `head_timeout`, `body_timeout`, `write_timeout`, `handler_timeout`
+        and `drain_timeout` (seconds), `half_close`, `server_name`, `http2` (h2c with prior
+        knowledge, default on), `tls_port`, `tls_cert`, `tls_key` (PEM files) for an HTTPS
+        listener beside the plain one (HTTP/2 by ALPN), and `pin` (worker i on CPU i)."""
         _configure_logging()
         Supervisor(self.routes, host, port, workers, options).run()
 
@@ -108,6 +112,9 @@ class Supervisor:
         self.host = host
         self.workers = workers
         self.options = {k: v for k, v in options.items() if v is not None}
+        self.pin = bool(self.options.pop("pin", False))
+        # Every engine setting is checked here, once, rather than by each worker as it starts.
+        _native.check_settings(**self.options)
         self.serve = serve or self._serve_native
         self.children = {}  # pid -> (index, start time)
         self.stopping = False
@@ -145,6 +152,9 @@ class Supervisor:
             try:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                if self.pin:
+                    cpus = sorted(os.sched_getaffinity(0))
+                    os.sched_setaffinity(0, {cpus[index % len(cpus)]})
                 for s in self.reserved:
                     s.close()
 

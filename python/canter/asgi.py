@@ -142,8 +142,24 @@ def main(argv=None):
     s.add_argument("--body-limit", type=int, default=1 << 20,
                    help="largest request body in bytes (413 beyond, before the app runs)")
     s.add_argument("--max-connections", type=int, default=65536, help="per worker")
-    s.add_argument("--idle-timeout", type=float, default=None, help="seconds")
+    s.add_argument("--max-head", type=int, default=None,
+                   help="largest request head in bytes (431 beyond; default 16384)")
+    s.add_argument("--max-headers", type=int, default=None,
+                   help="most request header fields (431 beyond; default 100)")
+    s.add_argument("--max-target", type=int, default=None,
+                   help="longest request target in bytes (414 beyond; default 8192)")
+    s.add_argument("--max-pipeline", type=int, default=None,
+                   help="pipelined requests answered per connection turn (default 64)")
+    s.add_argument("--min-body-rate", type=int, default=None,
+                   help="slowest request body in bytes/s after a 5 s grace (default 240; 0: off)")
+    for name, default in (("idle", 60), ("head", 10), ("body", 30), ("write", 30),
+                          ("handler", 60)):
+        s.add_argument(f"--{name}-timeout", type=float, default=None,
+                       help=f"seconds (default {default})")
     s.add_argument("--drain-timeout", type=float, default=10.0, help="seconds")
+    s.add_argument("--half-close", action="store_true",
+                   help="answer a client that half-closes while its request runs")
+    s.add_argument("--pin", action="store_true", help="pin worker i to CPU i")
     s.add_argument("--server-name", default="canter")
     s.add_argument("--no-http2", action="store_true", help="HTTP/1.1 only (no h2c)")
     s.add_argument("--tls-port", type=int, default=None,
@@ -153,8 +169,15 @@ def main(argv=None):
     a = p.parse_args(argv)
     sys.path.insert(0, os.path.abspath(a.app_dir))
     app = load(a.app)
-    serve(app, host=a.host, port=a.port, workers=a.workers, root_path=a.root_path,
-          lifespan=a.lifespan, body_limit=a.body_limit, max_connections=a.max_connections,
-          idle_timeout=a.idle_timeout, drain_timeout=a.drain_timeout,
-          server_name=a.server_name, http2=not a.no_http2, tls_port=a.tls_port,
-          tls_cert=a.tls_cert, tls_key=a.tls_key)
+    try:
+        serve(app, host=a.host, port=a.port, workers=a.workers, root_path=a.root_path,
+              lifespan=a.lifespan, body_limit=a.body_limit, max_connections=a.max_connections,
+              max_head=a.max_head, max_headers=a.max_headers, max_target=a.max_target,
+              max_pipeline=a.max_pipeline, min_body_rate=a.min_body_rate,
+              idle_timeout=a.idle_timeout, head_timeout=a.head_timeout,
+              body_timeout=a.body_timeout, write_timeout=a.write_timeout,
+              handler_timeout=a.handler_timeout, drain_timeout=a.drain_timeout,
+              half_close=a.half_close or None, pin=a.pin, server_name=a.server_name,
+              http2=not a.no_http2, tls_port=a.tls_port, tls_cert=a.tls_cert, tls_key=a.tls_key)
+    except (ValueError, TypeError) as e:
+        p.error(str(e))  # a setting out of range: a usage error, before any worker starts

@@ -16,7 +16,7 @@ use canter::{MethodRouter, Parts, Router};
 use canter_rt::http::{Method, StatusCode};
 use canter_rt::{Config, ParkHooks, Reply, Response as RtResponse, Server};
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyOSError, PyValueError};
+use pyo3::exceptions::{PyException, PyOSError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
@@ -364,9 +364,162 @@ fn route_specs(routes: Vec<RouteArgs>) -> PyResult<Vec<RouteSpec>> {
 /// `target`: a list of `(method, pattern, function, is_async, argument names)` tuples (the
 /// native API), or a dict `{"app": asgi_app, "run": wrapper, "state": dict or None,
 /// "root_path": str}` (an ASGI app; `wrapper(app, scope, receive, send)` runs it).
+/// The engine's settings a Python caller may give (keyword arguments of `serve` and of
+/// `check_settings`), built into the server's configuration: every value is checked here, so a
+/// bad one is a `ValueError` naming it (a `TypeError` for an unknown name), before any worker
+/// starts. Times are seconds (float); `None` keeps the engine's default.
+struct Settings {
+    config: canter_rt::ConfigBuilder,
+    /// Also the router's body limit (the engine answers 413 above it before Python runs).
+    body_limit: usize,
+    /// Port, certificate chain and key of an HTTPS listener; loaded by each worker.
+    tls: Option<(u16, std::path::PathBuf, std::path::PathBuf)>,
+}
+
+/// The names [`Settings::from_kwargs`] takes.
+const SETTINGS: &[&str] = &[
+    "body_limit",
+    "server_name",
+    "max_connections",
+    "idle_timeout",
+    "head_timeout",
+    "body_timeout",
+    "write_timeout",
+    "handler_timeout",
+    "drain_timeout",
+    "max_head",
+    "max_headers",
+    "max_target",
+    "max_pipeline",
+    "min_body_rate",
+    "half_close",
+    "http2",
+    "tls_port",
+    "tls_cert",
+    "tls_key",
+];
+
+impl Settings {
+    fn from_kwargs(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Settings> {
+        let get = |name: &str| -> PyResult<Option<Bound<'_, PyAny>>> {
+            match kwargs {
+                Some(d) => Ok(d.get_item(name)?.filter(|v| !v.is_none())),
+                None => Ok(None),
+            }
+        };
+        if let Some(d) = kwargs {
+            for key in d.keys() {
+                let key: String = key.extract()?;
+                if !SETTINGS.contains(&key.as_str()) {
+                    return Err(PyTypeError::new_err(format!(
+                        "unknown setting '{key}' (known: {})",
+                        SETTINGS.join(", ")
+                    )));
+                }
+            }
+        }
+        let seconds = |name: &'static str| -> PyResult<Option<Duration>> {
+            let Some(v) = get(name)? else {
+                return Ok(None);
+            };
+            let t: f64 = v.extract()?;
+            Duration::try_from_secs_f64(t).map(Some).map_err(|_| {
+                PyValueError::new_err(format!("invalid {name}: {t} is not a number of seconds"))
+            })
+        };
+        let invalid = |e: canter_rt::ConfigError| PyValueError::new_err(e.to_string());
+        let mut timeouts = canter_rt::Timeouts::builder();
+        if let Some(t) = seconds("idle_timeout")? {
+            timeouts = timeouts.idle(t);
+        }
+        if let Some(t) = seconds("head_timeout")? {
+            timeouts = timeouts.head(t);
+        }
+        if let Some(t) = seconds("body_timeout")? {
+            timeouts = timeouts.body(t);
+        }
+        if let Some(t) = seconds("write_timeout")? {
+            timeouts = timeouts.write(t);
+        }
+        let body_limit: usize = match get("body_limit")? {
+            Some(v) => v.extract()?,
+            None => 1 << 20,
+        };
+        let mut limits = canter_rt::Limits::builder().max_body(body_limit as u64);
+        if let Some(v) = get("max_head")? {
+            limits = limits.max_head(v.extract()?);
+        }
+        if let Some(v) = get("max_headers")? {
+            limits = limits.max_headers(v.extract()?);
+        }
+        if let Some(v) = get("max_target")? {
+            limits = limits.max_target(v.extract()?);
+        }
+        let mut config = Config::builder()
+            .workers(1)
+            .park_hooks(Some(park_hooks()))
+            .timeouts(timeouts.build().map_err(invalid)?)
+            .limits(limits.build().map_err(invalid)?);
+        if let Some(v) = get("server_name")? {
+            config = config.server_name(v.extract::<String>()?);
+        }
+        if let Some(v) = get("max_connections")? {
+            config = config.max_connections(v.extract()?);
+        }
+        if let Some(t) = seconds("handler_timeout")? {
+            config = config.handler_timeout(t);
+        }
+        if let Some(t) = seconds("drain_timeout")? {
+            config = config.drain_timeout(t);
+        }
+        if let Some(v) = get("max_pipeline")? {
+            config = config.max_pipeline(v.extract()?);
+        }
+        if let Some(v) = get("min_body_rate")? {
+            config = config.min_body_rate(v.extract()?);
+        }
+        if let Some(v) = get("half_close")? {
+            config = config.half_close(v.extract()?);
+        }
+        if let Some(v) = get("http2")? {
+            if !v.extract::<bool>()? {
+                config = config.http2(None);
+            }
+        }
+        let tls = match (get("tls_port")?, get("tls_cert")?, get("tls_key")?) {
+            (Some(port), Some(cert), Some(key)) => {
+                Some((port.extract()?, cert.extract()?, key.extract()?))
+            }
+            (None, None, None) => None,
+            _ => {
+                return Err(PyValueError::new_err(
+                    "TLS needs all of tls_port, tls_cert and tls_key",
+                ))
+            }
+        };
+        // Checked now, whole (the listener's address is set by the caller).
+        config.clone().build().map_err(invalid)?;
+        Ok(Settings {
+            config,
+            body_limit,
+            tls,
+        })
+    }
+}
+
+/// Checks the engine settings `serve` would be given, without serving: a `ValueError` or
+/// `TypeError` names the first that is wrong. The supervisor calls it before forking workers.
 #[pyfunction]
-#[pyo3(signature = (target, host, port, on_ready, worker_loop, *, body_limit=1048576, server_name="canter".to_owned(), max_connections=65536, idle_timeout=None, drain_timeout=10.0, http2=true, tls_port=None, tls_cert=None, tls_key=None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (**settings))]
+fn check_settings(settings: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    Settings::from_kwargs(settings).map(drop)
+}
+
+/// Serves `target` (a list of native routes, or a dict describing an ASGI app) on this thread
+/// until SIGINT or SIGTERM; `on_ready(port)` is called once the listener is bound. The keyword
+/// arguments are the engine's settings (see `check_settings`).
+#[pyfunction]
+#[pyo3(signature = (target, host, port, on_ready, worker_loop, **settings))]
 fn serve(
     py: Python<'_>,
     target: &Bound<'_, PyAny>,
@@ -374,15 +527,7 @@ fn serve(
     port: u16,
     on_ready: Py<PyAny>,
     worker_loop: Py<PyAny>,
-    body_limit: usize,
-    server_name: String,
-    max_connections: usize,
-    idle_timeout: Option<f64>,
-    drain_timeout: f64,
-    http2: bool,
-    tls_port: Option<u16>,
-    tls_cert: Option<std::path::PathBuf>,
-    tls_key: Option<std::path::PathBuf>,
+    settings: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<()> {
     init_logging();
     let target = if let Ok(d) = target.cast::<PyDict>() {
@@ -410,41 +555,21 @@ fn serve(
         .next()
         .ok_or_else(|| PyOSError::new_err(format!("{host}: no address")))?;
     let invalid = |e: canter_rt::ConfigError| PyValueError::new_err(e.to_string());
-    let mut timeouts = canter_rt::Timeouts::builder();
-    if let Some(t) = idle_timeout {
-        timeouts = timeouts.idle(Duration::from_secs_f64(t.max(0.001)));
-    }
-    // The engine refuses a larger body (413) before Python runs.
-    let limits = canter_rt::Limits::builder().max_body(body_limit as u64);
-    let mut config = Config::builder()
-        .addr(addr)
-        .workers(1)
-        .server_name(server_name)
-        .max_connections(max_connections)
-        .drain_timeout(Duration::from_secs_f64(drain_timeout.max(0.0)))
-        .park_hooks(Some(park_hooks()))
-        .timeouts(timeouts.build().map_err(invalid)?)
-        .limits(limits.build().map_err(invalid)?);
-    if !http2 {
-        config = config.http2(None);
-    }
-    match (tls_port, tls_cert, tls_key) {
-        (Some(tls_port), Some(cert), Some(key)) => {
-            let acceptor = canter_rt::ServerTls::new()
-                .cert(cert, key)
-                .build()
-                .map_err(|e| PyValueError::new_err(format!("TLS: {e}")))?;
-            config = config.tls(Some(canter_rt::TlsListener {
-                addr: SocketAddr::new(addr.ip(), tls_port),
-                acceptor,
-            }));
-        }
-        (None, None, None) => {}
-        _ => {
-            return Err(PyValueError::new_err(
-                "TLS needs all of tls_port, tls_cert and tls_key",
-            ))
-        }
+    let Settings {
+        config,
+        body_limit,
+        tls,
+    } = Settings::from_kwargs(settings)?;
+    let mut config = config.addr(addr);
+    if let Some((tls_port, cert, key)) = tls {
+        let acceptor = canter_rt::ServerTls::new()
+            .cert(cert, key)
+            .build()
+            .map_err(|e| PyValueError::new_err(format!("TLS: {e}")))?;
+        config = config.tls(Some(canter_rt::TlsListener {
+            addr: SocketAddr::new(addr.ip(), tls_port),
+            acceptor,
+        }));
     }
     let server = Server::bind(config.build().map_err(invalid)?)
         .map_err(|e| PyOSError::new_err(format!("{addr}: {e}")))?;
@@ -501,6 +626,7 @@ fn serve(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add_function(wrap_pyfunction!(check_settings, m)?)?;
     m.add_class::<Request>()?;
     m.add_class::<request::Headers>()?;
     m.add_class::<response::Response>()?;

@@ -2,6 +2,7 @@
 requests and curl."""
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -234,3 +235,26 @@ def test_under_load_every_request_is_answered(starlette_app, fastapi_app):
         assert sum(report["errors"].values()) == 0, report
         assert not report.get("non2xx"), report
     assert requests.get(starlette_app.base + "/", timeout=10).status_code == 200
+
+
+def test_engine_limits_from_the_command_line(start_server):
+    s = serve(start_server, "asgi_app:app", "--max-target", "64", "--max-headers", "10",
+              "--head-timeout", "0.5", "--pin")
+    assert requests.get(s.base + "/", timeout=10).status_code == 200
+    assert requests.get(s.base + "/" + "t" * 80, timeout=10).status_code == 414
+    many = {f"x-h{i}": "1" for i in range(12)}
+    assert requests.get(s.base + "/", headers=many, timeout=10).status_code == 431
+    with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+        started = time.monotonic()
+        c.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nX-Half")
+        answer = c.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert 0.45 <= time.monotonic() - started < 2.0
+
+
+def test_a_setting_out_of_range_is_a_usage_error():
+    out = subprocess.run([sys.executable, "-m", "canter", "serve", "asgi_app:app", "--port", "0",
+                          "--max-head", "0"], capture_output=True, text=True, timeout=60,
+                         cwd=os.path.dirname(os.path.abspath(__file__)))
+    assert out.returncode == 2, out.stderr
+    assert "invalid max_head" in out.stderr, out.stderr

@@ -324,3 +324,89 @@ def test_a_client_that_leaves_cancels_its_async_handler(native):
     while get(native, "/cancelled").json()["n"] != before + 1:
         assert time.time() < deadline, "the handler's task was not cancelled"
         time.sleep(0.05)
+
+
+def _raw(port, data, timeout=10):
+    """Sends `data` on a new connection and returns everything read until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as c:
+        c.sendall(data)
+        out = b""
+        while True:
+            chunk = c.recv(65536)
+            if not chunk:
+                return out
+            out += chunk
+
+
+def _worker_pids(server):
+    pid = server.proc.pid
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def _allowed_cpus(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+
+
+def test_engine_limits_and_timeouts_are_settings(start_server, tmp_path):
+    (tmp_path / "limits_app.py").write_text(
+        "import canter\n"
+        "app = canter.App()\n"
+        "@app.get('/{*rest}')\n"
+        "def any_path(req, rest):\n"
+        "    return 'ok'\n"
+        "app.run(port=0, workers=2, pin=True, max_head=512, max_headers=10, max_target=64,\n"
+        "        head_timeout=0.5, idle_timeout=1.0, server_name='py-edge')\n"
+    )
+    s = start_server([sys.executable, str(tmp_path / "limits_app.py")])
+    r = get(s, "/short")
+    assert (r.status_code, r.text, r.headers["server"]) == (200, "ok", "py-edge")
+    # Each limit answered by the engine: target, field count, head size.
+    assert get(s, "/" + "t" * 80).status_code == 414
+    many = {f"x-h{i}": "1" for i in range(12)}
+    assert get(s, "/short", headers=many).status_code == 431
+    assert get(s, "/short", headers={"x-big": "b" * 600}).status_code == 431
+    # A head that stalls gets 408 at the head timeout; an idle connection is closed at the
+    # idle timeout (each late by at most the engine's 100 ms clock tick).
+    started = time.monotonic()
+    answer = _raw(s.port, b"GET /short HTTP/1.1\r\nHost: x\r\nX-Half")
+    took = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert 0.45 <= took < 2.0, took
+    started = time.monotonic()
+    answer = _raw(s.port, b"GET /short HTTP/1.1\r\nHost: x\r\n\r\n")
+    took = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 200 OK"), answer
+    assert 0.95 <= took < 3.0, took
+    # pin=True: each worker on a CPU of its own (of those the supervisor may use).
+    pids = _worker_pids(s)
+    assert len(pids) == 2, pids
+    cpus = [_allowed_cpus(p) for p in pids]
+    assert all(c.isdigit() for c in cpus), cpus
+    import os
+
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert len(set(cpus)) == 2, cpus
+
+
+def test_bad_settings_are_refused_before_any_worker_starts(tmp_path):
+    import subprocess
+
+    for setting, message in (("max_head=0", "invalid max_head"),
+                             ("head_timeout=0", "invalid head: must be above zero"),
+                             ("idle_timeout=-1", "invalid idle_timeout"),
+                             ("max_pipeline=0", "invalid max_pipeline"),
+                             ("max_hed=1", "unknown setting 'max_hed'")):
+        (tmp_path / "app.py").write_text(
+            f"import canter\ncanter.App().run(port=0, {setting})\n")
+        started = time.monotonic()
+        out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode != 0, (setting, out.stderr)
+        assert message in out.stderr, (setting, out.stderr)
+        # Refused in the supervisor: no worker was started (none restarted, none given up on).
+        assert "restarting" not in out.stderr and "giving up" not in out.stderr, out.stderr
+        assert time.monotonic() - started < 20
