@@ -32,7 +32,7 @@ PATHS = ["/plaintext", "/json", "/api/v1/resource7/42"]
 
 
 def build():
-    subprocess.run(["cargo", "build", "--release", "-p", "canter", "--bin", "canter",
+    subprocess.run(["cargo", "build", "--release", "-p", "canter-cli", "-p", "canter",
                     "--example", "app_overhead"], cwd=run.ROOT, check=True)
 
 

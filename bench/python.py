@@ -43,7 +43,7 @@ def setup():
     subprocess.run([PY, "-m", "pip", "install", "-q", "--disable-pip-version-check",
                     os.path.join(run.ROOT, "python")], check=True)
     if not os.path.exists(run.CANTER_BIN):
-        subprocess.run(["cargo", "build", "--release", "-p", "canter"], cwd=run.ROOT, check=True)
+        subprocess.run(["cargo", "build", "--release", "-p", "canter-cli"], cwd=run.ROOT, check=True)
 
 
 def granian(interface, app):
