@@ -61,6 +61,15 @@ class Lifespan:
                  "state": self.state}
         try:
             await self.app(scope, self._receive, self._send)
+            if not self.startup_done.done():
+                # An app that returns at once on a scope it does not serve (`if scope["type"]
+                # != "http": return`) has no lifespan either.
+                self.supported = False
+                log.info("the ASGI app returned from the lifespan scope without starting up; "
+                         "going on without lifespan")
+                self.startup_done.set_result({"type": "unsupported"})
+            if not self.shutdown_done.done():
+                self.shutdown_done.set_result({"type": "lifespan.shutdown.complete"})
         except BaseException as e:  # noqa: BLE001
             if not self.startup_done.done():
                 # An app without lifespan support raises on the unknown scope type.

@@ -171,6 +171,22 @@ def test_an_app_without_lifespan_still_serves(start_server, tmp_path):
     assert r.text == "bare app"
 
 
+def test_an_app_that_returns_on_the_lifespan_scope_still_serves(start_server, tmp_path):
+    # The other common shape: `if scope["type"] != "http": return`, neither raising nor
+    # answering lifespan.startup. The worker must not wait for a startup that never comes.
+    (tmp_path / "quiet.py").write_text(
+        "async def app(scope, receive, send):\n"
+        "    if scope['type'] != 'http':\n"
+        "        return\n"
+        "    await send({'type': 'http.response.start', 'status': 200, 'headers': []})\n"
+        "    await send({'type': 'http.response.body', 'body': b'quiet app'})\n"
+    )
+    s = serve(start_server, "quiet:app", "--app-dir", str(tmp_path))
+    s.wait_for(r"returned from the lifespan scope without starting up")
+    assert requests.get(s.base + "/", timeout=10).text == "quiet app"
+    assert s.stop() == 0
+
+
 def self_signed(tmp_path):
     """A certificate for 127.0.0.1 made by openssl; its (cert, key) paths."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
