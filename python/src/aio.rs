@@ -7,7 +7,7 @@
 //! or Rust code handed it a task. Coroutines thus run on the worker's own thread, next to the
 //! connections, with no thread switch and no lock between them.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::future::Future;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::pin::Pin;
@@ -35,6 +35,12 @@ struct WorkerLoop {
 pub fn install(wl: &Bound<'_, PyAny>) -> PyResult<()> {
     let wake = Rc::new(Notify::new());
     wl.call_method1("attach", (Wake(wake.clone()),))?;
+    // The loop's call_soon in Rust while it is driven (see `soon`).
+    let turning = Rc::new(Cell::new(false));
+    let event_loop = wl.getattr("loop")?;
+    let call_soon =
+        crate::soon::CallSoon::new(wl.py(), &event_loop, turning.clone(), wake.clone())?;
+    event_loop.setattr("call_soon", Bound::new(wl.py(), call_soon)?)?;
     let fd: RawFd = wl.getattr("fd")?.extract()?;
     let tick = wl.getattr("tick")?.unbind();
     LOOP.with(|l| {
@@ -44,18 +50,21 @@ pub fn install(wl: &Bound<'_, PyAny>) -> PyResult<()> {
         }));
         Ok::<_, PyErr>(())
     })?;
-    tokio::task::spawn_local(drive(tick, fd, wake));
+    tokio::task::spawn_local(drive(tick, fd, wake, turning));
     Ok(())
 }
 
 /// Stops driving the loop (after the worker's event loop has ended).
 pub fn uninstall(wl: &Bound<'_, PyAny>) -> PyResult<()> {
     LOOP.with(|l| l.borrow_mut().take());
+    // Back to the class's own call_soon (the loop may still run, e.g. the ASGI lifespan's
+    // shutdown after the drain).
+    wl.getattr("loop")?.delattr("call_soon")?;
     wl.call_method0("detach").map(drop)
 }
 
 /// Turns the asyncio loop whenever it may have work, and sleeps otherwise.
-async fn drive(tick: Py<PyAny>, fd: RawFd, wake: Rc<Notify>) {
+async fn drive(tick: Py<PyAny>, fd: RawFd, wake: Rc<Notify>, turning: Rc<Cell<bool>>) {
     // A duplicate of the selector's descriptor, owned here, so it stays open as long as it
     // is registered whatever Python does with the original.
     // SAFETY: `fd` is the open epoll descriptor of the loop's selector; dup only reads it.
@@ -81,6 +90,7 @@ async fn drive(tick: Py<PyAny>, fd: RawFd, wake: Rc<Notify>) {
         // Seconds until the loop wants another turn: 0 (it has callbacks ready, or its
         // selector just reported events that may not be drained), a timer's delay, or
         // negative for "only when woken".
+        turning.set(true);
         let next = Python::attach(|py| {
             tick.call0(py)
                 .and_then(|t| t.extract::<f64>(py))
@@ -89,6 +99,7 @@ async fn drive(tick: Py<PyAny>, fd: RawFd, wake: Rc<Notify>) {
                     0.001
                 })
         });
+        turning.set(false);
         if next == 0.0 {
             // Let the connections run between turns.
             tokio::task::yield_now().await;

@@ -26,6 +26,7 @@ mod asgi;
 mod json;
 mod request;
 mod response;
+mod soon;
 mod stream;
 
 use request::Request;

@@ -1,6 +1,7 @@
 """The app the native API tests run in a subprocess: `python native_app.py PORT WORKERS`."""
 
 import asyncio
+import contextvars
 import os
 import sys
 
@@ -193,6 +194,32 @@ def big_headers(req):
     n = int(req.query.get("n", "60000"))
     headers = [(f"x-h{i}", "v" * 100) for i in range(90)] + [("x-big", "b" * n)]
     return canter.Response("ok", headers=headers)
+
+
+SOON_VAR = contextvars.ContextVar("soon", default="unset")
+
+
+def _soon_boom():
+    raise RuntimeError("soon-boom")
+
+
+@app.get("/soon")
+async def soon(req):
+    # loop.call_soon while the engine drives the loop (its Rust call_soon): order, cancel,
+    # the caller's context, and an exception reported to the loop's handler.
+    loop = asyncio.get_running_loop()
+    ran = []
+    SOON_VAR.set("caller")
+    first = loop.call_soon(ran.append, "first")
+    dropped = loop.call_soon(ran.append, "cancelled")
+    dropped.cancel()
+    loop.call_soon(lambda: ran.append(SOON_VAR.get()))
+    loop.call_soon(_soon_boom)
+    loop.call_soon(ran.append, "after-boom")
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return {"ran": ran, "cancelled": dropped.cancelled(), "first_cancelled": first.cancelled(),
+            "handle": type(first).__module__ + "." + type(first).__name__}
 
 
 @app.get("/die")

@@ -410,3 +410,13 @@ def test_bad_settings_are_refused_before_any_worker_starts(tmp_path):
         # Refused in the supervisor: no worker was started (none restarted, none given up on).
         assert "restarting" not in out.stderr and "giving up" not in out.stderr, out.stderr
         assert time.monotonic() - started < 20
+
+
+def test_call_soon_on_the_driven_loop(native):
+    r = get(native, "/soon")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"ran": ["first", "caller", "after-boom"], "cancelled": True,
+                        "first_cancelled": False, "handle": "canter._native.Handle"}
+    native.wait_for(r"Exception in callback .*_soon_boom")
+    native.wait_for(r"RuntimeError: soon-boom")
+    assert get(native, "/").text == "Hello, World!"
