@@ -418,6 +418,73 @@ impl Conn {
         }
     }
 
+    /// The most of a request body the handler left unread that a connection reads and drops to
+    /// stay open; a larger (or longer) remainder closes the connection after the response.
+    pub const DISCARD_MAX: u64 = 64 * 1024;
+
+    /// Nothing will read the rest of the request body: decides, before the response head goes
+    /// out (so that it can say `Connection: close`), whether the connection survives it. A known
+    /// remainder above [`Conn::DISCARD_MAX`] closes it. A chunked remainder has no size to judge
+    /// by, so what `buf` already holds of it is dropped now: if the body ends there (a small
+    /// upload that came with its head) the connection is kept, as for a Content-Length body of
+    /// the same size, and if more than `DISCARD_MAX` is seen it closes. A chunked body still
+    /// arriving is left to [`Conn::discard_unread`] after the response.
+    #[cold]
+    pub fn judge_unread_body(&mut self, buf: &mut BytesMut, now: Instant) {
+        match self.body_remaining() {
+            Some(n) if n > Self::DISCARD_MAX => self.set_close(),
+            Some(_) => {}
+            None => {
+                // Over, too long (closes), broken (closes), or still arriving (read later).
+                let _ = self.drop_body(buf, now, &mut 0);
+            }
+        }
+    }
+
+    /// After the response, drops what `buf` holds of a request body the handler left unread,
+    /// so that the connection can take the next request. [`Discard::NeedMore`]: the body goes on
+    /// beyond `buf`; the driver sends the response (see [`Conn::end_body`]), reads more input
+    /// and calls again with the same `dropped` count. [`Discard::Settled`]: the body is over, or
+    /// the connection is to close (above [`Conn::DISCARD_MAX`] dropped or declared, a broken
+    /// body, or `Connection: close` already decided).
+    pub fn discard_unread(
+        &mut self,
+        buf: &mut BytesMut,
+        now: Instant,
+        dropped: &mut u64,
+    ) -> Discard {
+        if self.body_done() || !self.keep_alive {
+            return Discard::Settled;
+        }
+        if self.body_remaining().is_some_and(|n| n > Self::DISCARD_MAX) {
+            self.set_close();
+            return Discard::Settled;
+        }
+        self.drop_body(buf, now, dropped)
+    }
+
+    /// Decodes and drops body bytes from `buf` while they stay within
+    /// [`Conn::DISCARD_MAX`] in all; closes the connection past that or on a broken body.
+    fn drop_body(&mut self, buf: &mut BytesMut, now: Instant, dropped: &mut u64) -> Discard {
+        loop {
+            match self.poll_body(buf, now) {
+                Ok(BodyEvent::Data(d)) => {
+                    *dropped += d.len() as u64;
+                    if *dropped > Self::DISCARD_MAX {
+                        self.set_close();
+                        return Discard::Settled;
+                    }
+                }
+                Ok(BodyEvent::End) => return Discard::Settled,
+                Ok(BodyEvent::NeedMore) => return Discard::NeedMore,
+                Err(_) => {
+                    self.set_close();
+                    return Discard::Settled;
+                }
+            }
+        }
+    }
+
     /// Ends a complete response body now, before [`Conn::finish`]: writes the last chunk of a
     /// chunked body (nothing for other framings). For a driver that sends the response and then
     /// waits on the request body the handler left unread: the client may hold back the rest of
@@ -492,6 +559,15 @@ impl Conn {
         }
         self.send = Send::Idle;
     }
+}
+
+/// What [`Conn::discard_unread`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Discard {
+    /// Nothing more to read for this body: it is over, or the connection is to close.
+    Settled,
+    /// The body goes on beyond the input given: read more and call again.
+    NeedMore,
 }
 
 /// The Server and Date fields: preformatted, or to be formatted.
@@ -816,6 +892,101 @@ pub fn reason(status: u16) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection that has parsed the head at the start of `input`, and what is left of it.
+    fn after_head(input: &str) -> (Conn, BytesMut, Instant) {
+        let now = Instant::now();
+        let mut conn = Conn::new(Limits::default(), Timeouts::default(), now);
+        let mut buf = BytesMut::from(input.as_bytes());
+        let head = conn
+            .poll_request(&mut buf, now)
+            .expect("valid")
+            .expect("whole");
+        drop(head);
+        (conn, buf, now)
+    }
+
+    /// The keep-or-close rule for a body the handler left unread, decided without a socket:
+    /// before the head (`judge_unread_body`) and after it (`discard_unread`).
+    #[test]
+    fn an_unread_body_keeps_the_connection_only_when_small() {
+        let big = (Conn::DISCARD_MAX + 1).to_string();
+        // Declared above the bound: closes before anything is read.
+        let (mut c, mut buf, now) = after_head(&format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: {big}\r\n\r\nabc"
+        ));
+        c.judge_unread_body(&mut buf, now);
+        assert!(!c.keep_alive());
+        assert_eq!(c.discard_unread(&mut buf, now, &mut 0), Discard::Settled);
+
+        // Small and all there, with the next request behind it: dropped, kept, the next
+        // request untouched.
+        let (mut c, mut buf, now) = after_head(
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabcGET / HTTP/1.1\r\n",
+        );
+        c.judge_unread_body(&mut buf, now);
+        assert!(c.keep_alive());
+        assert_eq!(c.discard_unread(&mut buf, now, &mut 0), Discard::Settled);
+        assert!(c.keep_alive() && c.body_done());
+        assert_eq!(&buf[..], b"GET / HTTP/1.1\r\n");
+
+        // Small but still arriving: more is read after the response, then kept.
+        let (mut c, mut buf, now) =
+            after_head("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789");
+        c.judge_unread_body(&mut buf, now);
+        assert!(c.keep_alive());
+        let mut dropped = 0;
+        assert_eq!(
+            c.discard_unread(&mut buf, now, &mut dropped),
+            Discard::NeedMore
+        );
+        buf.extend_from_slice(&[b'x'; 990]);
+        assert_eq!(
+            c.discard_unread(&mut buf, now, &mut dropped),
+            Discard::Settled
+        );
+        assert_eq!(dropped, 1000);
+        assert!(c.keep_alive() && c.body_done());
+
+        // Chunked and complete in the buffer: dropped before the head goes out, kept.
+        let (mut c, mut buf, now) = after_head(
+            "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        );
+        c.judge_unread_body(&mut buf, now);
+        assert!(c.keep_alive() && c.body_done());
+
+        // Chunked and still arriving: kept while it stays small.
+        let (mut c, mut buf, now) =
+            after_head("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel");
+        c.judge_unread_body(&mut buf, now);
+        assert!(c.keep_alive() && !c.body_done());
+        let mut dropped = 0;
+        assert_eq!(
+            c.discard_unread(&mut buf, now, &mut dropped),
+            Discard::NeedMore
+        );
+        buf.extend_from_slice(b"lo\r\n0\r\n\r\n");
+        assert_eq!(
+            c.discard_unread(&mut buf, now, &mut dropped),
+            Discard::Settled
+        );
+        assert!(c.keep_alive() && c.body_done());
+
+        // Chunked, and more than the bound already buffered: closes.
+        let chunk = format!("{:x}\r\n{}\r\n", 8192, "c".repeat(8192));
+        let (mut c, mut buf, now) = after_head(&format!(
+            "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{}",
+            chunk.repeat(9)
+        ));
+        c.judge_unread_body(&mut buf, now);
+        assert!(!c.keep_alive());
+
+        // Chunked and broken: closes.
+        let (mut c, mut buf, now) =
+            after_head("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
+        c.judge_unread_body(&mut buf, now);
+        assert!(!c.keep_alive());
+    }
 
     #[test]
     fn prevalidated_head_uses_the_block_whole_only_for_200() {

@@ -37,7 +37,7 @@ mod head;
 mod limits;
 
 pub use body::{BodyDecoder, BodyEvent};
-pub use conn::{reason, BodyLen, Conn, LengthMismatch, Next, Preamble, OK_LINE};
+pub use conn::{reason, BodyLen, Conn, Discard, LengthMismatch, Next, Preamble, OK_LINE};
 pub use error::{BadBody, Error, Malformed};
 pub use head::{BodyKind, Method, RequestHead, Version};
 pub use limits::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};

@@ -27,7 +27,7 @@ use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use canter_h1::{BodyEvent, BodyLen, Conn, Next, RequestHead};
+use canter_h1::{BodyEvent, BodyLen, Conn, Discard, Next, RequestHead};
 use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::io::Interest;
 use tokio::time::Sleep;
@@ -39,8 +39,6 @@ use crate::service::{Reply, Request, Response, Service};
 use crate::transport::Transport;
 use crate::worker::{clock, later, Registration, Worker, READ_BUF};
 
-/// Unread request body the connection is willing to read and discard to keep the connection.
-const DISCARD_MAX: u64 = 64 * 1024;
 /// Buffered input up to which the connection keeps reading while a handler is pending, to
 /// notice a peer that goes away.
 const LOOKAHEAD: usize = READ_BUF;
@@ -706,7 +704,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
             self.h1.set_close();
         }
         if !self.h1.body_done() && !body_held {
-            self.judge_unread_body();
+            self.h1.judge_unread_body(&mut self.rbuf, self.worker.now());
         }
         let len = match body {
             Body::Empty => BodyLen::Known(0),
@@ -1004,87 +1002,38 @@ impl<S: Service, T: Transport> Driver<S, T> {
         progressed
     }
 
-    /// Nothing will read the rest of the request body: decide before the head goes out whether
-    /// the connection can survive it. A known remainder above [`DISCARD_MAX`] closes it. A chunked
-    /// remainder has no size to judge by, so what is already buffered of it is dropped now: if
-    /// the body ends there (a small upload arrives with its head), the connection is kept as for
-    /// a Content-Length body of the same size, and if more than `DISCARD_MAX` is seen it closes.
-    /// A chunked body still arriving is left to `discard_body`, which reads on within the
-    /// same bound after the response.
-    #[cold]
-    fn judge_unread_body(&mut self) {
-        match self.h1.body_remaining() {
-            Some(n) if n > DISCARD_MAX => self.h1.set_close(),
-            Some(_) => {}
-            None => {
-                let mut dropped = 0u64;
-                loop {
-                    match self.h1.poll_body(&mut self.rbuf, self.worker.now()) {
-                        Ok(BodyEvent::Data(d)) => {
-                            dropped += d.len() as u64;
-                            if dropped > DISCARD_MAX {
-                                self.h1.set_close();
-                                return;
-                            }
-                        }
-                        Ok(BodyEvent::End | BodyEvent::NeedMore) => return,
-                        Err(_) => {
-                            self.h1.set_close();
-                            return;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
     /// Reads and drops a small unread remainder of the request body so the connection can be
     /// reused; closes instead when the remainder is large or unknown-and-long.
     async fn discard_body(&mut self) -> Res<()> {
-        if self.h1.body_done() || self.closing() || !self.h1.keep_alive() {
-            return Ok(());
-        }
-        if self.h1.body_remaining().is_some_and(|n| n > DISCARD_MAX) {
-            self.h1.set_close();
+        if self.closing() {
             return Ok(());
         }
         let mut dropped = 0u64;
-        loop {
-            match self.h1.poll_body(&mut self.rbuf, self.worker.now()) {
-                Ok(BodyEvent::Data(d)) => {
-                    dropped += d.len() as u64;
-                    if dropped > DISCARD_MAX {
-                        self.h1.set_close();
-                        return Ok(());
-                    }
-                }
-                Ok(BodyEvent::End) => return Ok(()),
-                Ok(BodyEvent::NeedMore) => {
-                    // The answer leaves first: a client may wait for it before sending the rest.
-                    self.h1.end_body(&mut self.out.buf);
-                    if !self.out.is_empty() {
-                        self.flush().await?;
-                    }
-                    let n = poll_fn(|cx| match self.poll_read(cx) {
-                        Poll::Pending => match self.h1.deadline() {
-                            Some(at) if self.timer.poll_expired(cx, at) => Poll::Ready(Ok(0)),
-                            _ => Poll::Pending,
-                        },
-                        ready => ready,
-                    })
-                    .await
-                    .map_err(Stop::Io)?;
-                    if n == 0 {
-                        self.h1.set_close();
-                        return Ok(());
-                    }
-                }
-                Err(_) => {
-                    self.h1.set_close();
-                    return Ok(());
-                }
+        while self
+            .h1
+            .discard_unread(&mut self.rbuf, self.worker.now(), &mut dropped)
+            == Discard::NeedMore
+        {
+            // The answer leaves first: a client may wait for it before sending the rest.
+            self.h1.end_body(&mut self.out.buf);
+            if !self.out.is_empty() {
+                self.flush().await?;
+            }
+            let n = poll_fn(|cx| match self.poll_read(cx) {
+                Poll::Pending => match self.h1.deadline() {
+                    Some(at) if self.timer.poll_expired(cx, at) => Poll::Ready(Ok(0)),
+                    _ => Poll::Pending,
+                },
+                ready => ready,
+            })
+            .await
+            .map_err(Stop::Io)?;
+            if n == 0 {
+                self.h1.set_close();
+                return Ok(());
             }
         }
+        Ok(())
     }
 
     /// Writes everything buffered; fails after the write timeout without progress.
