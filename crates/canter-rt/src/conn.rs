@@ -571,8 +571,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                     Driven::TimedOut => {
                         tracing::warn!(peer = %self.peer, "handler timed out");
                         self.h1.set_close();
-                        Response::text("Service Unavailable\n")
-                            .with_status(StatusCode::SERVICE_UNAVAILABLE)
+                        Response::handler_timed_out()
                     }
                 }
             }
@@ -619,7 +618,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
     fn panicked(&mut self) -> Response {
         tracing::error!(peer = %self.peer, "handler panicked; answering 500 and closing");
         self.h1.set_close();
-        Response::text("Internal Server Error\n").with_status(StatusCode::INTERNAL_SERVER_ERROR)
+        Response::handler_panicked()
     }
 
     /// Encodes `response`; streams its body under backpressure. Returns false if the body was

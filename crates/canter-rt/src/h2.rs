@@ -382,8 +382,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                 State::Handler(_) => {
                     tracing::warn!(peer = %self.peer, stream = ex.stream, "handler timed out");
                     self.release(&ex, BodyError::Detached);
-                    let res = Response::text("Service Unavailable\n")
-                        .with_status(StatusCode::SERVICE_UNAVAILABLE);
+                    let res = Response::handler_timed_out();
                     self.respond_and_track(ex.stream, res, ex.head_only, None);
                 }
                 State::Stream(_) | State::File { .. } => {
@@ -829,7 +828,7 @@ impl<S: Service, T: Transport> H2<S, T> {
 
 fn panicked(peer: &SocketAddr) -> Response {
     tracing::error!(%peer, "handler panicked; answering 500");
-    Response::text("Internal Server Error\n").with_status(StatusCode::INTERNAL_SERVER_ERROR)
+    Response::handler_panicked()
 }
 
 /// The handler is done with the request body: later reads fail, later data is discarded.

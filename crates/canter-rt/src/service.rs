@@ -123,6 +123,16 @@ pub struct Response {
 }
 
 impl Response {
+    /// The answer to a request whose handler panicked, whichever protocol carried it.
+    pub(crate) fn handler_panicked() -> Response {
+        Response::text("Internal Server Error\n").with_status(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// The answer to a request whose handler ran past [`crate::Config::handler_timeout`].
+    pub(crate) fn handler_timed_out() -> Response {
+        Response::text("Service Unavailable\n").with_status(StatusCode::SERVICE_UNAVAILABLE)
+    }
+
     /// A response with `status`, no extra headers and an empty body.
     #[inline]
     pub fn new(status: StatusCode) -> Response {
