@@ -139,39 +139,14 @@ fn route_limits_answer_before_the_handler() {
 /// it, instead of serving with a silently changed value.
 #[test]
 fn out_of_range_flags_are_refused_at_startup() {
-    use std::process::{Command, Stdio};
-    use std::time::Instant;
     for (flag, value, setting) in [
         ("--max-head", "70000", "invalid max_head"),
         ("--idle-timeout", "0", "invalid idle"),
         ("--workers", "0", "invalid workers"),
         ("--max-pipeline", "0", "invalid max_pipeline"),
     ] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
-            .args(["serve", "--addr", "127.0.0.1:0", flag, value])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if start.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                panic!("canter serve {flag} {value} did not exit");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let args = ["serve", "--addr", "127.0.0.1:0", flag, value].map(std::ffi::OsStr::new);
+        let (status, err) = common::canter_exits(&args);
         assert!(!status.success(), "{flag} {value}: {err}");
         assert!(err.contains(setting), "{flag} {value}: {err}");
     }

@@ -8,10 +8,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
-use std::thread;
 use std::time::{Duration, Instant, SystemTime};
 
 use canter::{get, Router, ServeDir};
@@ -719,28 +718,10 @@ fn static_flag_mounts_and_absence_leaves_no_route() {
     // The rest of the demo is still there.
     assert_eq!(server.client().get("/plaintext").body, b"Hello, World!");
     // A --static that is not a directory is refused at startup.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--static"])
-        .arg(tree.root.join("hello.txt"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > Duration::from_secs(10) {
-            let _ = child.kill();
-            panic!("canter serve --static <file> did not exit");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
+    let file = tree.root.join("hello.txt");
+    let args = ["serve", "--addr", "127.0.0.1:0", "--static"].map(std::ffi::OsStr::new);
+    let (status, err) = common::canter_exits(&[&args[..], &[file.as_os_str()]].concat());
     assert!(!status.success());
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
     assert!(err.contains("not a directory"), "{err}");
 }
 

@@ -41,7 +41,7 @@ static FILL: [u8; 64 * 1024] = [b'x'; 64 * 1024];
 static SLEEPERS: AtomicUsize = AtomicUsize::new(0);
 
 /// The test application, routed by path.
-fn app(mut req: Request) -> Reply {
+fn app(req: Request) -> Reply {
     match req.path() {
         "/hello" => Response::text("hello").into(),
         "/panic" => panic!("test: synchronous handler panic"),
@@ -52,21 +52,7 @@ fn app(mut req: Request) -> Reply {
             std::future::pending::<()>().await;
             Response::text("unreachable")
         }),
-        "/slow-body" | "/sum" => Reply::future(async move {
-            let body = req.body_mut();
-            let mut total = 0usize;
-            while let Some(chunk) = body.chunk().await {
-                match chunk {
-                    Ok(data) => total += data.len(),
-                    Err(e) => {
-                        return Response::text(format!("body error: {e}\n")).with_status(
-                            StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
-                        )
-                    }
-                }
-            }
-            Response::text(total.to_string())
-        }),
+        "/slow-body" | "/sum" => common::sum_body(req),
         "/stream" => Response::new(StatusCode::OK)
             .with_body(Body::stream(Some(STREAM_LEN), Repeat { left: STREAM_LEN }))
             .into(),

@@ -7,6 +7,8 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -22,7 +24,7 @@ fn peer() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 4000))
 }
 
-fn app(mut req: Request) -> Reply {
+fn app(req: Request) -> Reply {
     match req.path() {
         "/hello" => Response::text("hello").into(),
         "/never" => Reply::future(async {
@@ -30,21 +32,7 @@ fn app(mut req: Request) -> Reply {
             Response::text("unreachable")
         }),
         "/big" => Response::text(vec![b'x'; 4 << 20]).into(),
-        "/sum" => Reply::future(async move {
-            let body = req.body_mut();
-            let mut total = 0usize;
-            while let Some(chunk) = body.chunk().await {
-                match chunk {
-                    Ok(data) => total += data.len(),
-                    Err(e) => {
-                        return Response::text(format!("body error: {e}\n")).with_status(
-                            StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
-                        )
-                    }
-                }
-            }
-            Response::text(total.to_string())
-        }),
+        "/sum" => common::sum_body(req),
         _ => Response::new(StatusCode::NOT_FOUND).into(),
     }
 }

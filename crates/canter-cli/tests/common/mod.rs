@@ -33,6 +33,32 @@ pub use postgres::Postgres;
 #[allow(unused_imports)]
 pub use canter_testkit::{random_bytes, Client, Response, IO_TIMEOUT};
 
+/// Runs `canter ARGS` expecting it to exit by itself within 10 s (a refused start): its status
+/// and what it wrote to stderr. Killed, and the test failed, if it is still running then.
+pub fn canter_exits(args: &[&std::ffi::OsStr]) -> (ExitStatus, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = read_all(child.stderr.take().unwrap());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("canter {args:?} did not exit");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let err = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+    (status, err)
+}
+
 /// A running `canter serve` child process; killed when dropped.
 pub struct Server {
     child: Child,

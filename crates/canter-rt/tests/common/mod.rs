@@ -143,3 +143,24 @@ impl Drop for TestServer {
         }
     }
 }
+
+/// Reads the whole request body and answers its length, or the body error with its status
+/// (413, 408, 400).
+pub fn sum_body(mut req: canter_rt::Request) -> canter_rt::Reply {
+    canter_rt::Reply::future(async move {
+        let body = req.body_mut();
+        let mut total = 0usize;
+        while let Some(chunk) = body.chunk().await {
+            match chunk {
+                Ok(data) => total += data.len(),
+                Err(e) => {
+                    let status = canter_rt::http::StatusCode::from_u16(e.status())
+                        .unwrap_or(canter_rt::http::StatusCode::BAD_REQUEST);
+                    return canter_rt::Response::text(format!("body error: {e}\n"))
+                        .with_status(status);
+                }
+            }
+        }
+        canter_rt::Response::text(total.to_string())
+    })
+}
