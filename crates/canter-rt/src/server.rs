@@ -176,8 +176,8 @@ impl Config {
 
     /// Client faults ([`ClientFault`]: bad requests, timeouts, resets, failed handshakes) are
     /// logged one by one at DEBUG only, since any peer can cause as many as it likes; at INFO,
-    /// one line per this interval gives their counts by kind, when there were any. The counts
-    /// are also in [`Stats::client_faults`].
+    /// one line per this interval gives their counts by kind, when there were any (zero: no
+    /// summary). The counts are also in [`Stats::client_faults`].
     pub fn fault_log_interval(&self) -> Duration {
         self.fault_log_interval
     }
@@ -355,13 +355,9 @@ impl ConfigBuilder {
         if c.backlog < 1 {
             return Err(ConfigError::new("backlog", "must be at least 1"));
         }
-        for (value, name) in [
-            (c.handler_timeout, "handler_timeout"),
-            (c.fault_log_interval, "fault_log_interval"),
-        ] {
-            if value.is_zero() {
-                return Err(ConfigError::new(name, "must be above zero"));
-            }
+        // A zero `fault_log_interval` is allowed: it turns the summary off.
+        if c.handler_timeout.is_zero() {
+            return Err(ConfigError::new("handler_timeout", "must be above zero"));
         }
         Ok(c)
     }
