@@ -1,24 +1,23 @@
 //! Fault tests of the runtime over real sockets on 127.0.0.1: handler panics (synchronous, in a
-//! future, in a body stream), clients that disconnect mid-request (checked for leaked connection tasks), async body reading with
-//! chunked and pipelined requests, `max_connections`, and graceful shutdown with a request in
-//! flight. Also two response-stream cases beyond the issue's list (a stalled stream whose
-//! client left, a slowly trickling stream), the check of the configured Server value, a
-//! service factory that panics, and clients that close or half-close while their handler is
-//! pending (cancelled unless `Config::half_close`).
+//! future, in a body stream), clients that disconnect mid-request (checked for leaked
+//! connection tasks), async body reading with chunked and pipelined requests,
+//! `max_connections`, and graceful shutdown with a request in flight. Also the check of the
+//! configured Server value, a service factory that panics, and clients that close or
+//! half-close while their handler is pending (cancelled unless `Config::half_close`).
 //!
 //! Tests marked `#[ignore = "bug: …"]` fail today and document a runtime bug; run them with
 //! `cargo test -p canter-rt --test faults -- --ignored`.
 //!
 //! Each test runs its own in-process [`canter_rt::Server`] (one worker, short timeouts) on a
 //! background thread and stops it at the end. The timeouts (head, idle, body, minimum body rate,
-//! handler, write) are tested on virtual time against a scripted peer in `http_scripted.rs`,
+//! handler, write) and the paced and stalled response streams are tested on virtual time
+//! against a scripted peer in `http_scripted.rs`,
 //! which needs neither sockets nor waiting.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
 mod common;
 
-use std::future::Future;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::pin::Pin;
@@ -55,18 +54,6 @@ fn app(req: Request) -> Reply {
         "/slow-body" | "/sum" => common::sum_body(req),
         "/stream" => Response::new(StatusCode::OK)
             .with_body(Body::stream(Some(STREAM_LEN), Repeat { left: STREAM_LEN }))
-            .into(),
-        "/stall-stream" => Response::new(StatusCode::OK)
-            .with_body(Body::stream(Some(1000), StallAfterOne(false)))
-            .into(),
-        "/trickle" => Response::new(StatusCode::OK)
-            .with_body(Body::stream(
-                None,
-                Trickle {
-                    left: 5,
-                    sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
-                },
-            ))
             .into(),
         "/sleep" => Reply::future(async {
             SLEEPERS.fetch_add(1, Ordering::SeqCst);
@@ -119,46 +106,6 @@ async fn boom() -> Response {
 
 fn start(config: Config) -> TestServer {
     TestServer::start(config, |_worker| app)
-}
-
-/// `left` small pieces, the first at once, then one every 200 ms.
-struct Trickle {
-    left: u32,
-    sleep: Pin<Box<tokio::time::Sleep>>,
-}
-
-impl BodyStream for Trickle {
-    fn poll_next(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<std::io::Result<Bytes>>> {
-        if self.left == 0 {
-            return Poll::Ready(None);
-        }
-        if self.sleep.as_mut().poll(cx).is_pending() {
-            return Poll::Pending;
-        }
-        let next = tokio::time::Instant::now() + Duration::from_millis(200);
-        self.sleep.as_mut().reset(next);
-        self.left -= 1;
-        Poll::Ready(Some(Ok(Bytes::from(format!("piece {}\n", self.left)))))
-    }
-}
-
-/// Yields one piece, then is pending forever (never wakes the task).
-struct StallAfterOne(bool);
-
-impl BodyStream for StallAfterOne {
-    fn poll_next(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<std::io::Result<Bytes>>> {
-        if self.0 {
-            return Poll::Pending;
-        }
-        self.0 = true;
-        Poll::Ready(Some(Ok(Bytes::from_static(b"first piece"))))
-    }
 }
 
 /// Yields one piece, then panics.
@@ -402,64 +349,6 @@ fn disconnect_mid_stream_leaks_nothing() {
     }
     assert_eq!(server.stats.accepted(), ROUNDS);
     assert_worker_alive(&server);
-    server.stop();
-}
-
-/// Beyond the issue's list: a response body stream that stops producing (its source stalled)
-/// while the client goes away. While the connection task waits on the stream it watches the
-/// socket (`Driver::peer_gone`), so the peer's FIN ends the connection at once; without that,
-/// only the stream's stall timeout (`handler_timeout`) would.
-#[test]
-fn stalled_response_stream_does_not_outlive_the_client() {
-    let server = start(test_config());
-    let mut c = server.client();
-    c.send(get_request("/stall-stream"));
-    server.wait_accepted(1, Duration::from_secs(2));
-    let head = c.response_head();
-    assert_eq!(head.status, 200, "{head:?}");
-    drop(c);
-    // Well below `handler_timeout` (5 s in these tests).
-    let took = server.wait_idle(Duration::from_secs(1), "stalled stream, client gone");
-    println!("stalled stream: connection gone {took:?} after the client left");
-    server.stop();
-}
-
-/// Beyond the issue's list: a streamed body whose pieces come slowly (a progress or event
-/// stream). The head and each piece reach the client as they are produced: while the stream
-/// is pending, `Driver::drive` writes what is buffered.
-#[test]
-fn streamed_pieces_are_sent_as_they_come() {
-    let server = start(test_config());
-    let mut c = server.client();
-    let start = Instant::now();
-    c.send(get_request("/trickle"));
-    let r = c.response_head();
-    let head_after = start.elapsed();
-    assert_eq!(r.header("transfer-encoding"), Some("chunked"), "{r:?}");
-    let mut first = Vec::new();
-    while !first.ends_with(b"piece 4\n") {
-        assert!(first.len() < 100, "{:?}", String::from_utf8_lossy(&first));
-        first.extend(c.read_exact_bytes(1));
-    }
-    let first_after = start.elapsed();
-    let rest = c.response_to_end_of_chunks();
-    let end_after = start.elapsed();
-    println!(
-        "trickled stream: head after {head_after:?}, first piece after {first_after:?}, end after \
-         {end_after:?}"
-    );
-    assert!(
-        String::from_utf8_lossy(&rest).contains("piece 0"),
-        "{:?}",
-        String::from_utf8_lossy(&rest)
-    );
-    assert!(
-        head_after < Duration::from_millis(400) && first_after < Duration::from_millis(400),
-        "head after {head_after:?}, first piece after {first_after:?}, stream ended after \
-         {end_after:?}"
-    );
-    drop(c);
-    server.wait_idle(Duration::from_secs(2), "after trickled stream");
     server.stop();
 }
 

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use canter_rt::http::StatusCode;
-use canter_rt::{serve_connection, ClientFault, Config, Reply, Request, Response, Timeouts};
+use canter_rt::{serve_connection, Body, ClientFault, Config, Reply, Request, Response, Timeouts};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::time::Instant;
 
@@ -32,6 +32,12 @@ fn app(req: Request) -> Reply {
             Response::text("unreachable")
         }),
         "/big" => Response::text(vec![b'x'; 4 << 20]).into(),
+        "/trickle" => Response::new(StatusCode::OK)
+            .with_body(Body::stream(None, Trickle::new(5)))
+            .into(),
+        "/stall-stream" => Response::new(StatusCode::OK)
+            .with_body(Body::stream(Some(1000), StallAfterOne::default()))
+            .into(),
         "/sum" => common::sum_body(req),
         _ => Response::new(StatusCode::NOT_FOUND).into(),
     }
@@ -299,4 +305,120 @@ async fn a_peer_that_stops_reading_is_dropped_at_the_write_timeout() {
     )
     .await;
     assert_within_a_tick("write timeout", ended - start, write);
+}
+
+/// A streamed body whose pieces come slowly (an event stream): the head and each piece reach
+/// the client as they are produced, at the stream's own pace (one every 200 ms here), not
+/// when the response ends.
+#[tokio::test(start_paused = true)]
+async fn streamed_pieces_are_sent_as_they_come() {
+    let (_, ended) = converse(Config::default(), 1 << 16, |mut p| async move {
+        let start = Instant::now();
+        p.write_all(b"GET /trickle HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut seen = String::new();
+        let mut buf = vec![0; 4096];
+        for k in (0..5).rev() {
+            let piece = format!("piece {k}\n");
+            while !seen.contains(&piece) {
+                let n = p.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed before {piece:?}: {seen}");
+                seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+            let want = Duration::from_millis(200 * (4 - k));
+            assert_eq!(
+                start.elapsed(),
+                want,
+                "{piece:?} after {:?}",
+                start.elapsed()
+            );
+            if k == 4 {
+                assert!(seen.starts_with("HTTP/1.1 200 OK\r\n"), "{seen}");
+                assert!(seen.contains("Transfer-Encoding: chunked\r\n"), "{seen}");
+            }
+        }
+        seen.push_str(&read_to_close(&mut p).await);
+        assert!(seen.ends_with("\r\n0\r\n\r\n"), "{seen}");
+    })
+    .await;
+    let _ = ended;
+}
+
+/// A streamed response that stalls, whose client then leaves: the connection watches its
+/// transport while the stream is pending, so the peer's close ends it at once, not at the
+/// handler timeout.
+#[tokio::test(start_paused = true)]
+async fn a_stalled_stream_ends_when_its_client_leaves() {
+    let start = Instant::now();
+    let (_, ended) = converse(
+        config(Timeouts::default(), Duration::from_secs(60)),
+        1 << 16,
+        |mut p| async move {
+            p.write_all(b"GET /stall-stream HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = vec![0; 4096];
+            let n = p.read(&mut buf).await.unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK"));
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            drop(p);
+        },
+    )
+    .await;
+    // Gone right after the client's close at 2 s, long before the 60 s handler timeout.
+    assert_within_a_tick("connection end", ended - start, Duration::from_secs(2));
+}
+
+/// `left` small pieces, the first at once, then one every 200 ms.
+struct Trickle {
+    left: u32,
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Trickle {
+    fn new(pieces: u32) -> Trickle {
+        Trickle {
+            left: pieces,
+            sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
+        }
+    }
+}
+
+impl canter_rt::BodyStream for Trickle {
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::io::Result<bytes::Bytes>>> {
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        if std::future::Future::poll(self.sleep.as_mut(), cx).is_pending() {
+            return std::task::Poll::Pending;
+        }
+        let next = tokio::time::Instant::now() + Duration::from_millis(200);
+        self.sleep.as_mut().reset(next);
+        self.left -= 1;
+        std::task::Poll::Ready(Some(Ok(bytes::Bytes::from(format!(
+            "piece {}\n",
+            self.left
+        )))))
+    }
+}
+
+/// Yields one piece, then is pending forever (never wakes the task).
+#[derive(Default)]
+struct StallAfterOne(bool);
+
+impl canter_rt::BodyStream for StallAfterOne {
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::io::Result<bytes::Bytes>>> {
+        if self.0 {
+            return std::task::Poll::Pending;
+        }
+        self.0 = true;
+        std::task::Poll::Ready(Some(Ok(bytes::Bytes::from_static(b"first piece"))))
+    }
 }
