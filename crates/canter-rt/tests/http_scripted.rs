@@ -422,3 +422,33 @@ impl canter_rt::BodyStream for StallAfterOne {
         std::task::Poll::Ready(Some(Ok(bytes::Bytes::from_static(b"first piece"))))
     }
 }
+
+/// `serve_connection` hands a connection that opens with the HTTP/2 preface to the HTTP/2
+/// actor (Config::http2 is on by default): the server's first frame is its SETTINGS, and a
+/// GOAWAY ends the connection.
+#[tokio::test(start_paused = true)]
+async fn the_http2_preface_gets_an_http2_answer() {
+    let (_, _) = converse(Config::default(), 1 << 16, |mut p| async move {
+        p.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        // An empty SETTINGS frame: length 0, type 4, no flags, stream 0.
+        p.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+        let mut head = [0u8; 9];
+        p.read_exact(&mut head).await.unwrap();
+        let (len, kind, stream) = (
+            u32::from_be_bytes([0, head[0], head[1], head[2]]),
+            head[3],
+            u32::from_be_bytes([head[5], head[6], head[7], head[8]]),
+        );
+        assert_eq!((kind, stream), (4, 0), "first frame {head:?}");
+        assert_eq!(len % 6, 0, "SETTINGS payload of {len} bytes");
+        // GOAWAY (type 7): last stream 0, NO_ERROR; the server closes.
+        p.write_all(&[0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        p.read_to_end(&mut rest).await.unwrap();
+    })
+    .await;
+}
