@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import os
+from typing import List, Optional
 
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
@@ -147,7 +148,7 @@ api = FastAPI()
 class Item(BaseModel):
     name: str
     price: float
-    tags: list[str] = []
+    tags: List[str] = []
 
 
 @api.post("/items", status_code=201)
@@ -156,7 +157,7 @@ async def create_item(item: Item):
 
 
 @api.get("/items/{item_id}")
-def read_item(item_id: int, q: str | None = None):
+def read_item(item_id: int, q: Optional[str] = None):
     if item_id == 404:
         raise HTTPException(status_code=404, detail="no such item")
     return {"item_id": item_id, "q": q}
