@@ -460,14 +460,21 @@ fn bad_records_are_counted_and_a_broken_frame_closes_only_its_connection() {
     );
     good.write_all(&data[..16])
         .expect("the good connection still takes data");
+    // The collector receives a turn's records before the worker stores that turn's counts, so
+    // both are waited for; the counts are then checked exactly.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while out.len() < 1_001 {
+    while out.len() < 1_001
+        || metrics
+            .totals("strict")
+            .is_none_or(|t| t.source_records < 1_002)
+    {
         assert!(Instant::now() < deadline, "{:?}", metrics.totals("strict"));
         std::thread::sleep(Duration::from_millis(10));
     }
     let totals = metrics.totals("strict").expect("metrics");
     assert_eq!((totals.rejected_input, totals.frame_errors), (1, 1));
     assert_eq!(totals.source_records, 1_002);
+    assert_eq!(out.len(), 1_001);
     running.shutdown_handle().shutdown();
     running.wait().expect("workers");
 }
