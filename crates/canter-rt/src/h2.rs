@@ -30,7 +30,7 @@ use canter_h2::{Connection, ErrorCode, Event, Settings, Sink};
 use http::{HeaderName, StatusCode};
 
 use crate::body::{Body, BodyError, BodyStream, Pipe, PipeState, RequestBody};
-use crate::conn::Timer;
+use crate::link::{Link, Timer};
 use crate::output::Out;
 use crate::server::{ClientFault, Config};
 use crate::service::{Reply, Request, Response, Service};
@@ -91,26 +91,27 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     registration: Registration,
     io: T,
     peer: SocketAddr,
-    svc: Rc<S>,
+    svc: Rc<crate::http1::Http<S>>,
     worker: Rc<Worker>,
     cfg: Rc<Config>,
     rbuf: BytesMut,
     upgraded: Option<Upgraded>,
 ) {
-    let mut out = Out::default();
-    out.prepare(&worker);
+    let mut link = Link::new(worker, rbuf);
+    link.prepare_output();
+    let out = &mut link.out;
     let conn = match &upgraded {
-        None => Connection::new(settings(&cfg), &mut out),
-        Some(up) => match Connection::upgrade(settings(&cfg), &up.settings, &mut out) {
+        None => Connection::new(settings(&cfg), out),
+        Some(up) => match Connection::upgrade(settings(&cfg), &up.settings, out) {
             Ok(conn) => conn,
             Err(e) => {
-                worker.fault(ClientFault::Protocol);
+                link.worker.fault(ClientFault::Protocol);
                 tracing::debug!(%peer, error = %e, "h2c upgrade refused");
                 return;
             }
         },
     };
-    let mut h2 = H2::new(conn, io, peer, svc, worker, cfg, rbuf, out);
+    let mut h2 = H2::new(conn, io, peer, svc, cfg, link);
     if let Some(up) = upgraded {
         let head_only = up.head.method() == canter_h1::Method::Head;
         h2.dispatch(1, up.head, None, RequestBody::empty(), head_only);
@@ -120,41 +121,34 @@ pub(crate) async fn serve<S: Service, T: Transport>(
 
 async fn drive<S: Service, T: Transport>(mut h2: H2<S, T>, registration: Registration) {
     let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
-    h2.worker.set_waker(registration.id, waker);
+    h2.link.worker.set_waker(registration.id, waker);
     let peer = h2.peer;
     let result = poll_fn(|cx| h2.poll(cx)).await;
     match &result {
         Ok(()) | Err(Stop::Done) => {}
         Err(Stop::Protocol(e)) => {
-            h2.worker.fault(ClientFault::Protocol);
+            h2.link.worker.fault(ClientFault::Protocol);
             tracing::debug!(%peer, error = %e, "HTTP/2 connection error");
         }
         Err(Stop::Timeout(phase)) => {
             if *phase == "idle" {
-                h2.worker.fault(ClientFault::IdleTimeout);
+                h2.link.worker.fault(ClientFault::IdleTimeout);
             }
             tracing::debug!(%peer, phase, "HTTP/2 connection timed out");
         }
         Err(Stop::Io(e)) => {
-            crate::conn::count_io_fault(&h2.worker, e);
+            crate::http1::count_io_fault(&h2.link.worker, e);
             tracing::debug!(%peer, error = %e, "HTTP/2 connection I/O error");
         }
     }
     if !matches!(result, Err(Stop::Io(_))) {
         // Send the GOAWAY (or anything else still buffered) before closing; bounded by the
         // write timeout.
-        let deadline = tokio::time::Instant::now() + h2.cfg.timeouts.write();
-        let _ = tokio::time::timeout_at(deadline, poll_fn(|cx| h2.out.poll_write(&mut h2.io, cx)))
-            .await;
-        let _ = poll_fn(|cx| h2.io.poll_shutdown(cx)).await;
+        let timeout = h2.cfg.timeouts.write();
+        h2.link.finish(&mut h2.io, timeout, false).await;
     }
     h2.exchanges.clear();
-    if h2.rbuf.capacity() > 0 {
-        h2.worker.give_buf(std::mem::take(&mut h2.rbuf));
-    }
-    if h2.out.buf.capacity() > 0 {
-        h2.worker.give_buf(std::mem::take(&mut h2.out.buf));
-    }
+    h2.link.release_all();
     drop(registration);
 }
 
@@ -192,53 +186,45 @@ struct H2<S, T> {
     peer: SocketAddr,
     /// The transport is TLS (for [`crate::peer_is_tls`]).
     tls: bool,
-    rbuf: BytesMut,
-    out: Out,
-    svc: Rc<S>,
-    worker: Rc<Worker>,
+    /// The input, the output and the worker: what every protocol's connection has.
+    link: Link,
+    svc: Rc<crate::http1::Http<S>>,
     cfg: Rc<Config>,
     exchanges: Vec<Exchange>,
     timer: Timer,
-    read_in_turn: usize,
     eof: bool,
     /// Last time a stream was open or a frame arrived: the idle timeout counts from here.
     active_at: Instant,
     /// Last time the output shrank (or was empty): the write timeout counts from here.
     write_progress_at: Instant,
     drained: bool,
-    /// `rbuf` holds input not parsed yet.
+    /// The input holds bytes not parsed yet.
     unparsed: bool,
     /// Response body bytes pulled since the task last yielded.
     pulled_in_turn: usize,
 }
 
 impl<S: Service, T: Transport> H2<S, T> {
-    #[allow(clippy::too_many_arguments)]
     fn new(
         conn: Connection,
         io: T,
         peer: SocketAddr,
-        svc: Rc<S>,
-        worker: Rc<Worker>,
+        svc: Rc<crate::http1::Http<S>>,
         cfg: Rc<Config>,
-        rbuf: BytesMut,
-        out: Out,
+        link: Link,
     ) -> H2<S, T> {
-        let now = worker.now();
+        let now = link.worker.now();
         H2 {
             conn,
             tls: io.encrypted(),
             io,
             peer,
-            unparsed: !rbuf.is_empty(),
-            rbuf,
-            out,
+            unparsed: !link.input.is_empty(),
+            link,
             svc,
-            worker,
             cfg,
             exchanges: Vec::new(),
             timer: Timer::new(),
-            read_in_turn: 0,
             eof: false,
             active_at: now,
             write_progress_at: now,
@@ -251,19 +237,18 @@ impl<S: Service, T: Transport> H2<S, T> {
         crate::set_peer(self.peer, self.tls);
         self.pulled_in_turn = 0;
         loop {
-            if self.worker.draining() && !self.drained {
+            if self.link.worker.draining() && !self.drained {
                 self.drained = true;
-                self.out.prepare(&self.worker);
-                self.conn.go_away(&mut self.out);
+                self.link.prepare_output();
+                self.conn.go_away(&mut self.link.out);
             }
             let mut again = false;
             // Input already buffered (the sniffed preface and what came with it) is parsed
             // before anything is read.
             let mut input = std::mem::take(&mut self.unparsed);
-            if !input && !self.eof && self.out.len() < self.cfg.high_water {
-                if self.read_in_turn >= self.cfg.read_budget {
+            if !input && !self.eof && self.link.out.len() < self.cfg.high_water {
+                if self.link.budget_spent(self.cfg.read_budget) {
                     // Let the worker's other connections run.
-                    self.read_in_turn = 0;
                     cx.waker().wake_by_ref();
                     self.poll_write(cx)?;
                     return Poll::Pending;
@@ -277,9 +262,9 @@ impl<S: Service, T: Transport> H2<S, T> {
             }
             if input {
                 again = true;
-                self.active_at = self.worker.now();
-                self.out.prepare(&self.worker);
-                if let Err(e) = self.conn.recv(&mut self.rbuf, &mut self.out) {
+                self.active_at = self.link.worker.now();
+                self.link.prepare_output();
+                if let Err(e) = self.conn.recv(&mut self.link.input, &mut self.link.out) {
                     self.events();
                     self.poll_write(cx)?;
                     return Poll::Ready(Err(Stop::Protocol(e)));
@@ -288,13 +273,13 @@ impl<S: Service, T: Transport> H2<S, T> {
             }
             self.poll_exchanges(cx);
             self.give_back_windows();
-            if !self.out.is_empty() || self.conn.queued() > 0 {
-                self.out.prepare(&self.worker);
+            if !self.link.out.is_empty() || self.conn.queued() > 0 {
+                self.link.prepare_output();
             }
-            self.conn.flush(&mut self.out);
+            self.conn.flush(&mut self.link.out);
             self.poll_write(cx)?;
             // Bodies whose queue the flush emptied can give more now, while the socket takes it.
-            if !again && self.out.len() < self.cfg.high_water && self.wants_pull() {
+            if !again && self.link.out.len() < self.cfg.high_water && self.wants_pull() {
                 if self.pulled_in_turn >= PULL_TURN {
                     self.pulled_in_turn = 0;
                     cx.waker().wake_by_ref();
@@ -309,37 +294,39 @@ impl<S: Service, T: Transport> H2<S, T> {
                 }
                 return Poll::Ready(Err(Stop::Done));
             }
-            if self.conn.is_finished() && self.exchanges.is_empty() && self.out.is_empty() {
+            if self.conn.is_finished() && self.exchanges.is_empty() && self.link.out.is_empty() {
                 return Poll::Ready(Ok(()));
             }
             if !again {
                 break;
             }
         }
-        if self.rbuf.is_empty() && self.rbuf.capacity() > 0 && self.exchanges.is_empty() {
-            self.worker.give_buf(std::mem::take(&mut self.rbuf));
-        }
-        if self.out.is_empty() && self.out.buf.capacity() > 0 {
-            self.worker.give_buf(std::mem::take(&mut self.out.buf));
+        // The input stays while streams are open: their body pieces may still share it.
+        if self.exchanges.is_empty() {
+            self.link.release_idle();
+        } else if self.link.out.is_empty() && self.link.out.buf.capacity() > 0 {
+            self.link
+                .worker
+                .give_buf(std::mem::take(&mut self.link.out.buf));
         }
         self.poll_timeouts(cx)
     }
 
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<(), Stop> {
-        if self.out.is_empty() && !self.io.has_pending_output() {
-            self.write_progress_at = self.worker.now();
+        if !self.link.has_output(&self.io) {
+            self.write_progress_at = self.link.worker.now();
             return Ok(());
         }
-        let before = self.out.len();
-        match self.out.poll_write(&mut self.io, cx) {
+        let before = self.link.out.len();
+        match self.link.poll_write(&mut self.io, cx) {
             Poll::Ready(Ok(())) => {
-                self.write_progress_at = self.worker.now();
+                self.write_progress_at = self.link.worker.now();
                 Ok(())
             }
             Poll::Ready(Err(e)) => Err(Stop::Io(e)),
             Poll::Pending => {
-                if self.out.len() < before {
-                    self.write_progress_at = self.worker.now();
+                if self.link.out.len() < before {
+                    self.write_progress_at = self.link.worker.now();
                 }
                 Ok(())
             }
@@ -348,7 +335,8 @@ impl<S: Service, T: Transport> H2<S, T> {
 
     fn poll_timeouts(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
         let t = &self.cfg.timeouts;
-        let write_at = (!self.out.is_empty()).then(|| later(self.write_progress_at, t.write()));
+        let write_at =
+            (!self.link.out.is_empty()).then(|| later(self.write_progress_at, t.write()));
         // Streams whose response is out but whose request body never ends do not keep a quiet
         // connection alive.
         let idle_at = self
@@ -367,7 +355,7 @@ impl<S: Service, T: Transport> H2<S, T> {
             return Poll::Ready(Err(Stop::Timeout("write")));
         }
         if idle_at.is_some_and(passed) {
-            self.conn.go_away(&mut self.out);
+            self.conn.go_away(&mut self.link.out);
             let _ = self.poll_write(cx);
             return Poll::Ready(Err(Stop::Timeout("idle")));
         }
@@ -377,7 +365,7 @@ impl<S: Service, T: Transport> H2<S, T> {
             .collect();
         for i in expired.into_iter().rev() {
             let ex = self.exchanges.swap_remove(i);
-            self.out.prepare(&self.worker);
+            self.link.prepare_output();
             match ex.state {
                 State::Handler(_) => {
                     tracing::warn!(peer = %self.peer, stream = ex.stream, "handler timed out");
@@ -389,7 +377,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                     tracing::warn!(peer = %self.peer, stream = ex.stream, "response body stalled; stream reset");
                     self.release(&ex, BodyError::Detached);
                     self.conn
-                        .reset(ex.stream, ErrorCode::INTERNAL_ERROR, &mut self.out);
+                        .reset(ex.stream, ErrorCode::INTERNAL_ERROR, &mut self.link.out);
                 }
                 State::Done => {}
             }
@@ -399,26 +387,14 @@ impl<S: Service, T: Transport> H2<S, T> {
     }
 
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.rbuf.capacity() == 0 {
-            std::task::ready!(self.io.poll_read_ready(cx))?;
-            self.rbuf = self.worker.take_buf();
-        }
-        // Room for at least a whole frame of the largest size we accept.
-        let want = self
-            .conn
-            .max_frame_buffer()
-            .saturating_sub(self.rbuf.len())
-            .max(READ_BUF / 2);
-        if self.rbuf.capacity() - self.rbuf.len() < READ_BUF / 2 {
-            self.rbuf.reserve(want.min(self.conn.max_frame_buffer()));
-        }
-        let n = std::task::ready!(crate::transport::poll_read_buf(
-            &mut self.io,
-            cx,
-            &mut self.rbuf
-        ))?;
-        self.read_in_turn += n;
-        Poll::Ready(Ok(n))
+        let max_frame = self.conn.max_frame_buffer();
+        self.link.poll_read(&mut self.io, cx, READ_BUF, |input| {
+            // Room for at least a whole frame of the largest size we accept.
+            let want = max_frame.saturating_sub(input.len()).max(READ_BUF / 2);
+            if input.capacity() - input.len() < READ_BUF / 2 {
+                input.reserve(want.min(max_frame));
+            }
+        })
     }
 
     fn find(&mut self, stream: u32) -> Option<usize> {
@@ -453,7 +429,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                     }
                 }
                 Event::Reject { stream, status } => {
-                    self.worker.fault(ClientFault::BadRequest);
+                    self.link.worker.fault(ClientFault::BadRequest);
                     tracing::debug!(peer = %self.peer, stream, status, "request rejected");
                     let res = Response::new(
                         StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
@@ -471,25 +447,25 @@ impl<S: Service, T: Transport> H2<S, T> {
         let len = data.len();
         let Some(i) = self.find(stream) else {
             // Nobody reads this body any more.
-            self.conn.consume(stream, len, &mut self.out);
+            self.conn.consume(stream, len, &mut self.link.out);
             return;
         };
         let max_body = self.cfg.limits.max_body();
         let ex = &mut self.exchanges[i];
         ex.received += len as u64;
         let Some(pipe) = &ex.pipe else {
-            self.conn.consume(stream, len, &mut self.out);
+            self.conn.consume(stream, len, &mut self.link.out);
             return;
         };
         let mut p = pipe.borrow_mut();
         let limit = p.restrict.map_or(max_body, |(b, _)| b.min(max_body));
         if p.state != PipeState::Open {
             drop(p);
-            self.conn.consume(stream, len, &mut self.out);
+            self.conn.consume(stream, len, &mut self.link.out);
         } else if ex.received > limit {
             p.close(PipeState::Failed(BodyError::TooLarge));
             drop(p);
-            self.conn.consume(stream, len, &mut self.out);
+            self.conn.consume(stream, len, &mut self.link.out);
         } else {
             if len > 0 {
                 p.push(data);
@@ -519,7 +495,7 @@ impl<S: Service, T: Transport> H2<S, T> {
         let rh = match built {
             Ok(rh) => rh,
             Err(e) => {
-                self.worker.fault(ClientFault::BadRequest);
+                self.link.worker.fault(ClientFault::BadRequest);
                 tracing::debug!(peer = %self.peer, stream, status = e.status(), error = %e, "bad request");
                 let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
                 let res = Response::text(format!(
@@ -572,7 +548,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                 pipe,
                 consumed: 0,
                 received: 0,
-                deadline: later(self.worker.now(), self.cfg.handler_timeout),
+                deadline: later(self.link.worker.now(), self.cfg.handler_timeout),
                 head_only,
             }),
         }
@@ -598,7 +574,7 @@ impl<S: Service, T: Transport> H2<S, T> {
             pipe,
             consumed: 0,
             received: 0,
-            deadline: later(self.worker.now(), self.cfg.handler_timeout),
+            deadline: later(self.link.worker.now(), self.cfg.handler_timeout),
             head_only,
         });
     }
@@ -613,7 +589,7 @@ impl<S: Service, T: Transport> H2<S, T> {
             body,
         } = res;
         let len = body.exact_len();
-        let date = self.worker.date();
+        let date = self.link.worker.date();
         let mut len_buf = itoa::Buffer::new();
         let len_field: Option<(&[u8], &[u8])> = match len {
             Some(n) if status != StatusCode::NO_CONTENT && status != StatusCode::NOT_MODIFIED => {
@@ -643,10 +619,10 @@ impl<S: Service, T: Transport> H2<S, T> {
                 .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
         )
         .chain(len_field);
-        self.out.prepare(&self.worker);
+        self.link.prepare_output();
         if self
             .conn
-            .send_headers(stream, status.as_u16(), fields, no_body, &mut self.out)
+            .send_headers(stream, status.as_u16(), fields, no_body, &mut self.link.out)
             .is_err()
             || no_body
         {
@@ -683,7 +659,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                     let state = self.respond(stream, res, head_only);
                     let ex = &mut self.exchanges[i];
                     ex.state = state;
-                    ex.deadline = later(self.worker.now(), self.cfg.handler_timeout);
+                    ex.deadline = later(self.link.worker.now(), self.cfg.handler_timeout);
                 }
             }
             if matches!(
@@ -716,7 +692,7 @@ impl<S: Service, T: Transport> H2<S, T> {
         let stream = self.exchanges[i].stream;
         loop {
             if self.conn.stream_queued(stream) >= STREAM_AHEAD
-                || self.out.len() >= self.cfg.high_water
+                || self.link.out.len() >= self.cfg.high_water
             {
                 return;
             }
@@ -730,7 +706,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                     match catch_unwind(AssertUnwindSafe(|| s.as_mut().poll_next(cx))) {
                         Ok(Poll::Ready(Some(Ok(b)))) => {
                             self.pulled_in_turn += b.len();
-                            ex.deadline = later(self.worker.now(), self.cfg.handler_timeout);
+                            ex.deadline = later(self.link.worker.now(), self.cfg.handler_timeout);
                             let _ = self.conn.send_data(stream, b, false);
                         }
                         Ok(Poll::Ready(None)) => {
@@ -741,17 +717,17 @@ impl<S: Service, T: Transport> H2<S, T> {
                         Ok(Poll::Ready(Some(Err(e)))) => {
                             tracing::warn!(peer = %self.peer, stream, error = %e, "response body stream failed; stream reset");
                             ex.state = State::Done;
-                            self.out.prepare(&self.worker);
+                            self.link.prepare_output();
                             self.conn
-                                .reset(stream, ErrorCode::INTERNAL_ERROR, &mut self.out);
+                                .reset(stream, ErrorCode::INTERNAL_ERROR, &mut self.link.out);
                             return;
                         }
                         Err(_) => {
                             tracing::error!(peer = %self.peer, stream, "response body stream panicked; stream reset");
                             ex.state = State::Done;
-                            self.out.prepare(&self.worker);
+                            self.link.prepare_output();
                             self.conn
-                                .reset(stream, ErrorCode::INTERNAL_ERROR, &mut self.out);
+                                .reset(stream, ErrorCode::INTERNAL_ERROR, &mut self.link.out);
                             return;
                         }
                         Ok(Poll::Pending) => return,
@@ -764,9 +740,9 @@ impl<S: Service, T: Transport> H2<S, T> {
                         Ok(0) | Err(_) => {
                             tracing::error!(peer = %self.peer, stream, "file body ended early or failed; stream reset");
                             ex.state = State::Done;
-                            self.out.prepare(&self.worker);
+                            self.link.prepare_output();
                             self.conn
-                                .reset(stream, ErrorCode::INTERNAL_ERROR, &mut self.out);
+                                .reset(stream, ErrorCode::INTERNAL_ERROR, &mut self.link.out);
                             return;
                         }
                         Ok(got) => {
@@ -778,7 +754,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                             if end {
                                 ex.state = State::Done;
                             }
-                            ex.deadline = later(self.worker.now(), self.cfg.handler_timeout);
+                            ex.deadline = later(self.link.worker.now(), self.cfg.handler_timeout);
                             let _ = self.conn.send_data(stream, buf.freeze(), end);
                             if end {
                                 return;
@@ -804,9 +780,12 @@ impl<S: Service, T: Transport> H2<S, T> {
             p.delivered()
         };
         if delivered > ex.consumed {
-            self.out.prepare(&self.worker);
-            self.conn
-                .consume(ex.stream, (delivered - ex.consumed) as usize, &mut self.out);
+            self.link.prepare_output();
+            self.conn.consume(
+                ex.stream,
+                (delivered - ex.consumed) as usize,
+                &mut self.link.out,
+            );
         }
     }
 
@@ -818,8 +797,8 @@ impl<S: Service, T: Transport> H2<S, T> {
                 if consumed > ex.consumed {
                     let n = (consumed - ex.consumed) as usize;
                     ex.consumed = consumed;
-                    self.out.prepare(&self.worker);
-                    self.conn.consume(ex.stream, n, &mut self.out);
+                    self.link.prepare_output();
+                    self.conn.consume(ex.stream, n, &mut self.link.out);
                 }
             }
         }

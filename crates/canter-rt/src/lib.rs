@@ -22,9 +22,10 @@
 //! ```
 
 mod body;
-mod conn;
 pub mod framing;
 mod h2;
+mod http1;
+mod link;
 mod outbound;
 mod output;
 pub mod proto;
@@ -40,7 +41,7 @@ pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 /// one from its header block; [`Request::head`] gives it.
 pub use canter_h1::{BodyKind, RequestHead, Version};
 pub use canter_h1::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};
-pub use conn::serve_connection;
+pub use http1::serve_connection;
 pub use outbound::{connect, connect_tls};
 pub use server::{
     listen, on_signals, shutdown_on_signals, ClientFault, Config, ConfigBuilder, ParkHooks, Server,

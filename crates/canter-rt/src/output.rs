@@ -8,7 +8,7 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, Bytes, BytesMut};
 
 use crate::transport::Transport;
-use crate::worker::{Worker, READ_BUF};
+use crate::worker::Worker;
 
 /// A body piece at least this large is queued for `writev` instead of copied.
 const ZERO_COPY_MIN: usize = 16 * 1024;
@@ -38,16 +38,6 @@ impl Out {
     pub(crate) fn prepare(&mut self, worker: &Worker) {
         if self.buf.capacity() == 0 {
             self.buf = worker.take_buf();
-        }
-    }
-
-    /// Makes sure the copy buffer has an allocation, from the worker's pool if there is one.
-    pub(crate) fn prepare_with(&mut self, worker: Option<&Worker>) {
-        if self.buf.capacity() == 0 {
-            self.buf = match worker {
-                Some(w) => w.take_buf(),
-                None => BytesMut::with_capacity(READ_BUF),
-            };
         }
     }
 

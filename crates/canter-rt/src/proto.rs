@@ -50,16 +50,17 @@ use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::time::{Instant, Sleep};
 
-use crate::output::Out;
+use crate::link::Link;
 use crate::server::{Accept, Accepted, Config};
 use crate::tls::{ClientTls, TlsAcceptor};
-use crate::transport::{poll_read_buf, Stream, Transport};
+use crate::transport::{Stream, Transport};
 use crate::worker::{Worker, READ_BUF};
 
 /// A protocol driven by the connection actor. Only [`Protocol::on_data`] is required.
@@ -339,7 +340,7 @@ impl fmt::Debug for Conn<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Conn")
             .field("peer", &self.core.peer)
-            .field("queued", &self.core.out.len())
+            .field("queued", &self.core.link.out.len())
             .field("muted", &self.core.muted)
             .field("closing", &self.core.closing)
             .finish_non_exhaustive()
@@ -360,14 +361,14 @@ impl<'a> Conn<'a> {
             self.core.refused = true;
             return Err(Refused(data));
         }
-        self.core.out.prepare_with(self.core.worker.as_deref());
-        self.core.out.push(data);
+        self.core.link.prepare_output();
+        self.core.link.out.push(data);
         Ok(())
     }
 
     /// Whether [`Conn::send`] would accept now.
     pub fn can_send(&self) -> bool {
-        !self.core.closing && self.core.out.len() < self.core.settings.high_water
+        !self.core.closing && self.core.link.out.len() < self.core.settings.high_water
     }
 
     /// Asks for [`Protocol::on_writable`] once the output is down to the low-water mark (as a
@@ -378,7 +379,7 @@ impl<'a> Conn<'a> {
 
     /// Output queued and not yet written.
     pub fn queued(&self) -> usize {
-        self.core.out.len()
+        self.core.link.out.len()
     }
 
     /// Stops reading: [`Protocol::on_data`] is not called until [`Conn::unmute`].
@@ -493,7 +494,9 @@ struct WakeCell {
 
 /// The actor's state that the protocol reaches through [`Conn`].
 struct Core {
-    out: Out,
+    /// The input, the output and the worker: what every protocol's connection has. The input
+    /// is handed to [`Protocol::on_data`] beside the `Conn`, not through it.
+    link: Link,
     settings: Settings,
     peer: SocketAddr,
     tls: bool,
@@ -506,7 +509,6 @@ struct Core {
     timer: Option<Instant>,
     upgrade: Option<TlsUpgrade>,
     wake: Rc<WakeCell>,
-    worker: Option<Rc<Worker>>,
 }
 
 /// What woke the actor.
@@ -532,7 +534,9 @@ pub async fn run<T: StartTls, P: Protocol>(
     protocol: &mut P,
     settings: &Settings,
 ) -> Close {
-    Actor::new(peer, settings.clone(), None)
+    // A worker of its own: the buffer pool and the clock, with nobody to drain it.
+    let worker = Rc::new(Worker::new(Arc::default()));
+    Actor::new(peer, settings.clone(), worker)
         .run(io, protocol)
         .await
 }
@@ -581,7 +585,7 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
                     }
                 },
             };
-            let actor = Actor::new(peer, settings, Some(worker));
+            let actor = Actor::new(peer, settings, worker);
             let why = actor.run(stream, &mut protocol).await;
             tracing::debug!(%peer, %why, "connection closed");
             drop(registration);
@@ -591,9 +595,7 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
 
 struct Actor {
     core: Core,
-    input: BytesMut,
     eof: bool,
-    read_in_turn: usize,
     shutdown_told: bool,
     /// When queued output last went out (or was first queued), for the write timeout.
     write_since: Option<Instant>,
@@ -602,10 +604,10 @@ struct Actor {
 }
 
 impl Actor {
-    fn new(peer: SocketAddr, settings: Settings, worker: Option<Rc<Worker>>) -> Actor {
+    fn new(peer: SocketAddr, settings: Settings, worker: Rc<Worker>) -> Actor {
         Actor {
             core: Core {
-                out: Out::default(),
+                link: Link::new(worker, BytesMut::new()),
                 settings,
                 peer,
                 tls: false,
@@ -616,11 +618,8 @@ impl Actor {
                 timer: None,
                 upgrade: None,
                 wake: Rc::default(),
-                worker,
             },
-            input: BytesMut::new(),
             eof: false,
-            read_in_turn: 0,
             shutdown_told: false,
             write_since: None,
             sleep: None,
@@ -631,7 +630,7 @@ impl Actor {
     async fn run<T: StartTls, P: Protocol>(mut self, io: T, protocol: &mut P) -> Close {
         let why = self.drive(io, protocol).await;
         self.core.wake.closed.set(true);
-        self.release_buffers();
+        self.core.link.release_all();
         protocol.on_close(&why);
         why
     }
@@ -657,17 +656,30 @@ impl Actor {
                 continue;
             }
             let event = poll_fn(|cx| self.poll_event(&mut io, cx)).await;
+            if let Event::Data = event {
+                // The input is the protocol's to consume during the call; the rest of the
+                // connection is reached through `Conn`.
+                let mut input = std::mem::take(&mut self.core.link.input);
+                protocol.on_data(
+                    &mut Conn {
+                        core: &mut self.core,
+                    },
+                    &mut input,
+                );
+                let over = input.len() >= self.core.settings.max_input;
+                self.core.link.input = input;
+                if over {
+                    tracing::warn!(peer = %self.core.peer, "input buffer limit reached; closing");
+                    return Close::InputLimit;
+                }
+                self.core.link.release_idle();
+                continue;
+            }
             let conn = &mut Conn {
                 core: &mut self.core,
             };
             match event {
-                Event::Data => {
-                    protocol.on_data(conn, &mut self.input);
-                    if self.input.len() >= self.core.settings.max_input {
-                        tracing::warn!(peer = %self.core.peer, "input buffer limit reached; closing");
-                        return Close::InputLimit;
-                    }
-                }
+                Event::Data => {}
                 Event::Eof => protocol.on_eof(conn),
                 Event::Writable => protocol.on_writable(conn),
                 Event::Timer => protocol.on_timer(conn),
@@ -675,8 +687,8 @@ impl Actor {
                 Event::Shutdown => protocol.on_shutdown(conn),
                 Event::Yield => tokio::task::yield_now().await,
                 Event::Flushed => {
-                    let shutdown = poll_fn(|cx| io.poll_shutdown(cx));
-                    let _ = tokio::time::timeout(self.core.settings.write_timeout, shutdown).await;
+                    let timeout = self.core.settings.write_timeout;
+                    self.core.link.finish(&mut io, timeout, false).await;
                     return if self.eof {
                         Close::PeerClosed
                     } else {
@@ -685,10 +697,7 @@ impl Actor {
                 }
                 Event::Failed(why) => return why,
             }
-            if self.input.is_empty() && self.input.capacity() > 0 {
-                let input = std::mem::take(&mut self.input);
-                self.give_buf(input);
-            }
+            self.core.link.release_idle();
         }
     }
 
@@ -698,14 +707,15 @@ impl Actor {
         mut io: T,
         how: TlsUpgrade,
     ) -> Result<T, StartTlsError> {
-        if !self.input.is_empty() {
+        let link = &mut self.core.link;
+        if !link.input.is_empty() {
             return Err(StartTlsError::PlaintextBuffered);
         }
-        if !self.core.out.is_empty() {
+        if !link.out.is_empty() {
             // What was sent before the upgrade goes out in plaintext first, at once or never:
             // the peer starts its handshake only after reading it.
-            let flushed = poll_fn(|cx| Poll::Ready(self.core.out.poll_write(&mut io, cx))).await;
-            if !matches!(flushed, Poll::Ready(Ok(()))) || !self.core.out.is_empty() {
+            let flushed = poll_fn(|cx| Poll::Ready(link.poll_write(&mut io, cx))).await;
+            if !matches!(flushed, Poll::Ready(Ok(()))) || !link.out.is_empty() {
                 return Err(StartTlsError::WritesPending);
             }
         }
@@ -715,53 +725,59 @@ impl Actor {
     fn poll_event<T: Transport>(&mut self, io: &mut T, cx: &mut Context<'_>) -> Poll<Event> {
         let core = &mut self.core;
         // Write what is queued, and what the transport still holds (TLS records).
-        if !core.out.is_empty() || io.has_pending_output() {
-            let before = core.out.len();
-            match core.out.poll_write(io, cx) {
+        if core.link.has_output(io) {
+            let before = core.link.out.len();
+            match core.link.poll_write(io, cx) {
                 Poll::Ready(Ok(())) => self.write_since = None,
                 Poll::Ready(Err(e)) => return Poll::Ready(Event::Failed(Close::Io(e))),
                 Poll::Pending => {
-                    if core.out.len() < before || self.write_since.is_none() {
+                    if core.link.out.len() < before || self.write_since.is_none() {
                         self.write_since = Some(Instant::now());
                     }
                 }
             }
         }
-        if core.out.is_empty() && !io.has_pending_output() {
+        if !core.link.has_output(io) {
             self.write_since = None;
-            if core.out.buf.capacity() > 0 {
-                let buf = std::mem::take(&mut core.out.buf);
-                give(core.worker.as_deref(), buf);
+            if core.link.out.buf.capacity() > 0 {
+                let buf = std::mem::take(&mut core.link.out.buf);
+                core.link.worker.give_buf(buf);
             }
             if core.closing {
                 return Poll::Ready(Event::Flushed);
             }
         }
-        if core.refused && core.out.len() <= core.settings.low_water && !core.closing {
+        if core.refused && core.link.out.len() <= core.settings.low_water && !core.closing {
             core.refused = false;
             return Poll::Ready(Event::Writable);
         }
         if core.wake.woken.replace(false) {
             return Poll::Ready(Event::Wake);
         }
-        if !self.shutdown_told && core.worker.as_ref().is_some_and(|w| w.draining()) {
+        if !self.shutdown_told && core.link.worker.draining() {
             self.shutdown_told = true;
             return Poll::Ready(Event::Shutdown);
         }
         // Read, unless muted, closing or held back by unwritten output.
-        let reading = !core.muted && !core.closing && core.out.len() < core.settings.high_water;
+        let reading =
+            !core.muted && !core.closing && core.link.out.len() < core.settings.high_water;
         if reading && core.redeliver {
             core.redeliver = false;
-            if !self.input.is_empty() {
+            if !core.link.input.is_empty() {
                 return Poll::Ready(Event::Data);
             }
         }
         if reading && !self.eof {
-            if self.read_in_turn >= core.settings.read_budget {
-                self.read_in_turn = 0;
+            if core.link.budget_spent(core.settings.read_budget) {
                 return Poll::Ready(Event::Yield);
             }
-            match self.poll_read(io, cx) {
+            let size = core.settings.read_size;
+            let read = core.link.poll_read(io, cx, size, |input| {
+                if input.capacity() - input.len() < size / 2 {
+                    input.reserve(size);
+                }
+            });
+            match read {
                 Poll::Ready(Ok(0)) => {
                     self.eof = true;
                     return Poll::Ready(Event::Eof);
@@ -798,33 +814,6 @@ impl Actor {
         Poll::Pending
     }
 
-    /// Reads once; holds no buffer until the transport is readable.
-    fn poll_read<T: Transport>(
-        &mut self,
-        io: &mut T,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<usize>> {
-        if self.input.capacity() == 0 {
-            match io.poll_read_ready(cx) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            }
-            let size = self.core.settings.read_size;
-            self.input = match self.core.worker.as_deref() {
-                Some(w) if size <= READ_BUF => w.take_buf(),
-                _ => BytesMut::with_capacity(size),
-            };
-        }
-        let size = self.core.settings.read_size;
-        if self.input.capacity() - self.input.len() < size / 2 {
-            self.input.reserve(size);
-        }
-        let n = std::task::ready!(poll_read_buf(io, cx, &mut self.input))?;
-        self.read_in_turn += n;
-        Poll::Ready(Ok(n))
-    }
-
     /// Whether `at` has passed; otherwise arranges a wake-up for then.
     fn poll_sleep(&mut self, cx: &mut Context<'_>, at: Instant) -> bool {
         let sleep = self
@@ -835,22 +824,5 @@ impl Actor {
             self.armed = Some(at);
         }
         sleep.as_mut().poll(cx).is_ready()
-    }
-
-    fn give_buf(&self, buf: BytesMut) {
-        give(self.core.worker.as_deref(), buf);
-    }
-
-    fn release_buffers(&mut self) {
-        let input = std::mem::take(&mut self.input);
-        self.give_buf(input);
-        let out = std::mem::take(&mut self.core.out.buf);
-        self.give_buf(out);
-    }
-}
-
-fn give(worker: Option<&Worker>, buf: BytesMut) {
-    if let (Some(w), true) = (worker, buf.capacity() > 0) {
-        w.give_buf(buf);
     }
 }

@@ -17,6 +17,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::http1::Http;
 use crate::service::Service;
 use crate::tls::TlsAcceptor;
 use crate::worker::{Registration, Worker};
@@ -622,7 +623,8 @@ impl Server {
         S: Service,
         F: Fn(usize) -> S + Send + Sync + 'static,
     {
-        self.run(move |i| HttpAccept(Rc::new(factory(i))))
+        let preamble = canter_h1::Preamble::new(&self.config.server_name, EPOCH_DATE)?;
+        self.run(move |i| HttpAccept(Rc::new(Http::new(factory(i), preamble.clone()))))
     }
 
     /// Runs the server's single worker on the calling thread until shutdown, instead of a
@@ -644,8 +646,9 @@ impl Server {
             plain: self.listeners.remove(0),
             tls: self.tls_listeners.pop(),
         };
+        let preamble = canter_h1::Preamble::new(&self.config.server_name, EPOCH_DATE)?;
         run_worker(0, listeners, self.config, self.rx, self.stats, move |i| {
-            HttpAccept(Rc::new(factory(i)))
+            HttpAccept(Rc::new(Http::new(factory(i), preamble)))
         })
     }
 
@@ -779,7 +782,7 @@ pub(crate) struct Accepted {
 }
 
 /// HTTP/1.1 connections around the worker's service.
-struct HttpAccept<S>(Rc<S>);
+struct HttpAccept<S>(Rc<crate::http1::Http<S>>);
 
 impl<S: Service> Accept for HttpAccept<S> {
     fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>) {
@@ -797,7 +800,7 @@ impl<S: Service> Accept for HttpAccept<S> {
         match tls {
             None => {
                 let sniff_h2 = cfg.http2.is_some();
-                tokio::task::spawn_local(crate::conn::serve(
+                tokio::task::spawn_local(crate::http1::serve(
                     registration,
                     tcp,
                     peer,
@@ -807,7 +810,7 @@ impl<S: Service> Accept for HttpAccept<S> {
                     sniff_h2,
                 ))
             }
-            Some(acceptor) => tokio::task::spawn_local(crate::conn::serve_tls(
+            Some(acceptor) => tokio::task::spawn_local(crate::http1::serve_tls(
                 registration,
                 tcp,
                 peer,
@@ -824,7 +827,7 @@ impl<S: Service> Accept for HttpAccept<S> {
 /// came from the TLS listener) with the client the header names as its peer.
 async fn serve_proxied<S: Service>(
     conn: Accepted,
-    svc: Rc<S>,
+    svc: Rc<Http<S>>,
     worker: Rc<Worker>,
     cfg: Rc<Config>,
 ) {
@@ -840,10 +843,10 @@ async fn serve_proxied<S: Service>(
     match tls {
         None => {
             let sniff_h2 = cfg.http2.is_some();
-            crate::conn::serve(registration, tcp, peer, svc, worker, cfg, sniff_h2).await;
+            crate::http1::serve(registration, tcp, peer, svc, worker, cfg, sniff_h2).await;
         }
         Some(acceptor) => {
-            crate::conn::serve_tls(registration, tcp, peer, acceptor, svc, worker, cfg).await;
+            crate::http1::serve_tls(registration, tcp, peer, acceptor, svc, worker, cfg).await;
         }
     }
 }
@@ -940,8 +943,7 @@ where
         (Some(l), Some(t)) => Some((TcpListener::from_std(l)?, t.acceptor.clone())),
         _ => None,
     };
-    let preamble = canter_h1::Preamble::new(&config.server_name, EPOCH_DATE)?;
-    let worker = Rc::new(Worker::new(preamble, stats));
+    let worker = Rc::new(Worker::new(stats));
     let mut accept = factory(index);
     let cfg = Rc::new(config);
     // One summary of the client faults for the whole server, from the first worker.

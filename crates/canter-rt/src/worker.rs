@@ -1,6 +1,7 @@
-//! Per-worker state shared by the connections of one event loop: the cached Date header, a
-//! coarse clock, a pool of I/O buffers, and the registry used to drain connections on shutdown.
-//! Nothing here is shared across threads.
+//! Per-worker state shared by the connections of one event loop, whatever their protocol: the
+//! cached Date header, a coarse clock, a pool of I/O buffers, and the registry used to drain
+//! connections on shutdown. Nothing here is shared across threads, and nothing here is one
+//! protocol's (HTTP/1.1's preformatted response block is cached by its driver, `http1.rs`).
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -8,10 +9,8 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::BytesMut;
-use canter_h1::Preamble;
-
 use crate::server::Stats;
+use bytes::BytesMut;
 
 /// Size of a fresh read buffer.
 pub(crate) const READ_BUF: usize = 8 * 1024;
@@ -37,8 +36,6 @@ pub(crate) fn clock() -> Instant {
 
 pub(crate) struct Worker {
     date: RefCell<[u8; 29]>,
-    /// `HTTP/1.1 200 OK\r\nServer: …\r\nDate: …\r\n`, its date refreshed when the second changes.
-    preamble: RefCell<Preamble>,
     stats: Arc<Stats>,
     now: Cell<Instant>,
     second: Cell<u64>,
@@ -68,11 +65,10 @@ impl Worker {
         self.stats.fault(kind);
     }
 
-    /// A worker whose responses say `preamble`'s Server value.
-    pub(crate) fn new(preamble: Preamble, stats: Arc<Stats>) -> Worker {
+    /// A worker counting into `stats`.
+    pub(crate) fn new(stats: Arc<Stats>) -> Worker {
         let w = Worker {
             date: RefCell::new([0; 29]),
-            preamble: RefCell::new(preamble),
             stats,
             now: Cell::new(clock()),
             second: Cell::new(u64::MAX),
@@ -100,13 +96,13 @@ impl Worker {
         if date.len() == cached.len() {
             cached.copy_from_slice(date.as_bytes());
         }
-        // An IMF-fixdate is printable ASCII; were it ever not, the second before stays.
-        let _ = self.preamble.borrow_mut().set_date(&cached);
     }
 
-    /// Runs `f` with the preformatted `HTTP/1.1 200 OK\r\nServer: …\r\nDate: …\r\n` block.
-    pub(crate) fn with_preamble<R>(&self, f: impl FnOnce(&Preamble) -> R) -> R {
-        f(&self.preamble.borrow())
+    /// The second (since the Unix epoch) that [`Worker::date`] names: a cache of something
+    /// derived from the date compares it to know when to refresh.
+    #[inline]
+    pub(crate) fn second(&self) -> u64 {
+        self.second.get()
     }
 
     /// The IMF-fixdate of the current second.

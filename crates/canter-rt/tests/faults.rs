@@ -424,7 +424,7 @@ fn two_pipelined_chunked_requests_in_one_write() {
 
 /// The scenario of the hardening issue: 30 connections arrive at once with `max_connections`
 /// 10. The accept loop compares the limit with `Worker::live()`, which only counts connection
-/// tasks that have already run (`register` is the first thing `conn::serve` does), so every
+/// tasks that have already run (`register` is the first thing `http1::serve` does), so every
 /// connection already in the backlog is accepted in one burst before any of them is counted.
 #[test]
 fn max_connections_leaves_the_rest_waiting_in_the_backlog() {

@@ -1,5 +1,8 @@
-//! The connection actor: one task per connection owns the socket, the buffers and the
-//! [`canter_h1::Conn`] state, and runs the handler inline.
+//! The HTTP/1.1 driver: one task per connection owns the transport, its [`Link`] (buffers,
+//! read budget, write timeout, the close: see [`crate::link`]) and the [`canter_h1::Conn`]
+//! state, and runs the handler inline. What is HTTP/1.1's lives here: the keep-or-close
+//! decisions the engine makes, when a close lingers, the cached response preamble, the h2c
+//! upgrade and the HTTP/2 preface sniffing.
 //!
 //! The loop, per turn:
 //! 1. `process`: parse every complete request in the read buffer; for each, call the service and
@@ -13,7 +16,7 @@
 //! A handler that returns a future is polled by this same task; when it waits for request body
 //! bytes the task reads the socket for it (see [`crate::body`]).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::future::{poll_fn, Future};
 use std::io;
@@ -23,17 +26,16 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use canter_h1::{BodyEvent, BodyLen, Conn, Discard, Next, RequestHead};
+use canter_h1::{BodyEvent, BodyLen, Conn, Discard, Next, Preamble, RequestHead};
 use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::io::Interest;
-use tokio::time::Sleep;
 
 use crate::body::{Body, BodyError, Pipe, PipeState, RequestBody};
-use crate::output::Out;
+use crate::link::{Link, Timer, WriteError};
 use crate::server::{ClientFault, Config};
 use crate::service::{Reply, Request, Response, Service};
 use crate::transport::Transport;
@@ -44,10 +46,6 @@ use crate::worker::{clock, later, Registration, Worker, READ_BUF};
 const LOOKAHEAD: usize = READ_BUF;
 /// Reads into a pending request head after which it is parsed again even without a new line.
 const DEFER_MAX: u32 = 16;
-/// Lingering close: how long in all, and how long per read, the connection keeps draining the
-/// peer's input after its final response.
-const LINGER_TOTAL: Duration = Duration::from_secs(5);
-const LINGER_READ: Duration = Duration::from_secs(2);
 
 /// Largest piece of a file body handed to one `sendfile(2)` call.
 const FILE_PIECE: usize = 256 * 1024;
@@ -56,6 +54,65 @@ const FILE_TURN: usize = 1024 * 1024;
 /// Piece of a file read into memory for a transport that cannot take `sendfile(2)` (TLS): one
 /// full TLS record's plaintext.
 const COPY_PIECE: usize = 16 * 1024;
+
+/// HTTP/1.1's per-worker state: the preformatted `HTTP/1.1 200 OK` + `Server` + `Date` block
+/// the engine writes at the top of most responses, its date brought up to the worker's second
+/// when it is next used. Made once per worker and shared by its HTTP/1.1 connections.
+pub(crate) struct PreambleCache {
+    preamble: RefCell<Preamble>,
+    /// The worker second the block's date names.
+    second: Cell<u64>,
+}
+
+impl PreambleCache {
+    /// A cache of `preamble`, whose date is brought up to the worker's at first use.
+    pub(crate) fn new(preamble: Preamble) -> PreambleCache {
+        PreambleCache {
+            preamble: RefCell::new(preamble),
+            second: Cell::new(u64::MAX),
+        }
+    }
+
+    /// Runs `f` with the block, its date the worker's current one.
+    #[inline]
+    fn with<R>(&self, worker: &Worker, f: impl FnOnce(&Preamble) -> R) -> R {
+        if self.second.get() != worker.second() {
+            self.refresh(worker);
+        }
+        f(&self.preamble.borrow())
+    }
+
+    #[cold]
+    fn refresh(&self, worker: &Worker) {
+        self.second.set(worker.second());
+        // An IMF-fixdate is printable ASCII; were it ever not, the second before stays.
+        let _ = self.preamble.borrow_mut().set_date(&worker.date());
+    }
+}
+
+/// A worker's service with what its HTTP connections share besides it. Derefs to the
+/// service, so a driver calls `svc.call(req)` through its `Rc<Http<S>>` as through an `Rc<S>`.
+pub(crate) struct Http<S> {
+    svc: S,
+    preamble: PreambleCache,
+}
+
+impl<S> Http<S> {
+    pub(crate) fn new(svc: S, preamble: Preamble) -> Http<S> {
+        Http {
+            svc,
+            preamble: PreambleCache::new(preamble),
+        }
+    }
+}
+
+impl<S> std::ops::Deref for Http<S> {
+    type Target = S;
+    #[inline(always)]
+    fn deref(&self) -> &S {
+        &self.svc
+    }
+}
 
 /// Why a connection ended.
 #[derive(Debug)]
@@ -81,7 +138,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     registration: Registration,
     io: T,
     peer: SocketAddr,
-    svc: Rc<S>,
+    svc: Rc<Http<S>>,
     worker: Rc<Worker>,
     cfg: Rc<Config>,
     sniff_h2: bool,
@@ -94,13 +151,10 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         tls: io.encrypted(),
         io,
         peer,
-        rbuf: BytesMut::new(),
-        out: Out::default(),
+        link: Link::new(worker.clone(), BytesMut::new()),
         svc,
-        worker: worker.clone(),
         cfg,
         timer: Timer::new(),
-        read_in_turn: 0,
         phase: Phase::Open,
         deferred: 0,
         allow_h2c: sniff_h2,
@@ -112,7 +166,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
             Ok(Sniffed::NotHttp) => {
                 worker.fault(ClientFault::Protocol);
                 tracing::debug!(%peer, "first line is neither HTTP/1 nor the HTTP/2 preface; closing");
-                driver.release_idle_buffers();
+                driver.link.release_idle();
                 return;
             }
             Ok(Sniffed::Http2) => return driver.into_h2(registration, None).await,
@@ -121,7 +175,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
                     count_io_fault(&worker, &e);
                     tracing::debug!(%peer, error = %e, "connection error");
                 }
-                driver.release_idle_buffers();
+                driver.link.release_idle();
                 return;
             }
         }
@@ -130,19 +184,19 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     if let (Err(Stop::Upgrade), Some(upgrade)) = (&result, driver.upgrade.take()) {
         let (head, settings) = *upgrade;
         // RFC 7540, Section 3.2: 101, then HTTP/2 frames; the request is answered on stream 1.
-        driver.out.prepare(&driver.worker);
-        driver.out.buf.extend_from_slice(
+        driver.link.prepare_output();
+        driver.link.out.buf.extend_from_slice(
             b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n",
         );
         if driver.flush().await.is_err() {
-            driver.release_idle_buffers();
+            driver.link.release_idle();
             return;
         }
         let upgraded = crate::h2::Upgraded { head, settings };
         return driver.into_h2(registration, Some(upgraded)).await;
     }
     if matches!(result, Ok(()) | Err(Stop::Done)) {
-        driver.linger().await;
+        driver.finish().await;
     }
     match result {
         Ok(()) | Err(Stop::Done) | Err(Stop::Eof) | Err(Stop::Upgrade) => {}
@@ -150,16 +204,16 @@ pub(crate) async fn serve<S: Service, T: Transport>(
             // A stalled head was counted where it was answered 408; a stalled write is the
             // reader's doing but not a fault of the request.
             if phase == "read" {
-                driver.worker.fault(ClientFault::IdleTimeout);
+                driver.link.worker.fault(ClientFault::IdleTimeout);
             }
             tracing::debug!(%peer, phase, "connection timed out");
         }
         Err(Stop::Io(e)) => {
-            count_io_fault(&driver.worker, &e);
+            count_io_fault(&driver.link.worker, &e);
             tracing::debug!(%peer, error = %e, "connection error");
         }
     }
-    driver.release_idle_buffers();
+    driver.link.release_idle();
 }
 
 /// Serves one connection the caller already has, until it closes: the HTTP/1.1 actor a
@@ -188,7 +242,7 @@ pub async fn serve_connection<S: Service, T: Transport>(
             return stats;
         }
     };
-    let worker = Rc::new(Worker::new(preamble, stats.clone()));
+    let worker = Rc::new(Worker::new(stats.clone()));
     let registration = Registration {
         id: worker.register(),
         worker: worker.clone(),
@@ -198,7 +252,7 @@ pub async fn serve_connection<S: Service, T: Transport>(
         registration,
         io,
         peer,
-        Rc::new(service),
+        Rc::new(Http::new(service, preamble)),
         worker.clone(),
         Rc::new(config),
         sniff_h2,
@@ -223,7 +277,7 @@ pub(crate) async fn serve_tls<S: Service>(
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     acceptor: crate::tls::TlsAcceptor,
-    svc: Rc<S>,
+    svc: Rc<Http<S>>,
     worker: Rc<Worker>,
     cfg: Rc<Config>,
 ) {
@@ -276,13 +330,11 @@ struct Driver<S, T> {
     peer: SocketAddr,
     /// The transport is TLS (for [`crate::peer_is_tls`]).
     tls: bool,
-    rbuf: BytesMut,
-    out: Out,
-    svc: Rc<S>,
-    worker: Rc<Worker>,
+    /// The input, the output and the worker: what every protocol's connection has.
+    link: Link,
+    svc: Rc<Http<S>>,
     cfg: Rc<Config>,
     timer: Timer,
-    read_in_turn: usize,
     /// Where the connection is in its life.
     phase: Phase,
     /// Reads since a pending head was last parsed (a count, not part of the phase: it only
@@ -338,9 +390,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
         let Driver {
             io,
             peer,
-            rbuf,
+            link,
             svc,
-            worker,
             cfg,
             ..
         } = self;
@@ -349,9 +400,9 @@ impl<S: Service, T: Transport> Driver<S, T> {
             io,
             peer,
             svc,
-            worker,
+            link.worker,
             cfg,
-            rbuf,
+            link.input,
             upgraded,
         ))
     }
@@ -362,12 +413,12 @@ impl<S: Service, T: Transport> Driver<S, T> {
     async fn sniff_h2(&mut self) -> Res<Sniffed> {
         let preface = canter_h2::PREFACE;
         loop {
-            let n = self.rbuf.len().min(preface.len());
-            if self.rbuf[..n] != preface[..n] {
-                let Some(end) = self.rbuf.iter().position(|&b| b == b'\n') else {
+            let n = self.link.input.len().min(preface.len());
+            if self.link.input[..n] != preface[..n] {
+                let Some(end) = self.link.input.iter().position(|&b| b == b'\n') else {
                     return Ok(Sniffed::Http1);
                 };
-                let line = &self.rbuf[..end];
+                let line = &self.link.input[..end];
                 let http = line.windows(6).any(|w| w == b" HTTP/");
                 return Ok(if http {
                     Sniffed::Http1
@@ -433,14 +484,17 @@ impl<S: Service, T: Transport> Driver<S, T> {
             if self.closing() {
                 return Step::Done;
             }
-            if self.out.len() >= self.cfg.high_water {
+            if self.link.out.len() >= self.cfg.high_water {
                 return Step::Flush;
             }
             if *answered >= self.cfg.max_pipeline {
                 return Step::Yield;
             }
             *answered += 1;
-            match self.h1.poll_request(&mut self.rbuf, self.worker.now()) {
+            match self
+                .h1
+                .poll_request(&mut self.link.input, self.link.worker.now())
+            {
                 // Asked of the connection, not the head, and handled out of line: a guard that
                 // borrows the head, or a second place it moves to in this function, cost a
                 // `memcpy` of the request on every exchange.
@@ -456,7 +510,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                 }
                 Ok(None) => return Step::Done,
                 Err(e) => {
-                    self.worker.fault(ClientFault::BadRequest);
+                    self.link.worker.fault(ClientFault::BadRequest);
                     tracing::debug!(peer = %self.peer, status = e.status(), error = %e, "bad request");
                     self.reject(e.status());
                     return Step::Done;
@@ -502,7 +556,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
     /// [`Driver::process`], in [`Phase::InHandler`].
     #[inline(always)]
     fn exchange_sync(&mut self, head: RequestHead) -> Option<Slow> {
-        if self.worker.draining() {
+        if self.link.worker.draining() {
             self.h1.set_close();
         }
         let (pipe, body) = match head.body_kind() {
@@ -557,7 +611,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
         let response = match reply {
             Some(Reply::Ready(response)) => response,
             Some(Reply::Pending(mut fut)) => {
-                let deadline = later(self.worker.now(), self.cfg.handler_timeout);
+                let deadline = later(self.link.worker.now(), self.cfg.handler_timeout);
                 match self
                     .drive(&mut fut, pipe.as_deref(), Some(deadline))
                     .await?
@@ -592,10 +646,11 @@ impl<S: Service, T: Transport> Driver<S, T> {
     /// Answers `status` with a short text body and `Connection: close`, and closes lingering:
     /// the peer's input can no longer be trusted to be in step.
     fn reject(&mut self, status: u16) {
-        let date = self.worker.date();
-        self.out.prepare(&self.worker);
+        let date = self.link.worker.date();
+        self.link.prepare_output();
         let server = self.cfg.server_name.as_bytes();
-        self.h1.reject(status, &date, server, &mut self.out.buf);
+        self.h1
+            .reject(status, &date, server, &mut self.link.out.buf);
         self.phase = Phase::Failed;
     }
 
@@ -605,7 +660,10 @@ impl<S: Service, T: Transport> Driver<S, T> {
             self.close();
             return;
         }
-        match self.h1.finish(&mut self.out.buf, self.worker.now()) {
+        match self
+            .h1
+            .finish(&mut self.link.out.buf, self.link.worker.now())
+        {
             Ok(Next::KeepAlive) => {}
             Ok(Next::Close) => self.close(),
             Err(_) => {
@@ -650,12 +708,12 @@ impl<S: Service, T: Transport> Driver<S, T> {
                     return Ok(true);
                 }
                 loop {
-                    if self.out.len() >= self.cfg.high_water {
+                    if self.link.out.len() >= self.cfg.high_water {
                         self.flush().await?;
                     }
                     // A stream that produces nothing for this long is abandoned: nothing else
                     // would notice a client that went away meanwhile.
-                    let stall = later(self.worker.now(), self.cfg.handler_timeout);
+                    let stall = later(self.link.worker.now(), self.cfg.handler_timeout);
                     let mut next = poll_fn(|cx| stream.as_mut().poll_next(cx));
                     match self.drive(&mut next, pipe, Some(stall)).await? {
                         Driven::Done(Some(Ok(data))) => {
@@ -699,11 +757,12 @@ impl<S: Service, T: Transport> Driver<S, T> {
         body_held: bool,
     ) -> bool {
         // Decide now whether the connection survives, so the head can say `Connection: close`.
-        if self.worker.draining() || self.closing() {
+        if self.link.worker.draining() || self.closing() {
             self.h1.set_close();
         }
         if !self.h1.body_done() && !body_held {
-            self.h1.judge_unread_body(&mut self.rbuf, self.worker.now());
+            self.h1
+                .judge_unread_body(&mut self.link.input, self.link.worker.now());
         }
         let len = match body {
             Body::Empty => BodyLen::Known(0),
@@ -711,10 +770,10 @@ impl<S: Service, T: Transport> Driver<S, T> {
             Body::Stream { len, .. } => len.map_or(BodyLen::Unknown, BodyLen::Known),
             Body::File { len, .. } => BodyLen::Known(*len),
         };
-        self.out.prepare(&self.worker);
+        self.link.prepare_output();
         let fields = headers.iter().map(|(n, v)| (n, v));
-        let (h1, out) = (&mut self.h1, &mut self.out.buf);
-        self.worker.with_preamble(|preamble| {
+        let (h1, out) = (&mut self.h1, &mut self.link.out.buf);
+        self.svc.preamble.with(&self.link.worker, |preamble| {
             h1.start_response_prevalidated(
                 status.as_u16(),
                 content_type,
@@ -729,10 +788,10 @@ impl<S: Service, T: Transport> Driver<S, T> {
     /// Queues one piece of body with its framing. False if it overran the Content-Length.
     fn send(&mut self, data: Bytes) -> bool {
         let len = data.len();
-        match self.h1.data_prefix(len, &mut self.out.buf) {
+        match self.h1.data_prefix(len, &mut self.link.out.buf) {
             Ok(true) => {
-                self.out.push(data);
-                self.h1.data_suffix(len, &mut self.out.buf);
+                self.link.out.push(data);
+                self.h1.data_suffix(len, &mut self.link.out.buf);
                 true
             }
             Ok(false) => true,
@@ -763,7 +822,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
         };
         let src = file.as_raw_fd();
         let mut left = len;
-        let mut deadline = later(self.worker.now(), self.cfg.timeouts.write());
+        let mut deadline = later(self.link.worker.now(), self.cfg.timeouts.write());
         poll_fn(|cx| {
             let mut turn = 0;
             loop {
@@ -806,8 +865,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
                         left -= n as u64;
                         turn += n;
                         // For the Content-Length bookkeeping; writes nothing for a sized body.
-                        let _ = self.h1.data_prefix(n, &mut self.out.buf);
-                        deadline = later(self.worker.now(), self.cfg.timeouts.write());
+                        let _ = self.h1.data_prefix(n, &mut self.link.out.buf);
+                        deadline = later(self.link.worker.now(), self.cfg.timeouts.write());
                     }
                     // Readiness was cleared: the next poll_write_ready registers for it.
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -833,7 +892,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
         let mut left = len;
         let mut turn = 0;
         while left > 0 {
-            if self.out.len() >= self.cfg.high_water {
+            if self.link.out.len() >= self.cfg.high_water {
                 self.flush().await?;
             }
             if turn >= FILE_TURN {
@@ -894,9 +953,9 @@ impl<S: Service, T: Transport> Driver<S, T> {
                     }
                     p.forget_waker_if(cx.waker());
                 }
-                self.h1.write_continue(&mut self.out.buf);
-                if !self.out.is_empty() || self.io.has_pending_output() {
-                    if let Poll::Ready(Err(e)) = self.out.poll_write(&mut self.io, cx) {
+                self.h1.write_continue(&mut self.link.out.buf);
+                if self.link.has_output(&self.io) {
+                    if let Poll::Ready(Err(e)) = self.link.poll_write(&mut self.io, cx) {
                         return Poll::Ready(Err(Stop::Io(e)));
                     }
                 }
@@ -922,8 +981,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
             }
             // Send what is ready meanwhile (earlier pipelined responses, the head and pieces of
             // a streamed body, and TLS records still inside the session).
-            if !self.out.is_empty() || self.io.has_pending_output() {
-                if let Poll::Ready(Err(e)) = self.out.poll_write(&mut self.io, cx) {
+            if self.link.has_output(&self.io) {
+                if let Poll::Ready(Err(e)) = self.link.poll_write(&mut self.io, cx) {
                     return Poll::Ready(Err(Stop::Io(e)));
                 }
             }
@@ -943,7 +1002,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                         return Poll::Ready(Ok(Driven::TimedOut));
                     }
                     if let Some(pipe) = pipe {
-                        self.worker.fault(ClientFault::BodyTimeout);
+                        self.link.worker.fault(ClientFault::BodyTimeout);
                         tracing::debug!(peer = %self.peer, "request body timed out or too slow");
                         pipe.borrow_mut()
                             .close(PipeState::Failed(BodyError::TimedOut));
@@ -962,7 +1021,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
     /// (the next pipelined request), up to [`LOOKAHEAD`] buffered bytes; true if the peer closed
     /// or reset the connection. Once the buffer holds that much the peer is no longer watched.
     fn peer_gone(&mut self, cx: &mut Context<'_>) -> bool {
-        while self.rbuf.len() < LOOKAHEAD {
+        while self.link.input.len() < LOOKAHEAD {
             match self.poll_read(cx) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return true,
                 Poll::Ready(Ok(_)) => {}
@@ -981,12 +1040,15 @@ impl<S: Service, T: Transport> Driver<S, T> {
             self.h1.restrict_body(max_body, max_chunk_ext);
         }
         while p.has_room() {
-            match self.h1.poll_body(&mut self.rbuf, self.worker.now()) {
+            match self
+                .h1
+                .poll_body(&mut self.link.input, self.link.worker.now())
+            {
                 Ok(BodyEvent::Data(data)) => p.push(data),
                 Ok(BodyEvent::End) => p.close(PipeState::End),
                 Ok(BodyEvent::NeedMore) => break,
                 Err(e) => {
-                    self.worker.fault(ClientFault::BadBody);
+                    self.link.worker.fault(ClientFault::BadBody);
                     tracing::debug!(peer = %self.peer, status = e.status(), error = %e, "bad request body");
                     let err = match e {
                         canter_h1::Error::BodyTooLarge => BodyError::TooLarge,
@@ -1010,12 +1072,12 @@ impl<S: Service, T: Transport> Driver<S, T> {
         let mut dropped = 0u64;
         while self
             .h1
-            .discard_unread(&mut self.rbuf, self.worker.now(), &mut dropped)
+            .discard_unread(&mut self.link.input, self.link.worker.now(), &mut dropped)
             == Discard::NeedMore
         {
             // The answer leaves first: a client may wait for it before sending the rest.
-            self.h1.end_body(&mut self.out.buf);
-            if !self.out.is_empty() {
+            self.h1.end_body(&mut self.link.out.buf);
+            if !self.link.out.is_empty() {
                 self.flush().await?;
             }
             let n = poll_fn(|cx| match self.poll_read(cx) {
@@ -1036,30 +1098,18 @@ impl<S: Service, T: Transport> Driver<S, T> {
     }
 
     /// Writes everything buffered; fails after the write timeout without progress.
+    #[inline]
     async fn flush(&mut self) -> Res<()> {
-        // What the transport still holds (TLS records the socket could not take yet) counts:
-        // on plain TCP `has_pending_output` is a constant `false`.
-        if self.out.is_empty() && !self.io.has_pending_output() {
-            return Ok(());
+        let timeout = self.cfg.timeouts.write();
+        match self
+            .link
+            .flush(&mut self.io, &mut self.timer, timeout)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(WriteError::Io(e)) => Err(Stop::Io(e)),
+            Err(WriteError::TimedOut) => Err(Stop::Timeout("write")),
         }
-        let mut deadline = later(self.worker.now(), self.cfg.timeouts.write());
-        poll_fn(|cx| {
-            let before = self.out.len();
-            match self.out.poll_write(&mut self.io, cx) {
-                Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
-                Poll::Ready(Err(e)) => Poll::Ready(Err(Stop::Io(e))),
-                Poll::Pending => {
-                    if self.out.len() < before {
-                        deadline = later(self.worker.now(), self.cfg.timeouts.write());
-                    }
-                    if self.timer.poll_expired(cx, deadline) {
-                        return Poll::Ready(Err(Stop::Timeout("write")));
-                    }
-                    Poll::Pending
-                }
-            }
-        })
-        .await
     }
 
     /// Waits for more request bytes under the idle/head timeout.
@@ -1070,14 +1120,13 @@ impl<S: Service, T: Transport> Driver<S, T> {
     /// reached, or [`DEFER_MAX`] reads went by (errors show up at the latest at the next line
     /// end, the limit or the head timeout).
     async fn read(&mut self) -> Res<bool> {
-        let before = self.rbuf.len();
-        if self.read_in_turn >= self.cfg.read_budget {
-            self.read_in_turn = 0;
+        let before = self.link.input.len();
+        if self.link.budget_spent(self.cfg.read_budget) {
             tokio::task::yield_now().await;
         }
-        self.release_idle_buffers();
+        self.link.release_idle();
         let result = poll_fn(|cx| {
-            if self.worker.draining() && self.rbuf.is_empty() && self.h1.is_idle() {
+            if self.link.worker.draining() && self.link.input.is_empty() && self.h1.is_idle() {
                 return Poll::Ready(Err(Stop::Done));
             }
             match self.poll_read(cx) {
@@ -1096,11 +1145,11 @@ impl<S: Service, T: Transport> Driver<S, T> {
         if result.is_ok() {
             let head_pending = !self.h1.is_idle();
             let max_head = self.cfg.limits.max_head().min(canter_h1::Limits::HEAD_CAP);
-            let fresh = self.rbuf.get(before..).unwrap_or_default();
+            let fresh = self.link.input.get(before..).unwrap_or_default();
             self.deferred += 1;
             let due = !head_pending
                 || fresh.contains(&b'\n')
-                || self.rbuf.len() >= max_head
+                || self.link.input.len() >= max_head
                 || self.deferred >= DEFER_MAX;
             if due {
                 self.deferred = 0;
@@ -1108,9 +1157,9 @@ impl<S: Service, T: Transport> Driver<S, T> {
             return Ok(due);
         }
         if let Err(Stop::Timeout(_)) = result {
-            if !self.h1.is_idle() || !self.rbuf.is_empty() {
+            if !self.h1.is_idle() || !self.link.input.is_empty() {
                 // A slow or stalled request head: say so, then close.
-                self.worker.fault(ClientFault::HeadTimeout);
+                self.link.worker.fault(ClientFault::HeadTimeout);
                 tracing::debug!(peer = %self.peer, "request head timed out");
                 self.reject(408);
                 let _ = self.flush().await;
@@ -1120,73 +1169,38 @@ impl<S: Service, T: Transport> Driver<S, T> {
         result.map(|()| true)
     }
 
-    /// Reads once into the read buffer. While the buffer is empty the connection holds no
-    /// buffer: one is taken from the worker's pool only once the socket is readable.
+    /// Reads once into the read buffer (see [`Link::poll_read`]).
+    #[inline]
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.rbuf.capacity() == 0 {
-            ready!(self.io.poll_read_ready(cx))?;
-            self.rbuf = self.worker.take_buf();
-        }
-        // While a head is pending, never grow past what can still be part of a valid head
-        // (a full buffer would otherwise double for the last few bytes), and once the head
-        // is large, read into whatever room is left before growing at all (growing doubles).
-        if self.h1.body_done() {
-            let max_head = self.cfg.limits.max_head().min(canter_h1::Limits::HEAD_CAP);
-            let want = (max_head + 1)
-                .saturating_sub(self.rbuf.len())
-                .clamp(1, READ_BUF / 2);
-            let room = self.rbuf.capacity() - self.rbuf.len();
-            if self.rbuf.len() < READ_BUF || room == 0 {
-                self.rbuf.reserve(want);
+        let body_done = self.h1.body_done();
+        let max_head = self.cfg.limits.max_head().min(canter_h1::Limits::HEAD_CAP);
+        self.link.poll_read(&mut self.io, cx, READ_BUF, |input| {
+            // While a head is pending, never grow past what can still be part of a valid head
+            // (a full buffer would otherwise double for the last few bytes), and once the head
+            // is large, read into whatever room is left before growing at all (growing
+            // doubles).
+            if body_done {
+                let want = (max_head + 1)
+                    .saturating_sub(input.len())
+                    .clamp(1, READ_BUF / 2);
+                let room = input.capacity() - input.len();
+                if input.len() < READ_BUF || room == 0 {
+                    input.reserve(want);
+                }
+            } else {
+                input.reserve(READ_BUF / 2);
             }
-        } else {
-            self.rbuf.reserve(READ_BUF / 2);
-        }
-        let n = ready!(crate::transport::poll_read_buf(
-            &mut self.io,
-            cx,
-            &mut self.rbuf
-        ))?;
-        self.read_in_turn += n;
-        Poll::Ready(Ok(n))
+        })
     }
 
-    /// Closes our side after the last response and, if the peer may still be sending (an error
-    /// answered mid-request, an unread body), reads and discards for a bounded time first, so
-    /// the kernel does not reset the connection before the peer has read our response.
-    async fn linger(&mut self) {
-        // Nothing unread and nothing wrong on plain TCP: the close sends the FIN by itself, so
-        // no separate `shutdown` call (one system call per connection fewer when each request
-        // has its own). TLS still says close_notify first.
-        let settled = self.h1.body_done() && self.rbuf.is_empty() && self.phase != Phase::Failed;
-        if settled && self.io.raw_tcp().is_some() {
-            return;
-        }
-        if poll_fn(|cx| self.io.poll_shutdown(cx)).await.is_err() || settled {
-            return;
-        }
-        let until = tokio::time::Instant::now() + LINGER_TOTAL;
-        let mut scratch = self.worker.take_buf();
-        loop {
-            let step = until.min(tokio::time::Instant::now() + LINGER_READ);
-            scratch.clear();
-            let read =
-                poll_fn(|cx| crate::transport::poll_read_buf(&mut self.io, cx, &mut scratch));
-            match tokio::time::timeout_at(step, read).await {
-                Ok(Ok(n)) if n > 0 => {}
-                _ => break,
-            }
-        }
-        self.worker.give_buf(scratch);
-    }
-
-    fn release_idle_buffers(&mut self) {
-        if self.rbuf.is_empty() && self.rbuf.capacity() > 0 {
-            self.worker.give_buf(std::mem::take(&mut self.rbuf));
-        }
-        if self.out.is_empty() && self.out.buf.capacity() > 0 {
-            self.worker.give_buf(std::mem::take(&mut self.out.buf));
-        }
+    /// Ends a connection closed by protocol. The close lingers (our side shut down, the peer's
+    /// input read and dropped for a while) when the peer may still be sending: an error was
+    /// answered mid-request, or a request body or pipelined input was left unread.
+    async fn finish(&mut self) {
+        let settled =
+            self.h1.body_done() && self.link.input.is_empty() && self.phase != Phase::Failed;
+        let timeout = self.cfg.timeouts.write();
+        self.link.finish(&mut self.io, timeout, !settled).await;
     }
 }
 
@@ -1284,51 +1298,6 @@ enum Driven<T> {
     TimedOut,
     /// The peer closed or reset the connection while the future was pending.
     Gone,
-}
-
-/// One lazily re-armed timer per connection: moving a deadline later costs nothing until the
-/// old one fires, so per-request deadline updates never touch the timer wheel.
-pub(crate) struct Timer {
-    sleep: Pin<Box<Sleep>>,
-    armed: Option<Instant>,
-    /// The sleep has been polled since it was last reset, so it holds this task's waker and
-    /// will wake it; until it elapses there is no need to poll it again.
-    registered: bool,
-}
-
-impl Timer {
-    pub(crate) fn new() -> Timer {
-        let far = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
-        Timer {
-            sleep: Box::pin(tokio::time::sleep_until(far)),
-            armed: None,
-            registered: false,
-        }
-    }
-
-    /// Whether `deadline` (taken from the worker's coarse clock) has passed; otherwise arranges
-    /// a wake-up for when it will have.
-    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>, deadline: Instant) -> bool {
-        let deadline = Worker::expiry(deadline);
-        if self.armed.is_none_or(|at| at > deadline) {
-            self.sleep.as_mut().reset(deadline.into());
-            self.armed = Some(deadline);
-            self.registered = false;
-        } else if self.registered && !self.sleep.is_elapsed() {
-            return false;
-        }
-        while self.sleep.as_mut().poll(cx).is_ready() {
-            if clock() >= deadline {
-                self.armed = None;
-                self.registered = false;
-                return true;
-            }
-            self.sleep.as_mut().reset(deadline.into());
-            self.armed = Some(deadline);
-        }
-        self.registered = true;
-        false
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,278 @@
+//! The connection actor's core: what every protocol driver on the runtime gets from one place.
+//!
+//! A driver is the task of one connection: HTTP/1.1's (`http1.rs`), HTTP/2's (`h2.rs`) and the
+//! one that runs any [`Protocol`](crate::proto::Protocol) (`proto.rs`). Each owns its transport
+//! and its protocol's state; the rest of the connection is a [`Link`], with the same rules for
+//! all three:
+//!
+//! - **Input** is read into one buffer, taken from the worker's pool only once the transport is
+//!   readable, and counted against the read budget of the turn ([`Link::budget_spent`]).
+//! - **Output** is one queue ([`Out`]): small pieces copied, large ones written with `writev`.
+//!   A write either completes or makes progress within the write timeout ([`Link::flush`]).
+//! - **Buffers go back** to the worker's pool while the connection has nothing in them
+//!   ([`Link::release_idle`]), so an idle connection holds none.
+//! - **The end** ([`Link::finish`]): what is still queued is written, under the write timeout;
+//!   then the transport closes, lingering when the peer may still be sending.
+//!
+//! What differs between protocols stays in their drivers: how much room a read makes (a head
+//! limit, a frame size), which deadlines apply, and when a close must linger.
+
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::time::Sleep;
+
+use crate::output::Out;
+use crate::transport::{poll_read_buf, Transport};
+use crate::worker::{clock, later, Worker, READ_BUF};
+
+/// Lingering close: how long in all, and how long per read, a connection keeps draining the
+/// peer's input after its last answer.
+const LINGER_TOTAL: Duration = Duration::from_secs(5);
+const LINGER_READ: Duration = Duration::from_secs(2);
+
+/// Why a write did not complete.
+#[derive(Debug)]
+pub(crate) enum WriteError {
+    /// The transport failed.
+    Io(io::Error),
+    /// The peer took nothing for the write timeout.
+    TimedOut,
+}
+
+/// A connection's buffers and their rules (see the module doc). The transport is the driver's
+/// and is passed in, so the same `Link` serves a driver generic over its transport and one
+/// (the protocol actor) whose state is not.
+pub(crate) struct Link {
+    /// Bytes read and not yet consumed by the protocol.
+    pub(crate) input: BytesMut,
+    /// Bytes to send.
+    pub(crate) out: Out,
+    pub(crate) worker: Rc<Worker>,
+    /// Bytes read since the connection last yielded to the worker's others.
+    read_in_turn: usize,
+}
+
+impl Link {
+    /// A link whose input starts with `input` (what was read before, by whoever accepted).
+    pub(crate) fn new(worker: Rc<Worker>, input: BytesMut) -> Link {
+        Link {
+            input,
+            out: Out::default(),
+            worker,
+            read_in_turn: 0,
+        }
+    }
+
+    /// Whether the turn's read budget is spent; if so the count starts again, and the caller
+    /// yields to the worker's other connections before reading more.
+    #[inline]
+    pub(crate) fn budget_spent(&mut self, budget: usize) -> bool {
+        if self.read_in_turn >= budget {
+            self.read_in_turn = 0;
+            return true;
+        }
+        false
+    }
+
+    /// Reads once into the input. While the input holds no buffer, one is taken only once the
+    /// transport is readable: from the worker's pool when `fresh` (its size) is a pool buffer's,
+    /// allocated otherwise. Then `grow` makes the room this read may fill (the protocol's own
+    /// rule), and the read is counted against the budget.
+    #[inline(always)]
+    pub(crate) fn poll_read<T: Transport>(
+        &mut self,
+        io: &mut T,
+        cx: &mut Context<'_>,
+        fresh: usize,
+        grow: impl FnOnce(&mut BytesMut),
+    ) -> Poll<io::Result<usize>> {
+        if self.input.capacity() == 0 {
+            ready!(io.poll_read_ready(cx))?;
+            self.input = if fresh <= READ_BUF {
+                self.worker.take_buf()
+            } else {
+                BytesMut::with_capacity(fresh)
+            };
+        }
+        grow(&mut self.input);
+        let n = ready!(poll_read_buf(io, cx, &mut self.input))?;
+        self.read_in_turn += n;
+        Poll::Ready(Ok(n))
+    }
+
+    /// Whether anything is left to write: queued output, or records the transport still holds
+    /// (TLS; on plain TCP the transport's answer is a constant `false`).
+    #[inline]
+    pub(crate) fn has_output<T: Transport>(&self, io: &T) -> bool {
+        !self.out.is_empty() || io.has_pending_output()
+    }
+
+    /// Writes what the transport takes now, without waiting.
+    #[inline]
+    pub(crate) fn poll_write<T: Transport>(
+        &mut self,
+        io: &mut T,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.out.poll_write(io, cx)
+    }
+
+    /// Makes sure the output has a buffer to encode into (it went back to the pool while idle).
+    #[inline]
+    pub(crate) fn prepare_output(&mut self) {
+        self.out.prepare(&self.worker);
+    }
+
+    /// Writes everything queued; fails once the peer has taken nothing for `timeout` (measured
+    /// on the worker's coarse clock, and restarted by every write that makes progress).
+    pub(crate) async fn flush<T: Transport>(
+        &mut self,
+        io: &mut T,
+        timer: &mut Timer,
+        timeout: Duration,
+    ) -> Result<(), WriteError> {
+        if !self.has_output(io) {
+            return Ok(());
+        }
+        let mut deadline = later(self.worker.now(), timeout);
+        poll_fn(|cx| {
+            let before = self.out.len();
+            match self.out.poll_write(io, cx) {
+                Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(WriteError::Io(e))),
+                Poll::Pending => {
+                    if self.out.len() < before {
+                        deadline = later(self.worker.now(), timeout);
+                    }
+                    if timer.poll_expired(cx, deadline) {
+                        return Poll::Ready(Err(WriteError::TimedOut));
+                    }
+                    Poll::Pending
+                }
+            }
+        })
+        .await
+    }
+
+    /// Returns the input and output buffers to the worker's pool if they are empty.
+    #[inline]
+    pub(crate) fn release_idle(&mut self) {
+        if self.input.is_empty() && self.input.capacity() > 0 {
+            self.worker.give_buf(std::mem::take(&mut self.input));
+        }
+        if self.out.is_empty() && self.out.buf.capacity() > 0 {
+            self.worker.give_buf(std::mem::take(&mut self.out.buf));
+        }
+    }
+
+    /// Returns both buffers to the pool, whatever they hold (the connection is over).
+    pub(crate) fn release_all(&mut self) {
+        let input = std::mem::take(&mut self.input);
+        let out = std::mem::take(&mut self.out.buf);
+        for buf in [input, out] {
+            if buf.capacity() > 0 {
+                self.worker.give_buf(buf);
+            }
+        }
+    }
+
+    /// Ends the connection: writes what is still queued (giving up after `write_timeout`), then
+    /// closes our side.
+    ///
+    /// - Without `linger`, on plain TCP, nothing more: dropping the socket closes it and the
+    ///   close sends the FIN, so no separate `shutdown` call (one system call per connection
+    ///   fewer when each request has its own). A TLS transport says close_notify first.
+    /// - With `linger` (the peer may still be sending: an error answered mid-message, input
+    ///   left unread), our side is shut down and the peer's input read and dropped for a
+    ///   bounded time, so the kernel does not answer unread bytes with a reset before the peer
+    ///   has read our last answer.
+    pub(crate) async fn finish<T: Transport>(
+        &mut self,
+        io: &mut T,
+        write_timeout: Duration,
+        linger: bool,
+    ) {
+        if self.has_output(io) {
+            let write = poll_fn(|cx| self.out.poll_write(io, cx));
+            match tokio::time::timeout(write_timeout, write).await {
+                Ok(Ok(())) => {}
+                _ => return,
+            }
+        }
+        if !linger && io.raw_tcp().is_some() {
+            return;
+        }
+        let shutdown = poll_fn(|cx| io.poll_shutdown(cx));
+        if !matches!(
+            tokio::time::timeout(write_timeout, shutdown).await,
+            Ok(Ok(()))
+        ) || !linger
+        {
+            return;
+        }
+        let until = tokio::time::Instant::now() + LINGER_TOTAL;
+        let mut scratch = self.worker.take_buf();
+        loop {
+            let step = until.min(tokio::time::Instant::now() + LINGER_READ);
+            scratch.clear();
+            let read = poll_fn(|cx| poll_read_buf(io, cx, &mut scratch));
+            match tokio::time::timeout_at(step, read).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => break,
+            }
+        }
+        self.worker.give_buf(scratch);
+    }
+}
+
+/// One lazily re-armed timer per connection: moving a deadline later costs nothing until the
+/// old one fires, so per-request deadline updates never touch the timer wheel. Deadlines come
+/// from the worker's coarse clock.
+pub(crate) struct Timer {
+    sleep: Pin<Box<Sleep>>,
+    armed: Option<Instant>,
+    /// The sleep has been polled since it was last reset, so it holds this task's waker and
+    /// will wake it; until it elapses there is no need to poll it again.
+    registered: bool,
+}
+
+impl Timer {
+    pub(crate) fn new() -> Timer {
+        let far = tokio::time::Instant::now() + Duration::from_secs(86400 * 365);
+        Timer {
+            sleep: Box::pin(tokio::time::sleep_until(far)),
+            armed: None,
+            registered: false,
+        }
+    }
+
+    /// Whether `deadline` (taken from the worker's coarse clock) has passed; otherwise arranges
+    /// a wake-up for when it will have.
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>, deadline: Instant) -> bool {
+        let deadline = Worker::expiry(deadline);
+        if self.armed.is_none_or(|at| at > deadline) {
+            self.sleep.as_mut().reset(deadline.into());
+            self.armed = Some(deadline);
+            self.registered = false;
+        } else if self.registered && !self.sleep.is_elapsed() {
+            return false;
+        }
+        while self.sleep.as_mut().poll(cx).is_ready() {
+            if clock() >= deadline {
+                self.armed = None;
+                self.registered = false;
+                return true;
+            }
+            self.sleep.as_mut().reset(deadline.into());
+            self.armed = Some(deadline);
+        }
+        self.registered = true;
+        false
+    }
+}
