@@ -39,7 +39,61 @@ fn app(req: Request) -> Reply {
             .with_body(Body::stream(Some(1000), StallAfterOne::default()))
             .into(),
         "/sum" => common::sum_body(req),
+        "/hold" => Reply::future(async {
+            let hold = Hold::start();
+            tokio::time::sleep(HOLD_FOR).await;
+            hold.done();
+            Response::text("held")
+        }),
         _ => Response::new(StatusCode::NOT_FOUND).into(),
+    }
+}
+
+/// `/hold` sleeps this long (virtual time) before answering "held".
+const HOLD_FOR: Duration = Duration::from_millis(1500);
+
+thread_local! {
+    /// `/hold` handler futures on this test's thread: started, dropped (finished or not),
+    /// finished. Each test runs on a thread of its own, so each has its own counts.
+    static HOLDS: std::cell::Cell<[u32; 3]> = const { std::cell::Cell::new([0; 3]) };
+}
+
+/// Counts a `/hold` handler's start, end and drop.
+struct Hold;
+
+impl Hold {
+    fn start() -> Hold {
+        bump(0);
+        Hold
+    }
+    fn done(&self) {
+        bump(2);
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        bump(1);
+    }
+}
+
+fn bump(i: usize) {
+    HOLDS.with(|h| {
+        let mut v = h.get();
+        v[i] += 1;
+        h.set(v);
+    });
+}
+
+/// `/hold` handlers (started, dropped, finished) so far on this thread.
+fn holds() -> [u32; 3] {
+    HOLDS.with(|h| h.get())
+}
+
+/// Lets the server's side run until a `/hold` handler has started.
+async fn until_held(started: u32) {
+    while holds()[0] < started {
+        tokio::task::yield_now().await;
     }
 }
 
@@ -450,5 +504,163 @@ async fn the_http2_preface_gets_an_http2_answer() {
         let mut rest = Vec::new();
         p.read_to_end(&mut rest).await.unwrap();
     })
+    .await;
+}
+
+/// A client that closes its connection, or half-closes it, while its request's handler is
+/// pending: the handler's future is dropped at that moment (its work cancelled), not run to the
+/// end for nobody, and the connection ends then.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_cancels_its_pending_handler() {
+    for (round, close) in [(1, true), (2, false)] {
+        let start = Instant::now();
+        let (_, ended) = converse(
+            config(Timeouts::default(), Duration::from_secs(60)),
+            1 << 16,
+            |mut p| async move {
+                p.write_all(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .await
+                    .unwrap();
+                until_held(round).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                if close {
+                    drop(p);
+                } else {
+                    // Half-closed: by default also taken to mean the client is gone.
+                    p.shutdown().await.unwrap();
+                    assert_eq!(read_to_close(&mut p).await, "", "round {round}");
+                }
+            },
+        )
+        .await;
+        let [started, dropped, finished] = holds();
+        assert_eq!(
+            (started, dropped, finished),
+            (round, round, 0),
+            "round {round}"
+        );
+        assert_eq!(
+            ended - start,
+            Duration::from_millis(300),
+            "round {round}: the connection ends when the client leaves"
+        );
+    }
+}
+
+/// With `half_close` set, a client that half-closes after its request gets the answer, when
+/// the handler is done.
+#[tokio::test(start_paused = true)]
+async fn half_close_config_lets_the_pending_handler_answer() {
+    let start = Instant::now();
+    let config = config(Timeouts::default(), Duration::from_secs(60))
+        .to_builder()
+        .half_close(true)
+        .build()
+        .unwrap();
+    let (_, ended) = converse(config, 1 << 16, |mut p| async move {
+        p.write_all(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        p.shutdown().await.unwrap();
+        let answer = read_to_close(&mut p).await;
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(answer.ends_with("\r\n\r\nheld"), "{answer}");
+    })
+    .await;
+    assert_eq!(holds(), [1, 1, 1]);
+    assert_eq!(
+        ended - start,
+        HOLD_FOR,
+        "answered and closed when the handler finished"
+    );
+}
+
+/// The next pipelined request, sent while the handler of the one before is pending (and so
+/// read while the connection watches its peer), is answered after it, in order.
+#[tokio::test(start_paused = true)]
+async fn a_request_sent_while_a_handler_is_pending_is_answered_after_it() {
+    let start = Instant::now();
+    converse(
+        config(Timeouts::default(), Duration::from_secs(60)),
+        1 << 16,
+        |mut p| async move {
+            p.write_all(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            until_held(1).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            p.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let text = read_to_close(&mut p).await;
+            let held = text.find("\r\n\r\nheld").expect(&text);
+            let hello = text.find("\r\n\r\nhello").expect(&text);
+            assert!(held < hello, "{text}");
+            assert_eq!(text.matches("HTTP/1.1 200 OK").count(), 2, "{text}");
+            assert_eq!(
+                Instant::now() - start,
+                HOLD_FOR,
+                "both when the first was done"
+            );
+        },
+    )
+    .await;
+    assert_eq!(holds(), [1, 1, 1]);
+}
+
+/// A chunked request body that arrives in 200 pieces a millisecond apart, every third chunk
+/// itself split in the middle of its data, its halves a millisecond apart (tokio's timers count
+/// whole milliseconds): all of it is read, the
+/// answer comes when the last piece is in, and the connection is kept.
+#[tokio::test(start_paused = true)]
+async fn a_chunked_body_in_delayed_pieces_is_read_whole() {
+    let start = Instant::now();
+    converse(
+        config(Timeouts::default(), Duration::from_secs(60)),
+        1 << 16,
+        |mut p| async move {
+            let pieces: Vec<Vec<u8>> = (0..200usize)
+                .map(|i| vec![b'a' + (i % 26) as u8; (i * 37) % 700 + 1])
+                .collect();
+            let total: usize = pieces.iter().map(Vec::len).sum();
+            p.write_all(b"POST /sum HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+                .await
+                .unwrap();
+            for (i, piece) in pieces.iter().enumerate() {
+                let mut chunk = format!("{:x}\r\n", piece.len()).into_bytes();
+                chunk.extend_from_slice(piece);
+                chunk.extend_from_slice(b"\r\n");
+                if i % 3 == 0 {
+                    let mid = chunk.len() / 2;
+                    p.write_all(&chunk[..mid]).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    p.write_all(&chunk[mid..]).await.unwrap();
+                } else {
+                    p.write_all(&chunk).await.unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let sent_at = Instant::now();
+            p.write_all(b"0\r\n\r\n").await.unwrap();
+            let mut buf = vec![0; 4096];
+            let mut text = String::new();
+            while !text.ends_with(&format!("\r\n\r\n{total}")) {
+                let n = p.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed early: {text}");
+                text.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+            assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+            assert!(!text.contains("Connection: close"), "{text}");
+            assert_eq!(Instant::now(), sent_at, "answered as the last chunk came");
+            // 200 pieces 1 ms apart, 67 of them split 1 ms apart.
+            assert_eq!(sent_at - start, Duration::from_millis(200 + 67));
+            // Kept: the next request is answered on the same connection.
+            p.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let rest = read_to_close(&mut p).await;
+            assert!(rest.ends_with("\r\n\r\nhello"), "{rest}");
+        },
+    )
     .await;
 }
