@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Market Spread side by side: `canter pipeline market-spread` against the same job written by
-hand with no framework (bench/peers/rust/ms-epoll: one thread, one epoll loop, the ceiling).
+hand with no framework (bench/peers/rust/ms-epoll: one thread, one epoll loop, the ceiling),
+and, with `--servers canter,epoll,bytewax`, in Bytewax over the same TCP streams
+(`tcp_flow` in bench/market_spread_bytewax.py, one worker; installed into bench/build/bytewax-venv).
 
     bench/build.sh && python3 bench/market_spread.py [--rounds 3] [--duration 30] [--rates 750000,1500000]
 
@@ -80,7 +82,29 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+BYTEWAX_VENV = os.path.join(BENCH, "build", "bytewax-venv")
+
+
+def bytewax_python():
+    python = os.path.join(BYTEWAX_VENV, "bin", "python")
+    if not os.path.exists(python):
+        subprocess.run([sys.executable, "-m", "venv", BYTEWAX_VENV], check=True)
+        subprocess.run([os.path.join(BYTEWAX_VENV, "bin", "pip"), "install", "-q", "bytewax==0.21.1"],
+                       check=True)
+    return python
+
+
+def listening(port):
+    """Whether something listens on 127.0.0.1:port (from /proc/net/tcp, without connecting)."""
+    want = f"0100007F:{port:04X}"
+    with open("/proc/net/tcp") as f:
+        return any(line.split()[1] == want and line.split()[3] == "0A" for line in list(f)[1:])
+
+
 def server_cmd(kind):
+    if kind == "bytewax":
+        return ["taskset", "-c", "0", bytewax_python(), "-m", "bytewax.run",
+                "bench.market_spread_bytewax:tcp_flow"]
     if kind == "epoll":
         return ["taskset", "-c", "0", EPOLL, "--nbbo", NBBO, "--orders", ORDERS, "--out", RECV]
     workers, cpus = ("2", "0,1") if kind == "canter-2w" else ("1", "0")
@@ -95,9 +119,14 @@ def one(kind, rate, duration, prefix):
                            f"{duration + 8}s", "--json", "--interval", "0s"],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     time.sleep(0.3)
-    env = dict(os.environ, RUST_LOG="warn")
-    srv = subprocess.Popen(server_cmd(kind), env=env, stderr=subprocess.DEVNULL)
+    env = dict(os.environ, RUST_LOG="warn", NBBO=NBBO, ORDERS=ORDERS, OUT=RECV)
+    srv = subprocess.Popen(server_cmd(kind), env=env, stderr=subprocess.DEVNULL, cwd=ROOT)
     time.sleep(0.7)
+    # Python and Bytewax take longer to start than the Rust servers.
+    for _ in range(100):
+        if all(listening(int(a.rsplit(":", 1)[1])) for a in (NBBO, ORDERS)):
+            break
+        time.sleep(0.1)
     pace = ["--rate", str(rate)] if rate else []
     send = lambda to, f: subprocess.Popen(  # noqa: E731
         ["taskset", "-c", "1", CANTER, "send", "--to", to, "--file", os.path.join(DATA, f), "--repeat",
