@@ -4,7 +4,7 @@ hand with no framework (bench/peers/rust/ms-epoll: one thread, one epoll loop, t
 and, with `--servers canter,epoll,bytewax`, in Bytewax over the same TCP streams
 (`tcp_flow` in bench/market_spread_bytewax.py, one worker; installed into bench/build/bytewax-venv).
 
-    bench/build.sh && python3 bench/market_spread.py [--rounds 3] [--duration 30] [--rates 750000,1500000]
+    bench/build.sh && python3 bench/market_spread.py [--rounds 3] [--duration 30] [--rates 750000,1500000] [--batch 64]
 
 Data: 1,000 symbols, half NBBO and half orders, about 10% of the orders rejected (`canter send
 market-spread --write-dir`, 10 million records, generated once under bench/build/market-spread).
@@ -112,7 +112,7 @@ def server_cmd(kind):
             ORDERS, "--out", RECV, "--metrics", METRICS, "--workers", workers, "--pin"]
 
 
-def one(kind, rate, duration, prefix):
+def one(kind, rate, duration, prefix, batch):
     """One run; returns its figures."""
     subprocess.run(["pkill", "-f", "canter receive"], stderr=subprocess.DEVNULL)
     rx = subprocess.Popen(["taskset", "-c", "1", CANTER, "receive", "--listen", RECV, "--duration",
@@ -130,7 +130,7 @@ def one(kind, rate, duration, prefix):
     pace = ["--rate", str(rate)] if rate else []
     send = lambda to, f: subprocess.Popen(  # noqa: E731
         ["taskset", "-c", "1", CANTER, "send", "--to", to, "--file", os.path.join(DATA, f), "--repeat",
-         "--duration", str(duration), "--batch", "64", "--json"] + pace, stdout=subprocess.PIPE)
+         "--duration", str(duration), "--batch", str(batch), "--json"] + pace, stdout=subprocess.PIPE)
     s1 = send(NBBO, "nbbo.bin")
     time.sleep(0.3)
     c0, t0 = cpu_seconds(srv.pid), time.time()
@@ -159,7 +159,7 @@ def one(kind, rate, duration, prefix):
         "cpu_ns_per_record": (c1 - c0) / records * 1e9, "p50_us": lat["p50"], "p99_us": lat["p99"],
         "p9999_us": lat["p9999"], "max_us": lat["max"],
         "sender_lag_ms": max(r1["max_lag_ms"], r2["max_lag_ms"]),
-        "orders_sent": r2["records"], "orders_read": counted.get("canter_source_records_total"),
+        "orders_sent": r2["records"], "batch": batch, "orders_read": counted.get("canter_source_records_total"),
         "results_made": counted.get("canter_sink_records_total"),
     }
 
@@ -171,6 +171,9 @@ def main():
     ap.add_argument("--rates", default="750000,1500000", help="per-stream rates for fixed-rate runs")
     ap.add_argument("--servers", default="canter,epoll")
     ap.add_argument("--no-2w", action="store_true", help="skip the two-worker canter peak")
+    ap.add_argument("--batch", type=int, default=64,
+                    help="records per write of each sender (1024 makes the senders cheap enough "
+                         "that the server, not CPU 1, limits the peak)")
     args = ap.parse_args()
     generate()
     prefix = reject_prefix()
@@ -182,7 +185,7 @@ def main():
             order = servers[rnd % len(servers):] + servers[:rnd % len(servers)]
             kinds = order + (["canter-2w"] if name == "peak" and not args.no_2w else [])
             for kind in kinds:
-                r = one(kind, rate, args.duration, prefix)
+                r = one(kind, rate, args.duration, prefix, args.batch)
                 r["scenario"], r["round"] = name, rnd
                 runs.append(r)
                 print(f"round {rnd} {name} {kind}: {r['input_rate']:,.0f} in/s, {r['results']:,} results "
@@ -202,7 +205,19 @@ def main():
         print(f"| {sc} | {srv} | {med('input_rate'):,.0f} | {med('cpu_share'):.0%} | "
               f"{med('cpu_ns_per_record'):.0f} | {med('p50_us'):.0f} | {med('p99_us'):.0f} | "
               f"{med('p9999_us'):.0f} | {sum(r['lost'] for r in rs)} |")
-    print(f"\n{len(runs)} runs, {args.duration} s each; raw: {os.path.relpath(out, ROOT)}")
+    # Round by round, each scenario's canter against the ceiling run in the same round.
+    for sc, _ in scenarios:
+        ratios = []
+        for rnd in range(args.rounds):
+            got = {r["server"]: r for r in runs if r["scenario"] == sc and r["round"] == rnd}
+            if "canter" in got and "epoll" in got:
+                ratios.append((got["canter"]["input_rate"] / got["epoll"]["input_rate"],
+                               got["canter"]["cpu_ns_per_record"] / got["epoll"]["cpu_ns_per_record"]))
+        if ratios:
+            print(f"\n{sc}, canter ÷ epoll ceiling per round: throughput "
+                  + ", ".join(f"{t:.2f}x" for t, _ in ratios) + "; CPU per record "
+                  + ", ".join(f"{c:.2f}x" for _, c in ratios))
+    print(f"\n{len(runs)} runs, {args.duration} s each, --batch {args.batch}; raw: {os.path.relpath(out, ROOT)}")
 
 
 if __name__ == "__main__":
