@@ -195,8 +195,6 @@ struct H2<S, T> {
     eof: bool,
     /// Last time a stream was open or a frame arrived: the idle timeout counts from here.
     active_at: Instant,
-    /// Last time the output shrank (or was empty): the write timeout counts from here.
-    write_progress_at: Instant,
     drained: bool,
     /// The input holds bytes not parsed yet.
     unparsed: bool,
@@ -227,7 +225,6 @@ impl<S: Service, T: Transport> H2<S, T> {
             timer: Timer::new(),
             eof: false,
             active_at: now,
-            write_progress_at: now,
             drained: false,
             pulled_in_turn: 0,
         }
@@ -313,30 +310,12 @@ impl<S: Service, T: Transport> H2<S, T> {
     }
 
     fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<(), Stop> {
-        if !self.link.has_output(&self.io) {
-            self.write_progress_at = self.link.worker.now();
-            return Ok(());
-        }
-        let before = self.link.out.len();
-        match self.link.poll_write(&mut self.io, cx) {
-            Poll::Ready(Ok(())) => {
-                self.write_progress_at = self.link.worker.now();
-                Ok(())
-            }
-            Poll::Ready(Err(e)) => Err(Stop::Io(e)),
-            Poll::Pending => {
-                if self.link.out.len() < before {
-                    self.write_progress_at = self.link.worker.now();
-                }
-                Ok(())
-            }
-        }
+        self.link.poll_send(&mut self.io, cx).map_err(Stop::Io)
     }
 
     fn poll_timeouts(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Stop>> {
         let t = &self.cfg.timeouts;
-        let write_at =
-            (!self.link.out.is_empty()).then(|| later(self.write_progress_at, t.write()));
+        let write_at = self.link.write_deadline(t.write());
         // Streams whose response is out but whose request body never ends do not keep a quiet
         // connection alive.
         let idle_at = self

@@ -8,7 +8,9 @@
 //! - **Input** is read into one buffer, taken from the worker's pool only once the transport is
 //!   readable, and counted against the read budget of the turn ([`Link::budget_spent`]).
 //! - **Output** is one queue ([`Out`]): small pieces copied, large ones written with `writev`.
-//!   A write either completes or makes progress within the write timeout ([`Link::flush`]).
+//!   Output left unwritten must make progress within the write timeout: a driver either waits
+//!   for it ([`Link::flush`]) or writes what the peer takes and goes on ([`Link::poll_send`]),
+//!   then asks when the peer will have stalled too long ([`Link::write_deadline`]).
 //! - **Buffers go back** to the worker's pool while the connection has nothing in them
 //!   ([`Link::release_idle`]), so an idle connection holds none.
 //! - **The end** ([`Link::finish`]): what is still queued is written, under the write timeout;
@@ -56,6 +58,9 @@ pub(crate) struct Link {
     pub(crate) worker: Rc<Worker>,
     /// Bytes read since the connection last yielded to the worker's others.
     read_in_turn: usize,
+    /// Since when output has been waiting without the peer taking any of it ([`Link::poll_send`]);
+    /// `None` while everything is written.
+    stalled_since: Option<Instant>,
 }
 
 impl Link {
@@ -66,6 +71,7 @@ impl Link {
             out: Out::default(),
             worker,
             read_in_turn: 0,
+            stalled_since: None,
         }
     }
 
@@ -121,6 +127,38 @@ impl Link {
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
         self.out.poll_write(io, cx)
+    }
+
+    /// Writes what the transport takes now, without waiting, and keeps the time since which the
+    /// peer has taken nothing for [`Link::write_deadline`] (restarted by every write that makes
+    /// progress).
+    pub(crate) fn poll_send<T: Transport>(
+        &mut self,
+        io: &mut T,
+        cx: &mut Context<'_>,
+    ) -> io::Result<()> {
+        if !self.has_output(io) {
+            self.stalled_since = None;
+            return Ok(());
+        }
+        let before = self.out.len();
+        match self.out.poll_write(io, cx) {
+            Poll::Ready(Ok(())) => self.stalled_since = None,
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => {
+                if self.out.len() < before || self.stalled_since.is_none() {
+                    self.stalled_since = Some(clock());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// When the output left by [`Link::poll_send`] will have waited `timeout` without progress
+    /// (`None` while everything is written): the driver closes the connection then.
+    #[inline]
+    pub(crate) fn write_deadline(&self, timeout: Duration) -> Option<Instant> {
+        self.stalled_since.map(|at| later(at, timeout))
     }
 
     /// Makes sure the output has a buffer to encode into (it went back to the pool while idle).

@@ -597,8 +597,6 @@ struct Actor {
     core: Core,
     eof: bool,
     shutdown_told: bool,
-    /// When queued output last went out (or was first queued), for the write timeout.
-    write_since: Option<Instant>,
     sleep: Option<Pin<Box<Sleep>>>,
     armed: Option<Instant>,
 }
@@ -621,7 +619,6 @@ impl Actor {
             },
             eof: false,
             shutdown_told: false,
-            write_since: None,
             sleep: None,
             armed: None,
         }
@@ -725,20 +722,10 @@ impl Actor {
     fn poll_event<T: Transport>(&mut self, io: &mut T, cx: &mut Context<'_>) -> Poll<Event> {
         let core = &mut self.core;
         // Write what is queued, and what the transport still holds (TLS records).
-        if core.link.has_output(io) {
-            let before = core.link.out.len();
-            match core.link.poll_write(io, cx) {
-                Poll::Ready(Ok(())) => self.write_since = None,
-                Poll::Ready(Err(e)) => return Poll::Ready(Event::Failed(Close::Io(e))),
-                Poll::Pending => {
-                    if core.link.out.len() < before || self.write_since.is_none() {
-                        self.write_since = Some(Instant::now());
-                    }
-                }
-            }
+        if let Err(e) = core.link.poll_send(io, cx) {
+            return Poll::Ready(Event::Failed(Close::Io(e)));
         }
         if !core.link.has_output(io) {
-            self.write_since = None;
             if core.link.out.buf.capacity() > 0 {
                 let buf = std::mem::take(&mut core.link.out.buf);
                 core.link.worker.give_buf(buf);
@@ -789,8 +776,10 @@ impl Actor {
         }
         // Timers: the protocol's, and the write timeout.
         let write_deadline = self
-            .write_since
-            .map(|at| at + self.core.settings.write_timeout);
+            .core
+            .link
+            .write_deadline(self.core.settings.write_timeout)
+            .map(Instant::from_std);
         let next = [self.core.timer, write_deadline]
             .into_iter()
             .flatten()
