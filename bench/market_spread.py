@@ -37,6 +37,8 @@ ROOT = os.path.dirname(BENCH)
 CANTER = os.path.join(ROOT, "target", "release", "canter")
 EPOLL = os.path.join(BENCH, "target", "release", "ms-epoll")
 DATA = os.path.join(BENCH, "build", "market-spread")
+RT_RECEIVER = False
+READ_BUDGET = None
 RECV, NBBO, ORDERS, METRICS = (f"127.0.0.1:{p}" for p in (7300, 7301, 7302, 7303))
 
 
@@ -108,14 +110,18 @@ def server_cmd(kind):
     if kind == "epoll":
         return ["taskset", "-c", "0", EPOLL, "--nbbo", NBBO, "--orders", ORDERS, "--out", RECV]
     workers, cpus = ("2", "0,1") if kind == "canter-2w" else ("1", "0")
+    budget = ["--read-budget", str(READ_BUDGET)] if READ_BUDGET else []
     return ["taskset", "-c", cpus, CANTER, "pipeline", "market-spread", "--nbbo", NBBO, "--orders",
-            ORDERS, "--out", RECV, "--metrics", METRICS, "--workers", workers, "--pin"]
+            ORDERS, "--out", RECV, "--metrics", METRICS, "--workers", workers, "--pin"] + budget
 
 
 def one(kind, rate, duration, prefix, batch):
     """One run; returns its figures."""
     subprocess.run(["pkill", "-f", "canter receive"], stderr=subprocess.DEVNULL)
-    rx = subprocess.Popen(["taskset", "-c", "1", CANTER, "receive", "--listen", RECV, "--duration",
+    # With --rt-receiver the receiver runs at real-time priority on its core, so the senders
+    # sharing that core do not delay its reads (their lag would count as the server's latency).
+    rt = ["chrt", "-f", "50"] if RT_RECEIVER else []
+    rx = subprocess.Popen(rt + ["taskset", "-c", "1", CANTER, "receive", "--listen", RECV, "--duration",
                            f"{duration + 8}s", "--json", "--interval", "0s"],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     time.sleep(0.3)
@@ -174,7 +180,14 @@ def main():
     ap.add_argument("--batch", type=int, default=64,
                     help="records per write of each sender (1024 makes the senders cheap enough "
                          "that the server, not CPU 1, limits the peak)")
+    ap.add_argument("--rt-receiver", action="store_true",
+                    help="run canter receive at real-time priority (chrt -f 50) on CPU 1")
+    ap.add_argument("--read-budget", type=int, default=None,
+                    help="canter's --read-budget (bytes per source connection per turn)")
     args = ap.parse_args()
+    global RT_RECEIVER, READ_BUDGET
+    RT_RECEIVER = args.rt_receiver
+    READ_BUDGET = args.read_budget
     generate()
     prefix = reject_prefix()
     servers = args.servers.split(",")

@@ -69,6 +69,10 @@ struct MarketSpreadPipelineArgs {
     /// it is closed at once, with a warning.
     #[arg(long, default_value_t = 1024, value_name = "N")]
     max_source_connections: usize,
+    /// Bytes read from one source connection before the worker turns to its others and its
+    /// sinks: smaller gives results sooner at high rates, larger fewer turns.
+    #[arg(long, default_value_t = 1024 * 1024, value_name = "BYTES")]
+    read_budget: usize,
 }
 
 #[derive(clap::Args)]
@@ -400,7 +404,8 @@ fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
             RunOptions::default()
                 .workers(args.workers)
                 .pin(args.pin)
-                .max_source_connections(args.max_source_connections),
+                .max_source_connections(args.max_source_connections)
+                .read_budget(args.read_budget),
         )
         .map_err(|e| fail("start", e))?;
     let metrics = running.metrics();

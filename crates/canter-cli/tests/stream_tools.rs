@@ -492,7 +492,15 @@ fn market_spread_pipeline_produces_the_reference_results() {
         "60s",
     ]);
     let (mut pipe, nbbo_addr, orders_addr, metrics_addr) =
-        pipeline(&["--out", &rx_addr.to_string(), "--workers", "2"]);
+        // A small read budget: many turns per connection, and the results still exact.
+        pipeline(&[
+            "--out",
+            &rx_addr.to_string(),
+            "--workers",
+            "2",
+            "--read-budget",
+            "4096",
+        ]);
     let started = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()

@@ -583,6 +583,12 @@ impl RunOptions {
         self.inbox_capacity = records.max(1);
         self
     }
+
+    /// Sets the bytes read per source connection before it yields to the worker's others.
+    pub fn read_budget(mut self, bytes: usize) -> Self {
+        self.read_budget = bytes.max(1);
+        self
+    }
 }
 
 /// The pipelines of an application, run together on the same workers (sharing keyed state

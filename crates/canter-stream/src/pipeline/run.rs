@@ -781,7 +781,7 @@ async fn accept_loop(
     };
     let settings = Settings::default()
         .read_budget(env.opts.read_budget)
-        .read_size(256 * 1024)
+        .read_size((256 * 1024).min(env.opts.read_budget))
         .max_input(match framing {
             Framing::LengthPrefixed { max } | Framing::Lines { max } => max + 64 * 1024,
         });
