@@ -11,9 +11,14 @@ run the same Starlette app (bench/python_apps/). Rounds are interleaved (each ro
 server in turn); each cell warms up for 1 s, then measures requests/s and the server's CPU time
 (utime+stime of its process tree) per request; tables give medians over rounds.
 
-The peers and canter are installed into bench/build/python-venv on first use (pip). Japronto is
-not measured: PyPI holds only CPython 3.5-3.7 wheels of it and no source distribution (its last
-release, 0.1.2, is from 2018), so it does not install on this Python.
+The peers and canter are installed into bench/build/python-venv on first use (pip).
+
+Japronto (`--only japronto`) needs what a fresh machine does not have: PyPI holds only CPython
+3.5-3.7 wheels of it and no source distribution (its last release, 0.1.2, is from 2018), and its
+C extension does not compile on 3.11 or later. Give it a checkout of
+github.com/squeaky-pl/japronto (`JAPRONTO_SRC`, measured at e73b76e) and a CPython 3.8-3.10
+(`JAPRONTO_PYTHON`): both Japronto and canter's package are then installed into
+bench/build/japronto-venv, and canter's native API is measured beside it on that same Python.
 """
 import argparse
 import json
@@ -46,6 +51,25 @@ def setup():
         subprocess.run(["cargo", "build", "--release", "-p", "canter-cli"], cwd=run.ROOT, check=True)
 
 
+JP_VENV = os.path.join(BENCH, "build", "japronto-venv")
+JP_PY = os.path.join(JP_VENV, "bin", "python")
+
+
+def setup_japronto():
+    src, python = os.environ.get("JAPRONTO_SRC"), os.environ.get("JAPRONTO_PYTHON")
+    if not src or not python:
+        sys.exit("--only japronto needs JAPRONTO_SRC (a checkout of squeaky-pl/japronto) and "
+                 "JAPRONTO_PYTHON (a CPython 3.8-3.10); see the module doc")
+    if not os.path.exists(JP_PY):
+        subprocess.run([python, "-m", "venv", JP_VENV], check=True)
+    pip = [JP_PY, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run(pip + ["uvloop==0.16.0", "setuptools", "wheel"], check=True)
+    subprocess.run(pip + ["--no-build-isolation", src], check=True)
+    subprocess.run(pip + [os.path.join(run.ROOT, "python")], check=True)
+    if not os.path.exists(run.CANTER_BIN):
+        subprocess.run(["cargo", "build", "--release", "-p", "canter-cli"], cwd=run.ROOT, check=True)
+
+
 def granian(interface, app):
     return [os.path.join(VENV, "bin", "granian"), "--interface", interface, "--host",
             "127.0.0.1", "--port", "{port}", "--workers", "1", "--runtime-threads", "1",
@@ -60,6 +84,8 @@ SERVERS = {
     "robyn": ([PY, "robyn_app.py", "--processes", "1", "--workers", "1"], {"PORT": "{port}"}),
     "socketify": ([PY, "socketify_app.py", "{port}"], {}),
     "canter-asgi": ([PY, "-m", "canter", "serve", "starlette_app:app", "--port", "{port}"], {}),
+    "canter-native-jp-python": ([JP_PY, "canter_native.py", "{port}"], {}),
+    "japronto": ([JP_PY, "japronto_app.py", "{port}"], {}),
     "granian-asgi": (granian("asgi", "starlette_app:app"), {}),
     "uvicorn": ([os.path.join(VENV, "bin", "uvicorn"), "--loop", "uvloop", "--http", "httptools",
                  "--port", "{port}", "--log-level", "warning", "--no-access-log",
@@ -73,6 +99,10 @@ GROUPS = {
                 "pipeline-16x256": ("/plaintext", 256, 16)}),
     "asgi": (["canter-asgi", "granian-asgi", "uvicorn"],
              {"plaintext-50": ("/plaintext", 50, 1), "json-50": ("/json", 50, 1)}),
+    # Both on JAPRONTO_PYTHON (see the module doc).
+    "japronto": (["canter-native-jp-python", "japronto"],
+                 {"plaintext-50": ("/plaintext", 50, 1), "json-50": ("/json", 50, 1),
+                  "pipeline-16x256": ("/plaintext", 256, 16)}),
 }
 
 
@@ -118,6 +148,7 @@ def cell(name, scenario, port, duration):
 
 
 COLORS = {"canter-native": "#d9480f", "canter-rust": "#f08c00", "canter-asgi": "#d9480f",
+          "canter-native-jp-python": "#d9480f", "japronto": "#e64980",
           "granian-rsgi": "#1c7ed6", "granian-asgi": "#1c7ed6", "robyn": "#7048e8",
           "socketify": "#2b8a3e", "uvicorn": "#495057"}
 
@@ -133,11 +164,13 @@ def plots(results):
                                  for n, rs in by_server.items()), key=lambda t: -t[1])))
     os.makedirs(run.PLOTS, exist_ok=True)
     written = []
+    # A Japronto-only run has plots of its own, beside the main comparison's.
+    stem = "python-japronto" if all(k.startswith("japronto/") for k in results) else "python"
     for name, svg in (
-            ("python-cpu-per-request.svg", run.svg_bar_panels(
+            (f"{stem}-cpu-per-request.svg", run.svg_bar_panels(
                 "Python servers: server CPU time per request (median, us)", cpu, " us",
                 lower_is_better=True)),
-            ("python-throughput.svg", run.svg_bar_panels(
+            (f"{stem}-throughput.svg", run.svg_bar_panels(
                 "Python servers: requests per second (median)", rps, ""))):
         with open(os.path.join(run.PLOTS, name), "w") as f:
             f.write(svg)
@@ -171,12 +204,16 @@ def main():
         with open(args.from_json) as f:
             report(json.load(f))
         return
-    setup()
+    groups = args.only.split(",")
+    if set(groups) - {"japronto"}:
+        setup()
+    if "japronto" in groups:
+        setup_japronto()
     run.raise_nofile()
     wanted = set(filter(None, args.servers.split(",")))
     results = {}
     port = 7440
-    for group in args.only.split(","):
+    for group in groups:
         servers, scenarios = GROUPS[group]
         servers = [s for s in servers if not wanted or s in wanted]
         for sc_name, sc in scenarios.items():
