@@ -30,7 +30,7 @@ use canter_h2::{Connection, ErrorCode, Event, Settings, Sink};
 use http::{HeaderName, StatusCode};
 
 use crate::body::{Body, BodyError, BodyStream, Pipe, PipeState, RequestBody};
-use crate::link::{Link, Timer};
+use crate::link::{Ending, Link, Timer};
 use crate::output::Out;
 use crate::server::{ClientFault, Config};
 use crate::service::{Reply, Request, Response, Service};
@@ -145,7 +145,7 @@ async fn drive<S: Service, T: Transport>(mut h2: H2<S, T>, registration: Registr
         // Send the GOAWAY (or anything else still buffered) before closing; bounded by the
         // write timeout.
         let timeout = h2.cfg.timeouts.write();
-        h2.link.finish(&mut h2.io, timeout, false).await;
+        h2.link.finish(&mut h2.io, timeout, Ending::Shutdown).await;
     }
     h2.exchanges.clear();
     h2.link.release_all();

@@ -35,7 +35,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::io::Interest;
 
 use crate::body::{Body, BodyError, Pipe, PipeState, RequestBody};
-use crate::link::{Link, Timer, WriteError};
+use crate::link::{Ending, Link, Timer, WriteError};
 use crate::server::{ClientFault, Config};
 use crate::service::{Reply, Request, Response, Service};
 use crate::transport::Transport;
@@ -1199,8 +1199,13 @@ impl<S: Service, T: Transport> Driver<S, T> {
     async fn finish(&mut self) {
         let settled =
             self.h1.body_done() && self.link.input.is_empty() && self.phase != Phase::Failed;
+        let ending = if settled {
+            Ending::Settled
+        } else {
+            Ending::Linger
+        };
         let timeout = self.cfg.timeouts.write();
-        self.link.finish(&mut self.io, timeout, !settled).await;
+        self.link.finish(&mut self.io, timeout, ending).await;
     }
 }
 

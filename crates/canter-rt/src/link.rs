@@ -14,7 +14,8 @@
 //! - **Buffers go back** to the worker's pool while the connection has nothing in them
 //!   ([`Link::release_idle`]), so an idle connection holds none.
 //! - **The end** ([`Link::finish`]): what is still queued is written, under the write timeout;
-//!   then the transport closes, lingering when the peer may still be sending.
+//!   then the transport closes as the driver says ([`Ending`]): at once, after a shutdown, or
+//!   lingering when the peer may still be sending.
 //!
 //! What differs between protocols stays in their drivers: how much room a read makes (a head
 //! limit, a frame size), which deadlines apply, and when a close must linger.
@@ -37,6 +38,24 @@ use crate::worker::{clock, later, Worker, READ_BUF};
 /// peer's input after its last answer.
 const LINGER_TOTAL: Duration = Duration::from_secs(5);
 const LINGER_READ: Duration = Duration::from_secs(2);
+
+/// How [`Link::finish`] closes the connection once its output is written.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Ending {
+    /// Nothing unread and nothing wrong: on plain TCP the socket is just closed, and the close
+    /// sends the FIN (no separate `shutdown` call: one system call per connection fewer when
+    /// each request has its own); a TLS transport says close_notify first.
+    Settled,
+    /// Our side is shut down (the FIN goes out) before the socket is closed, so a peer whose
+    /// last bytes we did not read sees the end of our output before the reset the close of a
+    /// socket with unread input sends.
+    Shutdown,
+    /// The peer may still be sending (an error answered mid-message, input left unread): our
+    /// side is shut down and the peer's input read and dropped for a bounded time, so the
+    /// kernel does not answer unread bytes with a reset before the peer has read our last
+    /// answer.
+    Linger,
+}
 
 /// Why a write did not complete.
 #[derive(Debug)]
@@ -221,20 +240,12 @@ impl Link {
     }
 
     /// Ends the connection: writes what is still queued (giving up after `write_timeout`), then
-    /// closes our side.
-    ///
-    /// - Without `linger`, on plain TCP, nothing more: dropping the socket closes it and the
-    ///   close sends the FIN, so no separate `shutdown` call (one system call per connection
-    ///   fewer when each request has its own). A TLS transport says close_notify first.
-    /// - With `linger` (the peer may still be sending: an error answered mid-message, input
-    ///   left unread), our side is shut down and the peer's input read and dropped for a
-    ///   bounded time, so the kernel does not answer unread bytes with a reset before the peer
-    ///   has read our last answer.
+    /// closes our side as `ending` says.
     pub(crate) async fn finish<T: Transport>(
         &mut self,
         io: &mut T,
         write_timeout: Duration,
-        linger: bool,
+        ending: Ending,
     ) {
         if self.has_output(io) {
             let write = poll_fn(|cx| self.out.poll_write(io, cx));
@@ -243,14 +254,14 @@ impl Link {
                 _ => return,
             }
         }
-        if !linger && io.raw_tcp().is_some() {
+        if ending == Ending::Settled && io.raw_tcp().is_some() {
             return;
         }
         let shutdown = poll_fn(|cx| io.poll_shutdown(cx));
         if !matches!(
             tokio::time::timeout(write_timeout, shutdown).await,
             Ok(Ok(()))
-        ) || !linger
+        ) || ending != Ending::Linger
         {
             return;
         }

@@ -57,7 +57,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::{Instant, Sleep};
 
-use crate::link::Link;
+use crate::link::{Ending, Link};
 use crate::server::{Accept, Accepted, Config};
 use crate::tls::{ClientTls, TlsAcceptor};
 use crate::transport::{Stream, Transport};
@@ -685,7 +685,10 @@ impl Actor {
                 Event::Yield => tokio::task::yield_now().await,
                 Event::Flushed => {
                     let timeout = self.core.settings.write_timeout;
-                    self.core.link.finish(&mut io, timeout, false).await;
+                    self.core
+                        .link
+                        .finish(&mut io, timeout, Ending::Shutdown)
+                        .await;
                     return if self.eof {
                         Close::PeerClosed
                     } else {
