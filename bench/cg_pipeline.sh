@@ -10,7 +10,7 @@
 # thousand instructions in all). Leaves the profile in bench/results/callgrind.out.
 #
 # DEPTH=1 (requests per batch, default 16) measures requests sent one at a time; BATCHES sets
-# how many batches (default 2,000).
+# how many batches (default 2,000); HEADER="Name: value" adds a header line to every request.
 #
 # SERVER="..." runs another server command instead (it must listen on 127.0.0.1:31050), e.g.
 #   SERVER="target/release/examples/app_overhead bare 127.0.0.1:31050" bench/cg_pipeline.sh
@@ -33,9 +33,10 @@ valgrind --tool=callgrind --callgrind-out-file="$OUT" --dump-instr=no \
     "${CMD[@]}" >/dev/null 2>&1 &
 SERVER=$!
 trap 'kill -INT $SERVER 2>/dev/null || true' EXIT
-python3 - "$PORT" "$BATCHES" "$DEPTH" "$TARGET" <<'PY'
+python3 - "$PORT" "$BATCHES" "$DEPTH" "$TARGET" "${HEADER:-}" <<'PY'
 import socket, sys, time
 port, batches, depth, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+extra = f"{sys.argv[5]}\r\n" if sys.argv[5] else ""
 for _ in range(300):  # the server starts slowly under valgrind
     try:
         s = socket.create_connection(("127.0.0.1", port))
@@ -44,7 +45,7 @@ for _ in range(300):  # the server starts slowly under valgrind
         time.sleep(0.1)
 else:
     sys.exit("server did not start")
-req = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode() * depth
+req = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode() * depth
 buf = b""
 for _ in range(batches):
     s.sendall(req)

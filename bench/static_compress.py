@@ -38,6 +38,8 @@ from tls import stop  # noqa: E402  (a server's process group, stopped)
 ROOT = run.ROOT
 BENCH = run.BENCH
 CANTER = run.CANTER_BIN
+# Another build of canter (--base BIN), served as canter-compress-base for before/after runs.
+BASE = None
 WORK = os.path.join(BENCH, "build", "static-compress")
 
 
@@ -115,9 +117,11 @@ def nginx_argv(port, prefix, root, gzip_conf):
 def servers(dirs):
     """name -> (argv(port, prefix), Accept-Encoding sent)."""
     ae = "br, gzip"
-    canter = lambda root, extra: (lambda p, _: [CANTER, "serve", "--addr", f"127.0.0.1:{p}",
-                                                "--workers", "1", "--static", root, *extra])
-    return {
+    canter = lambda root, extra, bin=None: (lambda p, _: [bin or CANTER, "serve", "--addr",
+                                                          f"127.0.0.1:{p}", "--workers", "1",
+                                                          "--static", root, *extra])
+    base = {"canter-compress-base": (canter(dirs["plain"], ["--compress"], BASE), ae)} if BASE else {}
+    return base | {
         "canter-identity": (canter(dirs["plain"], []), None),
         "canter-compress": (canter(dirs["plain"], ["--compress"]), ae),
         "canter-sibling": (canter(dirs["br"], []), ae),
@@ -176,7 +180,10 @@ def main():
     ap.add_argument("--port-base", type=int, default=23400)
     ap.add_argument("--servers", help="a comma-separated subset of the servers (canter-identity is "
                     "always measured: it is the reference)")
+    ap.add_argument("--base", help="another canter binary, served as canter-compress-base")
     args = ap.parse_args()
+    global BASE
+    BASE = args.base
     run.raise_nofile()
     os.sched_setaffinity(0, {1})
     dirs = make_files()

@@ -332,11 +332,13 @@ struct Route {
     names: Option<Rc<[Box<str>]>>,
 }
 
-/// A word-at-a-time multiplicative hash (FxHash's mix) for the static-route map. Only route
-/// patterns, chosen by the application, are stored, so a request path crafted to collide can
-/// cost no more than comparisons with the few stored keys of one probe group.
+/// A word-at-a-time multiplicative hash (FxHash's mix) for maps keyed by paths the application
+/// or the file system chose, never the client: the static-route map (only route patterns are
+/// stored, so a request path crafted to collide can cost no more than comparisons with the few
+/// stored keys of one probe group) and the static files' compression cache (only files that
+/// exist are stored).
 #[derive(Default, Clone, Copy)]
-struct PathHasher(u64);
+pub(crate) struct PathHasher(u64);
 
 impl PathHasher {
     /// Folds one word into the state.
@@ -373,7 +375,7 @@ impl std::hash::Hasher for PathHasher {
     }
 }
 
-type BuildPathHasher = std::hash::BuildHasherDefault<PathHasher>;
+pub(crate) type BuildPathHasher = std::hash::BuildHasherDefault<PathHasher>;
 
 /// The last `r` (1 to 7) bytes of `bytes` as a little-endian word, zero above them: read with
 /// whole-word loads (overlapping what came before) rather than copied into a zeroed array,

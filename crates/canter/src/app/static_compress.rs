@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use canter_rt::BodyStream;
 
+use crate::app::router::BuildPathHasher;
 use crate::middleware::{Coding, Compression};
 
 /// How [`ServeDir`](super::ServeDir) compresses files that have no precompressed sibling: the
@@ -166,15 +167,15 @@ const NO_SIBLINGS_MAX: usize = 16_384;
 /// use, least recent first. Looked up by the borrowed path: no allocation on a hit.
 #[derive(Debug)]
 pub(crate) struct Cache {
-    entries: HashMap<PathBuf, [Option<Entry>; 3]>,
+    entries: HashMap<PathBuf, [Option<Entry>; 3], BuildPathHasher>,
     order: BTreeMap<u64, (PathBuf, Coding)>,
     clock: u64,
     bytes: usize,
     limit: usize,
     /// Copies being made now.
-    making: HashSet<(PathBuf, Coding)>,
+    making: HashSet<(PathBuf, Coding), BuildPathHasher>,
     /// Files seen without precompressed siblings: their size, time and when.
-    no_siblings: HashMap<PathBuf, (u64, u128, Instant)>,
+    no_siblings: HashMap<PathBuf, (u64, u128, Instant), BuildPathHasher>,
 }
 
 fn slot(coding: Coding) -> usize {
@@ -188,13 +189,13 @@ fn slot(coding: Coding) -> usize {
 impl Cache {
     fn new(limit: usize) -> Cache {
         Cache {
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             order: BTreeMap::new(),
             clock: 0,
             bytes: 0,
             limit,
-            making: HashSet::new(),
-            no_siblings: HashMap::new(),
+            making: HashSet::default(),
+            no_siblings: HashMap::default(),
         }
     }
 
