@@ -83,21 +83,18 @@ pub(crate) struct Upgraded {
     pub(crate) settings: Vec<u8>,
 }
 
-/// Serves one connection as HTTP/2. `rbuf` holds what was already read (the preface, when it
-/// was sniffed on the plain listener). With `upgraded`, the connection comes from HTTP/1.1
-/// after a 101, and the upgrading request is stream 1.
-#[allow(clippy::too_many_arguments)]
+/// Serves one connection as HTTP/2 on `link`, whose input holds what was already read (the
+/// preface, when it was sniffed on the plain listener). With `upgraded`, the connection comes
+/// from HTTP/1.1 after a 101, and the upgrading request is stream 1.
 pub(crate) async fn serve<S: Service, T: Transport>(
     registration: Registration,
     io: T,
     peer: SocketAddr,
     svc: Rc<crate::http1::Http<S>>,
-    worker: Rc<Worker>,
     cfg: Rc<Config>,
-    rbuf: BytesMut,
+    mut link: Link,
     upgraded: Option<Upgraded>,
 ) {
-    let mut link = Link::new(worker, rbuf);
     link.prepare_output();
     let out = &mut link.out;
     let conn = match &upgraded {
@@ -107,6 +104,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
             Err(e) => {
                 link.worker.fault(ClientFault::Protocol);
                 tracing::debug!(%peer, error = %e, "h2c upgrade refused");
+                link.release_all();
                 return;
             }
         },

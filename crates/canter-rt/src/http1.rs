@@ -292,15 +292,14 @@ pub(crate) async fn serve_tls<S: Service>(
                 "TLS handshake done"
             );
             if session.alpn_protocol() == Some(b"h2") {
-                let rbuf = BytesMut::new();
+                let link = Link::new(worker, BytesMut::new());
                 return Box::pin(crate::h2::serve(
                     registration,
                     tls,
                     peer,
                     svc,
-                    worker,
                     cfg,
-                    rbuf,
+                    link,
                     None,
                 ))
                 .await;
@@ -400,9 +399,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
             io,
             peer,
             svc,
-            link.worker,
             cfg,
-            link.input,
+            link,
             upgraded,
         ))
     }
