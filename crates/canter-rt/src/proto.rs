@@ -676,6 +676,7 @@ impl Actor {
                 core: &mut self.core,
             };
             match event {
+                // Handled above, where the input can be lent beside the `Conn`.
                 Event::Data => {}
                 Event::Eof => protocol.on_eof(conn),
                 Event::Writable => protocol.on_writable(conn),
