@@ -37,8 +37,6 @@ ROOT = os.path.dirname(BENCH)
 CANTER = os.path.join(ROOT, "target", "release", "canter")
 EPOLL = os.path.join(BENCH, "target", "release", "ms-epoll")
 DATA = os.path.join(BENCH, "build", "market-spread")
-RT_RECEIVER = False
-READ_BUDGET = None
 RECV, NBBO, ORDERS, METRICS = (f"127.0.0.1:{p}" for p in (7300, 7301, 7302, 7303))
 
 
@@ -103,30 +101,32 @@ def listening(port):
         return any(line.split()[1] == want and line.split()[3] == "0A" for line in list(f)[1:])
 
 
-def server_cmd(kind):
+def server_cmd(kind, read_budget=None):
     if kind == "bytewax":
         return ["taskset", "-c", "0", bytewax_python(), "-m", "bytewax.run",
                 "bench.market_spread_bytewax:tcp_flow"]
     if kind == "epoll":
         return ["taskset", "-c", "0", EPOLL, "--nbbo", NBBO, "--orders", ORDERS, "--out", RECV]
     workers, cpus = ("2", "0,1") if kind == "canter-2w" else ("1", "0")
-    budget = ["--read-budget", str(READ_BUDGET)] if READ_BUDGET else []
+    budget = ["--read-budget", str(read_budget)] if read_budget else []
     return ["taskset", "-c", cpus, CANTER, "pipeline", "market-spread", "--nbbo", NBBO, "--orders",
             ORDERS, "--out", RECV, "--metrics", METRICS, "--workers", workers, "--pin"] + budget
 
 
-def one(kind, rate, duration, prefix, batch):
-    """One run; returns its figures."""
+def one(kind, rate, prefix, opts):
+    """One run of `kind` at `rate` (0: peak) with the command line's `opts`; returns its
+    figures."""
+    duration, batch = opts.duration, opts.batch
     subprocess.run(["pkill", "-f", "canter receive"], stderr=subprocess.DEVNULL)
     # With --rt-receiver the receiver runs at real-time priority on its core, so the senders
     # sharing that core do not delay its reads (their lag would count as the server's latency).
-    rt = ["chrt", "-f", "50"] if RT_RECEIVER else []
+    rt = ["chrt", "-f", "50"] if opts.rt_receiver else []
     rx = subprocess.Popen(rt + ["taskset", "-c", "1", CANTER, "receive", "--listen", RECV, "--duration",
                            f"{duration + 8}s", "--json", "--interval", "0s"],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     time.sleep(0.3)
     env = dict(os.environ, RUST_LOG="warn", NBBO=NBBO, ORDERS=ORDERS, OUT=RECV)
-    srv = subprocess.Popen(server_cmd(kind), env=env, stderr=subprocess.DEVNULL, cwd=ROOT)
+    srv = subprocess.Popen(server_cmd(kind, opts.read_budget), env=env, stderr=subprocess.DEVNULL, cwd=ROOT)
     time.sleep(0.7)
     # Python and Bytewax take longer to start than the Rust servers.
     for _ in range(100):
@@ -185,9 +185,6 @@ def main():
     ap.add_argument("--read-budget", type=int, default=None,
                     help="canter's --read-budget (bytes per source connection per turn)")
     args = ap.parse_args()
-    global RT_RECEIVER, READ_BUDGET
-    RT_RECEIVER = args.rt_receiver
-    READ_BUDGET = args.read_budget
     generate()
     prefix = reject_prefix()
     servers = args.servers.split(",")
@@ -198,7 +195,7 @@ def main():
             order = servers[rnd % len(servers):] + servers[:rnd % len(servers)]
             kinds = order + (["canter-2w"] if name == "peak" and not args.no_2w else [])
             for kind in kinds:
-                r = one(kind, rate, args.duration, prefix, args.batch)
+                r = one(kind, rate, prefix, args)
                 r["scenario"], r["round"] = name, rnd
                 runs.append(r)
                 print(f"round {rnd} {name} {kind}: {r['input_rate']:,.0f} in/s, {r['results']:,} results "

@@ -136,6 +136,15 @@ async fn read_to_close(peer: &mut DuplexStream) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Reads until the server closes; checks that it answered `status` (`"408"`) with `Connection:
+/// close`, `want` after `since` (within a tick).
+async fn expect_closing_answer(p: &mut DuplexStream, status: &str, since: Instant, want: Duration) {
+    let text = read_to_close(p).await;
+    assert!(text.starts_with(&format!("HTTP/1.1 {status} ")), "{text}");
+    assert!(text.contains("Connection: close\r\n"), "{text}");
+    assert_within_a_tick(status, since.elapsed(), want);
+}
+
 fn assert_within_a_tick(what: &str, took: Duration, want: Duration) {
     assert!(
         took >= want && took <= want + 2 * TICK,
@@ -218,10 +227,7 @@ async fn a_stalled_request_head_gets_408_at_the_head_timeout() {
             p.write_all(b"GET /hello HTTP/1.1\r\nHost: x\r\nX-Half")
                 .await
                 .unwrap();
-            let text = read_to_close(&mut p).await;
-            assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
-            assert!(text.contains("Connection: close\r\n"), "{text}");
-            assert_within_a_tick("408", start.elapsed(), head);
+            expect_closing_answer(&mut p, "408", start, head).await;
         },
     )
     .await;
@@ -239,10 +245,7 @@ async fn a_handler_that_never_completes_gets_503_at_the_handler_timeout() {
             p.write_all(b"GET /never HTTP/1.1\r\nHost: x\r\n\r\n")
                 .await
                 .unwrap();
-            let text = read_to_close(&mut p).await;
-            assert!(text.starts_with("HTTP/1.1 503 "), "{text}");
-            assert!(text.contains("Connection: close\r\n"), "{text}");
-            assert_within_a_tick("503", start.elapsed(), handler);
+            expect_closing_answer(&mut p, "503", start, handler).await;
         },
     )
     .await;
@@ -260,10 +263,7 @@ async fn a_stalled_request_body_is_cut_off_at_the_body_timeout() {
                 .await
                 .unwrap();
             let sent = Instant::now();
-            let text = read_to_close(&mut p).await;
-            assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
-            assert!(text.contains("Connection: close\r\n"), "{text}");
-            assert_within_a_tick("body timeout", sent.elapsed(), body);
+            expect_closing_answer(&mut p, "408", sent, body).await;
         },
     )
     .await;
