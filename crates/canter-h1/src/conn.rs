@@ -55,6 +55,19 @@ enum Recv {
     Body(BodyDecoder),
     Done,
     Closed,
+    /// The connection closes after an exchange that left its request body unread: the rest of
+    /// the body may still be on its way.
+    Abandoned,
+}
+
+/// Whether the connection outlives the current exchange, and if not, who said so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    Alive,
+    /// The request asked for the close (`Connection: close`, or HTTP/1.0 without keep-alive).
+    ClientCloses,
+    /// This side decided it (an error, a drain, a framing that ends with the connection).
+    Closes,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +87,7 @@ pub struct Conn {
     timeouts: Timeouts,
     recv: Recv,
     send: Send,
-    keep_alive: bool,
+    keep: Keep,
     head_request: bool,
     version: Version,
     continue_pending: bool,
@@ -92,7 +105,7 @@ impl Conn {
             timeouts,
             recv: Recv::Idle,
             send: Send::Idle,
-            keep_alive: true,
+            keep: Keep::Alive,
             head_request: false,
             version: Version::Http11,
             continue_pending: false,
@@ -130,7 +143,11 @@ impl Conn {
                     BodyKind::Length(n) => Recv::Body(BodyDecoder::length(n, &self.limits)),
                     BodyKind::Chunked => Recv::Body(BodyDecoder::chunked(&self.limits)),
                 };
-                self.keep_alive = head.keep_alive();
+                self.keep = if head.keep_alive() {
+                    Keep::Alive
+                } else {
+                    Keep::ClientCloses
+                };
                 self.head_request = head.method() == Method::Head;
                 self.version = head.version();
                 self.continue_pending =
@@ -186,7 +203,7 @@ impl Conn {
 
     fn fail(&mut self, e: Error) -> Error {
         self.recv = Recv::Closed;
-        self.keep_alive = false;
+        self.close();
         e
     }
 
@@ -218,9 +235,22 @@ impl Conn {
         matches!(self.recv, Recv::Idle) && self.send == Send::Idle
     }
 
+    /// Whether the current request itself asked for the connection to close after it
+    /// (`Connection: close`, or HTTP/1.0 without keep-alive): a client that does sends nothing
+    /// more on the connection (RFC 9112, Section 9.6).
+    pub fn close_requested(&self) -> bool {
+        self.keep == Keep::ClientCloses
+    }
+
+    /// Whether the last exchange ended with its request body not read to its end
+    /// ([`Conn::finish`] closes such a connection): the rest of it may still be arriving.
+    pub fn body_abandoned(&self) -> bool {
+        matches!(self.recv, Recv::Abandoned)
+    }
+
     /// Whether the connection will be kept open after the current exchange.
     pub fn keep_alive(&self) -> bool {
-        self.keep_alive
+        self.keep == Keep::Alive
     }
 
     /// When the current phase times out: idle, head or body timeout. `None` while the request is
@@ -249,7 +279,15 @@ impl Conn {
     /// Marks the connection to close after this exchange (e.g. graceful shutdown, or a body the
     /// driver will not read).
     pub fn set_close(&mut self) {
-        self.keep_alive = false;
+        self.close();
+    }
+
+    /// The connection closes after this exchange; a close the client asked for stays its own.
+    #[inline]
+    fn close(&mut self) {
+        if self.keep == Keep::Alive {
+            self.keep = Keep::Closes;
+        }
     }
 
     /// Writes the status line and header section. `date` is the preformatted IMF-fixdate of the
@@ -313,7 +351,7 @@ impl Conn {
         if std::mem::take(&mut self.continue_pending) {
             // The handler answered without reading the body the client is holding back: the
             // client may or may not send it now, so the stream cannot be trusted after this.
-            self.keep_alive = false;
+            self.close();
         }
         let no_body = status == 204 || status == 304 || (100..200).contains(&status);
         let mut w = HeadWriter::new(out, 256);
@@ -355,11 +393,11 @@ impl Conn {
                 Send::Chunked
             }
             BodyLen::Unknown => {
-                self.keep_alive = false;
+                self.close();
                 Send::Close
             }
         };
-        if !self.keep_alive {
+        if self.keep != Keep::Alive {
             w.put(b"Connection: close\r\n");
         } else if self.version == Version::Http10 {
             w.put(b"Connection: keep-alive\r\n");
@@ -393,7 +431,7 @@ impl Conn {
             Send::Length(remaining) => {
                 let len = len as u64;
                 if len > *remaining {
-                    self.keep_alive = false;
+                    self.close();
                     return Err(LengthMismatch);
                 }
                 *remaining -= len;
@@ -453,7 +491,7 @@ impl Conn {
         now: Instant,
         dropped: &mut u64,
     ) -> Discard {
-        if self.body_done() || !self.keep_alive {
+        if self.body_done() || self.keep != Keep::Alive {
             return Discard::Settled;
         }
         if self.body_remaining().is_some_and(|n| n > Self::DISCARD_MAX) {
@@ -507,21 +545,24 @@ impl Conn {
         match send {
             Send::Chunked => out.extend_from_slice(b"0\r\n\r\n"),
             Send::Length(n) if n > 0 => {
-                self.keep_alive = false;
+                self.close();
                 result = Err(LengthMismatch);
             }
-            Send::Close => self.keep_alive = false,
+            Send::Close => self.close(),
             _ => {}
         }
         let next = match self.recv {
-            Recv::Done if self.keep_alive => {
+            Recv::Done if self.keep == Keep::Alive => {
                 self.recv = Recv::Idle;
                 self.since = now;
                 Next::KeepAlive
             }
             _ => {
-                self.recv = Recv::Closed;
-                self.keep_alive = false;
+                self.recv = match self.recv {
+                    Recv::Body(_) => Recv::Abandoned,
+                    _ => Recv::Closed,
+                };
+                self.close();
                 Next::Close
             }
         };
@@ -540,7 +581,7 @@ impl Conn {
     /// body was malformed), the text body is left out (RFC 9110 §9.3.2).
     pub fn reject(&mut self, status: u16, date: &[u8], server: &[u8], out: &mut BytesMut) {
         self.recv = Recv::Closed;
-        self.keep_alive = false;
+        self.close();
         self.send = Send::Idle;
         self.continue_pending = false;
         let reason = reason(status);
@@ -986,6 +1027,53 @@ mod tests {
             after_head("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n");
         c.judge_unread_body(&mut buf, now);
         assert!(!c.keep_alive());
+    }
+
+    /// What a driver needs to close well: whether the client asked for the close itself, and
+    /// whether the exchange ended with its body unread (so more of it may still arrive).
+    #[test]
+    fn the_close_says_whether_the_client_asked_and_what_it_left_unread() {
+        let date = b"Sun, 22 Nov 2026 12:00:00 GMT";
+        let answer = |c: &mut Conn, now| {
+            let mut out = BytesMut::new();
+            c.start_response(200, [], BodyLen::Known(0), date, b"s", &mut out);
+            c.finish(&mut out, now).expect("complete")
+        };
+        for (request, asked) in [
+            (
+                "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                true,
+            ),
+            ("GET / HTTP/1.0\r\n\r\n", true),
+            ("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", false),
+            ("GET / HTTP/1.1\r\nHost: x\r\n\r\n", false),
+        ] {
+            let (mut c, _, now) = after_head(request);
+            assert_eq!(c.close_requested(), asked, "{request:?}");
+            let next = answer(&mut c, now);
+            assert_eq!(next == Next::Close, asked, "{request:?}");
+            assert!(!c.body_abandoned(), "{request:?}");
+        }
+        // The server closing (an error, a drain) is not the client asking.
+        let (mut c, _, _) = after_head("GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+        c.set_close();
+        assert!(!c.close_requested());
+
+        // A body left unread: the close follows, and the driver learns the body was given up.
+        let (mut c, _, now) = after_head(
+            "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 100\r\n\r\nab",
+        );
+        assert_eq!(answer(&mut c, now), Next::Close);
+        assert!(c.body_done() && c.body_abandoned());
+        // Read to its end: nothing was given up.
+        let (mut c, mut buf, now) = after_head(
+            "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nab",
+        );
+        while !c.body_done() {
+            c.poll_body(&mut buf, now).expect("valid body");
+        }
+        assert_eq!(answer(&mut c, now), Next::Close);
+        assert!(!c.body_abandoned());
     }
 
     #[test]

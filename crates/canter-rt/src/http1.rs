@@ -437,6 +437,11 @@ impl<S: Service, T: Transport> Driver<S, T> {
             if parse {
                 self.process().await?;
             }
+            if self.closing() && self.final_answer() && self.upgrade.is_none() {
+                // The client said this was its last request, and all of it was read: `finish`
+                // writes the answer and the close together.
+                return Ok(());
+            }
             self.flush().await?;
             if self.upgrade.is_some() {
                 return Err(Stop::Upgrade);
@@ -806,10 +811,12 @@ impl<S: Service, T: Transport> Driver<S, T> {
     /// write timeout. Returns false if the file ended early or could not be read (the
     /// connection must close without completing the framing).
     async fn send_file(&mut self, file: &File, offset: u64, len: u64) -> Res<bool> {
-        if self.io.raw_tcp().is_none() {
+        if !self.io.plain_tcp() {
             return self.copy_file(file, offset, len).await;
         }
         self.flush().await?;
+        // Waiting for writability below needs the socket in the event loop.
+        self.io.register().map_err(Stop::Io)?;
         let Some(mut off) = offset
             .checked_add(len)
             .and_then(|end| libc::off_t::try_from(end).ok())
@@ -1191,13 +1198,29 @@ impl<S: Service, T: Transport> Driver<S, T> {
         })
     }
 
+    /// Nothing is left unread and nothing went wrong: the close needs no lingering.
+    #[inline]
+    fn settled(&self) -> bool {
+        self.h1.body_done()
+            && !self.h1.body_abandoned()
+            && self.link.input.is_empty()
+            && self.phase != Phase::Failed
+    }
+
+    /// The close follows the client's own last request (`Connection: close`), read to its end:
+    /// nothing more comes from the client, so its answer can leave with the close.
+    #[inline]
+    fn final_answer(&self) -> bool {
+        self.h1.close_requested() && self.settled()
+    }
+
     /// Ends a connection closed by protocol. The close lingers (our side shut down, the peer's
     /// input read and dropped for a while) when the peer may still be sending: an error was
     /// answered mid-request, or a request body or pipelined input was left unread.
     async fn finish(&mut self) {
-        let settled =
-            self.h1.body_done() && self.link.input.is_empty() && self.phase != Phase::Failed;
-        let ending = if settled {
+        let ending = if self.final_answer() {
+            Ending::Final
+        } else if self.settled() {
             Ending::Settled
         } else {
             Ending::Linger

@@ -46,6 +46,12 @@ pub(crate) enum Ending {
     /// sends the FIN (no separate `shutdown` call: one system call per connection fewer when
     /// each request has its own); a TLS transport says close_notify first.
     Settled,
+    /// As `Settled`, and the peer has said it sends nothing more (HTTP/1.1's `Connection:
+    /// close` on its last request): on plain TCP what is still queued is held back with
+    /// `MSG_MORE` and leaves with the close's FIN in one segment, one packet fewer for both
+    /// ends. Only then: had the peer sent more, the close would answer it with a reset and the
+    /// held-back output would never leave.
+    Final,
     /// Our side is shut down (the FIN goes out) before the socket is closed, so a peer whose
     /// last bytes we did not read sees the end of our output before the reset the close of a
     /// socket with unread input sends.
@@ -247,6 +253,15 @@ impl Link {
         write_timeout: Duration,
         ending: Ending,
     ) {
+        if ending == Ending::Final && io.plain_tcp() && self.out.is_single() {
+            // A write that takes only part of them pushes the rest out below.
+            let last = poll_fn(|cx| Poll::Ready(io.poll_write_last(cx, &self.out.buf))).await;
+            match last {
+                Poll::Ready(Ok(n)) => self.out.consume(n),
+                Poll::Ready(Err(_)) => return,
+                Poll::Pending => {}
+            }
+        }
         if self.has_output(io) {
             let write = poll_fn(|cx| self.out.poll_write(io, cx));
             match tokio::time::timeout(write_timeout, write).await {
@@ -254,7 +269,7 @@ impl Link {
                 _ => return,
             }
         }
-        if ending == Ending::Settled && io.raw_tcp().is_some() {
+        if matches!(ending, Ending::Settled | Ending::Final) && io.plain_tcp() {
             return;
         }
         let shutdown = poll_fn(|cx| io.poll_shutdown(cx));

@@ -33,6 +33,12 @@ impl Out {
         self.len() == 0
     }
 
+    /// Whether everything queued is in the copy buffer, and there is something.
+    #[inline]
+    pub(crate) fn is_single(&self) -> bool {
+        self.queue.is_empty() && !self.buf.is_empty()
+    }
+
     /// Makes sure the copy buffer has an allocation (it is returned to the pool while idle).
     #[inline]
     pub(crate) fn prepare(&mut self, worker: &Worker) {

@@ -560,7 +560,7 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
     fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>) {
         let Accepted {
             registration,
-            mut tcp,
+            tcp,
             peer,
             tls,
         } = conn;
@@ -569,6 +569,9 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
         tokio::task::spawn_local(async move {
             let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
             worker.set_waker(registration.id, waker);
+            let Some(mut tcp) = crate::server::in_event_loop(tcp, peer) else {
+                return;
+            };
             // Behind a load balancer the peer is the client its PROXY header names.
             let Some(peer) = crate::proxy::client_of(&mut tcp, peer, &cfg, &worker).await else {
                 return;

@@ -14,12 +14,15 @@ use std::time::Duration;
 
 use canter_h1::{ConfigError, Limits, Timeouts};
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::net::{TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd};
+use tokio::io::unix::AsyncFd;
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::http1::Http;
 use crate::service::Service;
 use crate::tls::TlsAcceptor;
+use crate::transport::LazyTcp;
 use crate::worker::{Registration, Worker};
 
 /// Server settings, built with [`Config::builder`], which checks them; `Config::default()`
@@ -53,6 +56,7 @@ pub struct Config {
     pub(crate) backlog: i32,
     pub(crate) drain_timeout: Duration,
     pub(crate) half_close: bool,
+    pub(crate) defer_accept: bool,
     pub(crate) server_name: String,
     pub(crate) tls: Option<TlsListener>,
     pub(crate) http2: Option<canter_h2::Settings>,
@@ -154,6 +158,17 @@ impl Config {
     /// Handlers that answer without waiting are answered either way.
     pub fn half_close(&self) -> bool {
         self.half_close
+    }
+
+    /// Whether an HTTP listener hands over a connection only once its first bytes have arrived
+    /// (`TCP_DEFER_ACCEPT`, as nginx's `listen ... deferred`). `true` (the default): the first
+    /// read of a new connection finds its request, so a connection answered and closed in one
+    /// go never waits in the event loop (see [`crate::transport`]'s `LazyTcp`). A client that
+    /// connects and stays silent is handed over after about a second, when the kernel gives up
+    /// waiting; its header timeout runs from then. Custom protocols ([`Server::serve_protocol`])
+    /// never defer: their server may have to speak first.
+    pub fn defer_accept(&self) -> bool {
+        self.defer_accept
     }
 
     /// Value of the Server header: 1 to [`MAX_SERVER_NAME`] visible ASCII characters or spaces
@@ -300,6 +315,12 @@ impl ConfigBuilder {
         self
     }
 
+    /// See [`Config::defer_accept`].
+    pub fn defer_accept(mut self, defer_accept: bool) -> Self {
+        self.0.defer_accept = defer_accept;
+        self
+    }
+
     /// See [`Config::server_name`].
     pub fn server_name(mut self, server_name: impl Into<String>) -> Self {
         self.0.server_name = server_name.into();
@@ -406,6 +427,7 @@ impl Default for Config {
             backlog: 4096,
             drain_timeout: Duration::from_secs(10),
             half_close: false,
+            defer_accept: true,
             server_name: "canter".to_owned(),
             tls: None,
             http2: Some(canter_h2::Settings::default()),
@@ -624,6 +646,7 @@ impl Server {
         F: Fn(usize) -> S + Send + Sync + 'static,
     {
         let preamble = canter_h1::Preamble::new(&self.config.server_name, EPOCH_DATE)?;
+        self.defer_http_accepts()?;
         self.run(move |i| HttpAccept(Rc::new(Http::new(factory(i), preamble.clone()))))
     }
 
@@ -642,6 +665,7 @@ impl Server {
                 "serve_inline runs one worker: set Config::workers to 1",
             ));
         }
+        self.defer_http_accepts()?;
         let listeners = Listeners {
             plain: self.listeners.remove(0),
             tls: self.tls_listeners.pop(),
@@ -665,6 +689,32 @@ impl Server {
         F: Fn(usize) -> G + Send + Sync + 'static,
     {
         self.run(move |i| crate::proto::ProtocolAccept::new(factory(i)))
+    }
+
+    /// Sets `TCP_DEFER_ACCEPT` on every listener when [`Config::defer_accept`] says so: HTTP
+    /// clients speak first.
+    fn defer_http_accepts(&self) -> io::Result<()> {
+        if !self.config.defer_accept {
+            return Ok(());
+        }
+        for listener in self.listeners.iter().chain(&self.tls_listeners) {
+            let secs: libc::c_int = DEFER_ACCEPT_SECS;
+            // SAFETY: the descriptor is the open listener borrowed here; the option's value is
+            // a c_int read by the kernel, passed with its size.
+            let set = unsafe {
+                libc::setsockopt(
+                    listener.as_raw_fd(),
+                    libc::IPPROTO_TCP,
+                    libc::TCP_DEFER_ACCEPT,
+                    (&secs as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if set != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
     }
 
     fn run<A, F>(self, factory: F) -> io::Result<()>
@@ -737,6 +787,10 @@ pub fn on_signals(then: impl FnOnce() + Send + 'static) -> io::Result<()> {
     Ok(())
 }
 
+/// How long the kernel holds a connection whose client has not spoken yet before handing it
+/// over anyway ([`Config::defer_accept`]), in seconds.
+const DEFER_ACCEPT_SECS: libc::c_int = 1;
+
 /// The longest [`Config::server_name`].
 pub const MAX_SERVER_NAME: usize = canter_h1::Preamble::MAX_SERVER;
 
@@ -775,7 +829,9 @@ pub(crate) trait Accept: 'static {
 /// A connection just accepted, counted in its worker's registry.
 pub(crate) struct Accepted {
     pub(crate) registration: Registration,
-    pub(crate) tcp: TcpStream,
+    /// Nonblocking, and not yet in the event loop: a driver registers it when it wants
+    /// ([`TcpStream::from_std`], or lazily with [`crate::transport::LazyTcp`]).
+    pub(crate) tcp: std::net::TcpStream,
     pub(crate) peer: SocketAddr,
     /// Set when the connection came from the TLS listener: its handshake is still to run.
     pub(crate) tls: Option<TlsAcceptor>,
@@ -802,7 +858,7 @@ impl<S: Service> Accept for HttpAccept<S> {
                 let sniff_h2 = cfg.http2.is_some();
                 tokio::task::spawn_local(crate::http1::serve(
                     registration,
-                    tcp,
+                    LazyTcp::new(tcp),
                     peer,
                     svc,
                     worker,
@@ -810,15 +866,21 @@ impl<S: Service> Accept for HttpAccept<S> {
                     sniff_h2,
                 ))
             }
-            Some(acceptor) => tokio::task::spawn_local(crate::http1::serve_tls(
-                registration,
-                tcp,
-                peer,
-                acceptor,
-                svc,
-                worker,
-                cfg,
-            )),
+            Some(acceptor) => {
+                // A handshake waits on the peer from the start: no point in waiting to register.
+                let Some(tcp) = in_event_loop(tcp, peer) else {
+                    return;
+                };
+                tokio::task::spawn_local(crate::http1::serve_tls(
+                    registration,
+                    tcp,
+                    peer,
+                    acceptor,
+                    svc,
+                    worker,
+                    cfg,
+                ))
+            }
         };
     }
 }
@@ -833,10 +895,13 @@ async fn serve_proxied<S: Service>(
 ) {
     let Accepted {
         registration,
-        mut tcp,
+        tcp,
         peer,
         tls,
     } = conn;
+    let Some(mut tcp) = in_event_loop(tcp, peer) else {
+        return;
+    };
     let Some(peer) = crate::proxy::client_of(&mut tcp, peer, &cfg, &worker).await else {
         return;
     };
@@ -938,9 +1003,9 @@ where
     A: Accept,
     F: FnOnce(usize) -> A,
 {
-    let listener = TcpListener::from_std(listeners.plain)?;
+    let listener = Listener::new(listeners.plain)?;
     let tls = match (listeners.tls, config.tls.as_ref()) {
-        (Some(l), Some(t)) => Some((TcpListener::from_std(l)?, t.acceptor.clone())),
+        (Some(l), Some(t)) => Some((Listener::new(l)?, t.acceptor.clone())),
         _ => None,
     };
     let worker = Rc::new(Worker::new(stats));
@@ -1019,14 +1084,81 @@ where
 
 /// Accepts on the TLS listener, if there is one; never completes otherwise.
 async fn accept_tls(
-    tls: Option<&(TcpListener, TlsAcceptor)>,
-) -> io::Result<(TcpStream, SocketAddr, TlsAcceptor)> {
+    tls: Option<&(Listener, TlsAcceptor)>,
+) -> io::Result<(std::net::TcpStream, SocketAddr, TlsAcceptor)> {
     match tls {
         Some((listener, acceptor)) => {
             let (io, peer) = listener.accept().await?;
             Ok((io, peer, acceptor.clone()))
         }
         None => std::future::pending().await,
+    }
+}
+
+/// A listening socket in the event loop. The sockets it accepts are not put there: each
+/// connection's driver registers its own when it needs to wait on it, which a connection
+/// answered in one go never does.
+struct Listener(AsyncFd<StdListener>);
+
+impl Listener {
+    fn new(listener: StdListener) -> io::Result<Listener> {
+        listener.set_nonblocking(true)?;
+        // SAFETY: a `TcpListener` owns its descriptor, which stays open and the same until
+        // the `AsyncFd` that owns the listener is dropped.
+        let fd =
+            unsafe { AsyncFd::register_with_interest(listener, tokio::io::Interest::READABLE) };
+        Ok(Listener(fd.map_err(io::Error::from)?))
+    }
+
+    /// The next connection, nonblocking and close-on-exec, with its peer's address.
+    async fn accept(&self) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+        loop {
+            let mut ready = self.0.readable().await?;
+            if let Ok(accepted) = ready.try_io(|l| accept4(l.get_ref())) {
+                return accepted;
+            }
+            // Would block: the readiness was cleared; wait for the next.
+        }
+    }
+}
+
+/// One `accept4(2)`, the socket nonblocking from the start (no second system call for it).
+fn accept4(listener: &StdListener) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+    let fd = listener.as_raw_fd();
+    // SAFETY: `try_init` hands over a zeroed `sockaddr_storage` and its length, which is what
+    // `accept4` fills in (never beyond the length it is given).
+    let (conn, addr) = unsafe {
+        socket2::SockAddr::try_init(|storage, len| {
+            let conn = libc::accept4(
+                fd,
+                storage.cast(),
+                len,
+                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            );
+            if conn < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(conn)
+            }
+        })
+    }?;
+    // SAFETY: `accept4` returned a new descriptor, owned by nobody else.
+    let conn = unsafe { std::net::TcpStream::from_raw_fd(conn) };
+    let peer = addr
+        .as_socket()
+        .ok_or_else(|| io::Error::other("accepted a socket that is not TCP/IP"))?;
+    Ok((conn, peer))
+}
+
+/// Registers an accepted socket with the event loop, for drivers that wait on it from the
+/// start; `None` (the socket closed, a debug line) when the event loop refuses it.
+pub(crate) fn in_event_loop(tcp: std::net::TcpStream, peer: SocketAddr) -> Option<TcpStream> {
+    match TcpStream::from_std(tcp) {
+        Ok(tcp) => Some(tcp),
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "cannot register the connection");
+            None
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! its own copy of the actor: the plain TCP path keeps its fast paths (`try_write` while the
 //! socket is writable, `sendfile(2)` for files) and pays nothing for TLS existing.
 
-use std::io::{self, IoSlice};
+use std::io::{self, IoSlice, Write};
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -35,6 +36,13 @@ pub trait Transport: Unpin + 'static {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>>;
 
+    /// Writes some of `buf`, the last bytes of the connection, which is closed right after and
+    /// whose peer sends nothing more. Plain TCP outside the event loop holds them back
+    /// (`MSG_MORE`) so that the close's FIN leaves in the same segment.
+    fn poll_write_last(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.poll_write(cx, buf)
+    }
+
     /// Pushes out what the transport itself buffers (TLS records); plain sockets buffer nothing.
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let _ = cx;
@@ -45,9 +53,23 @@ pub trait Transport: Unpin + 'static {
     fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
 
     /// The TCP socket when bytes written to it reach the peer as they are, so that files can go
-    /// out with `sendfile(2)`; `None` when the transport transforms them (TLS).
+    /// out with `sendfile(2)`; `None` when the transport transforms them (TLS), and for a
+    /// [`LazyTcp`] until [`Transport::register`] has made it a socket of the event loop.
     fn raw_tcp(&self) -> Option<&TcpStream> {
         None
+    }
+
+    /// Whether the bytes reach the peer as they are written (plain TCP): a close then needs no
+    /// protocol of its own, and files can go out with `sendfile(2)` once [`Transport::register`]
+    /// has run.
+    fn plain_tcp(&self) -> bool {
+        self.raw_tcp().is_some()
+    }
+
+    /// Makes the transport a socket of the event loop, if it is not yet one ([`LazyTcp`]), so
+    /// that [`Transport::raw_tcp`] returns it; nothing for the others.
+    fn register(&mut self) -> io::Result<()> {
+        Ok(())
     }
 
     /// The certificate chain the peer presented and the TLS layer verified, if any.
@@ -107,6 +129,210 @@ impl Transport for TcpStream {
     #[inline]
     fn raw_tcp(&self) -> Option<&TcpStream> {
         Some(self)
+    }
+}
+
+/// A plain TCP connection that joins the event loop only when it has to wait.
+///
+/// An accepted socket starts outside the loop: reads and writes go straight to the kernel, and
+/// only when one of them would block is the socket registered with epoll (and from then on it
+/// is a tokio `TcpStream` like any other). A connection whose request is there when it is
+/// accepted, and that is answered and closed in one go (a new connection per request), so makes
+/// neither the `epoll_ctl` that adds it nor the one that removes it: four system calls in all
+/// (accept4, recv, send, close).
+#[derive(Debug)]
+pub(crate) struct LazyTcp(Lazy);
+
+#[derive(Debug)]
+enum Lazy {
+    /// Not (yet) in the event loop; nonblocking.
+    Outside(std::net::TcpStream),
+    /// Registered with the event loop.
+    Inside(TcpStream),
+    /// Registration failed: the socket is closed and every call fails.
+    Closed,
+}
+
+impl LazyTcp {
+    /// Wraps an accepted, nonblocking socket.
+    pub(crate) fn new(tcp: std::net::TcpStream) -> LazyTcp {
+        LazyTcp(Lazy::Outside(tcp))
+    }
+
+    /// A read before the socket is in the event loop: straight to the kernel, and when that
+    /// finds nothing, registration and the event loop's read.
+    #[inline(never)]
+    fn poll_read_outside(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if let Lazy::Outside(tcp) = &self.0 {
+            let fd = tcp.as_raw_fd();
+            // SAFETY: the kernel only writes to the unfilled part, and `assume_init` below
+            // covers exactly the bytes it reports written.
+            let spare = unsafe { buf.unfilled_mut() };
+            let read = retry(|| {
+                // SAFETY: `fd` is the open socket borrowed above; the pointer and length
+                // describe `spare`, writable memory owned by `buf` for the call's duration.
+                unsafe { libc::recv(fd, spare.as_mut_ptr().cast(), spare.len(), 0) }
+            });
+            if !would_block(&read) {
+                let n = read?;
+                // SAFETY: `recv` initialized the first `n` bytes of the unfilled part.
+                unsafe { buf.assume_init(n) };
+                buf.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+        }
+        // Nothing to read yet: from now on the event loop says when there is.
+        let tcp = self.register_now()?;
+        AsyncRead::poll_read(Pin::new(tcp), cx, buf)
+    }
+
+    /// A write before the socket is in the event loop, as [`LazyTcp::poll_read_outside`].
+    #[inline(never)]
+    fn poll_write_outside(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if let Lazy::Outside(tcp) = &self.0 {
+            let written = match bufs {
+                [one] => (&*tcp).write(one),
+                _ => (&*tcp).write_vectored(bufs),
+            };
+            if !would_block(&written) {
+                return Poll::Ready(written);
+            }
+        }
+        let tcp = self.register_now()?;
+        match bufs {
+            [one] => Transport::poll_write(tcp, cx, one),
+            _ => Transport::poll_write_vectored(tcp, cx, bufs),
+        }
+    }
+
+    /// Registers the socket with the event loop (the first time an I/O would block).
+    #[cold]
+    #[inline(never)]
+    fn register_now(&mut self) -> io::Result<&mut TcpStream> {
+        if let Lazy::Outside(_) = self.0 {
+            if let Lazy::Outside(tcp) = std::mem::replace(&mut self.0, Lazy::Closed) {
+                self.0 = Lazy::Inside(TcpStream::from_std(tcp)?);
+            }
+        }
+        match &mut self.0 {
+            Lazy::Inside(tcp) => Ok(tcp),
+            _ => Err(io::Error::from(io::ErrorKind::NotConnected)),
+        }
+    }
+}
+
+/// A nonblocking system call's result, with `EINTR` retried.
+fn retry(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        match usize::try_from(call()) {
+            Ok(n) => return Ok(n),
+            Err(_) => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+fn would_block<T>(r: &io::Result<T>) -> bool {
+    matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+}
+
+impl Transport for LazyTcp {
+    #[inline]
+    fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.0 {
+            // Unknown outside the loop: a read finds out (the first one usually finds the
+            // request, which came with the connection or just after it).
+            Lazy::Outside(_) => Poll::Ready(Ok(())),
+            Lazy::Inside(tcp) => TcpStream::poll_read_ready(tcp, cx),
+            Lazy::Closed => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+        }
+    }
+
+    #[inline]
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if let Lazy::Inside(tcp) = &mut self.0 {
+            return AsyncRead::poll_read(Pin::new(tcp), cx, buf);
+        }
+        self.poll_read_outside(cx, buf)
+    }
+
+    #[inline]
+    fn poll_write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if let Lazy::Inside(tcp) = &mut self.0 {
+            return Transport::poll_write(tcp, cx, buf);
+        }
+        self.poll_write_outside(cx, &[IoSlice::new(buf)])
+    }
+
+    #[inline]
+    fn poll_write_vectored(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if let Lazy::Inside(tcp) = &mut self.0 {
+            return Transport::poll_write_vectored(tcp, cx, bufs);
+        }
+        self.poll_write_outside(cx, bufs)
+    }
+
+    fn poll_write_last(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if let Lazy::Outside(tcp) = &self.0 {
+            let fd = tcp.as_raw_fd();
+            let sent = retry(|| {
+                // SAFETY: `fd` is the open socket borrowed above; the pointer and length
+                // describe `buf`, readable for the call's duration.
+                unsafe {
+                    libc::send(
+                        fd,
+                        buf.as_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_NOSIGNAL | libc::MSG_MORE,
+                    )
+                }
+            });
+            if !would_block(&sent) {
+                return Poll::Ready(sent);
+            }
+        }
+        Transport::poll_write(self, cx, buf)
+    }
+
+    fn poll_shutdown(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match &mut self.0 {
+            Lazy::Outside(tcp) => Poll::Ready(tcp.shutdown(std::net::Shutdown::Write)),
+            Lazy::Inside(tcp) => Transport::poll_shutdown(tcp, cx),
+            Lazy::Closed => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+        }
+    }
+
+    #[inline]
+    fn raw_tcp(&self) -> Option<&TcpStream> {
+        match &self.0 {
+            Lazy::Inside(tcp) => Some(tcp),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn plain_tcp(&self) -> bool {
+        true
+    }
+
+    fn register(&mut self) -> io::Result<()> {
+        self.register_now().map(|_| ())
     }
 }
 
@@ -355,4 +581,110 @@ pub(crate) fn poll_read_buf<T: Transport + ?Sized>(
     // directly follows the buffer's current length.
     unsafe { buf.set_len(buf.len() + n) };
     Poll::Ready(Ok(n))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream as StdStream};
+    use std::time::Duration;
+
+    /// A connected pair: the client, and the accepted end made nonblocking as the server's
+    /// `accept4` makes it.
+    fn pair() -> (StdStream, StdStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = StdStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        accepted.set_nonblocking(true).unwrap();
+        (client, accepted)
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    async fn read(io: &mut LazyTcp) -> Vec<u8> {
+        let mut buf = bytes::BytesMut::with_capacity(64);
+        let n = poll_fn(|cx| poll_read_buf(io, cx, &mut buf)).await.unwrap();
+        buf[..n].to_vec()
+    }
+
+    /// Input already there and output the socket takes: the connection is served without
+    /// ever joining the event loop.
+    #[test]
+    fn lazy_tcp_stays_outside_while_nothing_waits() {
+        runtime().block_on(async {
+            let (mut client, accepted) = pair();
+            client.write_all(b"ping").unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            let mut io = LazyTcp::new(accepted);
+            assert!(io.plain_tcp());
+            assert_eq!(read(&mut io).await, b"ping");
+            let n = poll_fn(|cx| io.poll_write(cx, b"pong")).await.unwrap();
+            assert_eq!(n, 4);
+            let n = poll_fn(|cx| io.poll_write_last(cx, b"!")).await.unwrap();
+            assert_eq!(n, 1);
+            assert!(io.raw_tcp().is_none(), "registered without having waited");
+            drop(io);
+            // The held-back last byte leaves with the close.
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).unwrap();
+            assert_eq!(got, b"pong!");
+        });
+    }
+
+    /// A read that finds nothing registers the socket; the event loop then wakes the task
+    /// when the input arrives.
+    #[test]
+    fn lazy_tcp_joins_the_event_loop_to_wait() {
+        runtime().block_on(async {
+            let (mut client, accepted) = pair();
+            let mut io = LazyTcp::new(accepted);
+            let writer = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                client.write_all(b"late").unwrap();
+                client
+            });
+            let got = tokio::time::timeout(Duration::from_secs(5), read(&mut io))
+                .await
+                .expect("the event loop never reported the input");
+            assert_eq!(got, b"late");
+            assert!(io.raw_tcp().is_some(), "waited without registering");
+            drop(writer.join().unwrap());
+            // End of input, reported through the event loop now.
+            let eof = tokio::time::timeout(Duration::from_secs(5), read(&mut io)).await;
+            assert_eq!(eof.unwrap(), b"");
+        });
+    }
+
+    /// Writes beyond what the socket takes: the rest waits in the event loop for room.
+    #[test]
+    fn lazy_tcp_waits_for_room_to_write() {
+        runtime().block_on(async {
+            let (mut client, accepted) = pair();
+            let mut io = LazyTcp::new(accepted);
+            let body = vec![7u8; 16 << 20];
+            let reader = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                let mut got = Vec::new();
+                client.read_to_end(&mut got).unwrap();
+                got.len()
+            });
+            let mut sent = 0;
+            while sent < body.len() {
+                sent += poll_fn(|cx| io.poll_write_last(cx, &body[sent..]))
+                    .await
+                    .unwrap();
+            }
+            assert!(io.raw_tcp().is_some(), "a full socket was not waited on");
+            drop(io);
+            assert_eq!(reader.join().unwrap(), body.len());
+        });
+    }
 }

@@ -31,11 +31,14 @@ use bytes::Bytes;
 use canter_rt::http::StatusCode;
 use canter_rt::{Body, BodyStream, Config, Reply, Request, Response, Timeouts};
 
-use common::{chunked, test_config, Client, TestServer};
+use common::{chunked, test_builder, test_config, Client, TestServer};
 
 /// Body of the 256 MiB `/stream` response, in 64 KiB pieces.
 const STREAM_LEN: u64 = 256 << 20;
 static FILL: [u8; 64 * 1024] = [b'x'; 64 * 1024];
+
+/// Body of `/big`: more than a socket takes in one write.
+static BIG: [u8; 8 << 20] = [b'y'; 8 << 20];
 
 /// Handlers of `/sleep` that have started (only the shutdown test uses it).
 static SLEEPERS: AtomicUsize = AtomicUsize::new(0);
@@ -56,6 +59,7 @@ fn app(req: Request) -> Reply {
         "/stream" => Response::new(StatusCode::OK)
             .with_body(Body::stream(Some(STREAM_LEN), Repeat { left: STREAM_LEN }))
             .into(),
+        "/big" => Response::text(Bytes::from_static(&BIG)).into(),
         "/sleep" => Reply::future(async {
             SLEEPERS.fetch_add(1, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -669,4 +673,77 @@ fn a_panicking_service_factory_ends_serve_with_an_error() {
         .expect("serve() returned");
     let err = result.expect_err("a worker without a service must fail serve()");
     assert!(err.to_string().contains("panicked"), "{err}");
+}
+
+/// An HTTP listener hands a connection over only once its request has arrived
+/// (`TCP_DEFER_ACCEPT`): a silent client is not accepted at connect, but is served as soon as
+/// it speaks. Without the option the accept comes at once.
+#[test]
+fn connections_are_handed_over_with_their_request() {
+    for defer in [true, false] {
+        let server = start(test_builder().defer_accept(defer).build().unwrap());
+        // Serving already (the option is set when `serve` starts, after `bind`).
+        assert_worker_alive(&server);
+        let mut c = server.client();
+        if !defer {
+            server.wait_accepted(2, Duration::from_secs(2));
+            server.stop();
+            continue;
+        }
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            server.stats.accepted(),
+            1,
+            "accepted before the client spoke"
+        );
+        c.send(get_request("/hello"));
+        server.wait_accepted(2, Duration::from_secs(5));
+        let r = c.response();
+        assert_eq!((r.status, r.text()), (200, "hello"), "{r:?}");
+        server.stop();
+    }
+}
+
+/// A client that connects and stays silent is handed over once the kernel stops waiting for
+/// it (about a second), and is served when it speaks.
+#[test]
+fn a_silent_client_is_handed_over_after_the_defer_period() {
+    let server = start(test_config());
+    assert_worker_alive(&server);
+    let mut c = server.client();
+    let waited = Instant::now();
+    server.wait_accepted(2, Duration::from_secs(10));
+    assert!(
+        waited.elapsed() >= Duration::from_millis(500),
+        "accepted after {:?}: not deferred",
+        waited.elapsed()
+    );
+    c.send(get_request("/hello"));
+    let r = c.response();
+    assert_eq!((r.status, r.text()), (200, "hello"), "{r:?}");
+    server.stop();
+}
+
+/// A response to the client's last request (`Connection: close`) leaves with the close; one
+/// larger than the socket takes at once is written in pieces as the client reads, all of it
+/// arrives, then the end of the stream.
+#[test]
+fn a_large_last_answer_arrives_whole_before_the_close() {
+    let server = start(test_config());
+    for pause in [Duration::ZERO, Duration::from_millis(200)] {
+        let mut s = TcpStream::connect(server.addr).unwrap();
+        s.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        thread::sleep(pause);
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap();
+        let end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&got[..end]);
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(head.contains("Connection: close"), "{head}");
+        assert_eq!(got.len() - end, BIG.len(), "{head}");
+        assert!(got[end..].iter().all(|&b| b == b'y'));
+    }
+    server.stop();
 }

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use canter_rt::{Config, Server, Service, ShutdownHandle, Stats, Timeouts, TimeoutsBuilder};
+use canter_rt::{
+    Config, ConfigBuilder, Server, Service, ShutdownHandle, Stats, Timeouts, TimeoutsBuilder,
+};
 // Not every test binary uses every re-export.
 #[allow(unused_imports)]
 pub use canter_testkit::{chunked, Client, Response, IO_TIMEOUT};
@@ -30,6 +32,12 @@ pub struct TestServer {
 
 /// A config for tests: 127.0.0.1:0, one worker, short timeouts.
 pub fn test_config() -> Config {
+    test_builder().build().expect("valid config")
+}
+
+/// The settings of [`test_config`], to change some of them.
+#[allow(dead_code)]
+pub fn test_builder() -> ConfigBuilder {
     Config::builder()
         .addr(SocketAddr::from(([127, 0, 0, 1], 0)))
         .workers(1)
@@ -37,8 +45,6 @@ pub fn test_config() -> Config {
         .drain_timeout(Duration::from_secs(3))
         .backlog(1024)
         .timeouts(test_timeouts().build().expect("valid timeouts"))
-        .build()
-        .expect("valid config")
 }
 
 /// The timeouts of [`test_config`], to change some of them.
