@@ -4,6 +4,7 @@ nginx, at 1, 50 and 1,000 concurrent clients.
 
     bench/build.sh && python3 bench/churn.py [--rounds 5] [--duration 5s] [--clients 1,50,1000]
     python3 bench/churn.py --ab        # ab -c 1000 (apache2-utils) as the load generator instead
+    python3 bench/churn.py --servers canter,nginx,nginx-deferred   # + nginx `listen ... deferred`
 
 Each server is pinned to CPU 0 with one worker (nginx: master + one worker, CPU summed); the
 load generator (`canter load --no-keepalive`, or `ab` without -k) runs on CPU 1. Every round
@@ -34,12 +35,15 @@ CANTER = run.CANTER_BIN
 WORK = os.path.join(BENCH, "build", "churn")
 
 
-def nginx_argv(port, prefix):
+def nginx_argv(port, prefix, deferred=False):
     os.makedirs(os.path.join(prefix, "tmp"), exist_ok=True)
     nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     with open(os.path.join(BENCH, "peers", "nginx", "nginx.conf.in")) as f:
         conf = f.read()
     conf = conf.replace("@PORT@", str(port)).replace("@PREFIX@", prefix).replace("@NOFILE@", str(nofile))
+    if deferred:
+        # `listen ... deferred`: TCP_DEFER_ACCEPT, as canter sets on its HTTP listeners.
+        conf = conf.replace("backlog=4096;", "backlog=4096 deferred;")
     with open(os.path.join(prefix, "nginx.conf"), "w") as f:
         f.write(conf)
     return [shutil.which("nginx") or "/usr/sbin/nginx", "-p", prefix, "-c",
@@ -51,6 +55,7 @@ BASE = None
 SERVERS = {
     "canter": lambda p, _: [CANTER, "serve", "--addr", f"127.0.0.1:{p}", "--workers", "1"],
     "nginx": nginx_argv,
+    "nginx-deferred": lambda p, prefix: nginx_argv(p, prefix, deferred=True),
     # Another build of canter (--base BIN), for before/after comparisons in the same run.
     "canter-base": lambda p, _: [BASE, "serve", "--addr", f"127.0.0.1:{p}", "--workers", "1"],
 }
