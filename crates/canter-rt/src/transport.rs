@@ -140,6 +140,11 @@ impl Transport for TcpStream {
 /// accepted, and that is answered and closed in one go (a new connection per request), so makes
 /// neither the `epoll_ctl` that adds it nor the one that removes it: four system calls in all
 /// (accept4, recv, send, close).
+///
+/// Outside the loop readiness is unknown, so [`Transport::poll_read_ready`] says "ready" and the
+/// first read finds out; a connection whose first read finds nothing (a client silent past the
+/// listener's deferred accept) then waits with its read buffer taken, as a keep-alive
+/// connection does after a stale readiness.
 #[derive(Debug)]
 pub(crate) struct LazyTcp(Lazy);
 
