@@ -171,6 +171,11 @@ struct ServeArgs {
     /// default the handler is cancelled and the connection closed).
     #[arg(long)]
     half_close: bool,
+    /// Accept a connection as soon as it is made, instead of once its first bytes have arrived
+    /// (TCP_DEFER_ACCEPT, on by default: a client silent for about a second is handed over
+    /// then).
+    #[arg(long)]
+    no_defer_accept: bool,
     /// Log every request (target `canter::access`) and give each one an `x-request-id`.
     #[arg(long)]
     access_log: bool,
@@ -601,7 +606,8 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
         .min_body_rate(args.min_body_rate)
         .handler_timeout(Duration::from_secs(args.handler_timeout))
         .max_connections(args.max_connections)
-        .half_close(args.half_close);
+        .half_close(args.half_close)
+        .defer_accept(!args.no_defer_accept);
     if let Some(n) = args.workers {
         config = config.workers(n);
     }

@@ -123,11 +123,50 @@ fn idle_keep_alive_connection_is_closed() {
 
 #[test]
 fn silent_new_connection_is_closed_after_idle_timeout() {
-    let server = Server::start_with(&["--idle-timeout", "1", "--head-timeout", "5"]);
+    // Accepted at once; by default (below) the kernel holds a silent client for about a second
+    // before handing it over.
+    let server = Server::start_with(&[
+        "--idle-timeout",
+        "1",
+        "--head-timeout",
+        "5",
+        "--no-defer-accept",
+    ]);
     let mut c = server.client();
     let (data, took) = until_closed(&mut c);
     assert!(data.is_empty(), "{data:?}");
     assert!(took < Duration::from_secs(3), "closed after {took:?}");
+
+    let server = Server::start_with(&["--idle-timeout", "1", "--head-timeout", "5"]);
+    let mut c = server.client();
+    let (data, took) = until_closed(&mut c);
+    assert!(data.is_empty(), "{data:?}");
+    assert!(took < Duration::from_secs(4), "closed after {took:?}");
+}
+
+/// By default a connection is handed over with its first bytes (TCP_DEFER_ACCEPT), so a
+/// silent one is not counted as accepted yet; `--no-defer-accept` accepts it at once.
+#[test]
+fn a_silent_connection_is_accepted_only_without_deferral() {
+    let accepted = |server: &Server| -> u64 {
+        let text = server.client().get("/metrics").text().to_owned();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("canter_connections_accepted_total"))
+            .unwrap_or_else(|| panic!("no accepted counter in {text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    for (flags, more) in [
+        (&["--metrics"][..], 1),
+        (&["--metrics", "--no-defer-accept"], 2),
+    ] {
+        let server = Server::start_with(flags);
+        let before = accepted(&server);
+        let _silent = server.client();
+        thread::sleep(Duration::from_millis(300));
+        // The second scrape's own connection is one of those counted.
+        assert_eq!(accepted(&server) - before, more, "{flags:?}");
+    }
 }
 
 #[test]
