@@ -254,7 +254,8 @@ impl Link {
         ending: Ending,
     ) {
         if ending == Ending::Final && io.plain_tcp() && self.out.is_single() {
-            // A write that takes only part of them pushes the rest out below.
+            // The last bytes, held back to leave with the FIN (see `Ending::Final`); a write
+            // that takes only part of them pushes the rest out below.
             let last = poll_fn(|cx| Poll::Ready(io.poll_write_last(cx, &self.out.buf))).await;
             match last {
                 Poll::Ready(Ok(n)) => self.out.consume(n),
