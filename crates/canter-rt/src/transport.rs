@@ -311,6 +311,10 @@ impl Transport for LazyTcp {
             if !would_block(&sent) {
                 return Poll::Ready(sent);
             }
+            // The socket is full: wait for room in the event loop (a plain write then, whose
+            // push also sends what `MSG_MORE` held back).
+            let tcp = self.register_now()?;
+            return Transport::poll_write(tcp, cx, buf);
         }
         Transport::poll_write(self, cx, buf)
     }
