@@ -5,7 +5,11 @@
 # Installs (if missing): wrk nginx-light h2o nghttp2-client gcc liburing-dev postgresql (apt-get), Go (needed for
 # the Go peers; not installed here if absent: those peers are then reported and skipped).
 # Builds: bench/build/ceiling, bench/build/ceiling-uring, bench/build/go-nethttp, bench/build/fasthttp,
-#         bench/target/release/peer-{hyper,actix,actix-pg,xitca-pg,may-minihttp}, pg-clients, target/release/canter.
+#         bench/target/release/peer-{hyper,actix,actix-pg,xitca-pg,may-minihttp,may-pg}, pg-clients,
+#         target/release/canter.
+# peer-may-pg needs may_postgres, which is not on crates.io: cargo fetches it from GitHub at the
+# commit bench/peers/may-pg/Cargo.toml pins. Without GitHub, MAY_POSTGRES_GIT=/path/to/a/clone
+# makes git fetch it from that clone instead.
 # A peer that fails to build is reported at the end (and skipped by run.py, which says so).
 set -u
 BENCH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -87,6 +91,19 @@ if command -v cargo >/dev/null; then
       fail "$p" "cargo: $(grep -m1 -A3 '^error' "$BUILD/logs/rust-$p.log" | tr '\n' ' ')"
     fi
   done
+  # may-minihttp with may_postgres: a workspace of its own (a git dependency)
+  may_env=()
+  if [ -n "${MAY_POSTGRES_GIT:-}" ]; then
+    may_env=(CARGO_NET_GIT_FETCH_WITH_CLI=true GIT_CONFIG_COUNT=1
+             "GIT_CONFIG_KEY_0=url.file://$(cd "$MAY_POSTGRES_GIT" && pwd).insteadOf"
+             "GIT_CONFIG_VALUE_0=https://github.com/Xudong-Huang/may_postgres")
+  fi
+  if env "${may_env[@]}" cargo build --release --manifest-path "$BENCH/peers/may-pg/Cargo.toml" \
+       --target-dir "$BENCH/target" >"$BUILD/logs/rust-peer-may-pg.log" 2>&1; then
+    ok "peer-may-pg -> bench/target/release/peer-may-pg"
+  else
+    fail peer-may-pg "cargo: $(grep -m1 -A3 '^error' "$BUILD/logs/rust-peer-may-pg.log" | tr '\n' ' ')"
+  fi
   # --- canter itself ---------------------------------------------------------------------
   if (cd "$ROOT" && cargo build --release -p canter-cli) >"$BUILD/logs/canter.log" 2>&1; then
     ok "canter -> target/release/canter"

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The TechEmpower database tests side by side: canter (`serve --app techempower`) against
-actix-web with tokio-postgres (bench/peers/rust/actix-pg) and xitca-web with xitca-postgres
-(bench/peers/rust/xitca-pg, the stack of TFB's xitca-web entries), on one PostgreSQL.
+actix-web with tokio-postgres (bench/peers/rust/actix-pg), xitca-web with xitca-postgres
+(bench/peers/rust/xitca-pg, the stack of TFB's xitca-web entries) and may-minihttp with
+may_postgres (bench/peers/may-pg, the stack of TFB's may-minihttp entry), on one PostgreSQL.
 
     bench/build.sh && python3 bench/techempower.py [--rounds 5] [--duration 5s] [--db-conns 2]
 
@@ -36,6 +37,7 @@ BENCH = run.BENCH
 CANTER = run.CANTER_BIN
 ACTIX_PG = os.path.join(BENCH, "target", "release", "peer-actix-pg")
 XITCA_PG = os.path.join(BENCH, "target", "release", "peer-xitca-pg")
+MAY_PG = os.path.join(BENCH, "target", "release", "peer-may-pg")
 PG_DIR = os.path.join(BENCH, "build", "techempower")
 PG_PORT = 25432
 
@@ -101,6 +103,7 @@ def servers(db_conns):
                                 "--db-connections", str(db_conns)],
         "actix-pg": lambda port: [ACTIX_PG, str(port), url, str(db_conns)],
         "xitca-pg": lambda port: [XITCA_PG, str(port), url, str(db_conns)],
+        "may-pg": lambda port: [MAY_PG, str(port), url, str(db_conns)],
     }
 
 
@@ -148,7 +151,7 @@ def measure(proc, pg_pid, path, port, conns, duration, rate=None):
     }
 
 
-COLORS = {"canter": "#d9480f", "actix-pg": "#1c7ed6", "xitca-pg": "#5c940d"}
+COLORS = {"canter": "#d9480f", "actix-pg": "#1c7ed6", "xitca-pg": "#5c940d", "may-pg": "#7048e8"}
 
 
 def plots(results):
@@ -198,7 +201,7 @@ def main():
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--conns", type=int, default=256)
     ap.add_argument("--db-conns", type=int, default=2)
-    ap.add_argument("--servers", default="canter,actix-pg,xitca-pg")
+    ap.add_argument("--servers", default="canter,actix-pg,xitca-pg,may-pg")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--fixed-rate", action="store_true",
                     help="offer each scenario's RATES requests/s instead of as many as possible")
