@@ -108,7 +108,7 @@ pub struct World {
 }
 
 impl World {
-    fn from_row(row: &tokio_postgres::Row) -> Result<World, DbError> {
+    fn from_row(row: &crate::db::Row) -> Result<World, DbError> {
         Ok(World {
             id: row.try_get(0).map_err(DbError::Query)?,
             random_number: row.try_get(1).map_err(DbError::Query)?,

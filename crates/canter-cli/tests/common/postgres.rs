@@ -117,6 +117,45 @@ impl Postgres {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// The directory of the server's Unix socket (`.s.PGSQL.<port>`).
+    #[allow(dead_code)]
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Makes `user` log in over TCP with `method` (`md5`, `scram-sha-256`, `password`) instead
+    /// of trust: a line ahead of the others in `pg_hba.conf`, then a reload (which takes effect
+    /// a moment later).
+    #[allow(dead_code)]
+    pub fn require_password(&self, user: &str, method: &str) {
+        let hba = self.data().join("pg_hba.conf");
+        let old = fs::read_to_string(&hba).unwrap();
+        fs::write(
+            &hba,
+            format!("host all {user} 127.0.0.1/32 {method}\n{old}"),
+        )
+        .unwrap();
+        let out = self.run("pg_ctl", &["-D", path_str(&self.data()), "reload"]);
+        assert!(out.status.success(), "pg_ctl reload: {}", text(&out));
+        // The postmaster rereads the file on SIGHUP, a moment after pg_ctl returns: wait until
+        // a login as `user` without a password is refused.
+        let port = self.port.to_string();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let out = Command::new(self.bin.join("psql"))
+                .args(["-h", "127.0.0.1", "-p", &port, "-U", user, "-d", "postgres"])
+                .args(["-w", "-X", "-q", "-c", "SELECT 1"])
+                .stdin(Stdio::null())
+                .output()
+                .expect("run psql");
+            if !out.status.success() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{user} still logs in without a password after the reload");
+    }
+
     /// The server's processes: the postmaster and its children (backends and helpers).
     pub fn pids(&self) -> Vec<u32> {
         let pid_file = fs::read_to_string(self.data().join("postmaster.pid")).unwrap();

@@ -657,8 +657,11 @@ fn skip_string(mut s: &[u8]) -> &[u8] {
 
 impl<T: Serialize> IntoResponse for Json<T> {
     fn into_response(self) -> Response {
-        match serde_json::to_vec(&self.0) {
-            Ok(body) => Response::json_bytes(body),
+        // Room for a typical answer up front: growing from serde_json's 128 bytes costs a
+        // reallocation and a copy at every doubling.
+        let mut body = Vec::with_capacity(512);
+        match serde_json::to_writer(&mut body, &self.0) {
+            Ok(()) => Response::json_bytes(body),
             Err(e) => Rejection::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("cannot serialize the response: {e}"),

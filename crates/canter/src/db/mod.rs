@@ -6,8 +6,14 @@
 //! [`DbConfig::connections`] connections for that worker alone, with no pool shared across threads
 //! on the request path. A query is sent as soon as its future is first polled, so independent
 //! queries awaited together ([`Db::query_each`], or `futures_util::future::try_join_all`) leave in
-//! one write and their answers come back in one read; requests of one worker share its
-//! connections the same way.
+//! one write; requests of one worker share its connections the same way.
+//!
+//! The client is canter's own (`wire`): a query is encoded straight into its connection's
+//! output buffer and waits in the connection's queue, and one driver task per connection writes
+//! the buffer once the worker's ready tasks have run and hands each answer to its query, in
+//! order. Each query is its own `Bind`/`Execute`/`Sync`. Logins: trust, password, md5 and
+//! SCRAM-SHA-256, over TCP or a Unix socket; no TLS. Connection strings are parsed by
+//! `tokio_postgres::Config`, and values converted by `postgres-types` ([`ToSql`], [`FromSql`]).
 //!
 //! Faults are answers, never hangs: with no live connection a query fails at once with
 //! [`DbError::Unavailable`] (503), a query that takes longer than
@@ -25,7 +31,7 @@
 //!
 //! async fn number(State((db, by_id)): State<(Db, canter::db::Stmt)>) -> Result<String, DbError> {
 //!     let row = db.query_one(by_id, &[&1_i32]).await?;
-//!     Ok(row.get::<_, i32>(0).to_string())
+//!     Ok(row.get::<i32>(0).to_string())
 //! }
 //! canter::rt::Server::bind(canter::rt::Config::default())
 //!     .unwrap()
@@ -47,8 +53,11 @@ use std::time::Duration;
 use canter_rt::http::StatusCode;
 use canter_rt::Response;
 use futures_util::future::try_join_all;
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls, Row, Statement};
+pub use postgres_types::{FromSql, ToSql, Type};
+
+pub use wire::{PgError, Row};
+
+mod wire;
 
 use crate::app::IntoResponse;
 
@@ -156,9 +165,10 @@ pub enum DbError {
     /// The query got no answer within the query timeout.
     Timeout,
     /// The connection broke while the query was in flight.
-    Closed(tokio_postgres::Error),
-    /// The database answered with an error (the connection stays usable).
-    Query(tokio_postgres::Error),
+    Closed(PgError),
+    /// The database answered with an error (the connection stays usable), or a parameter or
+    /// a column did not convert.
+    Query(PgError),
 }
 
 impl DbError {
@@ -172,8 +182,9 @@ impl DbError {
         }
     }
 
-    fn from_pg(e: tokio_postgres::Error) -> DbError {
-        if e.is_closed() {
+    /// A failed query: [`DbError::Closed`] when its connection has ended.
+    fn from_pg(e: PgError, conn: &wire::Conn) -> DbError {
+        if conn.is_closed() {
             DbError::Closed(e)
         } else {
             DbError::Query(e)
@@ -188,10 +199,7 @@ impl fmt::Display for DbError {
             DbError::Unavailable => f.write_str("no database connection is open"),
             DbError::Timeout => f.write_str("the database did not answer in time"),
             DbError::Closed(e) => write!(f, "the database connection broke: {e}"),
-            DbError::Query(e) => match e.as_db_error() {
-                Some(db) => write!(f, "query failed: {}: {}", db.code().code(), db.message()),
-                None => write!(f, "query failed: {e}"),
-            },
+            DbError::Query(e) => write!(f, "query failed: {e}"),
         }
     }
 }
@@ -263,8 +271,15 @@ struct Inner {
 
 /// An open connection and its statements, in the order of [`DbConfig::prepare`].
 struct Live {
-    client: Client,
-    statements: Vec<Statement>,
+    conn: Rc<wire::Conn>,
+    statements: Vec<wire::Statement>,
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        // The worker's client let go of the connection: its driver closes it.
+        self.conn.release();
+    }
 }
 
 impl Db {
@@ -293,7 +308,7 @@ impl Db {
         self.0
             .slots
             .iter()
-            .filter(|s| s.borrow().as_ref().is_some_and(|l| !l.client.is_closed()))
+            .filter(|s| s.borrow().as_ref().is_some_and(|l| !l.conn.is_closed()))
             .count()
     }
 
@@ -304,7 +319,7 @@ impl Db {
         for k in 0..n {
             let i = (start + k) % n;
             if let Some(live) = &*self.0.slots[i].borrow() {
-                if !live.client.is_closed() {
+                if !live.conn.is_closed() {
                     self.0.next.set((i + 1) % n);
                     return Ok(live.clone());
                 }
@@ -320,8 +335,9 @@ impl Db {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, DbError> {
         let live = self.live()?;
-        let fut = live.client.query(&live.statements[stmt.0], params);
-        self.timed(fut).await
+        let sent = live.conn.query(&live.statements[stmt.0], params);
+        let answer = self.timed(&live, async { sent?.await }).await?;
+        Ok(answer.rows.into_vec())
     }
 
     /// Runs a prepared statement that returns exactly one row.
@@ -331,8 +347,9 @@ impl Db {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, DbError> {
         let live = self.live()?;
-        let fut = live.client.query_one(&live.statements[stmt.0], params);
-        self.timed(fut).await
+        let sent = live.conn.query(&live.statements[stmt.0], params);
+        let answer = self.timed(&live, async { sent?.await }).await?;
+        one_row(answer.rows)
     }
 
     /// Runs a prepared statement and returns the number of rows it changed.
@@ -342,13 +359,17 @@ impl Db {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, DbError> {
         let live = self.live()?;
-        let fut = live.client.execute(&live.statements[stmt.0], params);
-        self.timed(fut).await
+        let sent = live.conn.query(&live.statements[stmt.0], params);
+        let answer = self.timed(&live, async { sent?.await }).await?;
+        Ok(answer.affected)
     }
 
     /// Runs a prepared statement with one parameter once per value, all pipelined on one
     /// connection (sent together, answered together); each must return exactly one row, and the
     /// rows come back in the order of `values`.
+    ///
+    /// Each query is its own `Bind`/`Execute`/`Sync` (its own implicit transaction, as the
+    /// TechEmpower rules require): an error in one fails the call but does not stop the others.
     pub async fn query_each<P: ToSql + Sync>(
         &self,
         stmt: Stmt,
@@ -356,20 +377,48 @@ impl Db {
     ) -> Result<Vec<Row>, DbError> {
         let live = self.live()?;
         let statement = &live.statements[stmt.0];
-        let params: Vec<[&(dyn ToSql + Sync); 1]> = values.iter().map(|v| [v as _]).collect();
-        let all = try_join_all(params.iter().map(|p| live.client.query_one(statement, p)));
-        self.timed(all).await
+        let sent: Result<Vec<_>, _> = values
+            .iter()
+            .map(|v| live.conn.query(statement, &[v]))
+            .collect();
+        let all = async {
+            let mut rows = Vec::with_capacity(values.len());
+            for answered in sent.map_err(|e| DbError::from_pg(e, &live.conn))? {
+                let answer = answered
+                    .await
+                    .map_err(|e| DbError::from_pg(e, &live.conn))?;
+                rows.push(one_row(answer.rows)?);
+            }
+            Ok(rows)
+        };
+        match tokio::time::timeout(self.0.config.query_timeout, all).await {
+            Ok(rows) => rows,
+            Err(_) => Err(DbError::Timeout),
+        }
     }
 
     async fn timed<T>(
         &self,
-        fut: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+        live: &Live,
+        fut: impl std::future::Future<Output = Result<T, PgError>>,
     ) -> Result<T, DbError> {
         match tokio::time::timeout(self.0.config.query_timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(DbError::from_pg(e)),
+            Ok(Err(e)) => Err(DbError::from_pg(e, &live.conn)),
             Err(_) => Err(DbError::Timeout),
         }
+    }
+}
+
+/// The one row of an answer that must have exactly one.
+fn one_row(rows: smallvec::SmallVec<[Row; 1]>) -> Result<Row, DbError> {
+    let n = rows.len();
+    let mut rows = rows.into_iter();
+    match (rows.next(), n) {
+        (Some(row), 1) => Ok(row),
+        _ => Err(DbError::Query(PgError::new(format!(
+            "expected one row, the query returned {n}"
+        )))),
     }
 }
 
@@ -420,12 +469,13 @@ async fn keep_open(db: std::rc::Weak<Inner>, i: usize) {
     }
 }
 
-type Connection =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tokio_postgres::Error>>>>;
+type Connection = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), PgError>>>>;
 
 /// Why a connection could not be opened.
 enum OpenError {
-    Pg(tokio_postgres::Error),
+    Pg(PgError),
+    /// The connection timed out before it was ready.
+    Timeout,
     /// The server closed the connection while the statements were being prepared.
     ClosedWhilePreparing,
 }
@@ -434,6 +484,7 @@ impl fmt::Display for OpenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             OpenError::Pg(e) => e.fmt(f),
+            OpenError::Timeout => f.write_str("timed out connecting to the database"),
             OpenError::ClosedWhilePreparing => {
                 f.write_str("connection closed while preparing statements")
             }
@@ -444,11 +495,19 @@ impl fmt::Display for OpenError {
 /// Opens one connection and prepares every statement on it; the returned future drives the
 /// connection and ends when it breaks.
 async fn open(config: &DbConfig) -> Result<(Live, Connection), OpenError> {
-    let (client, connection) = config.pg.connect(NoTls).await.map_err(OpenError::Pg)?;
+    let limit = config
+        .pg
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(Duration::from_secs(3));
+    let (conn, connection) = tokio::time::timeout(limit, wire::connect(&config.pg))
+        .await
+        .map_err(|_| OpenError::Timeout)?
+        .map_err(OpenError::Pg)?;
     let mut connection: Connection = Box::pin(connection);
     // The connection must be driven while the statements are prepared: poll both together.
     let statements = {
-        let prepare = try_join_all(config.statements.iter().map(|sql| client.prepare(sql)));
+        let prepare = try_join_all(config.statements.iter().map(|sql| conn.prepare(sql)));
         tokio::pin!(prepare);
         tokio::select! {
             prepared = &mut prepare => prepared.map_err(OpenError::Pg)?,
@@ -458,5 +517,5 @@ async fn open(config: &DbConfig) -> Result<(Live, Connection), OpenError> {
             }
         }
     };
-    Ok((Live { client, statements }, connection))
+    Ok((Live { conn, statements }, connection))
 }

@@ -1,0 +1,162 @@
+//! `canter::db`, the worker's own PostgreSQL client, against a real PostgreSQL (Debian's
+//! package, started by the test): logins with md5 and SCRAM-SHA-256 passwords and a wrong one,
+//! a Unix socket, values and NULLs converted to Rust types (and the errors when they do not),
+//! affected-row counts, a query error that leaves the connection usable, and many queries
+//! pipelined on one connection coming back in order.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use canter::db::{Db, DbConfig, DbError};
+use common::Postgres;
+
+/// Runs `f` as a worker would: a current-thread runtime with local tasks.
+fn on_worker<F: Future>(f: impl FnOnce() -> F) -> F::Output {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move { f().await })
+}
+
+/// Waits until every connection of `db` is open (at most 10 s).
+async fn opened(db: &Db, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while db.open_connections() < n {
+        assert!(Instant::now() < deadline, "{db:?} did not open");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[test]
+fn passwords_md5_and_scram_log_in_and_a_wrong_one_does_not() {
+    let pg = Postgres::start();
+    pg.psql("SET password_encryption = 'md5'; CREATE ROLE md5user LOGIN PASSWORD 'md5-secret'");
+    pg.psql(
+        "SET password_encryption = 'scram-sha-256'; \
+         CREATE ROLE scramuser LOGIN PASSWORD 'scram-secret'",
+    );
+    pg.require_password("md5user", "md5");
+    pg.require_password("scramuser", "scram-sha-256");
+    for (user, password) in [("md5user", "md5-secret"), ("scramuser", "scram-secret")] {
+        let url = format!(
+            "postgres://{user}:{password}@127.0.0.1:{}/postgres",
+            pg.port
+        );
+        let mut config = DbConfig::new(&url).unwrap().connections(1);
+        let who = config.prepare("SELECT current_user::text");
+        let config = Arc::new(config);
+        let name: String = on_worker(|| async move {
+            let db = Db::start(config);
+            opened(&db, 1).await;
+            let row = db.query_one(who, &[]).await.unwrap();
+            row.get::<&str>(0).to_owned()
+        });
+        assert_eq!(name, user);
+    }
+    // A wrong password: the connection never opens, and queries fail at once with 503.
+    let url = format!("postgres://scramuser:wrong@127.0.0.1:{}/postgres", pg.port);
+    let mut config = DbConfig::new(&url).unwrap().connections(1);
+    let one = config.prepare("SELECT 1");
+    let config = Arc::new(config);
+    let (open, error) = on_worker(|| async move {
+        let db = Db::start(config);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        (db.open_connections(), db.query(one, &[]).await.unwrap_err())
+    });
+    assert_eq!(open, 0);
+    assert!(matches!(error, DbError::Unavailable), "{error:?}");
+    assert_eq!(error.status(), 503);
+}
+
+#[test]
+fn values_nulls_and_conversions_over_a_unix_socket() {
+    let pg = Postgres::start();
+    pg.psql("CREATE TABLE t (x int); INSERT INTO t VALUES (1), (2), (3)");
+    let url = format!(
+        "host={} port={} user=canter dbname=postgres",
+        pg.socket_dir().display(),
+        pg.port
+    );
+    let mut config = DbConfig::new(&url).unwrap().connections(1);
+    let values =
+        config.prepare("SELECT $1::int8 + 1, NULL::text, 'héllo'::text, 2.5::float8, true");
+    let bump = config.prepare("UPDATE t SET x = x + 1");
+    let none = config.prepare("SELECT x FROM t WHERE x < 0");
+    let divide = config.prepare("SELECT 10 / $1::int");
+    let config = Arc::new(config);
+    on_worker(|| async move {
+        let db = Db::start(config);
+        opened(&db, 1).await;
+
+        let row = db.query_one(values, &[&41_i64]).await.unwrap();
+        assert_eq!(row.len(), 5);
+        assert_eq!(row.get::<i64>(0), 42);
+        assert_eq!(row.get::<Option<&str>>(1), None);
+        assert_eq!(row.get::<&str>(2), "héllo");
+        assert_eq!(row.get::<f64>(3), 2.5);
+        assert!(row.get::<bool>(4));
+        // A NULL is not a &str, an int8 is not an i32, and there is no column 5.
+        assert!(row.try_get::<&str>(1).is_err());
+        let wrong_type = row.try_get::<i32>(0).unwrap_err();
+        assert!(wrong_type.to_string().contains("int8"), "{wrong_type}");
+        assert!(row.try_get::<i64>(5).is_err());
+
+        // A parameter of the wrong type or number is refused before anything is sent.
+        let e = db.query(values, &[&"41"]).await.unwrap_err();
+        assert!(matches!(e, DbError::Query(_)), "{e:?}");
+        assert_eq!(e.status(), 500);
+        let e = db.query(values, &[]).await.unwrap_err();
+        assert!(e.to_string().contains("parameters"), "{e}");
+
+        assert_eq!(db.execute(bump, &[]).await.unwrap(), 3);
+        assert!(db.query(none, &[]).await.unwrap().is_empty());
+        let e = db.query_one(none, &[]).await.unwrap_err();
+        assert!(e.to_string().contains("one row"), "{e}");
+
+        // An error from the database is a 500 with its SQLSTATE, and the connection (the only
+        // one) answers the next query.
+        let e = db.query_one(divide, &[&0_i32]).await.unwrap_err();
+        assert_eq!(e.status(), 500);
+        assert!(e.to_string().contains("22012"), "{e}");
+        let row = db.query_one(divide, &[&5_i32]).await.unwrap();
+        assert_eq!(row.get::<i32>(0), 2);
+        assert_eq!(db.open_connections(), 1);
+    });
+}
+
+#[test]
+fn many_queries_pipelined_on_one_connection_come_back_in_order() {
+    let pg = Postgres::start();
+    let mut config = DbConfig::new(&pg.url()).unwrap().connections(1);
+    let square = config.prepare("SELECT $1::int * $1::int");
+    let config = Arc::new(config);
+    on_worker(|| async move {
+        let db = Db::start(config);
+        opened(&db, 1).await;
+        // One request's batch, and many requests at once on the same connection.
+        let values: Vec<i32> = (1..=500).collect();
+        let rows = db.query_each(square, &values).await.unwrap();
+        let squares: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+        assert_eq!(squares, values.iter().map(|v| v * v).collect::<Vec<_>>());
+        let tasks: Vec<_> = (1..=200_i32)
+            .map(|v| {
+                let db = db.clone();
+                tokio::task::spawn_local(async move {
+                    let row = db.query_one(square, &[&v]).await.unwrap();
+                    (v, row.get::<i32>(0))
+                })
+            })
+            .collect();
+        for task in tasks {
+            let (v, sq) = task.await.unwrap();
+            assert_eq!(sq, v * v);
+        }
+    });
+}

@@ -1,0 +1,870 @@
+//! One PostgreSQL connection on a worker: the extended-query protocol, pipelined.
+//!
+//! A query is encoded straight into the connection's output buffer when it is sent
+//! ([`Conn::query`]) and takes a place in the connection's queue; the connection's driver (the
+//! future [`connect`] returns, one task per connection) writes everything queued in one `send`
+//! once the worker's ready tasks have run, reads the answers, and hands each query its rows in
+//! the order the queries went out. Nothing crosses threads; places in the queue are reused, and
+//! a row of a few columns is stored inline, so a one-row query allocates nothing of its own.
+//!
+//! Every query is its own `Bind`/`Execute`/`Sync`, so an error in one ends that query alone.
+//! When the connection breaks, every query waiting on it fails at once.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::ops::Range;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, BufMut, BytesMut};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::{md5_hash, sasl};
+use postgres_protocol::message::backend::{ErrorResponseBody, Message};
+use postgres_protocol::message::frontend;
+use postgres_types::{FromSql, Kind, ToSql, Type};
+use smallvec::SmallVec;
+use tokio::net::{TcpStream, UnixStream};
+use tokio_postgres::config::Host;
+
+/// How much one turn of the driver reads before it lets the worker's other tasks run.
+const READ_BUDGET: usize = 256 * 1024;
+
+/// Why a query or a connection failed, as the database or the connection said it.
+#[derive(Debug, Clone)]
+pub struct PgError {
+    code: Option<String>,
+    message: String,
+}
+
+impl PgError {
+    pub(crate) fn new(message: impl Into<String>) -> PgError {
+        PgError {
+            code: None,
+            message: message.into(),
+        }
+    }
+
+    fn io(e: &io::Error) -> PgError {
+        PgError::new(e.to_string())
+    }
+
+    fn server(body: &ErrorResponseBody) -> PgError {
+        let mut code = None;
+        let mut message = String::new();
+        let mut fields = body.fields();
+        while let Ok(Some(field)) = fields.next() {
+            match field.type_() {
+                b'C' => code = Some(String::from_utf8_lossy(field.value_bytes()).into_owned()),
+                b'M' => message = String::from_utf8_lossy(field.value_bytes()).into_owned(),
+                _ => {}
+            }
+        }
+        PgError { code, message }
+    }
+
+    /// The SQLSTATE code the database gave, if the error came from the database.
+    pub fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// What went wrong.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for PgError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.code {
+            Some(code) => write!(f, "{code}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl std::error::Error for PgError {}
+
+/// A row of a query's answer, with the types of its columns.
+pub struct Row {
+    columns: Rc<[Type]>,
+    /// The row's values as they came (kept inline when small, as most rows are).
+    data: SmallVec<[u8; 48]>,
+    /// Where each column's value is in `data`; `None` for NULL.
+    ranges: SmallVec<[Option<Range<u32>>; 4]>,
+}
+
+impl fmt::Debug for Row {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Row")
+            .field("columns", &self.columns)
+            .finish()
+    }
+}
+
+impl Row {
+    /// A row from a `DataRow` message's body: a 16-bit column count, then each column as a
+    /// 32-bit length (-1 for NULL) and that many bytes.
+    fn parse(columns: Rc<[Type]>, body: &[u8]) -> io::Result<Row> {
+        let bad = || protocol("a malformed DataRow");
+        let count = u16::from_be_bytes(
+            body.get(..2)
+                .ok_or_else(bad)?
+                .try_into()
+                .map_err(|_| bad())?,
+        );
+        let mut ranges = SmallVec::with_capacity(count as usize);
+        let mut data = SmallVec::new();
+        let mut at = 2;
+        for _ in 0..count {
+            let len = i32::from_be_bytes(
+                body.get(at..at + 4)
+                    .ok_or_else(bad)?
+                    .try_into()
+                    .map_err(|_| bad())?,
+            );
+            at += 4;
+            if len < 0 {
+                ranges.push(None);
+                continue;
+            }
+            let value = body.get(at..at + len as usize).ok_or_else(bad)?;
+            at += len as usize;
+            let start = data.len() as u32;
+            data.extend_from_slice(value);
+            ranges.push(Some(start..data.len() as u32));
+        }
+        Ok(Row {
+            columns,
+            data,
+            ranges,
+        })
+    }
+
+    /// The number of columns.
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// True when the row has no columns.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// Column `idx` converted to `T`, or why it cannot be.
+    pub fn try_get<'a, T: FromSql<'a>>(&'a self, idx: usize) -> Result<T, PgError> {
+        let (Some(ty), Some(range)) = (self.columns.get(idx), self.ranges.get(idx)) else {
+            return Err(PgError::new(format!(
+                "no column {idx} in a row of {}",
+                self.ranges.len()
+            )));
+        };
+        if !T::accepts(ty) {
+            return Err(PgError::new(format!(
+                "column {idx} of type {ty} cannot be read as {}",
+                std::any::type_name::<T>()
+            )));
+        }
+        let raw = range
+            .clone()
+            .map(|r| &self.data[r.start as usize..r.end as usize]);
+        T::from_sql_nullable(ty, raw)
+            .map_err(|e| PgError::new(format!("column {idx} of type {ty}: {e}")))
+    }
+
+    /// Column `idx` converted to `T`.
+    ///
+    /// # Panics
+    /// When there is no such column or it does not convert to `T` (a mistake in the program,
+    /// like indexing past the end of a slice); [`Row::try_get`] returns the error instead.
+    pub fn get<'a, T: FromSql<'a>>(&'a self, idx: usize) -> T {
+        match self.try_get(idx) {
+            Ok(v) => v,
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// A statement prepared on one connection.
+pub(crate) struct Statement {
+    name: String,
+    params: Vec<Type>,
+    columns: Rc<[Type]>,
+}
+
+/// What a query got back.
+#[derive(Default)]
+pub(crate) struct Answer {
+    /// The rows (inline when there is one, as for most queries).
+    pub(crate) rows: SmallVec<[Row; 1]>,
+    /// From the command tag: rows changed (or returned).
+    pub(crate) affected: u64,
+    params: Vec<Type>,
+    columns: Option<Rc<[Type]>>,
+}
+
+/// A query in the connection's queue.
+struct Pending {
+    answer: Answer,
+    error: Option<PgError>,
+    /// The database has answered (or the connection has ended).
+    done: bool,
+    /// Its future has taken the answer or was dropped: the place goes once `done`.
+    gone: bool,
+    waker: Option<Waker>,
+}
+
+/// The queries sent on a connection, in the order they went out. Places are reused: a query
+/// costs no allocation of its own.
+#[derive(Default)]
+struct Queue {
+    slots: VecDeque<Pending>,
+    /// The sequence number of `slots[0]`.
+    head: u64,
+    /// How many of `slots`, from the front, have their answer.
+    answered: usize,
+}
+
+impl Queue {
+    fn push(&mut self, pending: Pending) -> u64 {
+        self.slots.push_back(pending);
+        self.head + self.slots.len() as u64 - 1
+    }
+
+    fn get(&mut self, seq: u64) -> Option<&mut Pending> {
+        let i = usize::try_from(seq.checked_sub(self.head)?).ok()?;
+        self.slots.get_mut(i)
+    }
+
+    /// The query the next answer belongs to.
+    fn answering(&mut self) -> Option<&mut Pending> {
+        self.slots.get_mut(self.answered)
+    }
+
+    /// Frees the places at the front that are answered and taken.
+    fn trim(&mut self) {
+        while self.answered > 0 && self.slots.front().is_some_and(|p| p.gone) {
+            self.slots.pop_front();
+            self.head += 1;
+            self.answered -= 1;
+        }
+    }
+}
+
+/// A connection's state, shared by its driver and the queries sent on it (one thread).
+pub(crate) struct Conn {
+    out: RefCell<BytesMut>,
+    queue: RefCell<Queue>,
+    driver: RefCell<Option<Waker>>,
+    /// Why the connection ended, once it has.
+    ended: RefCell<Option<PgError>>,
+    /// The client no longer wants the connection: the driver says goodbye and ends.
+    released: Cell<bool>,
+    statements: Cell<u32>,
+}
+
+impl Conn {
+    /// True once the connection has ended; queries then fail at once.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.ended.borrow().is_some()
+    }
+
+    /// Asks the driver to close the connection.
+    pub(crate) fn release(&self) {
+        self.released.set(true);
+        if let Some(w) = self.driver.borrow_mut().take() {
+            w.wake();
+        }
+    }
+
+    /// Queues `bytes`' encoding and a place for its answer; wakes the driver if it had nothing
+    /// to write.
+    fn send(
+        self: &Rc<Self>,
+        encode: impl FnOnce(&mut BytesMut) -> Result<(), PgError>,
+        columns: Option<Rc<[Type]>>,
+    ) -> Result<Answered, PgError> {
+        if let Some(e) = &*self.ended.borrow() {
+            return Err(e.clone());
+        }
+        let mut out = self.out.borrow_mut();
+        let was_empty = out.is_empty();
+        let mark = out.len();
+        if let Err(e) = encode(&mut out) {
+            out.truncate(mark);
+            return Err(e);
+        }
+        frontend::sync(&mut out);
+        drop(out);
+        let seq = self.queue.borrow_mut().push(Pending {
+            answer: Answer {
+                columns,
+                ..Answer::default()
+            },
+            error: None,
+            done: false,
+            gone: false,
+            waker: None,
+        });
+        if was_empty {
+            if let Some(w) = &*self.driver.borrow() {
+                w.wake_by_ref();
+            }
+        }
+        Ok(Answered {
+            conn: self.clone(),
+            seq,
+        })
+    }
+
+    /// Sends a prepared statement with `params`; the answer arrives through the returned
+    /// future. The query leaves with the next write of the driver.
+    pub(crate) fn query(
+        self: &Rc<Self>,
+        statement: &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Answered, PgError> {
+        self.send(
+            |out| bind_execute(out, statement, params),
+            Some(statement.columns.clone()),
+        )
+    }
+
+    /// Prepares `sql` on this connection.
+    pub(crate) async fn prepare(self: &Rc<Self>, sql: &str) -> Result<Statement, PgError> {
+        let name = format!("s{}", self.statements.get());
+        self.statements.set(self.statements.get() + 1);
+        let answer = self
+            .send(
+                |out| {
+                    frontend::parse(&name, sql, None, out).map_err(|e| PgError::io(&e))?;
+                    frontend::describe(b'S', &name, out).map_err(|e| PgError::io(&e))
+                },
+                None,
+            )?
+            .await?;
+        Ok(Statement {
+            name,
+            params: answer.params,
+            columns: answer.columns.unwrap_or_else(|| Rc::from(Vec::new())),
+        })
+    }
+
+    /// Takes the answers in `input`, in order. The messages of every answer (`BindComplete`,
+    /// `DataRow`, `CommandComplete`, `ReadyForQuery`) are read in place; the rarer ones go
+    /// through `postgres_protocol`'s parser.
+    fn dispatch(&self, input: &mut BytesMut) -> io::Result<()> {
+        loop {
+            let Some(header) = input.get(..5) else {
+                return Ok(());
+            };
+            let tag = header[0];
+            let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+            if len < 4 {
+                return Err(protocol("a message with a bad length"));
+            }
+            if input.len() < 1 + len {
+                input.reserve(1 + len - input.len());
+                return Ok(());
+            }
+            match tag {
+                // NoticeResponse, ParameterStatus, NotificationResponse: not answers
+                b'N' | b'S' | b'A' => {
+                    input.advance(1 + len);
+                    continue;
+                }
+                b'2' | b'1' | b'n' | b'I' | b'3' | b'D' | b'C' | b'Z' => {}
+                _ => {
+                    let message =
+                        Message::parse(input)?.ok_or_else(|| protocol("a message cut short"))?;
+                    self.dispatch_rare(message)?;
+                    continue;
+                }
+            }
+            let body = &input[5..1 + len];
+            let mut queue = self.queue.borrow_mut();
+            let Some(p) = queue.answering() else {
+                return Err(protocol("an answer with no query waiting"));
+            };
+            match tag {
+                b'D' => {
+                    let columns = p
+                        .answer
+                        .columns
+                        .clone()
+                        .unwrap_or_else(|| Rc::from(Vec::new()));
+                    p.answer.rows.push(Row::parse(columns, body)?);
+                }
+                b'C' => p.answer.affected = command_count(body),
+                b'Z' => {
+                    p.done = true;
+                    let waker = p.waker.take();
+                    queue.answered += 1;
+                    queue.trim();
+                    drop(queue);
+                    input.advance(1 + len);
+                    if let Some(w) = waker {
+                        w.wake();
+                    }
+                    continue;
+                }
+                // BindComplete, ParseComplete, NoData, EmptyQueryResponse, CloseComplete
+                _ => {}
+            }
+            drop(queue);
+            input.advance(1 + len);
+        }
+    }
+
+    /// An answer's message other than the common ones.
+    fn dispatch_rare(&self, message: Message) -> io::Result<()> {
+        let mut queue = self.queue.borrow_mut();
+        let Some(p) = queue.answering() else {
+            return Err(protocol("an answer with no query waiting"));
+        };
+        match message {
+            Message::ErrorResponse(body) => {
+                if p.error.is_none() {
+                    p.error = Some(PgError::server(&body));
+                }
+            }
+            Message::ParameterDescription(body) => {
+                p.answer.params = body.parameters().map(|oid| Ok(type_of(oid))).collect()?;
+            }
+            Message::RowDescription(body) => {
+                let types: Vec<Type> =
+                    body.fields().map(|f| Ok(type_of(f.type_oid()))).collect()?;
+                p.answer.columns = Some(Rc::from(types));
+            }
+            _ => return Err(protocol("an unexpected message")),
+        }
+        Ok(())
+    }
+
+    /// Ends the connection: every query waiting on it fails with `why`.
+    fn end(&self, why: PgError) {
+        *self.ended.borrow_mut() = Some(why.clone());
+        let mut wakers = Vec::new();
+        {
+            let mut queue = self.queue.borrow_mut();
+            let from = queue.answered;
+            for p in queue.slots.range_mut(from..) {
+                p.done = true;
+                p.error = Some(why.clone());
+                wakers.extend(p.waker.take());
+            }
+            queue.answered = queue.slots.len();
+            queue.trim();
+        }
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    fn poll_drive(
+        &self,
+        stream: &Stream,
+        input: &mut BytesMut,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        {
+            let mut driver = self.driver.borrow_mut();
+            if !driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *driver = Some(cx.waker().clone());
+            }
+        }
+        if self.released.get() {
+            let mut bye = BytesMut::new();
+            frontend::terminate(&mut bye);
+            let _ = stream.try_write(&bye);
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            let mut out = self.out.borrow_mut();
+            if out.is_empty() {
+                break;
+            }
+            match stream.poll_write_ready(cx) {
+                Poll::Pending => break,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => {}
+            }
+            match stream.try_write(&out) {
+                Ok(n) => out.advance(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        let mut budget = READ_BUDGET;
+        loop {
+            match stream.poll_read_ready(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => {}
+            }
+            input.reserve(16 * 1024);
+            match stream.try_read_buf(input) {
+                Ok(0) => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the database closed the connection",
+                    )))
+                }
+                Ok(n) => {
+                    self.dispatch(input)?;
+                    budget = budget.saturating_sub(n);
+                    if budget == 0 {
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+}
+
+/// Encodes `Bind` and `Execute` of `statement` with `params` (the unnamed portal, binary
+/// results).
+fn bind_execute(
+    out: &mut BytesMut,
+    statement: &Statement,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<(), PgError> {
+    let types = &statement.params;
+    if params.len() != types.len() {
+        return Err(PgError::new(format!(
+            "the statement takes {} parameters, {} given",
+            types.len(),
+            params.len()
+        )));
+    }
+    // Bind: the unnamed portal, the statement, each parameter's format, the values, and one
+    // result format (binary) for every column.
+    let too_long = || PgError::new("a query message over 2 GiB");
+    out.put_u8(b'B');
+    let start = out.len();
+    out.put_i32(0);
+    out.put_u8(0);
+    out.put_slice(statement.name.as_bytes());
+    out.put_u8(0);
+    let n = i16::try_from(params.len()).map_err(|_| PgError::new("over 32,767 parameters"))?;
+    out.put_i16(n);
+    for (p, ty) in params.iter().zip(types) {
+        out.put_i16(p.encode_format(ty) as i16);
+    }
+    out.put_i16(n);
+    for (p, ty) in params.iter().zip(types) {
+        let at = out.len();
+        out.put_i32(0);
+        let len = match p.to_sql_checked(ty, out) {
+            Ok(postgres_types::IsNull::Yes) => -1,
+            Ok(postgres_types::IsNull::No) => {
+                i32::try_from(out.len() - at - 4).map_err(|_| too_long())?
+            }
+            Err(e) => return Err(PgError::new(format!("a parameter does not convert: {e}"))),
+        };
+        out[at..at + 4].copy_from_slice(&len.to_be_bytes());
+    }
+    out.put_i16(1);
+    out.put_i16(1);
+    let len = i32::try_from(out.len() - start).map_err(|_| too_long())?;
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+    // Execute the unnamed portal, all rows.
+    out.put_slice(&[b'E', 0, 0, 0, 9, 0, 0, 0, 0, 0]);
+    Ok(())
+}
+
+/// The row count at the end of a `CommandComplete` tag (`UPDATE 20`, `SELECT 1`), or 0.
+fn command_count(body: &[u8]) -> u64 {
+    let tag = body.strip_suffix(&[0]).unwrap_or(body);
+    let digits = tag.iter().rev().take_while(|b| b.is_ascii_digit()).count();
+    if digits == tag.len() {
+        return 0;
+    }
+    tag[tag.len() - digits..]
+        .iter()
+        .try_fold(0u64, |n, &d| {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        })
+        .unwrap_or(0)
+}
+
+fn protocol(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("database protocol error: {what}"),
+    )
+}
+
+/// The type of an OID: a built-in type, or one known by its number alone (values of it read
+/// and written as raw bytes by types that accept any).
+fn type_of(oid: u32) -> Type {
+    Type::from_oid(oid)
+        .unwrap_or_else(|| Type::new(format!("oid{oid}"), oid, Kind::Simple, String::new()))
+}
+
+/// The answer to a query, once the database has given it.
+pub(crate) struct Answered {
+    conn: Rc<Conn>,
+    seq: u64,
+}
+
+impl Future for Answered {
+    type Output = Result<Answer, PgError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut queue = self.conn.queue.borrow_mut();
+        let Some(p) = queue.get(self.seq).filter(|p| !p.gone) else {
+            return Poll::Ready(Err(PgError::new("the answer was taken already")));
+        };
+        if !p.done {
+            if !p.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                p.waker = Some(cx.waker().clone());
+            }
+            return Poll::Pending;
+        }
+        p.gone = true;
+        let result = match p.error.take() {
+            Some(e) => Err(e),
+            None => Ok(std::mem::take(&mut p.answer)),
+        };
+        queue.trim();
+        Poll::Ready(result)
+    }
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        // A query given up (a timeout, a closed client): its answer is dropped on arrival.
+        if let Ok(mut queue) = self.conn.queue.try_borrow_mut() {
+            if let Some(p) = queue.get(self.seq) {
+                p.gone = true;
+                p.waker = None;
+            }
+            queue.trim();
+        }
+    }
+}
+
+/// The socket to the database.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(s) => s.poll_read_ready(cx),
+            Stream::Unix(s) => s.poll_read_ready(cx),
+        }
+    }
+
+    fn poll_write_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(s) => s.poll_write_ready(cx),
+            Stream::Unix(s) => s.poll_write_ready(cx),
+        }
+    }
+
+    fn try_read_buf(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_read_buf(buf),
+            Stream::Unix(s) => s.try_read_buf(buf),
+        }
+    }
+
+    fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_write(buf),
+            Stream::Unix(s) => s.try_write(buf),
+        }
+    }
+
+    async fn write_all(&self, mut buf: &[u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            std::future::poll_fn(|cx| self.poll_write_ready(cx)).await?;
+            match self.try_write(buf) {
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    async fn read_message(&self, input: &mut BytesMut) -> io::Result<Message> {
+        loop {
+            if let Some(m) = Message::parse(input)? {
+                return Ok(m);
+            }
+            std::future::poll_fn(|cx| self.poll_read_ready(cx)).await?;
+            input.reserve(4096);
+            match self.try_read_buf(input) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the database closed the connection during start-up",
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// Opens a connection: the socket, start-up and authentication. The returned future drives
+/// the connection until it breaks or [`Conn::release`] is called.
+pub(crate) async fn connect(
+    config: &tokio_postgres::Config,
+) -> Result<(Rc<Conn>, impl Future<Output = Result<(), PgError>>), PgError> {
+    let stream = open_socket(config).await?;
+    let mut input = BytesMut::with_capacity(16 * 1024);
+    start_up(config, &stream, &mut input).await?;
+    let conn = Rc::new(Conn {
+        out: RefCell::new(BytesMut::with_capacity(16 * 1024)),
+        queue: RefCell::new(Queue::default()),
+        driver: RefCell::new(None),
+        ended: RefCell::new(None),
+        released: Cell::new(false),
+        statements: Cell::new(0),
+    });
+    let driven = conn.clone();
+    let drive = async move {
+        let result = std::future::poll_fn(|cx| driven.poll_drive(&stream, &mut input, cx)).await;
+        let why = match &result {
+            Ok(()) => PgError::new("the connection was closed"),
+            Err(e) => PgError::io(e),
+        };
+        driven.end(why.clone());
+        result.map_err(|_| why)
+    };
+    Ok((conn, drive))
+}
+
+async fn open_socket(config: &tokio_postgres::Config) -> Result<Stream, PgError> {
+    let ports = config.get_ports();
+    let port_of = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let mut last = PgError::new("no database host configured");
+    for (i, host) in config.get_hosts().iter().enumerate() {
+        let port = port_of(i);
+        let opened = match host {
+            Host::Tcp(name) => TcpStream::connect((name.as_str(), port)).await.map(|s| {
+                let _ = s.set_nodelay(true);
+                Stream::Tcp(s)
+            }),
+            Host::Unix(dir) => UnixStream::connect(dir.join(format!(".s.PGSQL.{port}")))
+                .await
+                .map(Stream::Unix),
+        };
+        match opened {
+            Ok(s) => return Ok(s),
+            Err(e) => last = PgError::new(format!("cannot connect to {host:?}:{port}: {e}")),
+        }
+    }
+    for (i, addr) in config.get_hostaddrs().iter().enumerate() {
+        match TcpStream::connect((*addr, port_of(i))).await {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                return Ok(Stream::Tcp(s));
+            }
+            Err(e) => last = PgError::new(format!("cannot connect to {addr}: {e}")),
+        }
+    }
+    Err(last)
+}
+
+async fn start_up(
+    config: &tokio_postgres::Config,
+    stream: &Stream,
+    input: &mut BytesMut,
+) -> Result<(), PgError> {
+    let user = config
+        .get_user()
+        .ok_or_else(|| PgError::new("no database user configured"))?;
+    let mut params = vec![("user", user), ("client_encoding", "UTF8")];
+    if let Some(db) = config.get_dbname() {
+        params.push(("database", db));
+    }
+    if let Some(options) = config.get_options() {
+        params.push(("options", options));
+    }
+    if let Some(name) = config.get_application_name() {
+        params.push(("application_name", name));
+    }
+    let mut out = BytesMut::new();
+    frontend::startup_message(params, &mut out).map_err(|e| PgError::io(&e))?;
+    let password = || {
+        config
+            .get_password()
+            .ok_or_else(|| PgError::new("the database asks for a password and none is configured"))
+    };
+    let mut scram = None;
+    loop {
+        if !out.is_empty() {
+            stream.write_all(&out).await.map_err(|e| PgError::io(&e))?;
+            out.clear();
+        }
+        let message = stream
+            .read_message(input)
+            .await
+            .map_err(|e| PgError::io(&e))?;
+        let io_err = |e: io::Error| PgError::io(&e);
+        match message {
+            Message::AuthenticationOk
+            | Message::BackendKeyData(_)
+            | Message::ParameterStatus(_)
+            | Message::NoticeResponse(_) => {}
+            Message::AuthenticationCleartextPassword => {
+                frontend::password_message(password()?, &mut out).map_err(io_err)?;
+            }
+            Message::AuthenticationMd5Password(body) => {
+                let hash = md5_hash(user.as_bytes(), password()?, body.salt());
+                frontend::password_message(hash.as_bytes(), &mut out).map_err(io_err)?;
+            }
+            Message::AuthenticationSasl(body) => {
+                let mut mechanisms = body.mechanisms();
+                let mut found = false;
+                while let Some(m) = mechanisms.next().map_err(io_err)? {
+                    found |= m == sasl::SCRAM_SHA_256;
+                }
+                if !found {
+                    return Err(PgError::new(
+                        "the database offers no SASL mechanism this client speaks",
+                    ));
+                }
+                let s = sasl::ScramSha256::new(password()?, sasl::ChannelBinding::unsupported());
+                frontend::sasl_initial_response(sasl::SCRAM_SHA_256, s.message(), &mut out)
+                    .map_err(io_err)?;
+                scram = Some(s);
+            }
+            Message::AuthenticationSaslContinue(body) => {
+                let s = scram
+                    .as_mut()
+                    .ok_or_else(|| PgError::new("SASL continued before it began"))?;
+                s.update(body.data()).map_err(io_err)?;
+                frontend::sasl_response(s.message(), &mut out).map_err(io_err)?;
+            }
+            Message::AuthenticationSaslFinal(body) => {
+                let s = scram
+                    .as_mut()
+                    .ok_or_else(|| PgError::new("SASL finished before it began"))?;
+                s.finish(body.data()).map_err(io_err)?;
+            }
+            Message::ErrorResponse(body) => return Err(PgError::server(&body)),
+            Message::ReadyForQuery(_) => return Ok(()),
+            _ => {
+                return Err(PgError::new(
+                    "the database asks for an authentication method this client does not speak",
+                ))
+            }
+        }
+    }
+}
