@@ -15,7 +15,6 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::io;
-use std::ops::Range;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -91,11 +90,15 @@ impl std::error::Error for PgError {}
 /// A row of a query's answer, with the types of its columns.
 pub struct Row {
     columns: Rc<[Type]>,
-    /// The row's values as they came (kept inline when small, as most rows are).
-    data: SmallVec<[u8; 48]>,
-    /// Where each column's value is in `data`; `None` for NULL.
-    ranges: SmallVec<[Option<Range<u32>>; 4]>,
+    /// The row's values as they came, one after the other (inline when small, as most rows are).
+    data: SmallVec<[u8; 16]>,
+    /// Where each column's value ends in `data` (it starts where the one before ends), with
+    /// [`NULL`] set for a NULL.
+    ends: SmallVec<[u32; 4]>,
 }
+
+/// The mark of a NULL column in [`Row::ends`].
+const NULL: u32 = 1 << 31;
 
 impl fmt::Debug for Row {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -116,7 +119,7 @@ impl Row {
                 .try_into()
                 .map_err(|_| bad())?,
         );
-        let mut ranges = SmallVec::with_capacity(count as usize);
+        let mut ends = SmallVec::with_capacity(count as usize);
         let mut data = SmallVec::new();
         let mut at = 2;
         for _ in 0..count {
@@ -128,38 +131,40 @@ impl Row {
             );
             at += 4;
             if len < 0 {
-                ranges.push(None);
+                ends.push(data.len() as u32 | NULL);
                 continue;
             }
             let value = body.get(at..at + len as usize).ok_or_else(bad)?;
             at += len as usize;
-            let start = data.len() as u32;
             data.extend_from_slice(value);
-            ranges.push(Some(start..data.len() as u32));
+            if data.len() >= NULL as usize {
+                return Err(protocol("a row over 2 GiB"));
+            }
+            ends.push(data.len() as u32);
         }
         Ok(Row {
             columns,
             data,
-            ranges,
+            ends,
         })
     }
 
     /// The number of columns.
     pub fn len(&self) -> usize {
-        self.ranges.len()
+        self.ends.len()
     }
 
     /// True when the row has no columns.
     pub fn is_empty(&self) -> bool {
-        self.ranges.is_empty()
+        self.ends.is_empty()
     }
 
     /// Column `idx` converted to `T`, or why it cannot be.
     pub fn try_get<'a, T: FromSql<'a>>(&'a self, idx: usize) -> Result<T, PgError> {
-        let (Some(ty), Some(range)) = (self.columns.get(idx), self.ranges.get(idx)) else {
+        let (Some(ty), Some(&end)) = (self.columns.get(idx), self.ends.get(idx)) else {
             return Err(PgError::new(format!(
                 "no column {idx} in a row of {}",
-                self.ranges.len()
+                self.ends.len()
             )));
         };
         if !T::accepts(ty) {
@@ -168,9 +173,11 @@ impl Row {
                 std::any::type_name::<T>()
             )));
         }
-        let raw = range
-            .clone()
-            .map(|r| &self.data[r.start as usize..r.end as usize]);
+        let start = match idx {
+            0 => 0,
+            _ => (self.ends[idx - 1] & !NULL) as usize,
+        };
+        let raw = (end & NULL == 0).then(|| &self.data[start..end as usize]);
         T::from_sql_nullable(ty, raw)
             .map_err(|e| PgError::new(format!("column {idx} of type {ty}: {e}")))
     }
@@ -209,7 +216,7 @@ pub(crate) struct Answer {
 /// A query in the connection's queue.
 struct Pending {
     answer: Answer,
-    error: Option<PgError>,
+    error: Option<Box<PgError>>,
     /// The database has answered (or the connection has ended).
     done: bool,
     /// Its future has taken the answer or was dropped: the place goes once `done`.
@@ -428,7 +435,7 @@ impl Conn {
         match message {
             Message::ErrorResponse(body) => {
                 if p.error.is_none() {
-                    p.error = Some(PgError::server(&body));
+                    p.error = Some(Box::new(PgError::server(&body)));
                 }
             }
             Message::ParameterDescription(body) => {
@@ -453,7 +460,7 @@ impl Conn {
             let from = queue.answered;
             for p in queue.slots.range_mut(from..) {
                 p.done = true;
-                p.error = Some(why.clone());
+                p.error = Some(Box::new(why.clone()));
                 wakers.extend(p.waker.take());
             }
             queue.answered = queue.slots.len();
@@ -630,7 +637,7 @@ impl Future for Answered {
         }
         p.gone = true;
         let result = match p.error.take() {
-            Some(e) => Err(e),
+            Some(e) => Err(*e),
             None => Ok(std::mem::take(&mut p.answer)),
         };
         queue.trim();
