@@ -26,6 +26,7 @@ use postgres_protocol::message::backend::{ErrorResponseBody, Message};
 use postgres_protocol::message::frontend;
 use postgres_types::{FromSql, Kind, ToSql, Type};
 use smallvec::SmallVec;
+use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
 use tokio_postgres::config::Host;
 
@@ -513,7 +514,7 @@ impl Conn {
                 Poll::Ready(Ok(())) => {}
             }
             input.reserve(16 * 1024);
-            match stream.try_read_buf(input) {
+            match stream.read_draining(input) {
                 Ok(0) => {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -683,6 +684,31 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.try_read_buf(buf),
             Stream::Unix(s) => s.try_read_buf(buf),
+        }
+    }
+
+    /// Reads what has arrived. A read that leaves room in `buf` has emptied the socket's
+    /// queue, so it also clears the socket's readiness: the next wait goes straight to the
+    /// event loop instead of costing a `recv` that finds nothing (more data raises a new event).
+    fn read_draining(&self, buf: &mut BytesMut) -> io::Result<usize> {
+        let room = buf.capacity() - buf.len();
+        let mut got = None;
+        let mut read = || {
+            let n = self.try_read_buf(buf)?;
+            got = Some(n);
+            if n > 0 && n < room {
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(n)
+            }
+        };
+        let result = match self {
+            Stream::Tcp(s) => s.try_io(Interest::READABLE, &mut read),
+            Stream::Unix(s) => s.try_io(Interest::READABLE, &mut read),
+        };
+        match got {
+            Some(n) => Ok(n),
+            None => result,
         }
     }
 
