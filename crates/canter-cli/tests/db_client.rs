@@ -160,3 +160,81 @@ fn many_queries_pipelined_on_one_connection_come_back_in_order() {
         }
     });
 }
+
+#[test]
+fn a_stalled_database_fails_every_waiting_query_at_the_timeout_and_late_answers_are_dropped() {
+    let pg = Postgres::start();
+    let mut config = DbConfig::new(&pg.url())
+        .unwrap()
+        .connections(1)
+        .query_timeout(Duration::from_millis(300));
+    let square = config.prepare("SELECT $1::int * $1::int");
+    let config = Arc::new(config);
+    let pg = &pg;
+    on_worker(|| async move {
+        let db = Db::start(config);
+        opened(&db, 1).await;
+        // The server's processes, the connection's backend among them (it exists now).
+        let pids = pg.pids();
+        assert_eq!(
+            db.query_one(square, &[&3_i32]).await.unwrap().get::<i32>(0),
+            9
+        );
+        // The server and its backends stop answering; the connection stays open.
+        signal(&pids, "STOP");
+        let t = Instant::now();
+        let values: Vec<i32> = (1..=5).collect();
+        let all = async {
+            tokio::join!(
+                db.query_each(square, &values),
+                db.query_one(square, &[&7_i32]),
+                db.query_one(square, &[&8_i32]),
+            )
+        };
+        let (batch, one, two) = tokio::time::timeout(Duration::from_secs(5), all)
+            .await
+            .expect("the queries were not failed at the query timeout");
+        let took = t.elapsed();
+        for e in [batch.unwrap_err(), one.unwrap_err(), two.unwrap_err()] {
+            assert!(matches!(e, DbError::Timeout), "{e:?}");
+            assert_eq!(e.status(), 503);
+        }
+        assert!(took >= Duration::from_millis(290), "failed after {took:?}");
+        assert!(took < Duration::from_secs(3), "failed after {took:?}");
+        // A query sent after those failed gets a whole timeout of its own.
+        let t = Instant::now();
+        let e = tokio::time::timeout(Duration::from_secs(5), db.query_one(square, &[&9_i32]))
+            .await
+            .expect("the query was not failed at the query timeout")
+            .unwrap_err();
+        assert!(matches!(e, DbError::Timeout), "{e:?}");
+        assert!(
+            t.elapsed() >= Duration::from_millis(290),
+            "{:?}",
+            t.elapsed()
+        );
+        signal(&pids, "CONT");
+        // The late answers are dropped in order: the next query gets its own.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match db.query_one(square, &[&11_i32]).await {
+                Ok(row) => {
+                    assert_eq!(row.get::<i32>(0), 121);
+                    break;
+                }
+                Err(e) => assert!(Instant::now() < deadline, "{e:?}"),
+            }
+        }
+        let rows = db.query_each(square, &values).await.unwrap();
+        let squares: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+        assert_eq!(squares, vec![1, 4, 9, 16, 25]);
+    });
+}
+
+fn signal(pids: &[u32], sig: &str) {
+    for pid in pids {
+        let _ = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &pid.to_string()])
+            .status();
+    }
+}

@@ -120,7 +120,10 @@ impl DbConfig {
         self
     }
 
-    /// How long a query may wait for its answer before it fails with [`DbError::Timeout`].
+    /// How long a query may wait for its answer before it fails with [`DbError::Timeout`]. It is
+    /// kept by one timer per connection: when the oldest unanswered query on a connection has
+    /// waited this long, it and every query sent after it on that connection fail (the database
+    /// answers in order, so none of them could be answered sooner).
     pub fn query_timeout(mut self, timeout: Duration) -> DbConfig {
         self.query_timeout = timeout;
         self
@@ -182,9 +185,12 @@ impl DbError {
         }
     }
 
-    /// A failed query: [`DbError::Closed`] when its connection has ended.
+    /// A failed query: [`DbError::Timeout`] at the query timeout, [`DbError::Closed`] when its
+    /// connection has ended.
     fn from_pg(e: PgError, conn: &wire::Conn) -> DbError {
-        if conn.is_closed() {
+        if e.is_timeout() {
+            DbError::Timeout
+        } else if conn.is_closed() {
             DbError::Closed(e)
         } else {
             DbError::Query(e)
@@ -336,7 +342,7 @@ impl Db {
     ) -> Result<Vec<Row>, DbError> {
         let live = self.live()?;
         let sent = live.conn.query(&live.statements[stmt.0], params);
-        let answer = self.timed(&live, async { sent?.await }).await?;
+        let answer = self.answer(&live, async { sent?.await }).await?;
         Ok(answer.rows.into_vec())
     }
 
@@ -348,7 +354,7 @@ impl Db {
     ) -> Result<Row, DbError> {
         let live = self.live()?;
         let sent = live.conn.query(&live.statements[stmt.0], params);
-        let answer = self.timed(&live, async { sent?.await }).await?;
+        let answer = self.answer(&live, async { sent?.await }).await?;
         one_row(answer.rows)
     }
 
@@ -360,7 +366,7 @@ impl Db {
     ) -> Result<u64, DbError> {
         let live = self.live()?;
         let sent = live.conn.query(&live.statements[stmt.0], params);
-        let answer = self.timed(&live, async { sent?.await }).await?;
+        let answer = self.answer(&live, async { sent?.await }).await?;
         Ok(answer.affected)
     }
 
@@ -391,22 +397,16 @@ impl Db {
             }
             Ok(rows)
         };
-        match tokio::time::timeout(self.0.config.query_timeout, all).await {
-            Ok(rows) => rows,
-            Err(_) => Err(DbError::Timeout),
-        }
+        all.await
     }
 
-    async fn timed<T>(
+    async fn answer<T>(
         &self,
         live: &Live,
         fut: impl std::future::Future<Output = Result<T, PgError>>,
     ) -> Result<T, DbError> {
-        match tokio::time::timeout(self.0.config.query_timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(DbError::from_pg(e, &live.conn)),
-            Err(_) => Err(DbError::Timeout),
-        }
+        // The query timeout is the connection's (one timer per connection, not per query).
+        fut.await.map_err(|e| DbError::from_pg(e, &live.conn))
     }
 }
 
@@ -500,10 +500,11 @@ async fn open(config: &DbConfig) -> Result<(Live, Connection), OpenError> {
         .get_connect_timeout()
         .copied()
         .unwrap_or(Duration::from_secs(3));
-    let (conn, connection) = tokio::time::timeout(limit, wire::connect(&config.pg))
-        .await
-        .map_err(|_| OpenError::Timeout)?
-        .map_err(OpenError::Pg)?;
+    let (conn, connection) =
+        tokio::time::timeout(limit, wire::connect(&config.pg, config.query_timeout))
+            .await
+            .map_err(|_| OpenError::Timeout)?
+            .map_err(OpenError::Pg)?;
     let mut connection: Connection = Box::pin(connection);
     // The connection must be driven while the statements are prepared: poll both together.
     let statements = {

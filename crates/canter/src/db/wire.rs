@@ -18,6 +18,7 @@ use std::io;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
 use fallible_iterator::FallibleIterator;
@@ -38,6 +39,7 @@ const READ_BUDGET: usize = 256 * 1024;
 pub struct PgError {
     code: Option<String>,
     message: String,
+    timed_out: bool,
 }
 
 impl PgError {
@@ -45,7 +47,20 @@ impl PgError {
         PgError {
             code: None,
             message: message.into(),
+            timed_out: false,
         }
+    }
+
+    fn timeout() -> PgError {
+        PgError {
+            timed_out: true,
+            ..PgError::new("the database did not answer in time")
+        }
+    }
+
+    /// True when the query was given up at the query timeout.
+    pub(crate) fn is_timeout(&self) -> bool {
+        self.timed_out
     }
 
     fn io(e: &io::Error) -> PgError {
@@ -63,7 +78,11 @@ impl PgError {
                 _ => {}
             }
         }
-        PgError { code, message }
+        PgError {
+            code,
+            message,
+            timed_out: false,
+        }
     }
 
     /// The SQLSTATE code the database gave, if the error came from the database.
@@ -476,6 +495,83 @@ impl Conn {
         &self,
         stream: &Stream,
         input: &mut BytesMut,
+        watch: &mut Watch,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        let polled = self.poll_io(stream, input, cx);
+        if polled.is_pending() {
+            self.poll_watch(watch, cx);
+        }
+        polled
+    }
+
+    /// The query timeout, one timer per connection: when the oldest query the database has
+    /// not answered has waited `watch.limit`, it and every query sent after it fail with a
+    /// timeout (the database answers in order, so none of them can be answered sooner). Their
+    /// places stay in the queue, and their answers are dropped if they come.
+    fn poll_watch(&self, watch: &mut Watch, cx: &mut Context<'_>) {
+        loop {
+            let (unanswered, sent) = {
+                let q = self.queue.borrow();
+                (q.head + q.answered as u64, q.head + q.slots.len() as u64)
+            };
+            let oldest = unanswered.max(watch.failed_before);
+            if oldest >= sent {
+                watch.oldest = None;
+                return;
+            }
+            let since = match watch.oldest {
+                Some((seq, since)) if seq == oldest => since,
+                _ => {
+                    let now = tokio::time::Instant::now();
+                    watch.oldest = Some((oldest, now));
+                    now
+                }
+            };
+            let deadline = since + watch.limit;
+            // Armed for an earlier deadline (an older query's) it fires early and is set again:
+            // at most once a timeout period while queries keep being answered.
+            if !watch.armed {
+                watch.sleep.as_mut().reset(deadline);
+                watch.armed = true;
+            }
+            if watch.sleep.as_mut().poll(cx).is_pending() {
+                return;
+            }
+            watch.armed = false;
+            if tokio::time::Instant::now() < deadline {
+                continue;
+            }
+            let mut wakers = Vec::new();
+            {
+                let mut q = self.queue.borrow_mut();
+                let head = q.head;
+                for seq in oldest..sent {
+                    let Some(p) = usize::try_from(seq - head)
+                        .ok()
+                        .and_then(|i| q.slots.get_mut(i))
+                    else {
+                        continue;
+                    };
+                    if !p.done {
+                        p.done = true;
+                        p.error = Some(Box::new(PgError::timeout()));
+                        wakers.extend(p.waker.take());
+                    }
+                }
+            }
+            watch.failed_before = sent;
+            watch.oldest = None;
+            for w in wakers {
+                w.wake();
+            }
+        }
+    }
+
+    fn poll_io(
+        &self,
+        stream: &Stream,
+        input: &mut BytesMut,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
         {
@@ -614,6 +710,17 @@ fn protocol(what: &str) -> io::Error {
 fn type_of(oid: u32) -> Type {
     Type::from_oid(oid)
         .unwrap_or_else(|| Type::new(format!("oid{oid}"), oid, Kind::Simple, String::new()))
+}
+
+/// The driver's query timer (see [`Conn::poll_watch`]).
+struct Watch {
+    limit: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    armed: bool,
+    /// The oldest query being timed, and since when it has been the oldest.
+    oldest: Option<(u64, tokio::time::Instant)>,
+    /// Queries before this one have failed with a timeout already.
+    failed_before: u64,
 }
 
 /// The answer to a query, once the database has given it.
@@ -757,6 +864,7 @@ impl Stream {
 /// the connection until it breaks or [`Conn::release`] is called.
 pub(crate) async fn connect(
     config: &tokio_postgres::Config,
+    query_timeout: Duration,
 ) -> Result<(Rc<Conn>, impl Future<Output = Result<(), PgError>>), PgError> {
     let stream = open_socket(config).await?;
     let mut input = BytesMut::with_capacity(16 * 1024);
@@ -770,8 +878,16 @@ pub(crate) async fn connect(
         statements: Cell::new(0),
     });
     let driven = conn.clone();
+    let mut watch = Watch {
+        limit: query_timeout,
+        sleep: Box::pin(tokio::time::sleep(query_timeout)),
+        armed: false,
+        oldest: None,
+        failed_before: 0,
+    };
     let drive = async move {
-        let result = std::future::poll_fn(|cx| driven.poll_drive(&stream, &mut input, cx)).await;
+        let result =
+            std::future::poll_fn(|cx| driven.poll_drive(&stream, &mut input, &mut watch, cx)).await;
         let why = match &result {
             Ok(()) => PgError::new("the connection was closed"),
             Err(e) => PgError::io(e),
