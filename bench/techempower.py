@@ -44,7 +44,7 @@ PG_PORT = 25432
 # With --fixed-rate: requests/s offered in each scenario, about half of what the database side
 # sustains here, so that every server sees the same load and its CPU per request is compared at
 # equal batching (at peak, CPU per request moves with how the database's core is shared).
-RATES = {"db": 12000, "queries-20": 1000, "fortunes": 12000, "updates-20": 600}
+RATES = {"db": 28000, "queries-20": 1800, "fortunes": 28000, "updates-20": 1200}
 
 SCENARIOS = {
     "db": "/db",
