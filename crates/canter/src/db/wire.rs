@@ -31,6 +31,10 @@ use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
 use tokio_postgres::config::Host;
 
+/// The longest message taken from the database (a row of that size is refused, and the
+/// connection reopened), so that a wrong length cannot make the buffer grow without bound.
+const MAX_MESSAGE: usize = 256 * 1024 * 1024;
+
 /// How much one turn of the driver reads before it lets the worker's other tasks run.
 const READ_BUDGET: usize = 256 * 1024;
 
@@ -392,6 +396,9 @@ impl Conn {
             let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
             if len < 4 {
                 return Err(protocol("a message with a bad length"));
+            }
+            if len > MAX_MESSAGE {
+                return Err(protocol("a message over 256 MiB"));
             }
             if input.len() < 1 + len {
                 input.reserve(1 + len - input.len());
@@ -840,6 +847,11 @@ impl Stream {
 
     async fn read_message(&self, input: &mut BytesMut) -> io::Result<Message> {
         loop {
+            if let Some(h) = input.get(1..5) {
+                if u32::from_be_bytes([h[0], h[1], h[2], h[3]]) as usize > MAX_MESSAGE {
+                    return Err(protocol("a message over 256 MiB"));
+                }
+            }
             if let Some(m) = Message::parse(input)? {
                 return Ok(m);
             }
