@@ -340,10 +340,7 @@ impl Db {
         stmt: Stmt,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, DbError> {
-        let live = self.live()?;
-        let sent = live.conn.query(&live.statements[stmt.0], params);
-        let answer = self.answer(&live, async { sent?.await }).await?;
-        Ok(answer.rows.into_vec())
+        Ok(self.run(stmt, params).await?.rows.into_vec())
     }
 
     /// Runs a prepared statement that returns exactly one row.
@@ -352,10 +349,7 @@ impl Db {
         stmt: Stmt,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, DbError> {
-        let live = self.live()?;
-        let sent = live.conn.query(&live.statements[stmt.0], params);
-        let answer = self.answer(&live, async { sent?.await }).await?;
-        one_row(answer.rows)
+        one_row(self.run(stmt, params).await?.rows)
     }
 
     /// Runs a prepared statement and returns the number of rows it changed.
@@ -364,10 +358,7 @@ impl Db {
         stmt: Stmt,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, DbError> {
-        let live = self.live()?;
-        let sent = live.conn.query(&live.statements[stmt.0], params);
-        let answer = self.answer(&live, async { sent?.await }).await?;
-        Ok(answer.affected)
+        Ok(self.run(stmt, params).await?.affected)
     }
 
     /// Runs a prepared statement with one parameter once per value, all pipelined on one
@@ -382,31 +373,35 @@ impl Db {
         values: &[P],
     ) -> Result<Vec<Row>, DbError> {
         let live = self.live()?;
+        let failed = |e| DbError::from_pg(e, &live.conn);
         let statement = &live.statements[stmt.0];
-        let sent: Result<Vec<_>, _> = values
+        // Every query is sent before the first answer is awaited.
+        let sent = values
             .iter()
             .map(|v| live.conn.query(statement, &[v]))
-            .collect();
-        let all = async {
-            let mut rows = Vec::with_capacity(values.len());
-            for answered in sent.map_err(|e| DbError::from_pg(e, &live.conn))? {
-                let answer = answered
-                    .await
-                    .map_err(|e| DbError::from_pg(e, &live.conn))?;
-                rows.push(one_row(answer.rows)?);
-            }
-            Ok(rows)
-        };
-        all.await
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(failed)?;
+        let mut rows = Vec::with_capacity(values.len());
+        for answered in sent {
+            rows.push(one_row(answered.await.map_err(failed)?.rows)?);
+        }
+        Ok(rows)
     }
 
-    async fn answer<T>(
+    /// Sends one query on the next open connection and waits for its answer (the query timeout
+    /// is the connection's: one timer per connection, not per query).
+    async fn run(
         &self,
-        live: &Live,
-        fut: impl std::future::Future<Output = Result<T, PgError>>,
-    ) -> Result<T, DbError> {
-        // The query timeout is the connection's (one timer per connection, not per query).
-        fut.await.map_err(|e| DbError::from_pg(e, &live.conn))
+        stmt: Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<wire::Answer, DbError> {
+        let live = self.live()?;
+        let failed = |e| DbError::from_pg(e, &live.conn);
+        live.conn
+            .query(&live.statements[stmt.0], params)
+            .map_err(failed)?
+            .await
+            .map_err(failed)
     }
 }
 
