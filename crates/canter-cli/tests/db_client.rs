@@ -162,6 +162,62 @@ fn many_queries_pipelined_on_one_connection_come_back_in_order() {
 }
 
 #[test]
+fn queries_behind_a_slow_one_wait_and_all_come_back_and_a_db_conn_keeps_one_connection() {
+    let pg = Postgres::start();
+    let mut config = DbConfig::new(&pg.url()).unwrap().connections(2);
+    let square = config.prepare("SELECT $1::int * $1::int");
+    let slow = config.prepare("SELECT pg_sleep(0.3)::text");
+    let backend = config.prepare("SELECT pg_backend_pid()");
+    let config = Arc::new(config);
+    on_worker(|| async move {
+        let db = Db::start(config);
+        opened(&db, 2).await;
+        // A connection taken from the Db keeps its queries on one database session; the Db's
+        // own methods go round the connections.
+        let conn = db.connection().unwrap();
+        let pid = |row: canter::db::Row| row.get::<i32>(0);
+        let a = pid(conn.query_one(backend, &[]).await.unwrap());
+        let b = pid(conn.query_one(backend, &[]).await.unwrap());
+        assert_eq!(a, b);
+        let x = pid(db.query_one(backend, &[]).await.unwrap());
+        let y = pid(db.query_one(backend, &[]).await.unwrap());
+        assert_ne!(x, y);
+
+        // While the slow query is in flight, the queries after it wait in the connection's
+        // buffer (more of them than may wait there, so some go out early); every one is
+        // answered, after the slow one, with its own value.
+        let t = Instant::now();
+        let first = {
+            let conn = conn.clone();
+            tokio::task::spawn_local(async move { conn.query_one(slow, &[]).await.map(|_| ()) })
+        };
+        tokio::task::yield_now().await;
+        let tasks: Vec<_> = (1..=150_i32)
+            .map(|v| {
+                let conn = conn.clone();
+                tokio::task::spawn_local(async move {
+                    let row = conn.query_one(square, &[&v]).await.unwrap();
+                    (v, row.get::<i32>(0))
+                })
+            })
+            .collect();
+        for task in tasks {
+            let (v, sq) = task.await.unwrap();
+            assert_eq!(sq, v * v);
+        }
+        assert!(
+            t.elapsed() >= Duration::from_millis(290),
+            "{:?}",
+            t.elapsed()
+        );
+        first.await.unwrap().unwrap();
+        // And the connection goes on answering at once once nothing is in flight.
+        let row = conn.query_one(square, &[&12_i32]).await.unwrap();
+        assert_eq!(row.get::<i32>(0), 144);
+    });
+}
+
+#[test]
 fn a_stalled_database_fails_every_waiting_query_at_the_timeout_and_late_answers_are_dropped() {
     let pg = Postgres::start();
     let mut config = DbConfig::new(&pg.url())

@@ -141,7 +141,11 @@ async fn db(State(te): State<Te>) -> Result<Json<World>, DbError> {
 /// Reads `ids` one query each, pipelined on one connection.
 async fn read_worlds(te: &Worker, ids: &[i32]) -> Result<Vec<World>, DbError> {
     let rows = te.db.query_each(te.stmts.world, ids).await?;
-    rows.iter().map(World::from_row).collect()
+    let mut worlds = Vec::with_capacity(rows.len());
+    for row in &rows {
+        worlds.push(World::from_row(row)?);
+    }
+    Ok(worlds)
 }
 
 async fn queries(State(te): State<Te>, Count(n): Count) -> Result<Json<Vec<World>>, DbError> {
@@ -159,7 +163,13 @@ async fn updates(State(te): State<Te>, Count(n): Count) -> Result<Json<Vec<World
         }
     }
     ids.sort_unstable();
-    let mut worlds = read_worlds(&te.0, &ids).await?;
+    // The reads and the write on one connection, as one client of a pool would send them.
+    let conn = te.0.db.connection()?;
+    let rows = conn.query_each(te.0.stmts.world, &ids).await?;
+    let mut worlds = Vec::with_capacity(rows.len());
+    for row in &rows {
+        worlds.push(World::from_row(row)?);
+    }
     let mut numbers = Vec::with_capacity(n);
     for w in &mut worlds {
         let mut r = te.0.random_id();
@@ -169,9 +179,7 @@ async fn updates(State(te): State<Te>, Count(n): Count) -> Result<Json<Vec<World
         w.random_number = r;
         numbers.push(r);
     }
-    te.0.db
-        .execute(te.0.stmts.update, &[&ids, &numbers])
-        .await?;
+    conn.execute(te.0.stmts.update, &[&ids, &numbers]).await?;
     Ok(Json(worlds))
 }
 

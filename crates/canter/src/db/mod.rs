@@ -4,20 +4,24 @@
 //! The runtime is thread-per-core, so the client is too: [`Db::start`] runs on a worker's thread
 //! (inside the factory given to [`Server::serve`](canter_rt::Server::serve)) and opens
 //! [`DbConfig::connections`] connections for that worker alone, with no pool shared across threads
-//! on the request path. A query is sent as soon as its future is first polled, so independent
+//! on the request path. A query is queued as soon as its future is first polled, so independent
 //! queries awaited together ([`Db::query_each`], or `futures_util::future::try_join_all`) leave in
-//! one write; requests of one worker share its connections the same way.
+//! one write; requests of one worker share its connections the same way. Each query takes the
+//! next connection, round robin; queries that belong together take one with
+//! [`Db::connection`] and go out in order on it.
 //!
 //! The client is canter's own (`wire`): a query is encoded straight into its connection's
 //! output buffer and waits in the connection's queue, and one driver task per connection writes
-//! the buffer once the worker's ready tasks have run and hands each answer to its query, in
-//! order. Each query is its own `Bind`/`Execute`/`Sync`. Logins: trust, password, md5 and
+//! the buffer once the worker's ready tasks have run (or, while earlier queries are in flight,
+//! once their last answer is in: the database answers in order anyway, and the queries of many
+//! requests then cost it one read) and hands each answer to its query, in order. Each query is its own `Bind`/`Execute`/`Sync`. Logins: trust, password, md5 and
 //! SCRAM-SHA-256, over TCP or a Unix socket; no TLS. Connection strings are parsed by
 //! `tokio_postgres::Config`, and values converted by `postgres-types` ([`ToSql`], [`FromSql`]).
 //!
 //! Faults are answers, never hangs: with no live connection a query fails at once with
 //! [`DbError::Unavailable`] (503), a query that takes longer than
-//! [`DbConfig::query_timeout`] fails with [`DbError::Timeout`] (503), and an error from the
+//! [`DbConfig::query_timeout`] fails with [`DbError::Timeout`] (503; late by at most an eighth
+//! of the timeout, checked periodically rather than per query), and an error from the
 //! server is [`DbError::Query`] (500) with the connection still usable. A broken connection is
 //! reopened in the background with exponential backoff, and its statements prepared again.
 //!
@@ -123,7 +127,8 @@ impl DbConfig {
     /// How long a query may wait for its answer before it fails with [`DbError::Timeout`]. It is
     /// kept by one timer per connection: when the oldest unanswered query on a connection has
     /// waited this long, it and every query sent after it on that connection fail (the database
-    /// answers in order, so none of them could be answered sooner).
+    /// answers in order, so none of them could be answered sooner). The timer checks every
+    /// eighth of the timeout (at most every second), so a timeout is late by at most that.
     pub fn query_timeout(mut self, timeout: Duration) -> DbConfig {
         self.query_timeout = timeout;
         self
@@ -334,6 +339,65 @@ impl Db {
         Err(DbError::Unavailable)
     }
 
+    /// The next open connection (round robin), for queries that belong together: they go
+    /// out in order on one connection, as a pool's client would send them. Every query method
+    /// of [`Db`] takes the next connection itself.
+    pub fn connection(&self) -> Result<DbConn, DbError> {
+        self.live().map(DbConn)
+    }
+
+    /// Runs a prepared statement and returns its rows.
+    pub async fn query(
+        &self,
+        stmt: Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, DbError> {
+        self.connection()?.query(stmt, params).await
+    }
+
+    /// Runs a prepared statement that returns exactly one row.
+    pub async fn query_one(
+        &self,
+        stmt: Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, DbError> {
+        self.connection()?.query_one(stmt, params).await
+    }
+
+    /// Runs a prepared statement and returns the number of rows it changed.
+    pub async fn execute(
+        &self,
+        stmt: Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, DbError> {
+        self.connection()?.execute(stmt, params).await
+    }
+
+    /// [`DbConn::query_each`] on the next open connection.
+    pub async fn query_each<P: ToSql + Sync>(
+        &self,
+        stmt: Stmt,
+        values: &[P],
+    ) -> Result<Vec<Row>, DbError> {
+        self.connection()?.query_each(stmt, values).await
+    }
+}
+
+/// One of a worker's database connections, from [`Db::connection`]: the queries sent through
+/// it go out in order on that connection. When the connection breaks they fail with
+/// [`DbError::Closed`]; take another from the [`Db`].
+#[derive(Clone)]
+pub struct DbConn(Rc<Live>);
+
+impl fmt::Debug for DbConn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DbConn")
+            .field("closed", &self.0.conn.is_closed())
+            .finish()
+    }
+}
+
+impl DbConn {
     /// Runs a prepared statement and returns its rows.
     pub async fn query(
         &self,
@@ -372,30 +436,37 @@ impl Db {
         stmt: Stmt,
         values: &[P],
     ) -> Result<Vec<Row>, DbError> {
-        let live = self.live()?;
+        let live = &self.0;
         let failed = |e| DbError::from_pg(e, &live.conn);
         let statement = &live.statements[stmt.0];
         // Every query is sent before the first answer is awaited.
-        let sent = values
-            .iter()
-            .map(|v| live.conn.query(statement, &[v]))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(failed)?;
+        // (A collect through `Result` would not know the length and grow the vector 4 times.)
+        let mut sent = Vec::with_capacity(values.len());
+        for v in values {
+            sent.push(live.conn.query(statement, &[v]).map_err(failed)?);
+        }
+        // The answers come in order: once the last is in, all are. Waiting for it first wakes
+        // this task once, not once for every answer that arrives on its own.
+        let Some(last) = sent.pop() else {
+            return Ok(Vec::new());
+        };
+        let last = last.await;
         let mut rows = Vec::with_capacity(values.len());
         for answered in sent {
             rows.push(one_row(answered.await.map_err(failed)?.rows)?);
         }
+        rows.push(one_row(last.map_err(failed)?.rows)?);
         Ok(rows)
     }
 
-    /// Sends one query on the next open connection and waits for its answer (the query timeout
+    /// Sends one query on this connection and waits for its answer (the query timeout
     /// is the connection's: one timer per connection, not per query).
     async fn run(
         &self,
         stmt: Stmt,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<wire::Answer, DbError> {
-        let live = self.live()?;
+        let live = &self.0;
         let failed = |e| DbError::from_pg(e, &live.conn);
         live.conn
             .query(&live.statements[stmt.0], params)

@@ -37,6 +37,9 @@ const MAX_MESSAGE: usize = 256 * 1024 * 1024;
 
 /// How much one turn of the driver reads before it lets the worker's other tasks run.
 const READ_BUDGET: usize = 256 * 1024;
+/// Queries that may wait in a connection's buffer for the database to answer those in flight
+/// (see [`Conn::flush_if_due`]).
+const MAX_UNSENT: usize = 64;
 
 /// Why a query or a connection failed, as the database or the connection said it.
 #[derive(Debug, Clone)]
@@ -294,6 +297,11 @@ pub(crate) struct Conn {
     ended: RefCell<Option<PgError>>,
     /// The client no longer wants the connection: the driver says goodbye and ends.
     released: Cell<bool>,
+    /// Queries in `out` that have not started to go out: they wait while earlier queries are
+    /// in flight (see [`Conn::flush_if_due`]).
+    unsent: Cell<usize>,
+    /// `out` holds the rest of a write that has begun.
+    writing: Cell<bool>,
     statements: Cell<u32>,
 }
 
@@ -330,6 +338,8 @@ impl Conn {
         }
         frontend::sync(&mut out);
         drop(out);
+        let unsent = self.unsent.get() + 1;
+        self.unsent.set(unsent);
         let seq = self.queue.borrow_mut().push(Pending {
             answer: Answer {
                 columns,
@@ -340,7 +350,9 @@ impl Conn {
             gone: false,
             waker: None,
         });
-        if was_empty {
+        // The driver writes on its own while it has queries waiting, except when they reach
+        // the most that may wait.
+        if was_empty || unsent == MAX_UNSENT {
             if let Some(w) = &*self.driver.borrow() {
                 w.wake_by_ref();
             }
@@ -512,11 +524,16 @@ impl Conn {
         polled
     }
 
-    /// The query timeout, one timer per connection: when the oldest query the database has
-    /// not answered has waited `watch.limit`, it and every query sent after it fail with a
-    /// timeout (the database answers in order, so none of them can be answered sooner). Their
-    /// places stay in the queue, and their answers are dropped if they come.
+    /// The query timeout, one timer per connection, checked every `watch.period` while
+    /// queries wait (not at every answer: an answer costs no clock read and no timer update).
+    /// A query that is the oldest unanswered one at two checks `watch.limit` apart has waited
+    /// at least the limit: it and every query sent after it fail with a timeout (the database
+    /// answers in order, so none of them can be answered sooner). Their places stay in the
+    /// queue, and their answers are dropped if they come. A timeout is late by at most a period.
     fn poll_watch(&self, watch: &mut Watch, cx: &mut Context<'_>) {
+        if watch.armed && !watch.sleep.is_elapsed() {
+            return;
+        }
         loop {
             let (unanswered, sent) = {
                 let q = self.queue.borrow();
@@ -524,30 +541,31 @@ impl Conn {
             };
             let oldest = unanswered.max(watch.failed_before);
             if oldest >= sent {
+                // Nothing waits: the timer stays off until a query does.
+                watch.armed = false;
                 watch.oldest = None;
                 return;
             }
+            let now = tokio::time::Instant::now();
             let since = match watch.oldest {
                 Some((seq, since)) if seq == oldest => since,
                 _ => {
-                    let now = tokio::time::Instant::now();
                     watch.oldest = Some((oldest, now));
                     now
                 }
             };
-            let deadline = since + watch.limit;
-            // Armed for an earlier deadline (an older query's) it fires early and is set again:
-            // at most once a timeout period while queries keep being answered.
-            if !watch.armed {
-                watch.sleep.as_mut().reset(deadline);
-                watch.armed = true;
-            }
-            if watch.sleep.as_mut().poll(cx).is_pending() {
-                return;
-            }
-            watch.armed = false;
-            if tokio::time::Instant::now() < deadline {
-                continue;
+            match since.checked_add(watch.limit) {
+                Some(deadline) if deadline <= now => {}
+                deadline => {
+                    let next = now + watch.period;
+                    let next = deadline.map_or(next, |d| d.min(next));
+                    watch.sleep.as_mut().reset(next);
+                    watch.armed = true;
+                    if watch.sleep.as_mut().poll(cx).is_pending() {
+                        return;
+                    }
+                    continue;
+                }
             }
             let mut wakers = Vec::new();
             {
@@ -575,6 +593,52 @@ impl Conn {
         }
     }
 
+    /// Writes what `out` holds until it is empty or the socket is full (the driver is then
+    /// woken when it can write again). The socket is tried first: readiness is asked for, and
+    /// the waker registered, only when a write would block.
+    fn write_out(&self, stream: &Stream, cx: &mut Context<'_>) -> io::Result<()> {
+        let mut out = self.out.borrow_mut();
+        loop {
+            if out.is_empty() {
+                self.writing.set(false);
+                return Ok(());
+            }
+            match stream.try_write(&out) {
+                Ok(n) => out.advance(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    match stream.poll_write_ready(cx) {
+                        Poll::Pending => break,
+                        Poll::Ready(r) => r?,
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the queries waiting in `out` unless the database is still working on earlier
+    /// ones of this connection: then they wait until its last answer is in (or
+    /// [`MAX_UNSENT`] of them wait), and go out together. The database answers a connection's
+    /// queries one after another, so a query waiting here would have waited in its socket
+    /// anyway, less one round trip; in return a busy connection costs one write (here) and one
+    /// read and wake-up (in the database) per batch instead of per request.
+    fn flush_if_due(&self, stream: &Stream, cx: &mut Context<'_>) -> io::Result<()> {
+        let unsent = self.unsent.get();
+        // A write the socket cut short is finished first: the database cannot answer half a
+        // message.
+        if !self.writing.get() && unsent > 0 && unsent < MAX_UNSENT {
+            let q = self.queue.borrow();
+            let in_flight = q.slots.len().saturating_sub(q.answered + unsent);
+            if in_flight > 0 {
+                return Ok(());
+            }
+        }
+        self.unsent.set(0);
+        self.writing.set(true);
+        self.write_out(stream, cx)
+    }
+
     fn poll_io(
         &self,
         stream: &Stream,
@@ -593,29 +657,13 @@ impl Conn {
             let _ = stream.try_write(&bye);
             return Poll::Ready(Ok(()));
         }
-        loop {
-            let mut out = self.out.borrow_mut();
-            if out.is_empty() {
-                break;
-            }
-            match stream.poll_write_ready(cx) {
-                Poll::Pending => break,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(())) => {}
-            }
-            match stream.try_write(&out) {
-                Ok(n) => out.advance(n),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-        }
+        // Queries waiting to go out wait until the worker has run everything that is ready,
+        // including what the event loop finds ready on its way (tokio's `yield_now` defers the
+        // wake-up until the I/O driver has been polled): the requests of one turn leave in one
+        // write. Each write costs a system call here and a wake-up of the database.
+        self.flush_if_due(stream, cx)?;
         let mut budget = READ_BUDGET;
         loop {
-            match stream.poll_read_ready(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Ready(Ok(())) => {}
-            }
             input.reserve(16 * 1024);
             match stream.read_draining(input) {
                 Ok(0) => {
@@ -626,13 +674,20 @@ impl Conn {
                 }
                 Ok(n) => {
                     self.dispatch(input)?;
+                    self.flush_if_due(stream, cx)?;
                     budget = budget.saturating_sub(n);
                     if budget == 0 {
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    match stream.poll_read_ready(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Ready(Ok(())) => {}
+                    }
+                }
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
@@ -722,9 +777,13 @@ fn type_of(oid: u32) -> Type {
 /// The driver's query timer (see [`Conn::poll_watch`]).
 struct Watch {
     limit: Duration,
+    /// How often the oldest query is checked while queries wait.
+    period: Duration,
     sleep: Pin<Box<tokio::time::Sleep>>,
+    /// The sleep is set for the next check and holds the driver's waker.
     armed: bool,
-    /// The oldest query being timed, and since when it has been the oldest.
+    /// The oldest unanswered query at the last check, and the time of the first check that
+    /// found it the oldest (it has been the oldest since then at least).
     oldest: Option<(u64, tokio::time::Instant)>,
     /// Queries before this one have failed with a timeout already.
     failed_before: u64,
@@ -887,12 +946,15 @@ pub(crate) async fn connect(
         driver: RefCell::new(None),
         ended: RefCell::new(None),
         released: Cell::new(false),
+        unsent: Cell::new(0),
+        writing: Cell::new(false),
         statements: Cell::new(0),
     });
     let driven = conn.clone();
     let mut watch = Watch {
         limit: query_timeout,
-        sleep: Box::pin(tokio::time::sleep(query_timeout)),
+        period: (query_timeout / 8).clamp(Duration::from_millis(1), Duration::from_secs(1)),
+        sleep: Box::pin(tokio::time::sleep(Duration::ZERO)),
         armed: false,
         oldest: None,
         failed_before: 0,
