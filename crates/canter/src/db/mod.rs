@@ -14,8 +14,9 @@
 //! output buffer and waits in the connection's queue, and one driver task per connection writes
 //! the buffer once the worker's ready tasks have run (or, while earlier queries are in flight,
 //! once their last answer is in: the database answers in order anyway, and the queries of many
-//! requests then cost it one read) and hands each answer to its query, in order. Each query is its own `Bind`/`Execute`/`Sync`. Logins: trust, password, md5 and
-//! SCRAM-SHA-256, over TCP or a Unix socket; no TLS. Connection strings are parsed by
+//! requests then cost it one read) and hands each answer to its query, in order. Each query is
+//! its own `Bind`/`Execute`/`Sync`. Logins: trust, password, md5 and SCRAM-SHA-256, over TCP or
+//! a Unix socket; no TLS. Connection strings are parsed by
 //! `tokio_postgres::Config`, and values converted by `postgres-types` ([`ToSql`], [`FromSql`]).
 //!
 //! Faults are answers, never hangs: with no live connection a query fails at once with

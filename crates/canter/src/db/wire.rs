@@ -657,10 +657,9 @@ impl Conn {
             let _ = stream.try_write(&bye);
             return Poll::Ready(Ok(()));
         }
-        // Queries waiting to go out wait until the worker has run everything that is ready,
-        // including what the event loop finds ready on its way (tokio's `yield_now` defers the
-        // wake-up until the I/O driver has been polled): the requests of one turn leave in one
-        // write. Each write costs a system call here and a wake-up of the database.
+        // The driver runs after the tasks that queued queries in this turn, so they leave in one
+        // write; while earlier queries are in flight they wait for the last answer (checked
+        // again after every read).
         self.flush_if_due(stream, cx)?;
         let mut budget = READ_BUDGET;
         loop {
