@@ -34,6 +34,25 @@ async fn opened(db: &Db, n: usize) {
     }
 }
 
+/// Squares 1..=`n` through `square`, each in a task of its own (so that all are queued before
+/// any is answered), and checks every answer.
+async fn square_each_in_a_task<F, Fut>(n: i32, square: F)
+where
+    F: Fn(i32) -> Fut,
+    Fut: Future<Output = canter::db::Row> + 'static,
+{
+    let tasks: Vec<_> = (1..=n)
+        .map(|v| {
+            let answer = square(v);
+            tokio::task::spawn_local(async move { (v, answer.await.get::<i32>(0)) })
+        })
+        .collect();
+    for task in tasks {
+        let (v, sq) = task.await.unwrap();
+        assert_eq!(sq, v * v);
+    }
+}
+
 #[test]
 fn passwords_md5_and_scram_log_in_and_a_wrong_one_does_not() {
     let pg = Postgres::start();
@@ -145,19 +164,11 @@ fn many_queries_pipelined_on_one_connection_come_back_in_order() {
         let rows = db.query_each(square, &values).await.unwrap();
         let squares: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
         assert_eq!(squares, values.iter().map(|v| v * v).collect::<Vec<_>>());
-        let tasks: Vec<_> = (1..=200_i32)
-            .map(|v| {
-                let db = db.clone();
-                tokio::task::spawn_local(async move {
-                    let row = db.query_one(square, &[&v]).await.unwrap();
-                    (v, row.get::<i32>(0))
-                })
-            })
-            .collect();
-        for task in tasks {
-            let (v, sq) = task.await.unwrap();
-            assert_eq!(sq, v * v);
-        }
+        square_each_in_a_task(200, |v| {
+            let db = db.clone();
+            async move { db.query_one(square, &[&v]).await.unwrap() }
+        })
+        .await;
     });
 }
 
@@ -192,19 +203,11 @@ fn queries_behind_a_slow_one_wait_and_all_come_back_and_a_db_conn_keeps_one_conn
             tokio::task::spawn_local(async move { conn.query_one(slow, &[]).await.map(|_| ()) })
         };
         tokio::task::yield_now().await;
-        let tasks: Vec<_> = (1..=150_i32)
-            .map(|v| {
-                let conn = conn.clone();
-                tokio::task::spawn_local(async move {
-                    let row = conn.query_one(square, &[&v]).await.unwrap();
-                    (v, row.get::<i32>(0))
-                })
-            })
-            .collect();
-        for task in tasks {
-            let (v, sq) = task.await.unwrap();
-            assert_eq!(sq, v * v);
-        }
+        square_each_in_a_task(150, |v| {
+            let conn = conn.clone();
+            async move { conn.query_one(square, &[&v]).await.unwrap() }
+        })
+        .await;
         assert!(
             t.elapsed() >= Duration::from_millis(290),
             "{:?}",

@@ -22,7 +22,7 @@ use maud::{html, Markup, DOCTYPE};
 use serde::Serialize;
 
 use crate::app::{get, FromParts, Json, Parts, Rejection, Router, State};
-use crate::db::{Db, DbConfig, DbError, Stmt};
+use crate::db::{Db, DbConfig, DbConn, DbError, Stmt};
 
 /// Rows in the `World` table.
 pub const WORLD_ROWS: i32 = 10_000;
@@ -138,9 +138,9 @@ async fn db(State(te): State<Te>) -> Result<Json<World>, DbError> {
     Ok(Json(World::from_row(&row)?))
 }
 
-/// Reads `ids` one query each, pipelined on one connection.
-async fn read_worlds(te: &Worker, ids: &[i32]) -> Result<Vec<World>, DbError> {
-    let rows = te.db.query_each(te.stmts.world, ids).await?;
+/// Reads `ids` one query each, pipelined on `conn`.
+async fn read_worlds(te: &Worker, conn: &DbConn, ids: &[i32]) -> Result<Vec<World>, DbError> {
+    let rows = conn.query_each(te.stmts.world, ids).await?;
     let mut worlds = Vec::with_capacity(rows.len());
     for row in &rows {
         worlds.push(World::from_row(row)?);
@@ -150,7 +150,9 @@ async fn read_worlds(te: &Worker, ids: &[i32]) -> Result<Vec<World>, DbError> {
 
 async fn queries(State(te): State<Te>, Count(n): Count) -> Result<Json<Vec<World>>, DbError> {
     let ids: Vec<i32> = (0..n).map(|_| te.0.random_id()).collect();
-    Ok(Json(read_worlds(&te.0, &ids).await?))
+    Ok(Json(
+        read_worlds(&te.0, &te.0.db.connection()?, &ids).await?,
+    ))
 }
 
 async fn updates(State(te): State<Te>, Count(n): Count) -> Result<Json<Vec<World>>, DbError> {
@@ -165,11 +167,7 @@ async fn updates(State(te): State<Te>, Count(n): Count) -> Result<Json<Vec<World
     ids.sort_unstable();
     // The reads and the write on one connection, as one client of a pool would send them.
     let conn = te.0.db.connection()?;
-    let rows = conn.query_each(te.0.stmts.world, &ids).await?;
-    let mut worlds = Vec::with_capacity(rows.len());
-    for row in &rows {
-        worlds.push(World::from_row(row)?);
-    }
+    let mut worlds = read_worlds(&te.0, &conn, &ids).await?;
     let mut numbers = Vec::with_capacity(n);
     for w in &mut worlds {
         let mut r = te.0.random_id();
@@ -196,7 +194,7 @@ async fn cached_queries(
             .collect()
     };
     if !missing.is_empty() {
-        let found = read_worlds(&te.0, &missing).await?;
+        let found = read_worlds(&te.0, &te.0.db.connection()?, &missing).await?;
         let mut cache = te.0.cache.borrow_mut();
         for w in found {
             if let Some(slot) = cache.get_mut(w.id as usize) {
