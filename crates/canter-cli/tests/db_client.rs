@@ -173,6 +173,67 @@ fn many_queries_pipelined_on_one_connection_come_back_in_order() {
 }
 
 #[test]
+fn the_shortest_answers_and_errors_among_many_in_flight_all_arrive_before_the_timeout() {
+    // Over TCP the driver asks the kernel not to wake it until the least its answers can come
+    // to has arrived: the next answer when a task waits for it, else everything in flight.
+    // An empty statement's answer is the shortest there is (16 bytes); if that least were
+    // counted too high, a batch of them would never wake the driver and the queries would end
+    // in the timeout.
+    let pg = Postgres::start();
+    let mut config = DbConfig::new(&pg.url())
+        .unwrap()
+        .connections(1)
+        .query_timeout(Duration::from_secs(5));
+    let empty = config.prepare("");
+    let divide = config.prepare("SELECT 10 / $1::int");
+    let config = Arc::new(config);
+    on_worker(|| async move {
+        let db = Db::start(config);
+        opened(&db, 1).await;
+        let conn = db.connection().unwrap();
+        let spawn_300 = |errors: bool| {
+            (0..300)
+                .map(|i: i32| {
+                    let conn = conn.clone();
+                    tokio::task::spawn_local(async move {
+                        if errors && i % 3 == 1 {
+                            let divisor = i % 2;
+                            let result = conn.query_one(divide, &[&divisor]).await;
+                            (i, result.map(|row| i64::from(row.get::<i32>(0))))
+                        } else {
+                            (i, conn.execute(empty, &[]).await.map(|n| n as i64))
+                        }
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
+        // Empty statements only, then errors and rows among them; every task waits for its
+        // own answer.
+        for errors in [false, true] {
+            for task in spawn_300(errors) {
+                match task.await.unwrap() {
+                    (i, Ok(n)) if errors && i % 3 == 1 => assert_eq!(n, 10, "query {i}"),
+                    (i, Ok(n)) => assert_eq!(n, 0, "query {i}"),
+                    (i, Err(DbError::Query(e))) if errors && i % 6 == 4 => {
+                        assert_eq!(e.code(), Some("22012"), "query {i}: {e}")
+                    }
+                    (i, other) => panic!("errors {errors}, query {i}: {other:?}"),
+                }
+            }
+        }
+        // Empty statements whose tasks give up once they are sent: no one waits for them, so
+        // the mark covers every one in flight, and the next query waits behind them.
+        let tasks = spawn_300(false);
+        tokio::task::yield_now().await;
+        for task in &tasks {
+            task.abort();
+        }
+        let after = conn.execute(empty, &[]).await;
+        assert!(matches!(after, Ok(0)), "{after:?}");
+    });
+}
+
+#[test]
 fn queries_behind_a_slow_one_wait_and_all_come_back_and_a_db_conn_keeps_one_connection() {
     let pg = Postgres::start();
     let mut config = DbConfig::new(&pg.url()).unwrap().connections(2);

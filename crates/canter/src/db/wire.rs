@@ -8,7 +8,9 @@
 //! a row of a few columns is stored inline, so a one-row query allocates nothing of its own.
 //!
 //! Every query is its own `Bind`/`Execute`/`Sync`, so an error in one ends that query alone.
-//! When the connection breaks, every query waiting on it fails at once.
+//! When the connection breaks, every query waiting on it fails at once. Over TCP the kernel
+//! wakes the driver only once the least its answers in flight can come to has arrived
+//! ([`Conn::set_low_water`]), not at each answer the database flushes.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -40,6 +42,13 @@ const READ_BUDGET: usize = 256 * 1024;
 /// Queries that may wait in a connection's buffer for the database to answer those in flight
 /// (see [`Conn::flush_if_due`]).
 const MAX_UNSENT: usize = 64;
+/// The fewest bytes the answer to one query can take: `BindComplete` (5), `CommandComplete`
+/// with the shortest tag or `EmptyQueryResponse` (5 or more) and `ReadyForQuery` (6); an error
+/// is an `ErrorResponse` that always carries a severity, a code and a message (18 or more)
+/// and `ReadyForQuery`. A statement's preparation answers with more.
+const LEAST_ANSWER: usize = 16;
+/// The fewest bytes left of an answer that has begun: its `ReadyForQuery`.
+const LEAST_REST: usize = 6;
 
 /// Why a query or a connection failed, as the database or the connection said it.
 #[derive(Debug, Clone)]
@@ -303,6 +312,8 @@ pub(crate) struct Conn {
     /// `out` holds the rest of a write that has begun.
     writing: Cell<bool>,
     statements: Cell<u32>,
+    /// The socket's receive low-water mark (`SO_RCVLOWAT`), as last set.
+    low_water: Cell<usize>,
 }
 
 impl Conn {
@@ -639,6 +650,70 @@ impl Conn {
         self.write_out(stream, cx)
     }
 
+    /// Before the driver waits for answers, tells the kernel not to wake it until enough
+    /// has arrived to be worth a wake-up (`SO_RCVLOWAT`, TCP only). The database flushes
+    /// every answer on its own, and waking this thread for each one (it is often asleep by
+    /// then) costs the database a cross-CPU wake-up inside its `send` and this worker a turn
+    /// of its event loop. When a task waits for the very next answer, that answer is enough
+    /// (`/db`: one query a request). Otherwise no task can go on before more has arrived (the
+    /// first 19 answers of a request's 20, whose task waits for the last), and the mark is
+    /// the least that everything in flight can come to, answers of other requests included.
+    ///
+    /// The mark is a lower bound from the protocol, never an estimate: once every answer it
+    /// counts has arrived, it has been reached, so the last answer in flight always wakes the
+    /// driver. `buffered` bytes of them are already read. An end of the connection or an
+    /// error wakes the driver whatever the mark, and the kernel signals readiness at once when
+    /// the mark is lowered below what it holds. A task that starts waiting for the next answer
+    /// after the mark was set wakes the driver to lower it ([`Answered`]).
+    fn set_low_water(&self, stream: &Stream, buffered: usize) -> io::Result<()> {
+        let Stream::Tcp(tcp) = stream else {
+            return Ok(());
+        };
+        let mark = if self.writing.get() {
+            // Queries cut short in `out` are not answered until they are written.
+            1
+        } else {
+            let q = self.queue.borrow();
+            let in_flight = q.slots.len().saturating_sub(q.answered + self.unsent.get());
+            if in_flight == 0 {
+                // Nothing is awaited: the mark is set again when something is.
+                return Ok(());
+            }
+            // A task waits for the next answer: woken by it, as without a mark. Otherwise
+            // (the first 19 answers of a request's 20, whose task waits for the last) up to
+            // everything in flight, answers of other requests included.
+            let first = q.answered;
+            let waited = if q.slots.get(first).is_some_and(|p| p.waker.is_some()) {
+                1
+            } else {
+                in_flight
+            };
+            (LEAST_ANSWER * (waited - 1) + LEAST_REST)
+                .saturating_sub(buffered)
+                .max(1)
+        };
+        if mark == self.low_water.get() {
+            return Ok(());
+        }
+        let value = libc::c_int::try_from(mark).unwrap_or(libc::c_int::MAX);
+        // SAFETY: the descriptor is the connection's open socket, borrowed here; the option's
+        // value is a c_int read by the kernel, passed with its size.
+        let set = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(tcp),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if set != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.low_water.set(mark);
+        Ok(())
+    }
+
     fn poll_io(
         &self,
         stream: &Stream,
@@ -681,6 +756,7 @@ impl Conn {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.set_low_water(stream, input.len())?;
                     match stream.poll_read_ready(cx) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
@@ -803,8 +879,19 @@ impl Future for Answered {
             return Poll::Ready(Err(PgError::new("the answer was taken already")));
         };
         if !p.done {
+            let first_wait = p.waker.is_none();
             if !p.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                 p.waker = Some(cx.waker().clone());
+            }
+            // The next answer, in flight, now awaited while the socket's mark may count past
+            // it: the driver lowers the mark (see `Conn::set_low_water`).
+            let conn = &self.conn;
+            let next = queue.head + queue.answered as u64;
+            let sent = queue.head + queue.slots.len() as u64 - conn.unsent.get() as u64;
+            if first_wait && self.seq == next && next < sent && conn.low_water.get() > LEAST_REST {
+                if let Some(w) = &*conn.driver.borrow() {
+                    w.wake_by_ref();
+                }
             }
             return Poll::Pending;
         }
@@ -948,6 +1035,7 @@ pub(crate) async fn connect(
         unsent: Cell::new(0),
         writing: Cell::new(false),
         statements: Cell::new(0),
+        low_water: Cell::new(1),
     });
     let driven = conn.clone();
     let mut watch = Watch {
