@@ -322,6 +322,12 @@ impl Conn {
         self.ended.borrow().is_some()
     }
 
+    /// Queries written (or being written) and not yet answered: those in `q` after the answered
+    /// ones, less the ones still waiting in `out` to start going out.
+    fn in_flight(&self, q: &Queue) -> usize {
+        q.slots.len().saturating_sub(q.answered + self.unsent.get())
+    }
+
     /// Asks the driver to close the connection.
     pub(crate) fn release(&self) {
         self.released.set(true);
@@ -638,12 +644,12 @@ impl Conn {
         let unsent = self.unsent.get();
         // A write the socket cut short is finished first: the database cannot answer half a
         // message.
-        if !self.writing.get() && unsent > 0 && unsent < MAX_UNSENT {
-            let q = self.queue.borrow();
-            let in_flight = q.slots.len().saturating_sub(q.answered + unsent);
-            if in_flight > 0 {
-                return Ok(());
-            }
+        if !self.writing.get()
+            && unsent > 0
+            && unsent < MAX_UNSENT
+            && self.in_flight(&self.queue.borrow()) > 0
+        {
+            return Ok(());
         }
         self.unsent.set(0);
         self.writing.set(true);
@@ -674,7 +680,7 @@ impl Conn {
             1
         } else {
             let q = self.queue.borrow();
-            let in_flight = q.slots.len().saturating_sub(q.answered + self.unsent.get());
+            let in_flight = self.in_flight(&q);
             if in_flight == 0 {
                 // Nothing is awaited: the mark is set again when something is.
                 return Ok(());
@@ -886,9 +892,11 @@ impl Future for Answered {
             // The next answer, in flight, now awaited while the socket's mark may count past
             // it: the driver lowers the mark (see `Conn::set_low_water`).
             let conn = &self.conn;
-            let next = queue.head + queue.answered as u64;
-            let sent = queue.head + queue.slots.len() as u64 - conn.unsent.get() as u64;
-            if first_wait && self.seq == next && next < sent && conn.low_water.get() > LEAST_REST {
+            if first_wait
+                && self.seq == queue.head + queue.answered as u64
+                && conn.low_water.get() > LEAST_REST
+                && conn.in_flight(&queue) > 0
+            {
                 if let Some(w) = &*conn.driver.borrow() {
                     w.wake_by_ref();
                 }
