@@ -251,7 +251,23 @@ fn windows_aggregate_per_key() {
     assert_eq!(got, expected);
 }
 
-fn tempdir() -> std::path::PathBuf {
+/// A directory of its own under the system's temporary one, removed with everything in it
+/// when the test ends, failed or not.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn join(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir() -> TempDir {
     let dir = std::env::temp_dir().join(format!(
         "canter-pipeline-{}-{}",
         std::process::id(),
@@ -261,7 +277,7 @@ fn tempdir() -> std::path::PathBuf {
             .unwrap_or(0)
     ));
     std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+    TempDir(dir)
 }
 
 /// A file source into a file sink: every record, framed, in order (one worker).
@@ -291,7 +307,6 @@ fn file_source_to_file_sink() {
     t.add(p);
     run_to_end(t, RunOptions::default());
     assert_eq!(std::fs::read(&output).expect("read"), expected);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A receiver that accepts every connection (one per worker) and, once unstalled, reads each
