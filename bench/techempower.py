@@ -14,9 +14,10 @@ the tables give medians over the rounds. Scenarios, 256 connections each: /db,
 /queries?queries=20, /fortunes, /updates?queries=20; as many requests as the servers answer, or
 with --fixed-rate the same offered rate for every server (RATES, about half the peak here).
 
-Per request: the server's CPU (utime+stime), PostgreSQL's CPU (every backend), and how busy CPU 1
-was (PostgreSQL and the load generator share it: near 100% means the database side is the
-bottleneck, not the server). Results go to bench/results/techempower-<time>.json, Markdown on
+Per request: the server's CPU (utime+stime), PostgreSQL's CPU (every backend), the load
+generator's CPU, and how busy CPU 1 was (PostgreSQL and the load generator share it: near 100%
+means the database side is the bottleneck, not the server, and requests/s follows PostgreSQL's
+and the load generator's CPU per request, both of which move with how the server batches). Results go to bench/results/techempower-<time>.json, Markdown on
 standard output and bench/plots/techempower-*.svg. Python 3 standard library only.
 """
 import argparse
@@ -146,6 +147,7 @@ def measure(proc, pg_pid, path, port, conns, duration, rate=None):
         "errors": sum(r["errors"].values()),
         "server_us": (s1 - s0) * 1e6 / n,
         "pg_us": (p1 - p0) * 1e6 / n,
+        "loadgen_us": r["loadgen_cpu_s"] * 1e6 / n,
         "cpu1_busy": (c1[0] - c0[0]) / max(1, c1[1] - c0[1]),
         "p99_us": r["latency_us"].get("p99"),
     }
@@ -181,16 +183,19 @@ def plots(results):
 
 
 def table(results):
-    print("| scenario | server | req/s | server CPU µs/req | PostgreSQL CPU µs/req | CPU 1 busy "
-          "| p99 ms | non-2xx + errors |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("| scenario | server | req/s | server CPU µs/req | PostgreSQL CPU µs/req "
+          "| load generator CPU µs/req | CPU 1 busy | p99 ms | non-2xx + errors |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for sc, by_server in results.items():
         for name, rs in by_server.items():
             med = lambda k: statistics.median(m[k] for m in rs)  # noqa: E731
             p99 = [m["p99_us"] for m in rs if m["p99_us"]]
             bad = sum(m["non2xx"] + m["errors"] for m in rs)
+            # Results written before the load generator's CPU was recorded have no figure.
+            lg = [m["loadgen_us"] for m in rs if "loadgen_us" in m]
+            lg = f"{statistics.median(lg):.1f}" if lg else "–"
             print(f"| {sc} | {name} | {med('rps'):,.0f} | {med('server_us'):.1f} | "
-                  f"{med('pg_us'):.1f} | {med('cpu1_busy') * 100:.0f}% | "
+                  f"{med('pg_us'):.1f} | {lg} | {med('cpu1_busy') * 100:.0f}% | "
                   f"{(statistics.median(p99) / 1000 if p99 else 0):.1f} | {bad} |")
 
 
@@ -237,7 +242,7 @@ def main():
                         results[sc][name].append(m)
                         print(f"round {rnd + 1} {name:9} {sc:11} {m['rps']:9.0f} req/s "
                               f"server {m['server_us']:7.1f} us/req  pg {m['pg_us']:7.1f} us/req "
-                              f"cpu1 {m['cpu1_busy'] * 100:5.1f}%  non2xx {m['non2xx']} "
+                              f"load {m['loadgen_us']:5.1f} us/req cpu1 {m['cpu1_busy'] * 100:5.1f}%  non2xx {m['non2xx']} "
                               f"errors {m['errors']}", file=sys.stderr, flush=True)
                 finally:
                     tls.stop(proc)
