@@ -17,8 +17,9 @@ with --fixed-rate the same offered rate for every server (RATES, about half the 
 Per request: the server's CPU (utime+stime), PostgreSQL's CPU (every backend), the load
 generator's CPU, and how busy CPU 1 was (PostgreSQL and the load generator share it: near 100%
 means the database side is the bottleneck, not the server, and requests/s follows PostgreSQL's
-and the load generator's CPU per request, both of which move with how the server batches). Results go to bench/results/techempower-<time>.json, Markdown on
-standard output and bench/plots/techempower-*.svg. Python 3 standard library only.
+and the load generator's CPU per request, both of which move with how the server batches).
+Results go to bench/results/techempower-<time>.json, Markdown on standard output and
+bench/plots/techempower-*.svg. Python 3 standard library only.
 """
 import argparse
 import json
@@ -242,7 +243,8 @@ def main():
                         results[sc][name].append(m)
                         print(f"round {rnd + 1} {name:9} {sc:11} {m['rps']:9.0f} req/s "
                               f"server {m['server_us']:7.1f} us/req  pg {m['pg_us']:7.1f} us/req "
-                              f"load {m['loadgen_us']:5.1f} us/req cpu1 {m['cpu1_busy'] * 100:5.1f}%  non2xx {m['non2xx']} "
+                              f"load {m['loadgen_us']:5.1f} us/req  "
+                              f"cpu1 {m['cpu1_busy'] * 100:5.1f}%  non2xx {m['non2xx']} "
                               f"errors {m['errors']}", file=sys.stderr, flush=True)
                 finally:
                     tls.stop(proc)
