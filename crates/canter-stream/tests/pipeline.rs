@@ -592,3 +592,91 @@ fn source_connections_beyond_the_limit_are_closed() {
     running.shutdown_handle().shutdown();
     running.wait().expect("workers");
 }
+
+/// Accepts one connection, failing after 10 s.
+fn accept_within(listener: &TcpListener, what: &str) -> TcpStream {
+    listener.set_nonblocking(true).expect("nonblocking");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).expect("blocking");
+                return s;
+            }
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+/// Reads `n` framed 12-byte records from `s`, failing after 10 s.
+fn read_records(s: &mut TcpStream, n: usize) -> Vec<(u32, u64)> {
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut buf = vec![0u8; n * 16];
+    s.read_exact(&mut buf).expect("the records arrive");
+    let records = canter_stream::frame::frames(&buf, 64).expect("frames");
+    records
+        .iter()
+        .map(|r| decode(&buf[r.start + 4..r.end]).expect("decodes"))
+        .collect()
+}
+
+/// A TCP sink with no one listening keeps what it has and connects once a receiver appears;
+/// when that receiver closes the connection, the sink connects again and what comes next
+/// arrives on the new connection.
+#[test]
+fn a_tcp_sink_connects_late_and_reconnects_after_its_peer_closes() {
+    // A free port, released: the sink's first attempts are refused.
+    let out_addr = TcpListener::bind(any_port())
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let state = KeyedState::new("none", |_k: &u32| ());
+    let p = Pipeline::new("again", Source::tcp(any_port()), decode)
+        .key_by(|(k, _)| *k)
+        .update(&state, |_: &mut (), x: (u32, u64), out| out.emit(x))
+        .sink(Sink::tcp(
+            out_addr,
+            |(k, v): &(u32, u64), b: &mut Vec<u8>| {
+                b.extend_from_slice(&k.to_be_bytes());
+                b.extend_from_slice(&v.to_be_bytes());
+            },
+        ));
+    let mut t = Topology::new();
+    t.add(p);
+    let running = t.start(RunOptions::default().workers(1)).expect("start");
+    let src = running.source_addr("again").expect("source");
+    let batch = |from: u64| {
+        let mut data = Vec::new();
+        for i in from..from + 1_000 {
+            let mut rec = Vec::new();
+            make(i, &mut rec);
+            canter_stream::frame::encode(&rec, &mut data);
+        }
+        data
+    };
+    let mut source = TcpStream::connect(src).expect("connect");
+    source.write_all(&batch(0)).expect("write");
+    // Refused for a while (several attempts, with backoff), then a receiver appears.
+    std::thread::sleep(Duration::from_millis(400));
+    let listener = TcpListener::bind(out_addr).expect("bind the sink's port again");
+    let mut first = accept_within(&listener, "the sink connects");
+    let got = read_records(&mut first, 1_000);
+    assert_eq!(
+        got.iter().map(|r| r.1).collect::<Vec<_>>(),
+        (0..1_000).collect::<Vec<_>>()
+    );
+    // The receiver goes away; the sink comes back on its own.
+    drop(first);
+    let mut second = accept_within(&listener, "the sink reconnects");
+    source.write_all(&batch(1_000)).expect("write");
+    let got = read_records(&mut second, 1_000);
+    assert_eq!(
+        got.iter().map(|r| r.1).collect::<Vec<_>>(),
+        (1_000..2_000).collect::<Vec<_>>()
+    );
+    drop(source);
+    running.shutdown_handle().shutdown();
+    running.wait().expect("workers");
+}

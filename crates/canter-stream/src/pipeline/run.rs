@@ -4,8 +4,11 @@
 //! protocol decodes frames and runs the pipeline's fused steps inline. A record whose key the
 //! worker owns goes straight on to the stateful step and the sink buffer in the same call; one
 //! whose key lives elsewhere joins that worker's batch, handed over at the end of the read.
-//! The sink of each pipeline on each worker is a buffer drained by its own connection actor
-//! (TCP) or task (file).
+//! The sink of each pipeline on each worker is a buffer. A TCP sink's buffer is written to its
+//! socket by the source connection that produced the records, at the end of each read, so a
+//! result does not wait for the rest of the worker's turn; the sink's own task writes only what
+//! the socket had no room for, resumes the sources, and reconnects. A file sink's task writes
+//! its file.
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -21,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use canter_rt::proto::{self, Conn, Handle, Protocol, Settings};
 use canter_rt::Stream;
 use tokio::sync::Notify;
@@ -205,15 +208,27 @@ struct Shared<K, T> {
 /// The sink buffer's starting capacity.
 const SINK_CHUNK: usize = 64 * 1024;
 
+/// A buffer that grew past this while the sink's peer lagged is given back once it empties.
+const SINK_KEEP: usize = 4 * SINK_CHUNK;
+
 /// A sink's buffer on one worker: framed records waiting for the connection or file.
+///
+/// For a TCP sink the connected socket sits here too, so that the code producing records writes
+/// them at the end of each read (see [`SinkBuf::flush`]) instead of waiting for the sink's task
+/// to be scheduled after the rest of the worker's turn; the task writes only when the socket
+/// had no room, and it owns reconnecting.
 pub(crate) struct SinkBuf {
     data: Vec<u8>,
     /// (read time, records) of what is in `data`, oldest first, for the latency histogram.
     segs: VecDeque<(u64, u64)>,
     high: usize,
     low: usize,
+    /// The TCP sink's socket while it is connected.
+    socket: Option<Rc<tokio::net::TcpStream>>,
     driver: Option<Waiter>,
     closing: bool,
+    /// When the worker began shutting down; the sink then has `drain_timeout` to deliver.
+    closing_since: Option<Instant>,
     metrics: Arc<PipeMetrics>,
     me: usize,
 }
@@ -225,8 +240,10 @@ impl SinkBuf {
             segs: VecDeque::new(),
             high,
             low: high / 4,
+            socket: None,
             driver: None,
             closing: false,
+            closing_since: None,
             metrics,
             me,
         }
@@ -252,12 +269,56 @@ impl SinkBuf {
     }
 
     /// Takes everything buffered, recording its latency as written now.
-    fn take(&mut self) -> Bytes {
+    fn take(&mut self) -> Vec<u8> {
         record_latency(&self.metrics, self.me, self.segs.drain(..));
-        Bytes::from(std::mem::replace(
-            &mut self.data,
-            Vec::with_capacity(SINK_CHUNK),
-        ))
+        std::mem::replace(&mut self.data, Vec::with_capacity(SINK_CHUNK))
+    }
+
+    /// Writes what is buffered to the socket, as much as it takes without waiting. A record's
+    /// latency is taken when the buffer is written out to its end (a record finished by a
+    /// partial write counts from the write that empties the buffer, so none counts early).
+    fn write_out(&mut self) -> io::Result<()> {
+        let Some(socket) = &self.socket else {
+            return Ok(());
+        };
+        while !self.data.is_empty() {
+            match socket.try_write(&self.data) {
+                Ok(n) if n == self.data.len() => {
+                    record_latency(&self.metrics, self.me, self.segs.drain(..));
+                    if self.data.capacity() > SINK_KEEP {
+                        self.data = Vec::with_capacity(SINK_CHUNK);
+                    } else {
+                        self.data.clear();
+                    }
+                }
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.data.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Called where records were produced, at the end of each read: a connected TCP sink is
+    /// written at once; otherwise, or when the socket is full or failed, or when this made room
+    /// that sources may be waiting for, the sink's task is woken to carry on.
+    fn flush(&mut self) {
+        if self.data.is_empty() {
+            return;
+        }
+        if self.socket.is_none() {
+            self.wake_driver();
+            return;
+        }
+        let was_full = self.full();
+        let ok = self.write_out().is_ok();
+        if !ok || !self.data.is_empty() || was_full {
+            self.wake_driver();
+        }
     }
 
     fn wake_driver(&self) {
@@ -325,12 +386,7 @@ impl<O> SinkOut<O> {
 
     fn end_turn(&mut self, metrics: &PipeMetrics, me: usize) {
         match self {
-            SinkOut::Buf { buf, .. } => {
-                let b = buf.borrow();
-                if !b.data.is_empty() {
-                    b.wake_driver();
-                }
-            }
+            SinkOut::Buf { buf, .. } => buf.borrow_mut().flush(),
             SinkOut::Collect {
                 local, segs, to, ..
             } => {
@@ -352,98 +408,131 @@ impl<O> SinkOut<O> {
     }
 }
 
-/// The sink's connection: sends what the buffer holds while the peer keeps up.
-struct SinkConn {
-    buf: Rc<RefCell<SinkBuf>>,
-    env: Rc<Env>,
-}
-
-impl SinkConn {
-    fn pull(&mut self, conn: &mut Conn<'_>) {
-        let mut b = self.buf.borrow_mut();
-        if !b.data.is_empty() {
-            if conn.can_send() {
-                let data = b.take();
-                let _ = conn.send(data);
-            } else {
-                conn.notify_writable();
-            }
+/// Connects within `timeout`, with Nagle off (each write is a batch already).
+async fn connect_sink(addr: SocketAddr, timeout: Duration) -> io::Result<tokio::net::TcpStream> {
+    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+        Ok(socket) => {
+            let socket = socket?;
+            socket.set_nodelay(true)?;
+            Ok(socket)
         }
-        let (room, done) = (b.data.len() < b.low, b.closing && b.data.is_empty());
-        drop(b);
-        if room {
-            self.env.resume_all();
-        }
-        if done {
-            conn.close();
-        }
-    }
-}
-
-impl Protocol for SinkConn {
-    fn on_open(&mut self, conn: &mut Conn<'_>) {
-        self.buf.borrow_mut().driver = Some(Waiter::Conn(conn.handle()));
-        self.pull(conn);
-    }
-    fn on_data(&mut self, _conn: &mut Conn<'_>, input: &mut BytesMut) {
-        input.clear();
-    }
-    fn on_writable(&mut self, conn: &mut Conn<'_>) {
-        self.pull(conn);
-    }
-    fn on_wake(&mut self, conn: &mut Conn<'_>) {
-        self.pull(conn);
-    }
-    fn on_shutdown(&mut self, _conn: &mut Conn<'_>) {}
-    fn on_close(&mut self, _why: &proto::Close) {
-        self.buf.borrow_mut().driver = None;
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
     }
 }
 
 async fn tcp_sink(addr: SocketAddr, buf: Rc<RefCell<SinkBuf>>, env: Rc<Env>, flushed: Rc<Notify>) {
-    let settings = Settings::default().high_water(1024 * 1024);
+    let wake = Rc::new(Notify::new());
+    buf.borrow_mut().driver = Some(Waiter::Task(wake.clone()));
     let mut backoff = Duration::from_millis(50);
     let mut log = RateLog::default();
-    let mut closing_since: Option<Instant> = None;
     loop {
-        {
-            let b = buf.borrow();
-            if b.closing {
-                if b.data.is_empty() {
-                    break;
-                }
-                let since = *closing_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > env.opts.drain_timeout {
-                    tracing::warn!(%addr, bytes = b.data.len(), "sink gave up delivering at shutdown");
-                    break;
-                }
-            }
-        }
-        match canter_rt::connect(addr, Duration::from_secs(5)).await {
-            Ok(stream) => {
+        match connect_sink(addr, Duration::from_secs(5)).await {
+            Ok(socket) => {
                 backoff = Duration::from_millis(50);
                 tracing::debug!(%addr, "sink connected");
-                let mut conn = SinkConn {
-                    buf: buf.clone(),
-                    env: env.clone(),
-                };
-                let why = proto::run(stream, addr, &mut conn, &settings).await;
-                let b = buf.borrow();
-                if b.closing && b.data.is_empty() {
-                    break;
+                let socket = Rc::new(socket);
+                buf.borrow_mut().socket = Some(socket.clone());
+                let lost = drive_sink(&socket, &buf, &env, &wake).await;
+                buf.borrow_mut().socket = None;
+                match lost {
+                    Ok(()) => break,
+                    Err(e) => {
+                        tracing::warn!(%addr, error = %e, "sink connection lost; reconnecting")
+                    }
                 }
-                tracing::warn!(%addr, %why, "sink connection lost; reconnecting");
             }
             Err(e) => {
                 if let Some(held) = log.allow() {
                     tracing::warn!(%addr, error = %e, held, "sink cannot connect; retrying with backoff");
                 }
+                if closing_expired(&buf, &env, addr) {
+                    break;
+                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
+        if closing_expired(&buf, &env, addr) {
+            break;
+        }
     }
     flushed.notify_one();
+}
+
+/// At shutdown, whether the sink has had its time to deliver what it holds.
+fn closing_expired(buf: &RefCell<SinkBuf>, env: &Env, addr: SocketAddr) -> bool {
+    let b = buf.borrow();
+    if !b.closing {
+        return false;
+    }
+    if b.data.is_empty() {
+        return true;
+    }
+    if b.closing_since
+        .is_some_and(|t| t.elapsed() > env.opts.drain_timeout)
+    {
+        tracing::warn!(%addr, bytes = b.data.len(), "sink gave up delivering at shutdown");
+        return true;
+    }
+    false
+}
+
+/// One connection of a TCP sink: writes what the sources could not, resumes them when there is
+/// room, and watches for the peer closing. `Ok` once everything is delivered at shutdown.
+async fn drive_sink(
+    socket: &tokio::net::TcpStream,
+    buf: &RefCell<SinkBuf>,
+    env: &Env,
+    wake: &Notify,
+) -> io::Result<()> {
+    let mut scratch = [0u8; 1024];
+    loop {
+        let (pending, room, done) = {
+            let mut b = buf.borrow_mut();
+            b.write_out()?;
+            (
+                !b.data.is_empty(),
+                b.data.len() < b.low,
+                b.closing && b.data.is_empty(),
+            )
+        };
+        if room {
+            env.resume_all();
+        }
+        if done {
+            // Dropping the socket closes it after what the kernel holds is delivered.
+            return Ok(());
+        }
+        let deadline = buf
+            .borrow()
+            .closing_since
+            .map(|t| t + env.opts.drain_timeout);
+        tokio::select! {
+            r = socket.writable(), if pending => r?,
+            r = socket.readable() => {
+                r?;
+                // The receiving end sends nothing; what it does send is dropped.
+                match socket.try_read(&mut scratch) {
+                    Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            () = wake.notified() => {}
+            () = sleep_until(deadline) => {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "shutdown drain timed out"));
+            }
+        }
+    }
+}
+
+/// Sleeps until `at`, or for ever without it.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn file_sink(
@@ -1279,7 +1368,11 @@ async fn drain<K, X, Tl: TailOps<K, X>>(
         t.end_turn();
     }
     if let Some((buf, flushed)) = sink {
-        buf.borrow_mut().closing = true;
+        {
+            let mut b = buf.borrow_mut();
+            b.closing = true;
+            b.closing_since = Some(Instant::now());
+        }
         buf.borrow().wake_driver();
         flushed.notified().await;
     }
