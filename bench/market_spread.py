@@ -13,6 +13,8 @@ and orders, each replaying its file with --repeat) and `canter receive` run on C
 
 - peak: the senders write as fast as the server reads (backpressure paces them) for --duration.
 - fixed-N: each stream offered N records/s (2N in all), paced without coordinated omission.
+  `--rates 80%` offers 80% of canter's peak in the same round (40% of it on each stream), so
+  the peak runs first in every round.
 - peak-2w (canter only): two workers, on both CPUs, sharing them with the load generator.
 
 Per run: input records/s, results received, the server's CPU (utime+stime of every thread) per
@@ -116,7 +118,8 @@ def server_cmd(kind, read_budget=None):
 def one(kind, rate, prefix, opts):
     """One run of `kind` at `rate` (0: peak) with the command line's `opts`; returns its
     figures."""
-    duration, batch = opts.duration, opts.batch
+    duration = opts.duration
+    batch = opts.fixed_batch if rate and opts.fixed_batch else opts.batch
     subprocess.run(["pkill", "-f", "canter receive"], stderr=subprocess.DEVNULL)
     # With --rt-receiver the receiver runs at real-time priority on its core, so the senders
     # sharing that core do not delay its reads (their lag would count as the server's latency).
@@ -174,12 +177,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=30)
-    ap.add_argument("--rates", default="750000,1500000", help="per-stream rates for fixed-rate runs")
+    ap.add_argument("--rates", default="750000,1500000",
+                    help="per-stream rates for fixed-rate runs; N%% is that share of canter's "
+                         "peak in the same round, over both streams")
     ap.add_argument("--servers", default="canter,epoll")
     ap.add_argument("--no-2w", action="store_true", help="skip the two-worker canter peak")
     ap.add_argument("--batch", type=int, default=64,
                     help="records per write of each sender (1024 makes the senders cheap enough "
                          "that the server, not CPU 1, limits the peak)")
+    ap.add_argument("--fixed-batch", type=int, default=None,
+                    help="records per write of each sender in the fixed-rate runs (default: --batch)")
     ap.add_argument("--rt-receiver", action="store_true",
                     help="run canter receive at real-time priority (chrt -f 50) on CPU 1")
     ap.add_argument("--read-budget", type=int, default=None,
@@ -188,12 +195,19 @@ def main():
     generate()
     prefix = reject_prefix()
     servers = args.servers.split(",")
-    scenarios = [("peak", 0)] + [(f"fixed-{r}", int(r)) for r in args.rates.split(",") if r]
+    # A rate is records/s per stream, or "N%": that share of canter's peak in the same round.
+    scenarios = [("peak", 0)] + [(f"fixed-{r}", r) for r in args.rates.split(",") if r]
     runs = []
     for rnd in range(args.rounds):
-        for name, rate in scenarios:
+        for name, given in scenarios:
             order = servers[rnd % len(servers):] + servers[:rnd % len(servers)]
             kinds = order + (["canter-2w"] if name == "peak" and not args.no_2w else [])
+            if isinstance(given, str) and given.endswith("%"):
+                peak = next(r["input_rate"] for r in runs
+                            if r["round"] == rnd and r["scenario"] == "peak" and r["server"] == "canter")
+                rate = int(peak * float(given[:-1]) / 100 / 2)
+            else:
+                rate = int(given)
             for kind in kinds:
                 r = one(kind, rate, prefix, args)
                 r["scenario"], r["round"] = name, rnd
