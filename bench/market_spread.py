@@ -13,8 +13,8 @@ and orders, each replaying its file with --repeat) and `canter receive` run on C
 
 - peak: the senders write as fast as the server reads (backpressure paces them) for --duration.
 - fixed-N: each stream offered N records/s (2N in all), paced without coordinated omission.
-  `--rates 80%` offers 80% of canter's peak in the same round (40% of it on each stream), so
-  the peak runs first in every round.
+  `--rates 80%` offers each server 80% of its own peak in the same round (40% of it on each
+  stream), so the peak runs first in every round.
 - peak-2w (canter only): two workers, on both CPUs, sharing them with the load generator.
 
 Per run: input records/s, results received, the server's CPU (utime+stime of every thread) per
@@ -178,8 +178,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=int, default=30)
     ap.add_argument("--rates", default="750000,1500000",
-                    help="per-stream rates for fixed-rate runs; N%% is that share of canter's "
-                         "peak in the same round, over both streams")
+                    help="per-stream rates for fixed-rate runs; N%% is that share of each server's "
+                         "own peak in the same round, over both streams")
     ap.add_argument("--servers", default="canter,epoll")
     ap.add_argument("--no-2w", action="store_true", help="skip the two-worker canter peak")
     ap.add_argument("--batch", type=int, default=64,
@@ -195,20 +195,21 @@ def main():
     generate()
     prefix = reject_prefix()
     servers = args.servers.split(",")
-    # A rate is records/s per stream, or "N%": that share of canter's peak in the same round.
+    # A rate is records/s per stream, or "N%": that share of the server's own peak in the same
+    # round, over both streams.
     scenarios = [("peak", 0)] + [(f"fixed-{r}", r) for r in args.rates.split(",") if r]
     runs = []
     for rnd in range(args.rounds):
         for name, given in scenarios:
             order = servers[rnd % len(servers):] + servers[:rnd % len(servers)]
             kinds = order + (["canter-2w"] if name == "peak" and not args.no_2w else [])
-            if isinstance(given, str) and given.endswith("%"):
-                peak = next(r["input_rate"] for r in runs
-                            if r["round"] == rnd and r["scenario"] == "peak" and r["server"] == "canter")
-                rate = int(peak * float(given[:-1]) / 100 / 2)
-            else:
-                rate = int(given)
             for kind in kinds:
+                if isinstance(given, str) and given.endswith("%"):
+                    peak = next(r["input_rate"] for r in runs
+                                if r["round"] == rnd and r["scenario"] == "peak" and r["server"] == kind)
+                    rate = int(peak * float(given[:-1]) / 100 / 2)
+                else:
+                    rate = int(given)
                 r = one(kind, rate, prefix, args)
                 r["scenario"], r["round"] = name, rnd
                 runs.append(r)
