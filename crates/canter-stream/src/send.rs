@@ -270,12 +270,6 @@ impl Pace {
         frames: &[std::ops::Range<usize>],
     ) -> io::Result<Report> {
         let batch = self.batch.max(1);
-        if self.rate.is_some() {
-            // Sleeps shorter than the kernel's default timer slack (50 µs) would otherwise end
-            // up to 50 µs late, and batches due at different times would leave together.
-            // SAFETY: PR_SET_TIMERSLACK takes an integer and changes only this thread's slack.
-            unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
-        }
         let started = Instant::now();
         let mut sent = 0u64;
         let mut next = 0;
