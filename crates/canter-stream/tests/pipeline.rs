@@ -680,3 +680,80 @@ fn a_tcp_sink_connects_late_and_reconnects_after_its_peer_closes() {
     running.shutdown_handle().shutdown();
     running.wait().expect("workers");
 }
+
+/// A TCP sink whose peer stays connected but takes nothing gives up on it after the write
+/// timeout and connects again; what it still held, and everything after, arrives on the new
+/// connection, in order and ending with the last record.
+#[test]
+fn a_tcp_sink_whose_peer_takes_nothing_connects_again_after_the_write_timeout() {
+    // 16 MB: more than the kernel's buffers of one connection hold.
+    const N: u64 = 1_000_000;
+    let listener = TcpListener::bind(any_port()).expect("bind");
+    let out_addr = listener.local_addr().expect("addr");
+    let state = KeyedState::new("none", |_k: &u32| ());
+    let p = Pipeline::new("stuck", Source::tcp(any_port()), decode)
+        .key_by(|(k, _)| *k)
+        .update(&state, |_: &mut (), x: (u32, u64), out| out.emit(x))
+        .sink(Sink::tcp(
+            out_addr,
+            |(k, v): &(u32, u64), b: &mut Vec<u8>| {
+                b.extend_from_slice(&k.to_be_bytes());
+                b.extend_from_slice(&v.to_be_bytes());
+            },
+        ));
+    let mut t = Topology::new();
+    t.add(p);
+    let running = t
+        .start(
+            RunOptions::default()
+                .workers(1)
+                .sink_write_timeout(Duration::from_secs(1)),
+        )
+        .expect("start");
+    let src = running.source_addr("stuck").expect("source");
+    let metrics = running.metrics();
+    let sender = std::thread::spawn(move || {
+        let mut data = Vec::new();
+        for i in 0..N {
+            let mut rec = Vec::new();
+            make(i, &mut rec);
+            canter_stream::frame::encode(&rec, &mut data);
+        }
+        let mut s = TcpStream::connect(src).expect("connect");
+        s.write_all(&data).expect("write");
+    });
+    let first = accept_within(&listener, "the sink connects");
+    let since = Instant::now();
+    let mut second = accept_within(&listener, "the sink connects again");
+    assert!(
+        since.elapsed() >= Duration::from_millis(900),
+        "connected again after {:?}, before the write timeout",
+        since.elapsed()
+    );
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        second.read_to_end(&mut all).expect("read");
+        all
+    });
+    sender.join().expect("sender");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metrics.totals("stuck").expect("metrics").sink_records < N {
+        assert!(Instant::now() < deadline, "{:?}", metrics.totals("stuck"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    running.shutdown_handle().shutdown();
+    running.wait().expect("workers");
+    let got = reader.join().expect("reader");
+    let records = canter_stream::frame::frames(&got, 64).expect("frames");
+    let values: Vec<u64> = records
+        .iter()
+        .map(|r| decode(&got[r.start + 4..r.end]).expect("decodes").1)
+        .collect();
+    assert!(!values.is_empty(), "nothing arrived on the new connection");
+    assert!(
+        values.windows(2).all(|w| w[0] < w[1]),
+        "in order, once each"
+    );
+    assert_eq!(values.last(), Some(&(N - 1)), "the last record arrives");
+    drop(first);
+}

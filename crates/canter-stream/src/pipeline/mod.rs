@@ -537,6 +537,10 @@ pub struct RunOptions {
     pub max_source_connections: usize,
     /// On shutdown, longest a sink may take to deliver what it holds.
     pub drain_timeout: Duration,
+    /// Longest a TCP sink's peer may take nothing while records wait for it; then the sink
+    /// connects again (what the closed connection's kernel buffers held is lost, what the
+    /// sink's buffer holds is sent on the new one).
+    pub sink_write_timeout: Duration,
 }
 
 impl Default for RunOptions {
@@ -549,6 +553,7 @@ impl Default for RunOptions {
             read_budget: 1024 * 1024,
             max_source_connections: 1024,
             drain_timeout: Duration::from_secs(5),
+            sink_write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -587,6 +592,12 @@ impl RunOptions {
     /// Sets the bytes read per source connection before it yields to the worker's others.
     pub fn read_budget(mut self, bytes: usize) -> Self {
         self.read_budget = bytes.max(1);
+        self
+    }
+
+    /// Sets how long a TCP sink's peer may take nothing before the sink connects again.
+    pub fn sink_write_timeout(mut self, timeout: Duration) -> Self {
+        self.sink_write_timeout = timeout;
         self
     }
 }

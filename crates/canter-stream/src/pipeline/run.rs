@@ -225,6 +225,8 @@ pub(crate) struct SinkBuf {
     low: usize,
     /// The TCP sink's socket while it is connected.
     socket: Option<Rc<tokio::net::TcpStream>>,
+    /// Bytes the socket has taken, for telling a peer that reads slowly from one that stopped.
+    written: u64,
     driver: Option<Waiter>,
     closing: bool,
     /// When the worker began shutting down; the sink then has `drain_timeout` to deliver.
@@ -241,6 +243,7 @@ impl SinkBuf {
             high,
             low: high / 4,
             socket: None,
+            written: 0,
             driver: None,
             closing: false,
             closing_since: None,
@@ -282,7 +285,11 @@ impl SinkBuf {
             return Ok(());
         };
         while !self.data.is_empty() {
-            match socket.try_write(&self.data) {
+            let taken = socket.try_write(&self.data);
+            if let Ok(n) = taken {
+                self.written += n as u64;
+            }
+            match taken {
                 Ok(n) if n == self.data.len() => {
                     record_latency(&self.metrics, self.me, self.segs.drain(..));
                     if self.data.capacity() > SINK_KEEP {
@@ -486,16 +493,25 @@ async fn drive_sink(
     wake: &Notify,
 ) -> io::Result<()> {
     let mut scratch = [0u8; 1024];
+    // Since when records have waited while the socket took nothing, and what it had taken.
+    let mut stalled: Option<(Instant, u64)> = None;
     loop {
-        let (pending, room, done) = {
+        let (pending, room, done, written) = {
             let mut b = buf.borrow_mut();
             b.write_out()?;
             (
                 !b.data.is_empty(),
                 b.data.len() < b.low,
                 b.closing && b.data.is_empty(),
+                b.written,
             )
         };
+        stalled = match stalled {
+            _ if !pending => None,
+            Some((since, was)) if written == was => Some((since, was)),
+            _ => Some((Instant::now(), written)),
+        };
+        let write_deadline = stalled.map(|(since, _)| since + env.opts.sink_write_timeout);
         if room {
             env.resume_all();
         }
@@ -520,6 +536,9 @@ async fn drive_sink(
                 }
             }
             () = wake.notified() => {}
+            () = sleep_until(write_deadline) => {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "the peer took nothing for the write timeout"));
+            }
             () = sleep_until(deadline) => {
                 return Err(io::Error::new(io::ErrorKind::TimedOut, "shutdown drain timed out"));
             }
