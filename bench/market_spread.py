@@ -34,6 +34,9 @@ import sys
 import time
 from array import array
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402  (the suite's helpers: plots)
+
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
 CANTER = os.path.join(ROOT, "target", "release", "canter")
@@ -166,6 +169,7 @@ def one(kind, rate, prefix, opts):
         "input_rate": r1["rate"] + r2["rate"], "results": recv["records"], "expected": expected,
         "lost": expected - recv["records"], "cpu_share": (c1 - c0) / (t1 - t0),
         "cpu_ns_per_record": (c1 - c0) / records * 1e9, "p50_us": lat["p50"], "p99_us": lat["p99"],
+        "p999_us": lat["p999"],
         "p9999_us": lat["p9999"], "max_us": lat["max"],
         "sender_lag_ms": max(r1["max_lag_ms"], r2["max_lag_ms"]),
         "orders_sent": r2["records"], "batch": batch, "orders_read": counted.get("canter_source_records_total"),
@@ -191,7 +195,11 @@ def main():
                     help="run canter receive at real-time priority (chrt -f 50) on CPU 1")
     ap.add_argument("--read-budget", type=int, default=None,
                     help="canter's --read-budget (bytes per source connection per turn)")
+    ap.add_argument("--from-json", help="measure nothing: report and plot a results file")
     args = ap.parse_args()
+    if args.from_json:
+        report(json.load(open(args.from_json)), args.from_json)
+        return
     generate()
     prefix = reject_prefix()
     servers = args.servers.split(",")
@@ -220,20 +228,36 @@ def main():
     os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
     out = os.path.join(BENCH, "results", time.strftime("market-spread-%Y%m%d-%H%M%S.json"))
     json.dump(runs, open(out, "w"), indent=1)
-    print(f"| scenario | server | input records/s | server CPU | CPU ns/record | p50 µs | p99 µs | p99.99 µs | lost |")
+    report(runs, out)
+    print(f"\n{len(runs)} runs, {args.duration} s each, --batch {args.batch}")
+
+
+COLORS = {"canter": "#d9480f", "canter-2w": "#f08c00", "epoll": "#1c7ed6", "bytewax": "#2b8a3e"}
+
+
+def report(runs, out):
+    """The table of medians, canter against the ceiling round by round, and the plots."""
+    scenarios = list(dict.fromkeys(r["scenario"] for r in runs))
+    servers = list(dict.fromkeys(r["server"] for r in runs))
+    rounds = sorted({r["round"] for r in runs})
+    med = {}
+    for sc in scenarios:
+        for srv in servers:
+            rs = [r for r in runs if (r["scenario"], r["server"]) == (sc, srv)]
+            if rs:
+                med[sc, srv] = ({k: statistics.median(r[k] for r in rs) for k in (
+                    "input_rate", "cpu_share", "cpu_ns_per_record", "p50_us", "p99_us", "p9999_us")},
+                    sum(r["lost"] for r in rs))
+    print("| scenario | server | input records/s | server CPU | CPU ns/record | p50 µs | p99 µs | p99.99 µs | lost |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    keys = sorted({(r["scenario"], r["server"]) for r in runs}, key=lambda k: (scenarios.index(
-        next(s for s in scenarios if s[0] == k[0])), k[1]))
-    for sc, srv in keys:
-        rs = [r for r in runs if (r["scenario"], r["server"]) == (sc, srv)]
-        med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
-        print(f"| {sc} | {srv} | {med('input_rate'):,.0f} | {med('cpu_share'):.0%} | "
-              f"{med('cpu_ns_per_record'):.0f} | {med('p50_us'):.0f} | {med('p99_us'):.0f} | "
-              f"{med('p9999_us'):.0f} | {sum(r['lost'] for r in rs)} |")
+    for (sc, srv), (m, lost) in med.items():
+        print(f"| {sc} | {srv} | {m['input_rate']:,.0f} | {m['cpu_share']:.0%} | "
+              f"{m['cpu_ns_per_record']:.0f} | {m['p50_us']:.0f} | {m['p99_us']:.0f} | "
+              f"{m['p9999_us']:.0f} | {lost} |")
     # Round by round, each scenario's canter against the ceiling run in the same round.
-    for sc, _ in scenarios:
+    for sc in scenarios:
         ratios = []
-        for rnd in range(args.rounds):
+        for rnd in rounds:
             got = {r["server"]: r for r in runs if r["scenario"] == sc and r["round"] == rnd}
             if "canter" in got and "epoll" in got:
                 ratios.append((got["canter"]["input_rate"] / got["epoll"]["input_rate"],
@@ -242,8 +266,32 @@ def main():
             print(f"\n{sc}, canter ÷ epoll ceiling per round: throughput "
                   + ", ".join(f"{t:.2f}x" for t, _ in ratios) + "; CPU per record "
                   + ", ".join(f"{c:.2f}x" for _, c in ratios))
-    print(f"\n{len(runs)} runs, {args.duration} s each, --batch {args.batch}; raw: {os.path.relpath(out, ROOT)}")
-
+    # Plots: input records/s and CPU per record by scenario, and the latency percentiles.
+    def panels(key, scale=1.0):
+        return [(sc, [(srv, med[sc, srv][0][key] * scale, COLORS.get(srv, run.PEER_COLOR))
+                      for srv in servers if (sc, srv) in med]) for sc in scenarios]
+    def pcts(sc, srv):
+        rs = [r for r in runs if (r["scenario"], r["server"]) == (sc, srv)]
+        # Runs recorded before p99.9 was kept have none; the plot leaves that bar out.
+        p999 = [r["p999_us"] for r in rs if "p999_us" in r]
+        return {"p50": med[sc, srv][0]["p50_us"], "p99": med[sc, srv][0]["p99_us"],
+                "p99_9": statistics.median(p999) if p999 else None,
+                "p99_99": med[sc, srv][0]["p9999_us"]}
+    lat = [(sc, [(srv, pcts(sc, srv)) for srv in servers if (sc, srv) in med]) for sc in scenarios]
+    os.makedirs(run.PLOTS, exist_ok=True)
+    for name, svg in (
+            ("market-spread-throughput.svg", run.svg_bar_panels(
+                "Market Spread: input records per second (median)", panels("input_rate"), "")),
+            ("market-spread-cpu-per-record.svg", run.svg_bar_panels(
+                "Market Spread: server CPU per input record (median, ns)",
+                panels("cpu_ns_per_record"), " ns", lower_is_better=True)),
+            ("market-spread-latency.svg", run.svg_latency(
+                "Market Spread: end-to-end latency, order read to result received (median)", lat))):
+        if svg:
+            with open(os.path.join(run.PLOTS, name), "w") as f:
+                f.write(svg)
+            print(f"plot: bench/plots/{name}")
+    print(f"raw: {os.path.relpath(out, ROOT)}")
 
 if __name__ == "__main__":
     main()
