@@ -32,6 +32,30 @@ fn decode(b: &[u8]) -> Result<(u32, u64), String> {
     Ok((u32::from_be_bytes(k), u64::from_be_bytes(v)))
 }
 
+/// Records `range` of the generated stream, framed.
+fn framed(range: std::ops::Range<u64>) -> Vec<u8> {
+    let mut data = Vec::new();
+    for i in range {
+        let mut rec = Vec::new();
+        make(i, &mut rec);
+        canter_stream::frame::encode(&rec, &mut data);
+    }
+    data
+}
+
+/// A pipeline named `name` passing every record of a TCP source, unchanged and keyed by its
+/// key, to a TCP sink at `out`.
+fn pass_to_tcp(name: &str, out: SocketAddr) -> canter_stream::pipeline::Built {
+    let state = KeyedState::new("none", |_k: &u32| ());
+    Pipeline::new(name, Source::tcp(any_port()), decode)
+        .key_by(|(k, _)| *k)
+        .update(&state, |_: &mut (), x: (u32, u64), out| out.emit(x))
+        .sink(Sink::tcp(out, |(k, v): &(u32, u64), b: &mut Vec<u8>| {
+            b.extend_from_slice(&k.to_be_bytes());
+            b.extend_from_slice(&v.to_be_bytes());
+        }))
+}
+
 /// Runs `topology` to its end, failing after 60 s.
 fn run_to_end(t: Topology, opts: RunOptions) -> Arc<canter_stream::pipeline::Metrics> {
     let running = t.start(opts).expect("start");
@@ -363,17 +387,7 @@ fn a_stalled_sink_stops_the_source_and_nothing_is_lost() {
     // 32 MB: well over what the kernel's socket buffers on both sides can hold.
     const N: u64 = 2_000_000;
     let (out_addr, reader, stalled) = receiver();
-    let state = KeyedState::new("none", |_k: &u32| ());
-    let p = Pipeline::new("pass", Source::tcp(any_port()), decode)
-        .key_by(|(k, _)| *k)
-        .update(&state, |_: &mut (), x: (u32, u64), out| out.emit(x))
-        .sink(Sink::tcp(
-            out_addr,
-            |(k, v): &(u32, u64), b: &mut Vec<u8>| {
-                b.extend_from_slice(&k.to_be_bytes());
-                b.extend_from_slice(&v.to_be_bytes());
-            },
-        ));
+    let p = pass_to_tcp("pass", out_addr);
     let mut t = Topology::new();
     t.add(p);
     let running = t
@@ -381,12 +395,7 @@ fn a_stalled_sink_stops_the_source_and_nothing_is_lost() {
         .expect("start");
     let src = running.source_addr("pass").expect("source address");
     let metrics = running.metrics();
-    let mut data = Vec::new();
-    for i in 0..N {
-        let mut rec = Vec::new();
-        make(i, &mut rec);
-        canter_stream::frame::encode(&rec, &mut data);
-    }
+    let data = framed(0..N);
     let sent = Arc::new(Mutex::new(0usize));
     let progress = sent.clone();
     let sender = std::thread::spawn(move || {
@@ -632,32 +641,13 @@ fn a_tcp_sink_connects_late_and_reconnects_after_its_peer_closes() {
         .expect("bind")
         .local_addr()
         .expect("addr");
-    let state = KeyedState::new("none", |_k: &u32| ());
-    let p = Pipeline::new("again", Source::tcp(any_port()), decode)
-        .key_by(|(k, _)| *k)
-        .update(&state, |_: &mut (), x: (u32, u64), out| out.emit(x))
-        .sink(Sink::tcp(
-            out_addr,
-            |(k, v): &(u32, u64), b: &mut Vec<u8>| {
-                b.extend_from_slice(&k.to_be_bytes());
-                b.extend_from_slice(&v.to_be_bytes());
-            },
-        ));
+    let p = pass_to_tcp("again", out_addr);
     let mut t = Topology::new();
     t.add(p);
     let running = t.start(RunOptions::default().workers(1)).expect("start");
     let src = running.source_addr("again").expect("source");
-    let batch = |from: u64| {
-        let mut data = Vec::new();
-        for i in from..from + 1_000 {
-            let mut rec = Vec::new();
-            make(i, &mut rec);
-            canter_stream::frame::encode(&rec, &mut data);
-        }
-        data
-    };
     let mut source = TcpStream::connect(src).expect("connect");
-    source.write_all(&batch(0)).expect("write");
+    source.write_all(&framed(0..1_000)).expect("write");
     // Refused for a while (several attempts, with backoff), then a receiver appears.
     std::thread::sleep(Duration::from_millis(400));
     let listener = TcpListener::bind(out_addr).expect("bind the sink's port again");
@@ -670,7 +660,7 @@ fn a_tcp_sink_connects_late_and_reconnects_after_its_peer_closes() {
     // The receiver goes away; the sink comes back on its own.
     drop(first);
     let mut second = accept_within(&listener, "the sink reconnects");
-    source.write_all(&batch(1_000)).expect("write");
+    source.write_all(&framed(1_000..2_000)).expect("write");
     let got = read_records(&mut second, 1_000);
     assert_eq!(
         got.iter().map(|r| r.1).collect::<Vec<_>>(),
@@ -690,17 +680,7 @@ fn a_tcp_sink_whose_peer_takes_nothing_connects_again_after_the_write_timeout() 
     const N: u64 = 1_000_000;
     let listener = TcpListener::bind(any_port()).expect("bind");
     let out_addr = listener.local_addr().expect("addr");
-    let state = KeyedState::new("none", |_k: &u32| ());
-    let p = Pipeline::new("stuck", Source::tcp(any_port()), decode)
-        .key_by(|(k, _)| *k)
-        .update(&state, |_: &mut (), x: (u32, u64), out| out.emit(x))
-        .sink(Sink::tcp(
-            out_addr,
-            |(k, v): &(u32, u64), b: &mut Vec<u8>| {
-                b.extend_from_slice(&k.to_be_bytes());
-                b.extend_from_slice(&v.to_be_bytes());
-            },
-        ));
+    let p = pass_to_tcp("stuck", out_addr);
     let mut t = Topology::new();
     t.add(p);
     let running = t
@@ -713,12 +693,7 @@ fn a_tcp_sink_whose_peer_takes_nothing_connects_again_after_the_write_timeout() 
     let src = running.source_addr("stuck").expect("source");
     let metrics = running.metrics();
     let sender = std::thread::spawn(move || {
-        let mut data = Vec::new();
-        for i in 0..N {
-            let mut rec = Vec::new();
-            make(i, &mut rec);
-            canter_stream::frame::encode(&rec, &mut data);
-        }
+        let data = framed(0..N);
         let mut s = TcpStream::connect(src).expect("connect");
         s.write_all(&data).expect("write");
     });
