@@ -42,7 +42,7 @@ pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 pub use canter_h1::{BodyKind, RequestHead, Version};
 pub use canter_h1::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};
 pub use http1::serve_connection;
-pub use outbound::{connect, connect_tls};
+pub use outbound::{connect, connect_tcp, connect_tls};
 pub use server::{
     listen, on_signals, shutdown_on_signals, ClientFault, Config, ConfigBuilder, ParkHooks, Server,
     ShutdownHandle, Stats, TlsListener, MAX_SERVER_NAME,

@@ -11,7 +11,7 @@ use crate::transport::Stream;
 
 /// Connects to `addr` over plain TCP (TCP_NODELAY set), failing after `timeout`.
 pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<Stream> {
-    Ok(Stream::Plain(tcp(addr, timeout).await?))
+    Ok(Stream::Plain(connect_tcp(addr, timeout).await?))
 }
 
 /// Connects to `addr` and runs a TLS handshake for `server_name` (sent as SNI and verified
@@ -23,14 +23,17 @@ pub async fn connect_tls(
     timeout: Duration,
 ) -> io::Result<Stream> {
     let deadline = tokio::time::Instant::now() + timeout;
-    let tcp = tcp(addr, timeout).await?;
+    let tcp = connect_tcp(addr, timeout).await?;
     match tokio::time::timeout_at(deadline, tls.connect(server_name, tcp)).await {
         Ok(stream) => Ok(Stream::Tls(Box::new(stream?))),
         Err(_) => Err(timed_out("TLS handshake")),
     }
 }
 
-async fn tcp(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+/// Connects to `addr` over plain TCP (TCP_NODELAY set), failing after `timeout`, and hands
+/// back the bare socket, for a caller that drives its writes itself rather than through a
+/// connection actor.
+pub async fn connect_tcp(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
         Ok(tcp) => {
             let tcp = tcp?;

@@ -416,24 +416,13 @@ impl<O> SinkOut<O> {
 }
 
 /// Connects within `timeout`, with Nagle off (each write is a batch already).
-async fn connect_sink(addr: SocketAddr, timeout: Duration) -> io::Result<tokio::net::TcpStream> {
-    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
-        Ok(socket) => {
-            let socket = socket?;
-            socket.set_nodelay(true)?;
-            Ok(socket)
-        }
-        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
-    }
-}
-
 async fn tcp_sink(addr: SocketAddr, buf: Rc<RefCell<SinkBuf>>, env: Rc<Env>, flushed: Rc<Notify>) {
     let wake = Rc::new(Notify::new());
     buf.borrow_mut().driver = Some(Waiter::Task(wake.clone()));
     let mut backoff = Duration::from_millis(50);
     let mut log = RateLog::default();
     loop {
-        match connect_sink(addr, Duration::from_secs(5)).await {
+        match canter_rt::connect_tcp(addr, Duration::from_secs(5)).await {
             Ok(socket) => {
                 backoff = Duration::from_millis(50);
                 tracing::debug!(%addr, "sink connected");
