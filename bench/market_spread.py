@@ -131,14 +131,23 @@ def one(kind, rate, prefix, opts):
                            f"{duration + 8}s", "--json", "--interval", "0s"],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     time.sleep(0.3)
+    # The servers listen with SO_REUSEPORT, so one left over from an earlier run would share
+    # the senders' connections with this one, unseen: refuse to measure beside it.
+    ports = [int(a.rsplit(":", 1)[1]) for a in (NBBO, ORDERS, METRICS)]
+    if any(listening(p) for p in ports):
+        rx.kill()
+        sys.exit(f"something already listens on one of the ports {ports}: stop it first")
     env = dict(os.environ, RUST_LOG="warn", NBBO=NBBO, ORDERS=ORDERS, OUT=RECV)
     srv = subprocess.Popen(server_cmd(kind, opts.read_budget), env=env, stderr=subprocess.DEVNULL, cwd=ROOT)
     time.sleep(0.7)
     # Python and Bytewax take longer to start than the Rust servers.
     for _ in range(100):
-        if all(listening(int(a.rsplit(":", 1)[1])) for a in (NBBO, ORDERS)):
+        if all(listening(p) for p in ports[:2]):
             break
         time.sleep(0.1)
+    if srv.poll() is not None:
+        rx.kill()
+        sys.exit(f"{kind} exited at start with status {srv.returncode}")
     pace = ["--rate", str(rate)] if rate else []
     send = lambda to, f: subprocess.Popen(  # noqa: E731
         ["taskset", "-c", "1", CANTER, "send", "--to", to, "--file", os.path.join(DATA, f), "--repeat",
@@ -160,7 +169,12 @@ def one(kind, rate, prefix, opts):
                 if line.startswith(name + '{pipeline="orders"'):
                     counted[name] = counted.get(name, 0) + int(line.rsplit(" ", 1)[1])
     srv.terminate()
-    srv.wait()
+    try:
+        srv.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        print(f"{kind} did not stop within 30 s of SIGTERM: killed", file=sys.stderr)
+        srv.kill()
+        srv.wait()
     records = r1["records"] + r2["records"]
     expected = expected_results(prefix, r2["records"])
     lat = recv["latency_us"]
