@@ -415,7 +415,9 @@ impl<O> SinkOut<O> {
     }
 }
 
-/// Connects within `timeout`, with Nagle off (each write is a batch already).
+/// The TCP sink's task: connects (Nagle off: each write is a batch already), lends the socket
+/// to the sources' end-of-read writes, writes what they left, and connects again with backoff
+/// when the connection fails.
 async fn tcp_sink(addr: SocketAddr, buf: Rc<RefCell<SinkBuf>>, env: Rc<Env>, flushed: Rc<Notify>) {
     let wake = Rc::new(Notify::new());
     buf.borrow_mut().driver = Some(Waiter::Task(wake.clone()));
