@@ -69,6 +69,19 @@ fn run_to_end(t: Topology, opts: RunOptions) -> Arc<canter_stream::pipeline::Met
     metrics
 }
 
+/// Waits (up to 30 s) until pipeline `name` has handed `n` records to its sink, then stops
+/// `running` and waits for its workers.
+fn stop_once_delivered(running: canter_stream::pipeline::Running, name: &str, n: u64) {
+    let metrics = running.metrics();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metrics.totals(name).expect("metrics").sink_records < n {
+        assert!(Instant::now() < deadline, "{:?}", metrics.totals(name));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    running.shutdown_handle().shutdown();
+    running.wait().expect("workers");
+}
+
 /// The generated stream through map, filter, key_by and a running sum per key gives, for every
 /// key, the same sequence of sums as a plain loop, whichever worker owns the key, and each key
 /// is only ever touched by one worker.
@@ -424,13 +437,7 @@ fn a_stalled_sink_stops_the_source_and_nothing_is_lost() {
     // Unstall: everything arrives.
     *stalled.lock().expect("lock") = false;
     sender.join().expect("sender");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while metrics.totals("pass").expect("metrics").sink_records < N {
-        assert!(Instant::now() < deadline, "{:?}", metrics.totals("pass"));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    running.shutdown_handle().shutdown();
-    running.wait().expect("workers");
+    stop_once_delivered(running, "pass", N);
     let mut per_key: HashMap<u32, u64> = HashMap::new();
     let mut delivered = 0;
     for got in reader.join().expect("reader") {
@@ -691,7 +698,6 @@ fn a_tcp_sink_whose_peer_takes_nothing_connects_again_after_the_write_timeout() 
         )
         .expect("start");
     let src = running.source_addr("stuck").expect("source");
-    let metrics = running.metrics();
     let sender = std::thread::spawn(move || {
         let data = framed(0..N);
         let mut s = TcpStream::connect(src).expect("connect");
@@ -711,13 +717,7 @@ fn a_tcp_sink_whose_peer_takes_nothing_connects_again_after_the_write_timeout() 
         all
     });
     sender.join().expect("sender");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while metrics.totals("stuck").expect("metrics").sink_records < N {
-        assert!(Instant::now() < deadline, "{:?}", metrics.totals("stuck"));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    running.shutdown_handle().shutdown();
-    running.wait().expect("workers");
+    stop_once_delivered(running, "stuck", N);
     let got = reader.join().expect("reader");
     let records = canter_stream::frame::frames(&got, 64).expect("frames");
     let values: Vec<u64> = records
