@@ -228,8 +228,7 @@ pub(crate) struct SinkBuf {
     /// Bytes the socket has taken, for telling a peer that reads slowly from one that stopped.
     written: u64,
     driver: Option<Waiter>,
-    closing: bool,
-    /// When the worker began shutting down; the sink then has `drain_timeout` to deliver.
+    /// When the worker began shutting down (the sink then has `drain_timeout` to deliver).
     closing_since: Option<Instant>,
     metrics: Arc<PipeMetrics>,
     me: usize,
@@ -245,11 +244,15 @@ impl SinkBuf {
             socket: None,
             written: 0,
             driver: None,
-            closing: false,
             closing_since: None,
             metrics,
             me,
         }
+    }
+
+    /// The worker is shutting down: deliver what is held, then end.
+    fn closing(&self) -> bool {
+        self.closing_since.is_some()
     }
 
     fn full(&self) -> bool {
@@ -460,15 +463,13 @@ async fn tcp_sink(addr: SocketAddr, buf: Rc<RefCell<SinkBuf>>, env: Rc<Env>, flu
 /// At shutdown, whether the sink has had its time to deliver what it holds.
 fn closing_expired(buf: &RefCell<SinkBuf>, env: &Env, addr: SocketAddr) -> bool {
     let b = buf.borrow();
-    if !b.closing {
+    let Some(since) = b.closing_since else {
         return false;
-    }
+    };
     if b.data.is_empty() {
         return true;
     }
-    if b.closing_since
-        .is_some_and(|t| t.elapsed() > env.opts.drain_timeout)
-    {
+    if since.elapsed() > env.opts.drain_timeout {
         tracing::warn!(%addr, bytes = b.data.len(), "sink gave up delivering at shutdown");
         return true;
     }
@@ -493,7 +494,7 @@ async fn drive_sink(
             (
                 !b.data.is_empty(),
                 b.data.len() < b.low,
-                b.closing && b.data.is_empty(),
+                b.closing() && b.data.is_empty(),
                 b.written,
             )
         };
@@ -556,7 +557,7 @@ async fn file_sink(
         let (data, closing) = {
             let mut b = buf.borrow_mut();
             let data = (!b.data.is_empty()).then(|| b.take());
-            (data, b.closing)
+            (data, b.closing())
         };
         match data {
             Some(data) => {
@@ -1378,11 +1379,7 @@ async fn drain<K, X, Tl: TailOps<K, X>>(
         t.end_turn();
     }
     if let Some((buf, flushed)) = sink {
-        {
-            let mut b = buf.borrow_mut();
-            b.closing = true;
-            b.closing_since = Some(Instant::now());
-        }
+        buf.borrow_mut().closing_since = Some(Instant::now());
         buf.borrow().wake_driver();
         flushed.notified().await;
     }
