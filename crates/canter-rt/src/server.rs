@@ -63,6 +63,7 @@ pub struct Config {
     pub(crate) fault_log_interval: Duration,
     pub(crate) proxy_protocol: Option<crate::proxy::ProxyProtocol>,
     pub(crate) park_hooks: Option<ParkHooks>,
+    pub(crate) coalesce: Option<Duration>,
 }
 
 impl Config {
@@ -216,6 +217,19 @@ impl Config {
     pub fn park_hooks(&self) -> Option<&ParkHooks> {
         self.park_hooks.as_ref()
     }
+
+    /// Event coalescing: a busy worker that runs out of work sleeps this long before it waits
+    /// for events, so that what arrives meanwhile is taken in one turn and the peers that send
+    /// it (on other cores) need not wake it. Busy means its last wait for events was shorter
+    /// than ten times this; a worker that waited longer blocks at once, as without coalescing,
+    /// so an idle server does not wake up by itself. It costs each turn's events up to this
+    /// delay, plus the kernel's timer slack (50 µs by default), of latency, and saves the
+    /// wake-ups: worth it when the worker talks to programs on the same machine, a database
+    /// above all (BENCHMARKS.md, "Event coalescing"). At most 1 ms. `None` (the default): no
+    /// sleep.
+    pub fn coalesce(&self) -> Option<Duration> {
+        self.coalesce
+    }
 }
 
 /// Builds a [`Config`]; [`ConfigBuilder::build`] checks it. Each setter's meaning is on the
@@ -357,6 +371,12 @@ impl ConfigBuilder {
         self
     }
 
+    /// See [`Config::coalesce`].
+    pub fn coalesce(mut self, coalesce: Option<Duration>) -> Self {
+        self.0.coalesce = coalesce;
+        self
+    }
+
     /// The configuration, or the first setting out of its range.
     pub fn build(self) -> Result<Config, ConfigError> {
         let c = self.0;
@@ -380,6 +400,14 @@ impl ConfigBuilder {
         // A zero `fault_log_interval` is allowed: it turns the summary off.
         if c.handler_timeout.is_zero() {
             return Err(ConfigError::new("handler_timeout", "must be above zero"));
+        }
+        if let Some(d) = c.coalesce {
+            if d.is_zero() || d > MAX_COALESCE {
+                return Err(ConfigError::new(
+                    "coalesce",
+                    "must be above zero and at most 1 ms",
+                ));
+            }
         }
         Ok(c)
     }
@@ -434,9 +462,14 @@ impl Default for Config {
             fault_log_interval: Duration::from_secs(10),
             proxy_protocol: None,
             park_hooks: None,
+            coalesce: None,
         }
     }
 }
+
+/// The longest [`Config::coalesce`] delay accepted: ten times it stays below the period of the
+/// worker's own clock, so that a worker with nothing to do is never taken for a busy one.
+const MAX_COALESCE: Duration = Duration::from_millis(1);
 
 /// Stops a running server gracefully: listeners close, idle connections close, in-flight
 /// requests finish (up to [`Config::drain_timeout`]).
@@ -933,11 +966,29 @@ where
     }
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_all();
-    if let Some(hooks) = &config.park_hooks {
-        let (before, after) = (hooks.before_park.clone(), hooks.after_unpark.clone());
+    let hooks = config.park_hooks.clone();
+    if hooks.is_some() || config.coalesce.is_some() {
+        let (before, after) = hooks
+            .map(|h| (Some(h.before_park), Some(h.after_unpark)))
+            .unwrap_or((None, None));
+        let coalesce = config.coalesce.map(crate::worker::Coalesce::new);
         builder
-            .on_thread_park(move || before())
-            .on_thread_unpark(move || after());
+            .on_thread_park(move || {
+                if let Some(f) = &before {
+                    f();
+                }
+                if let Some(c) = &coalesce {
+                    c.before_park();
+                }
+            })
+            .on_thread_unpark(move || {
+                if let Some(c) = &coalesce {
+                    c.after_unpark();
+                }
+                if let Some(f) = &after {
+                    f();
+                }
+            });
     }
     let rt = builder.build()?;
     let local = tokio::task::LocalSet::new();

@@ -21,6 +21,46 @@ pub(crate) fn later(at: Instant, d: Duration) -> Instant {
     at.checked_add(d.min(CENTURY)).unwrap_or(at)
 }
 
+/// A worker's event coalescing (see [`crate::Config::coalesce`]): the state lives in the
+/// worker thread, the hooks that read it are called by the runtime around each blocking wait.
+#[derive(Clone, Copy)]
+pub(crate) struct Coalesce {
+    delay: Duration,
+    /// A wait for events shorter than this means the worker is busy.
+    busy_below: Duration,
+}
+
+thread_local! {
+    /// When the worker began its current wait for events, and whether its last wait was short.
+    static WAIT: Cell<(Option<Instant>, bool)> = const { Cell::new((None, false)) };
+}
+
+impl Coalesce {
+    pub(crate) fn new(delay: Duration) -> Coalesce {
+        Coalesce {
+            delay,
+            busy_below: delay.saturating_mul(10),
+        }
+    }
+
+    /// Before the wait: a busy worker sleeps first, so that events arriving meanwhile need
+    /// no wake-up and are taken together.
+    pub(crate) fn before_park(&self) {
+        let (_, busy) = WAIT.get();
+        if busy {
+            std::thread::sleep(self.delay);
+        }
+        WAIT.set((Some(Instant::now()), busy));
+    }
+
+    /// After the wait: busy if it was short (events were there, or came soon).
+    pub(crate) fn after_unpark(&self) {
+        if let (Some(since), _) = WAIT.get() {
+            WAIT.set((None, since.elapsed() < self.busy_below));
+        }
+    }
+}
+
 /// Period of the worker's clock.
 pub(crate) const TICK: Duration = Duration::from_millis(100);
 /// Buffers kept for reuse per worker.
@@ -216,5 +256,31 @@ pub(crate) struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         self.worker.unregister(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalescing_sleeps_only_after_a_short_wait() {
+        let c = Coalesce::new(Duration::from_millis(1));
+        // Nothing measured yet: not busy, so the first wait begins at once.
+        let t = Instant::now();
+        c.before_park();
+        c.after_unpark();
+        assert!(WAIT.get().1, "a wait of {:?} counts as busy", t.elapsed());
+        // Busy: the next wait begins after the delay (a sleep lasts at least that long).
+        let t = Instant::now();
+        c.before_park();
+        assert!(t.elapsed() >= Duration::from_millis(1));
+        // A wait longer than ten times the delay: idle again, and no sleep before the next.
+        std::thread::sleep(Duration::from_millis(15));
+        c.after_unpark();
+        assert!(!WAIT.get().1);
+        c.before_park();
+        c.after_unpark();
+        assert!(WAIT.get().1);
     }
 }

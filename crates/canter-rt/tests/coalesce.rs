@@ -1,0 +1,69 @@
+//! Event coalescing (`Config::coalesce`): checked settings, and a busy worker that sleeps
+//! before it waits for events while still answering every request, with park hooks still run.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use canter_rt::{ParkHooks, Reply, Request, Response};
+use common::{test_builder, TestServer};
+
+#[test]
+fn the_delay_must_be_above_zero_and_at_most_a_millisecond() {
+    for bad in [Duration::ZERO, Duration::from_micros(1001)] {
+        let err = test_builder().coalesce(Some(bad)).build().unwrap_err();
+        assert!(err.to_string().contains("coalesce"), "{err}");
+    }
+    let ok = test_builder()
+        .coalesce(Some(Duration::from_micros(20)))
+        .build()
+        .unwrap();
+    assert_eq!(ok.coalesce(), Some(Duration::from_micros(20)));
+    assert_eq!(test_builder().build().unwrap().coalesce(), None);
+}
+
+fn echo_target(req: Request) -> Reply {
+    Response::text(req.path().to_owned()).into()
+}
+
+#[test]
+fn a_busy_worker_sleeps_before_each_wait_and_answers_everything() {
+    let parked = Arc::new(AtomicUsize::new(0));
+    let unparked = Arc::new(AtomicUsize::new(0));
+    let (p, u) = (parked.clone(), unparked.clone());
+    let config = test_builder()
+        .coalesce(Some(Duration::from_millis(1)))
+        .park_hooks(Some(ParkHooks {
+            before_park: Arc::new(move || {
+                p.fetch_add(1, Ordering::SeqCst);
+            }),
+            after_unpark: Arc::new(move || {
+                u.fetch_add(1, Ordering::SeqCst);
+            }),
+        }))
+        .build()
+        .unwrap();
+    let server = TestServer::start(config, |_| echo_target);
+    let mut client = server.client();
+    // One request at a time on one connection: after the first few, each finds the worker
+    // busy (its last wait was short), so each waits out the worker's 1 ms sleep.
+    let n = 200;
+    let start = Instant::now();
+    for i in 0..n {
+        let res = client.get(&format!("/r{i}"));
+        assert_eq!(res.status, 200);
+        assert_eq!(res.body, format!("/r{i}").as_bytes());
+    }
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(150),
+        "{n} requests in turn took {took:?}: the worker did not sleep before its waits"
+    );
+    assert!(parked.load(Ordering::SeqCst) >= n);
+    assert!(unparked.load(Ordering::SeqCst) >= n - 1);
+    server.stop();
+}
