@@ -152,6 +152,12 @@ struct ServeArgs {
     /// Pipelined requests answered per connection turn before flushing and yielding.
     #[arg(long, default_value_t = 64)]
     max_pipeline: usize,
+    /// Event coalescing: a busy worker that runs out of work sleeps this many microseconds
+    /// before it waits for events, so that what arrives meanwhile is taken in one turn, without
+    /// a wake-up from the process that sent it (a database above all). Adds up to that, plus
+    /// the kernel's timer slack, to each turn's latency. 0: off.
+    #[arg(long, value_name = "US", default_value_t = 0)]
+    coalesce: u64,
     /// Seconds a handler may run before the request is answered 503.
     #[arg(long, default_value_t = 60)]
     handler_timeout: u64,
@@ -610,6 +616,9 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
         .defer_accept(!args.no_defer_accept);
     if let Some(n) = args.workers {
         config = config.workers(n);
+    }
+    if args.coalesce > 0 {
+        config = config.coalesce(Some(Duration::from_micros(args.coalesce)));
     }
     if args.proxy_protocol {
         config = config.proxy_protocol(Some(canter_rt::proxy::ProxyProtocol {

@@ -103,7 +103,9 @@ fn stored(pg: &Postgres, ids: &[i64]) -> Vec<(i64, i64)> {
 
 #[test]
 fn every_test_type_follows_the_rules() {
-    let (pg, server) = start(&[]);
+    // With event coalescing on, as the benchmark suite runs the app (the other tests run
+    // without it).
+    let (pg, server) = start(&["--coalesce", "20"]);
     assert_eq!(pg.psql("SELECT count(*) FROM world"), "10000");
     assert_eq!(pg.psql("SELECT count(*) FROM fortune"), "12");
 
