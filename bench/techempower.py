@@ -8,7 +8,9 @@ may_postgres (bench/peers/may-pg, the stack of TFB's may-minihttp entry), on one
 
 A throwaway PostgreSQL (Debian's package; initdb under bench/build/techempower, fsync off,
 pinned to CPU 1) is filled by `canter db-setup`. Each server runs pinned to CPU 0 with one
-worker and --db-conns connections; `canter load` runs on CPU 1 beside PostgreSQL. Every round
+worker and --db-conns connections; canter with event coalescing at COALESCE_US (`serve
+--coalesce`; `--servers canter-nocoalesce` runs it without). `canter load` runs on CPU 1 beside
+PostgreSQL. Every round
 starts each server in turn (the order rotating), warms it for 1 s and measures for --duration;
 the tables give medians over the rounds. Scenarios, 256 connections each: /db,
 /queries?queries=20, /fortunes, /updates?queries=20; as many requests as the servers answer, or
@@ -93,16 +95,24 @@ def pg_stop():
                                     "-w", "stop"]), stdout=subprocess.DEVNULL)
 
 
+# canter's event coalescing delay in these runs (`serve --coalesce`).
+COALESCE_US = 20
+
+
 def db_url():
     return f"postgres://canter@127.0.0.1:{PG_PORT}/postgres"
 
 
 def servers(db_conns):
     url = db_url()
+    canter = lambda port: [CANTER, "serve", "--addr", f"127.0.0.1:{port}", "--workers", "1",
+                           "--app", "techempower", "--db", url,
+                           "--db-connections", str(db_conns)]
     return {
-        "canter": lambda port: [CANTER, "serve", "--addr", f"127.0.0.1:{port}", "--workers", "1",
-                                "--app", "techempower", "--db", url,
-                                "--db-connections", str(db_conns)],
+        # With event coalescing (`--coalesce`, microseconds): see BENCHMARKS.md.
+        "canter": lambda port: canter(port) + ["--coalesce", str(COALESCE_US)],
+        # The same without it, to measure what it changes (not in the default list).
+        "canter-nocoalesce": canter,
         "actix-pg": lambda port: [ACTIX_PG, str(port), url, str(db_conns)],
         "xitca-pg": lambda port: [XITCA_PG, str(port), url, str(db_conns)],
         "may-pg": lambda port: [MAY_PG, str(port), url, str(db_conns)],
@@ -154,7 +164,8 @@ def measure(proc, pg_pid, path, port, conns, duration, rate=None):
     }
 
 
-COLORS = {"canter": "#d9480f", "actix-pg": "#1c7ed6", "xitca-pg": "#5c940d", "may-pg": "#7048e8"}
+COLORS = {"canter": "#d9480f", "canter-nocoalesce": "#f59f00", "actix-pg": "#1c7ed6", "xitca-pg": "#5c940d",
+          "may-pg": "#7048e8"}
 
 
 def plots(results):
