@@ -5,12 +5,11 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use canter_rt::{ParkHooks, Reply, Request, Response};
-use common::{test_builder, TestServer};
+use canter_rt::{Reply, Request, Response};
+use common::{counting_park_hooks, test_builder, TestServer};
 
 #[test]
 fn the_delay_must_be_above_zero_and_at_most_a_millisecond() {
@@ -32,19 +31,10 @@ fn echo_target(req: Request) -> Reply {
 
 #[test]
 fn a_busy_worker_sleeps_before_each_wait_and_answers_everything() {
-    let parked = Arc::new(AtomicUsize::new(0));
-    let unparked = Arc::new(AtomicUsize::new(0));
-    let (p, u) = (parked.clone(), unparked.clone());
+    let (hooks, parked, unparked) = counting_park_hooks();
     let config = test_builder()
         .coalesce(Some(Duration::from_millis(1)))
-        .park_hooks(Some(ParkHooks {
-            before_park: Arc::new(move || {
-                p.fetch_add(1, Ordering::SeqCst);
-            }),
-            after_unpark: Arc::new(move || {
-                u.fetch_add(1, Ordering::SeqCst);
-            }),
-        }))
+        .park_hooks(Some(hooks))
         .build()
         .unwrap();
     let server = TestServer::start(config, |_| echo_target);

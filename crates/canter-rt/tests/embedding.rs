@@ -4,15 +4,15 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use canter_rt::{
-    ClientTls, Config, ConfigBuilder, ParkHooks, Reply, Request, Response, Server, ServerTls,
-    TlsListener,
+    ClientTls, Config, ConfigBuilder, Reply, Request, Response, Server, ServerTls, TlsListener,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -50,18 +50,9 @@ fn serve_inline_refuses_more_than_one_worker() {
 
 #[test]
 fn serve_inline_runs_on_the_calling_thread_with_park_hooks() {
-    let parked = Arc::new(AtomicUsize::new(0));
-    let unparked = Arc::new(AtomicUsize::new(0));
-    let (p, u) = (parked.clone(), unparked.clone());
+    let (hooks, parked, unparked) = common::counting_park_hooks();
     let config = config()
-        .park_hooks(Some(ParkHooks {
-            before_park: Arc::new(move || {
-                p.fetch_add(1, Ordering::SeqCst);
-            }),
-            after_unpark: Arc::new(move || {
-                u.fetch_add(1, Ordering::SeqCst);
-            }),
-        }))
+        .park_hooks(Some(hooks))
         .tls(Some(TlsListener {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             acceptor: ServerTls::new().self_signed().build().unwrap(),

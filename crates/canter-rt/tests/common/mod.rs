@@ -9,13 +9,15 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use canter_rt::{
-    Config, ConfigBuilder, Server, Service, ShutdownHandle, Stats, Timeouts, TimeoutsBuilder,
+    Config, ConfigBuilder, ParkHooks, Server, Service, ShutdownHandle, Stats, Timeouts,
+    TimeoutsBuilder,
 };
 // Not every test binary uses every re-export.
 #[allow(unused_imports)]
@@ -169,4 +171,20 @@ pub fn sum_body(mut req: canter_rt::Request) -> canter_rt::Reply {
         }
         canter_rt::Response::text(total.to_string())
     })
+}
+
+/// Park hooks that count the worker's parks and wake-ups: the hooks, then the two counts.
+pub fn counting_park_hooks() -> (ParkHooks, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let parked = Arc::new(AtomicUsize::new(0));
+    let unparked = Arc::new(AtomicUsize::new(0));
+    let (p, u) = (parked.clone(), unparked.clone());
+    let hooks = ParkHooks {
+        before_park: Arc::new(move || {
+            p.fetch_add(1, Ordering::SeqCst);
+        }),
+        after_unpark: Arc::new(move || {
+            u.fetch_add(1, Ordering::SeqCst);
+        }),
+    };
+    (hooks, parked, unparked)
 }
