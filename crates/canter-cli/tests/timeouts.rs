@@ -238,3 +238,47 @@ fn idle_timeout_does_not_fire_early() {
         );
     }
 }
+
+/// A client that reads slowly through a 4 KiB receive buffer: the kernel grows the server's send
+/// buffer to megabytes and reports the socket writable only once a good part of it is free, so
+/// the server's own output waits longer than the write timeout while the client takes data all
+/// along. The write timeout judges what the peer takes (the kernel's queue going down), so the
+/// client gets every byte, over plain TCP and TLS alike.
+#[test]
+fn a_slow_reader_gets_every_byte_of_a_large_response() {
+    let server = Server::start_with(&[
+        "--write-timeout",
+        "1",
+        "--tls-addr",
+        "127.0.0.1:0",
+        "--tls-self-signed",
+    ]);
+    // 5 MB at 500 kB/s: ten seconds, more than the 4 MiB the send buffer grows to.
+    let (size, rate) = ("5000000", "500000");
+    let script = format!("{}/tests/py/slow_reader.py", env!("CARGO_MANIFEST_DIR"));
+    let runs: Vec<_> = [(server.addr().port(), ""), (server.tls_port(), "tls")]
+        .into_iter()
+        .map(|(port, tls)| {
+            let script = script.clone();
+            thread::spawn(move || {
+                let port = port.to_string();
+                let mut args = vec![script.as_str(), port.as_str(), size, rate];
+                if !tls.is_empty() {
+                    args.push(tls);
+                }
+                let out = common::run_python(&args, None);
+                (tls, out)
+            })
+        })
+        .collect();
+    for run in runs {
+        let (tls, out) = run.join().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("HTTP/1.1 200 OK\nbody 5000000\n"),
+            "tls={tls:?}: {stdout}{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            server.log()
+        );
+    }
+}

@@ -329,7 +329,12 @@ impl<S: Service, T: Transport> H2<S, T> {
         }
         let passed = |at: Instant| crate::worker::clock() >= Worker::expiry(at);
         if write_at.is_some_and(passed) {
-            return Poll::Ready(Err(Stop::Timeout("write")));
+            if self.link.write_timed_out(&self.io) {
+                return Poll::Ready(Err(Stop::Timeout("write")));
+            }
+            // The peer is still taking what the kernel holds: the deadline moved on.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
         }
         if idle_at.is_some_and(passed) {
             self.conn.go_away(&mut self.link.out);

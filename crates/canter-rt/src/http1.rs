@@ -35,7 +35,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::io::Interest;
 
 use crate::body::{Body, BodyError, Pipe, PipeState, RequestBody};
-use crate::link::{Ending, Link, Timer, WriteError};
+use crate::link::{Ending, Link, Stall, Timer, WriteError};
 use crate::server::{ClientFault, Config};
 use crate::service::{Reply, Request, Response, Service};
 use crate::transport::Transport;
@@ -165,7 +165,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
             Ok(Sniffed::Http1) => {}
             Ok(Sniffed::NotHttp) => {
                 worker.fault(ClientFault::Protocol);
-                tracing::debug!(%peer, "first line is neither HTTP/1 nor the HTTP/2 preface; closing");
+                tracing::debug!(%peer, "first line names a version that is neither HTTP/1 nor HTTP/2; closing");
                 driver.link.release_idle();
                 return;
             }
@@ -405,9 +405,12 @@ impl<S: Service, T: Transport> Driver<S, T> {
         ))
     }
 
-    /// Reads until the input either starts with the HTTP/2 connection preface or cannot. A
-    /// complete first line without an HTTP version is neither protocol: such a peer gets no
-    /// HTTP answer (an HTTP/2 client whose preface is corrupt must see the connection close).
+    /// Reads until the input either starts with the HTTP/2 connection preface or cannot. What
+    /// is not the preface is HTTP/1.1's to answer, malformed request lines included (a line
+    /// without a version gets its 400 there), except a complete first line whose third field
+    /// names a version that is no HTTP's: that is neither protocol (an HTTP/2 client whose
+    /// preface is corrupt), and the connection closes without an HTTP/1.1 answer, as RFC 9113
+    /// section 3.4 asks of an invalid preface.
     async fn sniff_h2(&mut self) -> Res<Sniffed> {
         let preface = canter_h2::PREFACE;
         loop {
@@ -416,9 +419,11 @@ impl<S: Service, T: Transport> Driver<S, T> {
                 let Some(end) = self.link.input.iter().position(|&b| b == b'\n') else {
                     return Ok(Sniffed::Http1);
                 };
-                let line = &self.link.input[..end];
-                let http = line.windows(6).any(|w| w == b" HTTP/");
-                return Ok(if http {
+                let line = self.link.input[..end]
+                    .strip_suffix(b"\r")
+                    .unwrap_or(&self.link.input[..end]);
+                let version = line.splitn(3, |&b| b == b' ').nth(2).unwrap_or_default();
+                return Ok(if version.is_empty() || version.starts_with(b"HTTP/") {
                     Sniffed::Http1
                 } else {
                     Sniffed::NotHttp
@@ -827,7 +832,9 @@ impl<S: Service, T: Transport> Driver<S, T> {
         };
         let src = file.as_raw_fd();
         let mut left = len;
-        let mut deadline = later(self.link.worker.now(), self.cfg.timeouts.write());
+        let timeout = self.cfg.timeouts.write();
+        // Since when the socket has taken nothing (see `Stall`); `None` while it takes.
+        let mut stall: Option<Stall> = None;
         poll_fn(|cx| {
             let mut turn = 0;
             loop {
@@ -846,8 +853,13 @@ impl<S: Service, T: Transport> Driver<S, T> {
                     Poll::Ready(Ok(())) => {}
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(Stop::Io(e))),
                     Poll::Pending => {
-                        if self.timer.poll_expired(cx, deadline) {
-                            return Poll::Ready(Err(Stop::Timeout("write")));
+                        let stall = stall.get_or_insert_with(|| Stall::start(&self.io));
+                        if self.timer.poll_expired(cx, stall.deadline(timeout)) {
+                            if stall.timed_out(&self.io) {
+                                return Poll::Ready(Err(Stop::Timeout("write")));
+                            }
+                            // The peer is still taking what the kernel holds.
+                            cx.waker().wake_by_ref();
                         }
                         return Poll::Pending;
                     }
@@ -871,7 +883,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                         turn += n;
                         // For the Content-Length bookkeeping; writes nothing for a sized body.
                         let _ = self.h1.data_prefix(n, &mut self.link.out.buf);
-                        deadline = later(self.link.worker.now(), self.cfg.timeouts.write());
+                        stall = None;
                     }
                     // Readiness was cleared: the next poll_write_ready registers for it.
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}

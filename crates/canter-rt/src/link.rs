@@ -10,7 +10,10 @@
 //! - **Output** is one queue ([`Out`]): small pieces copied, large ones written with `writev`.
 //!   Output left unwritten must make progress within the write timeout: a driver either waits
 //!   for it ([`Link::flush`]) or writes what the peer takes and goes on ([`Link::poll_send`]),
-//!   then asks when the peer will have stalled too long ([`Link::write_deadline`]).
+//!   then asks when the peer will have stalled too long ([`Link::write_deadline`]) and, at that
+//!   time, whether it has ([`Link::write_timed_out`]). Progress is what the peer takes, not only
+//!   what the socket accepts: a slow reader behind a send buffer of megabytes leaves the socket
+//!   unwritable for long while the kernel's queue goes down ([`Stall`]).
 //! - **Buffers go back** to the worker's pool while the connection has nothing in them
 //!   ([`Link::release_idle`]), so an idle connection holds none.
 //! - **The end** ([`Link::finish`]): what is still queued is written, under the write timeout;
@@ -83,9 +86,51 @@ pub(crate) struct Link {
     pub(crate) worker: Rc<Worker>,
     /// Bytes read since the connection last yielded to the worker's others.
     read_in_turn: usize,
-    /// Since when output has been waiting without the peer taking any of it ([`Link::poll_send`]);
-    /// `None` while everything is written.
-    stalled_since: Option<Instant>,
+    /// Output waiting without the socket taking any of it ([`Link::poll_send`]); `None` while
+    /// everything is written.
+    stalled: Option<Stall>,
+}
+
+/// Output that waits on the peer: since when the socket took none of it, and how much the
+/// kernel held for the peer then. When the write timeout has passed, the peer has stalled only
+/// if the kernel's queue did not go down meanwhile; if it did, the peer is reading (slowly,
+/// through a large send buffer that reports the socket writable only when a good part of it is
+/// free) and the wait starts again.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stall {
+    since: Instant,
+    queued: Option<u32>,
+}
+
+impl Stall {
+    /// A stall starting now.
+    pub(crate) fn start<T: Transport>(io: &T) -> Stall {
+        Stall {
+            since: clock(),
+            queued: io.kernel_queued(),
+        }
+    }
+
+    /// When the stall will have lasted `timeout`.
+    #[inline]
+    pub(crate) fn deadline(&self, timeout: Duration) -> Instant {
+        later(self.since, timeout)
+    }
+
+    /// At the deadline: whether the peer took nothing since the stall started. If it took
+    /// something from the kernel's queue, the stall starts again now and this says false.
+    pub(crate) fn timed_out<T: Transport>(&mut self, io: &T) -> bool {
+        match (self.queued, io.kernel_queued()) {
+            (Some(then), Some(now)) if now < then => {
+                *self = Stall {
+                    since: clock(),
+                    queued: Some(now),
+                };
+                false
+            }
+            _ => true,
+        }
+    }
 }
 
 impl Link {
@@ -96,7 +141,7 @@ impl Link {
             out: Out::default(),
             worker,
             read_in_turn: 0,
-            stalled_since: None,
+            stalled: None,
         }
     }
 
@@ -132,7 +177,16 @@ impl Link {
             };
         }
         grow(&mut self.input);
-        let n = ready!(poll_read_buf(io, cx, &mut self.input))?;
+        let read = poll_read_buf(io, cx, &mut self.input);
+        if io.has_pending_output() {
+            // The read made output of the transport's own (TLS: the alert that refuses a
+            // renegotiation, a key update's answer): it leaves now, whether or not the read
+            // brought anything for the protocol, which may have nothing to send for long.
+            if let Poll::Ready(Err(e)) = io.poll_flush(cx) {
+                return Poll::Ready(Err(e));
+            }
+        }
+        let n = ready!(read)?;
         self.read_in_turn += n;
         Poll::Ready(Ok(n))
     }
@@ -154,25 +208,24 @@ impl Link {
         self.out.poll_write(io, cx)
     }
 
-    /// Writes what the transport takes now, without waiting, and keeps the time since which the
-    /// peer has taken nothing for [`Link::write_deadline`] (restarted by every write that makes
-    /// progress).
+    /// Writes what the transport takes now, without waiting, and keeps the stall for
+    /// [`Link::write_deadline`] (restarted by every write that makes progress).
     pub(crate) fn poll_send<T: Transport>(
         &mut self,
         io: &mut T,
         cx: &mut Context<'_>,
     ) -> io::Result<()> {
         if !self.has_output(io) {
-            self.stalled_since = None;
+            self.stalled = None;
             return Ok(());
         }
         let before = self.out.len();
         match self.out.poll_write(io, cx) {
-            Poll::Ready(Ok(())) => self.stalled_since = None,
+            Poll::Ready(Ok(())) => self.stalled = None,
             Poll::Ready(Err(e)) => return Err(e),
             Poll::Pending => {
-                if self.out.len() < before || self.stalled_since.is_none() {
-                    self.stalled_since = Some(clock());
+                if self.out.len() < before || self.stalled.is_none() {
+                    self.stalled = Some(Stall::start(io));
                 }
             }
         }
@@ -180,10 +233,18 @@ impl Link {
     }
 
     /// When the output left by [`Link::poll_send`] will have waited `timeout` without progress
-    /// (`None` while everything is written): the driver closes the connection then.
+    /// (`None` while everything is written): the driver asks [`Link::write_timed_out`] then.
     #[inline]
     pub(crate) fn write_deadline(&self, timeout: Duration) -> Option<Instant> {
-        self.stalled_since.map(|at| later(at, timeout))
+        self.stalled.map(|stall| stall.deadline(timeout))
+    }
+
+    /// Once [`Link::write_deadline`] has passed: whether the peer has stalled (the driver closes
+    /// the connection), or is still taking what the kernel holds (the deadline moves on).
+    pub(crate) fn write_timed_out<T: Transport>(&mut self, io: &T) -> bool {
+        self.stalled
+            .as_mut()
+            .is_none_or(|stall| stall.timed_out(io))
     }
 
     /// Makes sure the output has a buffer to encode into (it went back to the pool while idle).
@@ -193,7 +254,8 @@ impl Link {
     }
 
     /// Writes everything queued; fails once the peer has taken nothing for `timeout` (measured
-    /// on the worker's coarse clock, and restarted by every write that makes progress).
+    /// on the worker's coarse clock, and restarted by every write that makes progress and
+    /// whenever the kernel's queue went down: see [`Stall`]).
     pub(crate) async fn flush<T: Transport>(
         &mut self,
         io: &mut T,
@@ -203,20 +265,25 @@ impl Link {
         if !self.has_output(io) {
             return Ok(());
         }
-        let mut deadline = later(self.worker.now(), timeout);
-        poll_fn(|cx| {
+        let mut stall: Option<Stall> = None;
+        poll_fn(|cx| loop {
             let before = self.out.len();
             match self.out.poll_write(io, cx) {
-                Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
-                Poll::Ready(Err(e)) => Poll::Ready(Err(WriteError::Io(e))),
+                Poll::Ready(Ok(())) => return Poll::Ready(Ok(())),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(WriteError::Io(e))),
                 Poll::Pending => {
-                    if self.out.len() < before {
-                        deadline = later(self.worker.now(), timeout);
+                    if self.out.len() < before || stall.is_none() {
+                        stall = Some(Stall::start(io));
                     }
-                    if timer.poll_expired(cx, deadline) {
+                    let Some(waiting) = stall.as_mut() else {
+                        return Poll::Pending;
+                    };
+                    if !timer.poll_expired(cx, waiting.deadline(timeout)) {
+                        return Poll::Pending;
+                    }
+                    if waiting.timed_out(io) {
                         return Poll::Ready(Err(WriteError::TimedOut));
                     }
-                    Poll::Pending
                 }
             }
         })
@@ -263,12 +330,13 @@ impl Link {
                 Poll::Pending => {}
             }
         }
-        if self.has_output(io) {
-            let write = poll_fn(|cx| self.out.poll_write(io, cx));
-            match tokio::time::timeout(write_timeout, write).await {
-                Ok(Ok(())) => {}
-                _ => return,
-            }
+        if self.has_output(io)
+            && self
+                .flush(io, &mut Timer::new(), write_timeout)
+                .await
+                .is_err()
+        {
+            return;
         }
         if matches!(ending, Ending::Settled | Ending::Final) && io.plain_tcp() {
             return;

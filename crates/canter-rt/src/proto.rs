@@ -795,7 +795,11 @@ impl Actor {
             if self.poll_sleep(cx, at) {
                 let now = Instant::now();
                 if write_deadline.is_some_and(|d| d <= now) {
-                    return Poll::Ready(Event::Failed(Close::WriteTimeout));
+                    if self.core.link.write_timed_out(io) {
+                        return Poll::Ready(Event::Failed(Close::WriteTimeout));
+                    }
+                    // The peer is still taking what the kernel holds: the deadline moved on.
+                    cx.waker().wake_by_ref();
                 }
                 if self.core.timer.is_some_and(|t| t <= now) {
                     self.core.timer = None;

@@ -88,6 +88,28 @@ pub trait Transport: Unpin + 'static {
     fn has_pending_output(&self) -> bool {
         false
     }
+
+    /// How many bytes the kernel still holds for the peer on the socket underneath (sent and
+    /// not acknowledged, or not yet sent: `SIOCOUTQ`); `None` where there is no socket. The
+    /// actor's write timeout reads it when its own output has waited long: a queue that went
+    /// down means the peer is still taking data, slowly, through a send buffer that the kernel
+    /// grew so large that the socket stays unwritable for long.
+    fn kernel_queued(&self) -> Option<u32> {
+        None
+    }
+}
+
+/// `SIOCOUTQ` on a socket: the bytes its send queue holds.
+fn send_queue(fd: std::os::fd::RawFd) -> Option<u32> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: `fd` is an open socket borrowed by the caller for the duration of the call, and
+    // `TIOCOUTQ` (`SIOCOUTQ` for TCP) writes one `int` through the pointer, which points at a
+    // live, writable `c_int`.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) };
+    if rc < 0 {
+        return None;
+    }
+    u32::try_from(queued).ok()
 }
 
 impl Transport for TcpStream {
@@ -129,6 +151,10 @@ impl Transport for TcpStream {
     #[inline]
     fn raw_tcp(&self) -> Option<&TcpStream> {
         Some(self)
+    }
+
+    fn kernel_queued(&self) -> Option<u32> {
+        send_queue(self.as_raw_fd())
     }
 }
 
@@ -343,6 +369,14 @@ impl Transport for LazyTcp {
     fn register(&mut self) -> io::Result<()> {
         self.register_now().map(|_| ())
     }
+
+    fn kernel_queued(&self) -> Option<u32> {
+        match &self.0 {
+            Lazy::Outside(tcp) => send_queue(tcp.as_raw_fd()),
+            Lazy::Inside(tcp) => send_queue(tcp.as_raw_fd()),
+            Lazy::Closed => None,
+        }
+    }
 }
 
 /// The write half of a `Transport` that is a tokio `AsyncWrite` as it is.
@@ -404,6 +438,10 @@ impl Transport for TlsStream {
 
     fn has_pending_output(&self) -> bool {
         self.get_ref().1.wants_write()
+    }
+
+    fn kernel_queued(&self) -> Option<u32> {
+        send_queue(self.get_ref().0.as_raw_fd())
     }
 
     fn encrypted(&self) -> bool {
@@ -557,6 +595,10 @@ impl Transport for Stream {
             Stream::Plain(_) => false,
             Stream::Tls(s) => s.has_pending_output(),
         }
+    }
+
+    fn kernel_queued(&self) -> Option<u32> {
+        send_queue(self.tcp().as_raw_fd())
     }
 }
 
