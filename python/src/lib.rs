@@ -296,11 +296,22 @@ fn init_logging() {
     LOG.call_once(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_env("CANTER_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        let _ = tracing_subscriber::fmt()
+        let subscriber = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
-            .try_init();
+            .with_ansi(colour())
+            .finish();
+        // Either may be set already by an embedding program: then its choice stands.
+        if tracing::subscriber::set_global_default(subscriber).is_ok() {
+            let _ = canter_rt::route_log_records();
+        }
     });
+}
+
+/// Log lines are coloured on a terminal only, and not where `NO_COLOR` is set (no-color.org).
+fn colour() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 /// What a worker serves: native routes, or an ASGI app.

@@ -33,7 +33,8 @@ enum Command {
         #[command(subcommand)]
         app: PipelineApp,
     },
-    /// Create and fill the TechEmpower tables (World: 10,000 rows; Fortune) in a database.
+    /// Create and fill the TechEmpower tables (world: 10,000 rows; fortune; and their copies
+    /// "World" and "Fortune", as TechEmpower's own database has them) in a database.
     DbSetup(DbSetupArgs),
 }
 
@@ -224,14 +225,22 @@ struct ServeArgs {
     tls_client_ca: Option<PathBuf>,
 }
 
+/// Log lines are coloured on a terminal only, and not where `NO_COLOR` is set (no-color.org).
+fn colour() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+    let subscriber = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_ansi(colour())
+        .finish();
+    // Nothing else set either yet: neither can fail here.
+    let _ = tracing::subscriber::set_global_default(subscriber);
+    let _ = canter::rt::route_log_records();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args).map_err(CliError::Serve),
@@ -531,7 +540,10 @@ fn db_setup(args: &DbSetupArgs) -> Result<(), DbSetupError> {
         .map_err(DbSetupError::Runtime)?;
     rt.block_on(canter::techempower::setup(&config))
         .map_err(DbSetupError::Setup)?;
-    tracing::info!(db = config.dbname(), "created the World and Fortune tables");
+    tracing::info!(
+        db = config.dbname(),
+        "created the world and fortune tables (and \"World\" and \"Fortune\")"
+    );
     Ok(())
 }
 

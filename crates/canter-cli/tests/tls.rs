@@ -573,6 +573,86 @@ fn hostile_tls_input_is_refused_and_others_unaffected() {
     assert_eq!(out.stdout, b"Hello, World!");
 }
 
+/// A TLS 1.2 client that asks to renegotiate (`R` on openssl's input) gets rustls's refusal, the
+/// `no_renegotiation` alert, at once: a read that makes TLS output and no plaintext is followed
+/// by a write. What the TLS library says about a peer (the refusal, an IP address as SNI) is a
+/// client fault: counted (`tls_warning`) and logged at debug, never a WARN line per peer.
+#[test]
+fn a_renegotiation_is_refused_at_once_and_tls_warnings_are_counted() {
+    let server = tls_server(&[
+        "--tls-self-signed",
+        "--metrics",
+        "--fault-log-interval",
+        "1",
+    ]);
+    let addr = SocketAddr::from(([127, 0, 0, 1], server.tls_port())).to_string();
+    let mut child = Command::new("openssl")
+        .args(["s_client", "-connect", &addr, "-tls1_2", "-msg"])
+        .args(["-servername", "127.0.0.1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("openssl runs");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The handshake is done once openssl prints its session; then ask to renegotiate.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = String::new();
+    let mut asked = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
+            break;
+        };
+        seen.push_str(&line);
+        seen.push('\n');
+        if asked.is_none() && line.contains("Verify return code") {
+            stdin.write_all(b"R\n").unwrap();
+            asked = Some(Instant::now());
+        }
+        if line.contains("warning no_renegotiation") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let asked = asked.unwrap_or_else(|| panic!("no handshake:\n{seen}"));
+    assert!(
+        seen.contains("Alert [length 0002], warning no_renegotiation"),
+        "no alert within 10 s of the request:\n{seen}"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+
+    // Counted (the IP address as SNI, the refusal), summarised, and no WARN line.
+    wait_for_log(&server, "tls_warning=", 0);
+    let out = curl(&["-k", "--http1.1", &format!("https://{addr}/metrics")]);
+    let metrics = String::from_utf8_lossy(&out.stdout);
+    let count: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("canter_client_errors_total{kind=\"tls_warning\"} "))
+        .unwrap_or_else(|| panic!("{metrics}"))
+        .parse()
+        .unwrap();
+    assert!(count >= 2, "{metrics}");
+    let log = server.log();
+    assert!(!log.contains(" WARN "), "{log}");
+}
+
 /// A thousand TLS handshakes at once against one worker with default settings: all complete.
 #[test]
 fn a_thousand_concurrent_handshakes_on_one_worker() {

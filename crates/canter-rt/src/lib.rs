@@ -26,6 +26,7 @@ pub mod framing;
 mod h2;
 mod http1;
 mod link;
+mod log_bridge;
 mod outbound;
 mod output;
 pub mod proto;
@@ -42,6 +43,7 @@ pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 pub use canter_h1::{BodyKind, RequestHead, Version};
 pub use canter_h1::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};
 pub use http1::serve_connection;
+pub use log_bridge::route_log_records;
 pub use outbound::{connect, connect_tcp, connect_tls};
 pub use server::{
     listen, on_signals, shutdown_on_signals, ClientFault, Config, ConfigBuilder, ParkHooks, Server,

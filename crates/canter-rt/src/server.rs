@@ -513,14 +513,18 @@ pub enum ClientFault {
     Reset,
     /// The TLS handshake failed or stalled.
     TlsHandshake,
-    /// The peer broke the protocol: bytes that are neither HTTP/1 nor HTTP/2, an HTTP/2
-    /// connection error.
+    /// The peer broke the protocol: a bad PROXY protocol header, a first line that is neither
+    /// HTTP/1 nor HTTP/2, an HTTP/2 connection error.
     Protocol,
+    /// The peer's TLS messages drew a warning from the TLS library, the connection going on:
+    /// an IP address or an invalid name as SNI, a refused renegotiation (see
+    /// [`crate::route_log_records`]).
+    TlsWarning,
 }
 
 impl ClientFault {
     /// Every kind, in the order of [`ClientFault::name`]'s summaries.
-    pub const ALL: [ClientFault; 8] = [
+    pub const ALL: [ClientFault; 9] = [
         ClientFault::BadRequest,
         ClientFault::BadBody,
         ClientFault::HeadTimeout,
@@ -529,10 +533,11 @@ impl ClientFault {
         ClientFault::Reset,
         ClientFault::TlsHandshake,
         ClientFault::Protocol,
+        ClientFault::TlsWarning,
     ];
 
     /// The kind's name in logs and metrics: `bad_request`, `bad_body`, `head_timeout`,
-    /// `body_timeout`, `idle_timeout`, `reset`, `tls_handshake`, `protocol`.
+    /// `body_timeout`, `idle_timeout`, `reset`, `tls_handshake`, `protocol`, `tls_warning`.
     pub fn name(self) -> &'static str {
         match self {
             ClientFault::BadRequest => "bad_request",
@@ -543,6 +548,7 @@ impl ClientFault {
             ClientFault::Reset => "reset",
             ClientFault::TlsHandshake => "tls_handshake",
             ClientFault::Protocol => "protocol",
+            ClientFault::TlsWarning => "tls_warning",
         }
     }
 }

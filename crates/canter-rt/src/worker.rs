@@ -33,6 +33,19 @@ pub(crate) struct Coalesce {
 thread_local! {
     /// When the worker began its current wait for events, and whether its last wait was short.
     static WAIT: Cell<(Option<Instant>, bool)> = const { Cell::new((None, false)) };
+    /// The counters of the worker that runs on this thread: what a fault noticed outside the
+    /// connection's own code (a library's log record) is counted into.
+    static STATS: RefCell<Option<Arc<Stats>>> = const { RefCell::new(None) };
+}
+
+/// Counts a client fault into the counters of the worker that runs on this thread; nothing on a
+/// thread that runs none.
+pub(crate) fn fault_on_this_thread(kind: crate::ClientFault) {
+    STATS.with(|stats| {
+        if let Some(stats) = stats.borrow().as_ref() {
+            stats.fault(kind);
+        }
+    });
 }
 
 impl Coalesce {
@@ -105,8 +118,9 @@ impl Worker {
         self.stats.fault(kind);
     }
 
-    /// A worker counting into `stats`.
+    /// A worker counting into `stats`, the worker of the calling thread from now on.
     pub(crate) fn new(stats: Arc<Stats>) -> Worker {
+        STATS.with(|current| *current.borrow_mut() = Some(stats.clone()));
         let w = Worker {
             date: RefCell::new([0; 29]),
             stats,
