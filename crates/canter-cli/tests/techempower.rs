@@ -279,6 +279,47 @@ fn expected_fortunes(pg: &Postgres) -> String {
     html
 }
 
+/// What TechEmpower's verifier (toolset/databases/postgres) reads: the rows of every statement
+/// that names `world` and says SELECT (rows read), or UPDATE (rows updated), from
+/// pg_stat_statements; and both `"World"` and `world`, before and after the update test.
+#[test]
+fn the_tfb_verifiers_counts_and_tables_hold() {
+    let pg = Postgres::start_with(&["shared_preload_libraries=pg_stat_statements"]);
+    db_setup(&pg);
+    for table in ["\"World\"", "world"] {
+        assert_eq!(pg.psql(&format!("SELECT count(*) FROM {table}")), "10000");
+    }
+    for table in ["\"Fortune\"", "fortune"] {
+        assert_eq!(pg.psql(&format!("SELECT count(*) FROM {table}")), "12");
+    }
+    let url = pg.url();
+    let server = Server::start_with(&["--app", "techempower", "--db", url.as_str()]);
+    get_ok(&server, "/db", Duration::from_secs(10));
+    pg.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+    // The verifier's own reading of both tables (it fails on the first one missing).
+    let both = || {
+        pg.psql("SELECT (SELECT sum(randomnumber) FROM \"World\") || ' ' || (SELECT string_agg(randomnumber::text, ',' ORDER BY id) FROM world)")
+    };
+    let before = both();
+    pg.psql("SELECT pg_stat_statements_reset()");
+    let (requests, queries) = (10, 20);
+    for _ in 0..requests {
+        let r = get(&server, &format!("/updates?queries={queries}"));
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let sum = |rule: &str| {
+        pg.psql(&format!(
+            "SELECT coalesce(sum(rows), 0) FROM pg_stat_statements \
+             WHERE query ~* '([:punct:]|[:space:])world' AND query ~* '{rule}' \
+             AND query !~* 'pg_stat_statements'"
+        ))
+    };
+    let expected = (requests * queries).to_string();
+    assert_eq!(sum("select"), expected, "rows read");
+    assert_eq!(sum("update"), expected, "rows updated");
+    assert_ne!(both(), before, "the update test sees the rows change");
+}
+
 #[test]
 fn db_setup_can_run_again() {
     let pg = Postgres::start();

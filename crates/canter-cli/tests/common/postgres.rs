@@ -15,11 +15,18 @@ pub struct Postgres {
     bin: PathBuf,
     dir: PathBuf,
     pub port: u16,
+    /// Server settings beyond the defaults, as `-c name=value` options.
+    settings: Vec<String>,
 }
 
 impl Postgres {
     /// Starts a new server with a `canter` superuser (trust authentication on loopback).
     pub fn start() -> Postgres {
+        Postgres::start_with(&[])
+    }
+
+    /// As [`Postgres::start`], with server settings (`name=value`, passed as `-c` options).
+    pub fn start_with(settings: &[&str]) -> Postgres {
         let bin = postgres_bin();
         let dir = std::env::temp_dir().join(format!(
             "canter-pg-{}-{}",
@@ -32,6 +39,7 @@ impl Postgres {
             bin,
             dir,
             port: free_port(),
+            settings: settings.iter().map(|s| format!(" -c {s}")).collect(),
         };
         // PostgreSQL refuses to run as root: as root, run it as the package's `postgres` user.
         if is_root() {
@@ -190,9 +198,10 @@ impl Postgres {
 
     fn pg_ctl_start(&self) {
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200{}",
             self.port,
-            self.dir.display()
+            self.dir.display(),
+            self.settings.concat()
         );
         let log = self.dir.join("log");
         let out = self.run(
