@@ -310,7 +310,7 @@ fn the_tfb_verifiers_counts_and_tables_hold() {
     let sum = |rule: &str| {
         pg.psql(&format!(
             "SELECT coalesce(sum(rows), 0) FROM pg_stat_statements \
-             WHERE query ~* '([:punct:]|[:space:])world' AND query ~* '{rule}' \
+             WHERE query ~* '[[:<:]]world[[:>:]]' AND query ~* '{rule}' \
              AND query !~* 'pg_stat_statements'"
         ))
     };

@@ -653,6 +653,62 @@ fn a_renegotiation_is_refused_at_once_and_tls_warnings_are_counted() {
     assert!(!log.contains(" WARN "), "{log}");
 }
 
+/// Start-up errors name the files: a key that does not belong to its certificate (and which
+/// pair, when there are several), and an encrypted key (which canter cannot read).
+#[test]
+fn bad_key_files_are_named_at_start() {
+    let pki = Pki::new();
+    let a = pki.server("a", &["a.test"]);
+    let b = pki.server("b", &["b.test"]);
+    let start = |pairs: &[(&std::path::Path, &std::path::Path)]| {
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["serve".into(), "--tls-addr".into(), "127.0.0.1:0".into()];
+        for (cert, key) in pairs {
+            args.extend(["--tls-cert".into(), cert.as_os_str().to_owned()]);
+            args.extend(["--tls-key".into(), key.as_os_str().to_owned()]);
+        }
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let (status, err) = common::canter_exits(&args);
+        assert!(!status.success(), "{err}");
+        err
+    };
+    let err = start(&[(&a.cert, &b.key)]);
+    let want = format!(
+        "{}: the private key does not belong to the certificate in {}",
+        b.key.display(),
+        a.cert.display()
+    );
+    assert!(err.contains(&want), "{err}");
+    assert!(!err.contains("pair"), "{err}");
+    let err = start(&[(&a.cert, &a.key), (&b.cert, &a.key)]);
+    assert!(err.contains("(certificate and key pair 2 of 2)"), "{err}");
+    assert!(err.contains(&b.cert.display().to_string()), "{err}");
+
+    let encrypted = a.key.with_extension("encrypted.pem");
+    let out = Command::new("openssl")
+        .args([
+            "pkcs8",
+            "-topk8",
+            "-v2",
+            "aes-256-cbc",
+            "-passout",
+            "pass:secret",
+            "-in",
+        ])
+        .arg(&a.key)
+        .arg("-out")
+        .arg(&encrypted)
+        .output()
+        .expect("openssl runs");
+    assert!(out.status.success(), "{out:?}");
+    let err = start(&[(&a.cert, &encrypted)]);
+    let want = format!(
+        "{}: the private key is encrypted; canter needs it unencrypted",
+        encrypted.display()
+    );
+    assert!(err.contains(&want), "{err}");
+}
+
 /// A thousand TLS handshakes at once against one worker with default settings: all complete.
 #[test]
 fn a_thousand_concurrent_handshakes_on_one_worker() {

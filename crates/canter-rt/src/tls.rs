@@ -40,6 +40,23 @@ pub enum TlsError {
         /// What was looked for: "certificate", "private key", "CA certificate".
         expected: &'static str,
     },
+    /// The private key is encrypted (PKCS#8 `ENCRYPTED PRIVATE KEY`, or a legacy PEM with
+    /// `Proc-Type: 4,ENCRYPTED`): canter reads keys unencrypted only.
+    EncryptedKey {
+        /// The key file.
+        path: PathBuf,
+    },
+    /// A private key does not belong to the certificate it was given with.
+    KeyMismatch {
+        /// The certificate chain file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// Which pair, from 1, of `pairs` configured (several: SNI picks one).
+        pair: usize,
+        /// How many certificate and key pairs were configured.
+        pairs: usize,
+    },
     /// No certificate was configured (neither files nor a self-signed one).
     NoCertificate,
     /// rustls refused the material or the settings (a key that does not match its
@@ -55,6 +72,29 @@ impl fmt::Display for TlsError {
             TlsError::Read { path, source } => write!(f, "{}: {source}", path.display()),
             TlsError::Pem { path, expected } => {
                 write!(f, "{}: no PEM {expected} found", path.display())
+            }
+            TlsError::EncryptedKey { path } => write!(
+                f,
+                "{}: the private key is encrypted; canter needs it unencrypted \
+                 (for example: openssl pkey -in KEY -out PLAIN_KEY)",
+                path.display()
+            ),
+            TlsError::KeyMismatch {
+                cert,
+                key,
+                pair,
+                pairs,
+            } => {
+                write!(
+                    f,
+                    "{}: the private key does not belong to the certificate in {}",
+                    key.display(),
+                    cert.display()
+                )?;
+                if *pairs > 1 {
+                    write!(f, " (certificate and key pair {pair} of {pairs})")?;
+                }
+                Ok(())
             }
             TlsError::NoCertificate => {
                 f.write_str("TLS needs a certificate (files or self-signed)")
@@ -219,15 +259,39 @@ impl ServerTls {
             return Ok((Keys { all: vec![key] }, Some(fingerprint)));
         }
         let mut all = Vec::with_capacity(self.certs.len());
-        for (chain, key) in &self.certs {
+        for (i, (chain, key)) in self.certs.iter().enumerate() {
             let chain_der = read_certs(chain, "certificate")?;
-            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| pem_error(key, e))?;
-            all.push(Arc::new(CertifiedKey::from_der(
-                chain_der, key_der, provider,
-            )?));
+            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                if is_encrypted_key(key) {
+                    TlsError::EncryptedKey { path: key.clone() }
+                } else {
+                    pem_error(key, e)
+                }
+            })?;
+            let certified = match CertifiedKey::from_der(chain_der, key_der, provider) {
+                Err(rustls::Error::InconsistentKeys(_)) => {
+                    return Err(TlsError::KeyMismatch {
+                        cert: chain.clone(),
+                        key: key.clone(),
+                        pair: i + 1,
+                        pairs: self.certs.len(),
+                    })
+                }
+                other => other?,
+            };
+            all.push(Arc::new(certified));
         }
         Ok((Keys { all }, None))
     }
+}
+
+/// Whether the PEM file at `path` holds an encrypted private key (which the PEM reader skips,
+/// finding no key).
+fn is_encrypted_key(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|text| {
+        text.contains("-----BEGIN ENCRYPTED PRIVATE KEY-----")
+            || text.contains("Proc-Type: 4,ENCRYPTED")
+    })
 }
 
 fn pem_error(path: &Path, e: rustls::pki_types::pem::Error) -> TlsError {
