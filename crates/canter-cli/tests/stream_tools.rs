@@ -127,6 +127,58 @@ fn every_record_arrives_once_in_order_with_its_latency() {
     assert!(std::fs::read(out.path()).unwrap() == data);
 }
 
+/// `--out` is written while `canter receive` runs (a reader of the file sees the records once
+/// the senders pause), and what arrived is in the file after SIGTERM or SIGINT too.
+#[test]
+fn out_is_written_as_records_come_and_kept_on_a_signal() {
+    let data = records(3_000);
+    let file = TempFile::new("signalled.bin", &data);
+    for signal in ["TERM", "INT"] {
+        let out = TempFile::new(&format!("received-{signal}.bin"), b"");
+        let out_path = out.path().to_str().unwrap().to_owned();
+        let (child, addr) = receive(&["--out", &out_path]);
+        let sent = send(&[
+            "--to",
+            &addr.to_string(),
+            "--file",
+            file.path().to_str().unwrap(),
+        ]);
+        assert!(sent.status.success(), "{sent:?}");
+        // Without --expect or --duration the receiver runs on: the file fills meanwhile.
+        let start = std::time::Instant::now();
+        while std::fs::metadata(out.path()).unwrap().len() < data.len() as u64 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "--out holds {} of {} bytes while receiving",
+                std::fs::metadata(out.path()).unwrap().len(),
+                data.len()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        // More records, then the signal at once: they are in the file too.
+        let sent = send(&[
+            "--to",
+            &addr.to_string(),
+            "--file",
+            file.path().to_str().unwrap(),
+        ]);
+        assert!(sent.status.success(), "{sent:?}");
+        let killed = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let (_, r) = finish(child);
+        assert_eq!(r["records"], 6_000, "{signal}: {r}");
+        let written = std::fs::read(out.path()).unwrap();
+        assert!(
+            written == [&data[..], &data[..]].concat(),
+            "{signal}: {} bytes",
+            written.len()
+        );
+    }
+}
+
 #[test]
 fn rate_paces_the_sender_and_repeat_runs_until_the_duration() {
     let file = TempFile::new("paced.bin", &records(100));

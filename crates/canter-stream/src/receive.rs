@@ -34,7 +34,9 @@ pub struct ReceiveArgs {
     /// Print the final report as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Append every record to FILE as it arrives, framed as received.
+    /// Append every record to FILE as it arrives, framed as received (written whenever the
+    /// connections go quiet and at least once a second, and on every way out: --expect,
+    /// --duration, SIGINT, SIGTERM).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
     /// Where each record's timestamp starts (u64 big-endian, ns since the Unix epoch); negative
@@ -106,8 +108,17 @@ struct Shared {
     out: Option<BufWriter<File>>,
 }
 
-/// Runs `canter receive` until --expect records arrived or --duration passed.
+/// `--out` is written at least this often while records arrive without a pause.
+const OUT_EVERY: Duration = Duration::from_secs(1);
+
+/// Runs `canter receive` until --expect records arrived, --duration passed, or SIGINT or SIGTERM
+/// came.
 pub fn run(args: &ReceiveArgs) -> io::Result<Report> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        canter_rt::on_signals(move || stop.store(true, std::sync::atomic::Ordering::Relaxed))?;
+    }
     let listener = TcpListener::bind(args.listen)?;
     eprintln!("canter receive: listening on {}", listener.local_addr()?);
     let out = match &args.out {
@@ -146,13 +157,43 @@ pub fn run(args: &ReceiveArgs) -> io::Result<Report> {
     let started = Instant::now();
     let mut next_line = started + args.interval;
     let mut last_count = 0;
+    // Records as of the last turn, and when `--out` was last written.
+    let (mut seen, mut written) = (0, started);
+    // When SIGINT or SIGTERM came.
+    let mut signalled = None;
     loop {
         thread::sleep(Duration::from_millis(10));
         let now = Instant::now();
-        let (records, complete) = {
-            let s = lock(&shared);
-            (s.records, args.expect.is_some_and(|n| s.records >= n))
+        let (records, complete, quiet) = {
+            let mut s = lock(&shared);
+            let quiet = s.records == seen;
+            // Write what `--out` holds once the connections went quiet for a turn, and at
+            // least every OUT_EVERY: a reader of the file sees the records as they come.
+            if quiet || now - written >= OUT_EVERY {
+                written = now;
+                if let Some(out) = s.out.as_mut() {
+                    if let Err(e) = out.flush() {
+                        eprintln!("canter receive: cannot write --out: {e}");
+                        s.out = None;
+                    }
+                }
+            }
+            seen = s.records;
+            (
+                s.records,
+                args.expect.is_some_and(|n| s.records >= n),
+                quiet,
+            )
         };
+        // On a signal, what the connections still have to read is taken first (until a quiet
+        // turn, for OUT_EVERY at most), so that the report and the file hold what was sent
+        // before it.
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let since = *signalled.get_or_insert(now);
+            if quiet || now - since >= OUT_EVERY {
+                break;
+            }
+        }
         if complete || args.duration.is_some_and(|d| now - started >= d) {
             break;
         }
