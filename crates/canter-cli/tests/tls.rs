@@ -768,6 +768,15 @@ fn canter_load_over_tls() {
         );
         serde_json::from_slice(&out.stdout).unwrap()
     };
+    let stderr_of = |extra: &[&str], url: &str| -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+            .args(["load", "--json", "--no-progress", "-c", "4"])
+            .args(extra)
+            .arg(url)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     let ca = pki.ca();
     for extra in [
         &["-n", "2000", "--cacert", ca.to_str().unwrap()][..],
@@ -786,4 +795,27 @@ fn canter_load_over_tls() {
         report["errors"]["connect"].as_u64().unwrap() > 0,
         "{report}"
     );
+    // Why, said once (as curl says it), for HTTP/1.1 and HTTP/2 alike.
+    for extra in [&["-d", "1s"][..], &["-d", "1s", "-m", "10"]] {
+        let err = stderr_of(extra, &url);
+        let why = "certificate not trusted (UnknownIssuer): use --cacert FILE, or -k for a \
+                   development certificate";
+        assert_eq!(err.matches(why).count(), 1, "{extra:?}: {err}");
+    }
+    // A server that goes away during the run: its connections fail, then connecting is
+    // refused; each reason said once.
+    let plain = server.addr();
+    let load = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(["load", "--json", "--no-progress", "-c", "4", "-d", "3s"])
+        .arg(format!("http://{plain}/plaintext"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    thread::sleep(Duration::from_secs(1));
+    server.signal("KILL");
+    let out = load.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let why = format!("connection refused (is a server listening on {plain}?)");
+    assert_eq!(err.matches(&why).count(), 1, "{err}");
 }

@@ -173,6 +173,9 @@ impl Conn<'_> {
     }
 
     fn error(&self, kind: ErrorKind, n: u64) {
+        if kind == ErrorKind::Timeout && n > 0 {
+            crate::explain::timed_out(self.cfg.timeout);
+        }
         if self.measuring() && n > 0 {
             self.shared.stats.borrow_mut().error(kind, n);
         }
@@ -208,7 +211,8 @@ impl Conn<'_> {
                 self.stream = Some(s);
                 true
             }
-            Err(_) => {
+            Err(e) => {
+                crate::explain::connect_failed(self.cfg.addr, &e);
                 self.error(ErrorKind::Connect, 1);
                 let until = c_deadline(self.cfg, self.now + CONNECT_BACKOFF);
                 tokio::time::sleep_until(until.into()).await;
@@ -476,13 +480,14 @@ impl Conn<'_> {
                         self.shared.stats.borrow_mut().bytes_read += n as u64;
                     }
                 }
-                Some(Err(_)) => {
+                Some(Err(e)) => {
                     self.now = Instant::now();
                     if reused && !got_bytes && self.start == self.end {
                         return Outcome::Closed {
                             unanswered: outstanding,
                         };
                     }
+                    crate::explain::connection_failed(self.cfg.addr, &e);
                     return Outcome::Failed(ErrorKind::Read, 1);
                 }
             }

@@ -203,6 +203,9 @@ impl<'a> Conn<'a> {
     }
 
     fn error(&self, kind: ErrorKind, n: u64) {
+        if kind == ErrorKind::Timeout && n > 0 {
+            crate::explain::timed_out(self.cfg.timeout);
+        }
         if self.measuring() && n > 0 {
             self.shared.stats.borrow_mut().error(kind, n);
         }
@@ -240,10 +243,11 @@ impl<'a> Conn<'a> {
                 self.out.extend_from_slice(&(WINDOW - 65_535).to_be_bytes());
                 Some(s)
             }
-            Err(_) => {
+            Err(e) => {
                 if self.cfg.end.is_some_and(|e| self.now >= e) {
                     return None;
                 }
+                crate::explain::connect_failed(self.cfg.addr, &e);
                 self.error(ErrorKind::Connect, 1);
                 let until = deadline(self.cfg, self.now + CONNECT_BACKOFF);
                 tokio::time::sleep_until(until.into()).await;
@@ -505,7 +509,10 @@ impl<'a> Conn<'a> {
             let mut rb = ReadBuf::new(&mut self.rbuf[self.end..]);
             match Pin::new(&mut *stream).poll_read(cx, &mut rb) {
                 Poll::Ready(Ok(())) => Poll::Ready(Turn::Read(rb.filled().len())),
-                Poll::Ready(Err(_)) => Poll::Ready(Turn::Failed(ErrorKind::Read)),
+                Poll::Ready(Err(e)) => {
+                    crate::explain::connection_failed(self.cfg.addr, &e);
+                    Poll::Ready(Turn::Failed(ErrorKind::Read))
+                }
                 Poll::Pending if written == self.out.len() && written > 0 => {
                     Poll::Ready(Turn::Wrote)
                 }

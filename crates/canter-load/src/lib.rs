@@ -50,6 +50,7 @@ use std::time::{Duration, Instant};
 
 pub mod duration;
 mod error;
+mod explain;
 mod h1;
 mod h2;
 pub mod parse;
