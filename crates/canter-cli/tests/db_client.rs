@@ -358,3 +358,88 @@ fn signal(pids: &[u32], sig: &str) {
             .status();
     }
 }
+
+/// PostgreSQL over TLS: a server with `ssl=on` and a certificate from a throwaway CA, reached
+/// with `sslmode=require` (encrypted, certificate not checked) and `verify-full` (checked
+/// against `sslrootcert` and the host name); a wrong CA or host name, or `require` against a
+/// server without TLS, never opens a connection.
+#[test]
+fn tls_with_sslmode_require_and_verify_full() {
+    let pki = canter_testkit::Pki::new();
+    let cert = pki.server("pg", &["localhost", "127.0.0.1"]);
+    let other = canter_testkit::Pki::new();
+    let pg = Postgres::start_tls(&cert.cert, &cert.key);
+    let plain = Postgres::start();
+    let connect = |url: String| -> Result<bool, DbError> {
+        let mut config = DbConfig::new(&url)?.connections(1);
+        let ssl = config.prepare("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()");
+        let config = Arc::new(config);
+        on_worker(|| async move {
+            let db = Db::start(config);
+            // Loopback connections open in milliseconds; a refused one never does.
+            let deadline = Instant::now() + Duration::from_millis(1500);
+            while db.open_connections() < 1 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let row = db.query_one(ssl, &[]).await?;
+            Ok(row.get::<bool>(0))
+        })
+    };
+    let ca = pki.ca().display().to_string();
+    let wrong_ca = other.ca().display().to_string();
+    let url = |port: u16, host: &str, query: &str| {
+        format!("postgres://canter@{host}:{port}/postgres?{query}")
+    };
+    // Encrypted, whether checked or not; by IP address and by name.
+    for query in [
+        "sslmode=require".to_owned(),
+        format!("sslmode=verify-full&sslrootcert={ca}"),
+    ] {
+        for host in ["127.0.0.1", "localhost"] {
+            let got = connect(url(pg.port, host, &query));
+            assert!(matches!(got, Ok(true)), "{host} {query}: {got:?}");
+        }
+    }
+    // The key=value form too.
+    let kv = format!(
+        "host=127.0.0.1 port={} user=canter dbname=postgres sslmode=verify-full sslrootcert={ca}",
+        pg.port
+    );
+    assert!(matches!(connect(kv), Ok(true)));
+    // The default (prefer) takes TLS where offered, plaintext elsewhere.
+    assert!(matches!(connect(url(pg.port, "127.0.0.1", "")), Ok(true)));
+    assert!(matches!(
+        connect(url(plain.port, "127.0.0.1", "")),
+        Ok(false)
+    ));
+    // Refused: a certificate from another CA, one without the name connected to, and
+    // require or verify-full against a server without TLS.
+    let by_name_only = pki.server("pg-localhost", &["localhost"]);
+    let named = Postgres::start_tls(&by_name_only.cert, &by_name_only.key);
+    let verified = format!("sslmode=verify-full&sslrootcert={ca}");
+    assert!(matches!(
+        connect(url(named.port, "localhost", &verified)),
+        Ok(true)
+    ));
+    for (port, query) in [
+        (
+            pg.port,
+            format!("sslmode=verify-full&sslrootcert={wrong_ca}"),
+        ),
+        (named.port, verified.clone()),
+        (plain.port, "sslmode=require".to_owned()),
+        (plain.port, format!("sslmode=verify-full&sslrootcert={ca}")),
+    ] {
+        let got = connect(url(port, "127.0.0.1", &query));
+        assert!(matches!(got, Err(DbError::Unavailable)), "{query}: {got:?}");
+    }
+    // Settings that cannot work are refused at once.
+    for query in [
+        "sslmode=verify-ca",
+        "sslmode=sometimes",
+        "sslmode=verify-full&sslrootcert=/nonexistent.pem",
+    ] {
+        let got = DbConfig::new(&url(pg.port, "127.0.0.1", query));
+        assert!(matches!(got, Err(DbError::Tls(_))), "{query}: {got:?}");
+    }
+}

@@ -27,6 +27,17 @@ impl Postgres {
 
     /// As [`Postgres::start`], with server settings (`name=value`, passed as `-c` options).
     pub fn start_with(settings: &[&str]) -> Postgres {
+        Postgres::start_inner(settings, None)
+    }
+
+    /// As [`Postgres::start`], with TLS on (`ssl=on`) with this certificate chain and key (PEM),
+    /// copied where the server reads them as its own.
+    #[allow(dead_code)]
+    pub fn start_tls(cert: &Path, key: &Path) -> Postgres {
+        Postgres::start_inner(&[], Some((cert, key)))
+    }
+
+    fn start_inner(settings: &[&str], tls: Option<(&Path, &Path)>) -> Postgres {
         let bin = postgres_bin();
         let dir = std::env::temp_dir().join(format!(
             "canter-pg-{}-{}",
@@ -35,11 +46,24 @@ impl Postgres {
         ));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
+        let mut settings: Vec<String> = settings.iter().map(|s| format!(" -c {s}")).collect();
+        if let Some((cert, key)) = tls {
+            // The server reads a key only if it is private (and, as root, its own: chowned
+            // with the directory below).
+            use std::os::unix::fs::PermissionsExt;
+            let (crt, pem) = (dir.join("server.crt"), dir.join("server.key"));
+            fs::copy(cert, &crt).unwrap();
+            fs::copy(key, &pem).unwrap();
+            fs::set_permissions(&pem, fs::Permissions::from_mode(0o600)).unwrap();
+            settings.push(" -c ssl=on".to_owned());
+            settings.push(format!(" -c ssl_cert_file={}", crt.display()));
+            settings.push(format!(" -c ssl_key_file={}", pem.display()));
+        }
         let pg = Postgres {
             bin,
             dir,
             port: free_port(),
-            settings: settings.iter().map(|s| format!(" -c {s}")).collect(),
+            settings,
         };
         // PostgreSQL refuses to run as root: as root, run it as the package's `postgres` user.
         if is_root() {

@@ -16,7 +16,11 @@
 //! once their last answer is in: the database answers in order anyway, and the queries of many
 //! requests then cost it one read) and hands each answer to its query, in order. Each query is
 //! its own `Bind`/`Execute`/`Sync`. Logins: trust, password, md5 and SCRAM-SHA-256, over TCP or
-//! a Unix socket; no TLS. Connection strings are parsed by
+//! a Unix socket, and over TLS (rustls) as `sslmode` asks: `disable`; `prefer` (the default,
+//! as in libpq: TLS when the server offers it, the certificate not checked); `require` (TLS or
+//! no connection, the certificate not checked); `verify-full` (TLS, the certificate checked
+//! against `sslrootcert`, a PEM file, or the Mozilla root store without it, and against the host
+//! name). `verify-ca` is refused: use `verify-full`. Connection strings are otherwise parsed by
 //! `tokio_postgres::Config`, and values converted by `postgres-types` ([`ToSql`], [`FromSql`]).
 //!
 //! Faults are answers, never hangs: with no live connection a query fails at once with
@@ -75,6 +79,7 @@ pub struct Stmt(usize);
 #[derive(Clone)]
 pub struct DbConfig {
     pg: tokio_postgres::Config,
+    tls: DbTls,
     connections: usize,
     query_timeout: Duration,
     backoff_min: Duration,
@@ -98,13 +103,19 @@ impl DbConfig {
     /// A configuration from a connection string (`postgres://user:password@host:port/db` or
     /// `host=/run/postgresql user=app dbname=app`). Defaults: 2 connections per worker, a 3 s
     /// connect timeout, a 5 s query timeout, reconnection backoff from 50 ms to 2 s.
+    ///
+    /// `sslmode` and `sslrootcert` choose TLS (see the module doc); a `sslrootcert` that cannot
+    /// be read is an error here, not at the first connection.
     pub fn new(url: &str) -> Result<DbConfig, DbError> {
-        let mut pg = tokio_postgres::Config::from_str(url).map_err(DbError::Config)?;
+        let (rest, mode, root) = take_tls_options(url)?;
+        let mut pg = tokio_postgres::Config::from_str(&rest).map_err(DbError::Config)?;
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(Duration::from_secs(3));
         }
+        let tls = DbTls::new(mode.as_deref().unwrap_or("prefer"), root.as_deref())?;
         Ok(DbConfig {
             pg,
+            tls,
             connections: 2,
             query_timeout: Duration::from_secs(5),
             backoff_min: Duration::from_millis(50),
@@ -150,6 +161,16 @@ impl DbConfig {
         Stmt(self.statements.len() - 1)
     }
 
+    /// Whether connections use TLS, and how they check the server.
+    pub fn tls_mode(&self) -> &'static str {
+        match &self.tls {
+            DbTls::Disable => "disable",
+            DbTls::Prefer(_) => "prefer",
+            DbTls::Require(_) => "require",
+            DbTls::VerifyFull(_) => "verify-full",
+        }
+    }
+
     /// The connection settings.
     pub(crate) fn pg(&self) -> &tokio_postgres::Config {
         &self.pg
@@ -161,6 +182,100 @@ impl DbConfig {
     }
 }
 
+/// TLS to the database, from `sslmode` and `sslrootcert`.
+#[derive(Clone)]
+pub(crate) enum DbTls {
+    /// Plain connections only.
+    Disable,
+    /// TLS when the server offers it; the certificate is not checked.
+    Prefer(canter_rt::ClientTls),
+    /// TLS or no connection; the certificate is not checked.
+    Require(canter_rt::ClientTls),
+    /// TLS or no connection; the certificate is checked, with the host name.
+    VerifyFull(canter_rt::ClientTls),
+}
+
+impl DbTls {
+    fn new(mode: &str, root: Option<&str>) -> Result<DbTls, DbError> {
+        let bad = |why: String| Err(DbError::Tls(why));
+        match mode {
+            "disable" => Ok(DbTls::Disable),
+            "allow" | "prefer" => Ok(DbTls::Prefer(canter_rt::ClientTls::insecure(&[]))),
+            "require" => Ok(DbTls::Require(canter_rt::ClientTls::insecure(&[]))),
+            "verify-full" => Ok(DbTls::VerifyFull(match root {
+                Some(pem) => canter_rt::ClientTls::ca_file(pem, &[])
+                    .map_err(|e| DbError::Tls(format!("sslrootcert: {e}")))?,
+                None => canter_rt::ClientTls::webpki_roots(&[]),
+            })),
+            "verify-ca" => bad(
+                "sslmode=verify-ca is not supported: use verify-full (the certificate is then \
+                 checked against the host name too) or require"
+                    .to_owned(),
+            ),
+            other => bad(format!(
+                "sslmode={other:?}: expected disable, prefer, require or verify-full"
+            )),
+        }
+    }
+
+    /// The settings for a connection, and whether TLS is required; `None`: plain.
+    pub(crate) fn client(&self) -> Option<(&canter_rt::ClientTls, bool)> {
+        match self {
+            DbTls::Disable => None,
+            DbTls::Prefer(c) => Some((c, false)),
+            DbTls::Require(c) | DbTls::VerifyFull(c) => Some((c, true)),
+        }
+    }
+}
+
+/// Takes `sslmode` and `sslrootcert` out of a connection string (URL or `key=value` form), which
+/// canter reads itself: `tokio_postgres::Config` knows only three modes, and no root file.
+fn take_tls_options(url: &str) -> Result<(String, Option<String>, Option<String>), DbError> {
+    let (mut mode, mut root) = (None, None);
+    let mut take = |key: &str, value: String| match key {
+        "sslmode" => {
+            mode = Some(value);
+            true
+        }
+        "sslrootcert" => {
+            root = Some(value);
+            true
+        }
+        _ => false,
+    };
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let Some((base, query)) = url.split_once('?') else {
+            return Ok((url.to_owned(), None, None));
+        };
+        let mut kept = Vec::new();
+        for pair in query.split('&') {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_encoding::percent_decode_str(value)
+                .decode_utf8()
+                .map_err(|_| DbError::Tls(format!("{key}: not UTF-8")))?
+                .into_owned();
+            if !take(key, value) {
+                kept.push(pair);
+            }
+        }
+        let rest = match kept.is_empty() {
+            true => base.to_owned(),
+            false => format!("{base}?{}", kept.join("&")),
+        };
+        return Ok((rest, mode, root));
+    }
+    let mut kept = Vec::new();
+    for word in url.split_whitespace() {
+        let taken = word
+            .split_once('=')
+            .is_some_and(|(key, value)| take(key, value.trim_matches('\'').to_owned()));
+        if !taken {
+            kept.push(word);
+        }
+    }
+    Ok((kept.join(" "), mode, root))
+}
+
 /// Why a query has no answer. As a response: 503 when the database cannot be reached in time
 /// (so a balancer retries elsewhere), 500 when it answered with an error; the cause is logged
 /// (at most one line per second per worker and kind, with the count of failures since the last
@@ -169,6 +284,8 @@ impl DbConfig {
 pub enum DbError {
     /// The connection string does not parse.
     Config(tokio_postgres::Error),
+    /// The TLS settings (`sslmode`, `sslrootcert`) are wrong.
+    Tls(String),
     /// No connection of this worker is open (the database is down or unreachable).
     Unavailable,
     /// The query got no answer within the query timeout.
@@ -187,7 +304,9 @@ impl DbError {
             DbError::Unavailable | DbError::Timeout | DbError::Closed(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            DbError::Config(_) | DbError::Query(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            DbError::Config(_) | DbError::Tls(_) | DbError::Query(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -208,6 +327,7 @@ impl fmt::Display for DbError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DbError::Config(e) => write!(f, "bad database configuration: {e}"),
+            DbError::Tls(e) => write!(f, "bad database TLS configuration: {e}"),
             DbError::Unavailable => f.write_str("no database connection is open"),
             DbError::Timeout => f.write_str("the database did not answer in time"),
             DbError::Closed(e) => write!(f, "the database connection broke: {e}"),
@@ -230,7 +350,7 @@ thread_local! {
 /// for.
 fn log_failure(error: &DbError) {
     let kind = match error {
-        DbError::Config(_) => 0,
+        DbError::Config(_) | DbError::Tls(_) => 0,
         DbError::Unavailable => 1,
         DbError::Timeout => 2,
         DbError::Closed(_) => 3,
@@ -567,11 +687,13 @@ async fn open(config: &DbConfig) -> Result<(Live, Connection), OpenError> {
         .get_connect_timeout()
         .copied()
         .unwrap_or(Duration::from_secs(3));
-    let (conn, connection) =
-        tokio::time::timeout(limit, wire::connect(&config.pg, config.query_timeout))
-            .await
-            .map_err(|_| OpenError::Timeout)?
-            .map_err(OpenError::Pg)?;
+    let (conn, connection) = tokio::time::timeout(
+        limit,
+        wire::connect(&config.pg, &config.tls, config.query_timeout),
+    )
+    .await
+    .map_err(|_| OpenError::Timeout)?
+    .map_err(OpenError::Pg)?;
     let mut connection: Connection = Box::pin(connection);
     // The connection must be driven while the statements are prepared: poll both together.
     let statements = {

@@ -617,8 +617,18 @@ impl Conn {
         let mut out = self.out.borrow_mut();
         loop {
             if out.is_empty() {
-                self.writing.set(false);
-                return Ok(());
+                // What a TLS session still holds is part of the write.
+                if stream.flush_session()? {
+                    self.writing.set(false);
+                    return Ok(());
+                }
+                match stream.poll_write_ready(cx) {
+                    Poll::Pending => break,
+                    Poll::Ready(r) => {
+                        r?;
+                        continue;
+                    }
+                }
             }
             match stream.try_write(&out) {
                 Ok(n) => out.advance(n),
@@ -930,6 +940,43 @@ impl Drop for Answered {
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// TLS over TCP (`sslmode`): the session is driven with the same readiness calls as a
+    /// socket. A read takes everything the session has decrypted, so the session never holds
+    /// plaintext while the driver waits on the socket; a write leaves records the socket did
+    /// not take in the session, and [`Stream::flush_session`] pushes them out.
+    Tls(Box<RefCell<canter_rt::TlsStream>>),
+}
+
+/// Most plaintext one [`tls_read`] takes before it returns (the driver reads again at once).
+const TLS_READ_MOST: usize = 64 * 1024;
+
+/// Reads what a TLS session decrypts, reading the socket as needed, until the socket would
+/// block or [`TLS_READ_MOST`] bytes are in: a would-block leaves no plaintext in the session,
+/// so the driver may then wait on the socket's readiness.
+fn tls_read(s: &mut canter_rt::TlsStream, buf: &mut BytesMut) -> io::Result<usize> {
+    let mut cx = noop_context();
+    let mut piece = [0u8; 16 * 1024];
+    let mut total = 0;
+    while total < TLS_READ_MOST {
+        let mut rb = tokio::io::ReadBuf::new(&mut piece);
+        match tokio::io::AsyncRead::poll_read(Pin::new(&mut *s), &mut cx, &mut rb) {
+            Poll::Ready(Ok(())) if rb.filled().is_empty() => break,
+            Poll::Ready(Ok(())) => {
+                buf.extend_from_slice(rb.filled());
+                total += rb.filled().len();
+            }
+            Poll::Ready(Err(e)) if total == 0 => return Err(e),
+            Poll::Pending if total == 0 => return Err(io::ErrorKind::WouldBlock.into()),
+            Poll::Ready(Err(_)) | Poll::Pending => break,
+        }
+    }
+    Ok(total)
+}
+
+/// A waker that does nothing: the TLS session's reads and writes are tried without waiting,
+/// and the driver registers its own waker with the socket's readiness when they would block.
+fn noop_context() -> Context<'static> {
+    Context::from_waker(Waker::noop())
 }
 
 impl Stream {
@@ -937,6 +984,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.poll_read_ready(cx),
             Stream::Unix(s) => s.poll_read_ready(cx),
+            Stream::Tls(s) => s.borrow().get_ref().0.poll_read_ready(cx),
         }
     }
 
@@ -944,6 +992,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.poll_write_ready(cx),
             Stream::Unix(s) => s.poll_write_ready(cx),
+            Stream::Tls(s) => s.borrow().get_ref().0.poll_write_ready(cx),
         }
     }
 
@@ -951,6 +1000,23 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.try_read_buf(buf),
             Stream::Unix(s) => s.try_read_buf(buf),
+            Stream::Tls(s) => tls_read(&mut s.borrow_mut(), buf),
+        }
+    }
+
+    /// Pushes out TLS records the session still holds (a write the socket cut short);
+    /// `Ok(false)` while some remain (the socket is full). Nothing to do for plain sockets.
+    fn flush_session(&self) -> io::Result<bool> {
+        let Stream::Tls(s) = self else {
+            return Ok(true);
+        };
+        let mut s = s.borrow_mut();
+        if !s.get_ref().1.wants_write() {
+            return Ok(true);
+        }
+        match tokio::io::AsyncWrite::poll_flush(Pin::new(&mut *s), &mut noop_context()) {
+            Poll::Ready(r) => r.map(|()| !s.get_ref().1.wants_write()),
+            Poll::Pending => Ok(false),
         }
     }
 
@@ -972,6 +1038,8 @@ impl Stream {
         let result = match self {
             Stream::Tcp(s) => s.try_io(Interest::READABLE, &mut read),
             Stream::Unix(s) => s.try_io(Interest::READABLE, &mut read),
+            // The session reads the socket itself, to its would-block.
+            Stream::Tls(_) => read(),
         };
         match got {
             Some(n) => Ok(n),
@@ -983,6 +1051,14 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.try_write(buf),
             Stream::Unix(s) => s.try_write(buf),
+            Stream::Tls(s) => {
+                let mut s = s.borrow_mut();
+                match tokio::io::AsyncWrite::poll_write(Pin::new(&mut *s), &mut noop_context(), buf)
+                {
+                    Poll::Ready(r) => r,
+                    Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+                }
+            }
         }
     }
 
@@ -994,6 +1070,9 @@ impl Stream {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
             }
+        }
+        while !self.flush_session()? {
+            std::future::poll_fn(|cx| self.poll_write_ready(cx)).await?;
         }
         Ok(())
     }
@@ -1029,9 +1108,16 @@ impl Stream {
 /// the connection until it breaks or [`Conn::release`] is called.
 pub(crate) async fn connect(
     config: &tokio_postgres::Config,
+    tls: &super::DbTls,
     query_timeout: Duration,
 ) -> Result<(Rc<Conn>, impl Future<Output = Result<(), PgError>>), PgError> {
-    let stream = open_socket(config).await?;
+    let (stream, host) = open_socket(config).await?;
+    let stream = match (tls.client(), host) {
+        (Some((client, required)), Some(host)) => {
+            start_tls(stream, &host, client, required).await?
+        }
+        _ => stream,
+    };
     let mut input = BytesMut::with_capacity(16 * 1024);
     start_up(config, &stream, &mut input).await?;
     let conn = Rc::new(Conn {
@@ -1067,7 +1153,54 @@ pub(crate) async fn connect(
     Ok((conn, drive))
 }
 
-async fn open_socket(config: &tokio_postgres::Config) -> Result<Stream, PgError> {
+/// Asks the database for TLS (`SSLRequest`) and runs the handshake for `host` if it agrees; a
+/// database that refuses is served in plaintext unless TLS is `required`.
+async fn start_tls(
+    stream: Stream,
+    host: &str,
+    client: &canter_rt::ClientTls,
+    required: bool,
+) -> Result<Stream, PgError> {
+    const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+    stream
+        .write_all(&SSL_REQUEST)
+        .await
+        .map_err(|e| PgError::io(&e))?;
+    let Stream::Tcp(tcp) = stream else {
+        return Ok(stream);
+    };
+    // One byte, 'S' or 'N', and nothing after it until the client speaks again.
+    let mut answer = [0u8; 1];
+    loop {
+        tcp.readable().await.map_err(|e| PgError::io(&e))?;
+        match tcp.try_read(&mut answer) {
+            Ok(0) => return Err(PgError::new("the database closed the connection at TLS")),
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(PgError::io(&e)),
+        }
+    }
+    match answer[0] {
+        b'S' => {
+            let tls = client
+                .connect(host, tcp)
+                .await
+                .map_err(|e| PgError::new(format!("TLS with the database at {host}: {e}")))?;
+            Ok(Stream::Tls(Box::new(RefCell::new(tls))))
+        }
+        b'N' if !required => Ok(Stream::Tcp(tcp)),
+        b'N' => Err(PgError::new(format!(
+            "the database at {host} does not accept TLS, and sslmode requires it"
+        ))),
+        other => Err(PgError::new(format!(
+            "the database answered the TLS request with {other:#04x}"
+        ))),
+    }
+}
+
+/// Connects to the first host that answers; returns the socket and, for TCP, the host's name
+/// (for TLS).
+async fn open_socket(config: &tokio_postgres::Config) -> Result<(Stream, Option<String>), PgError> {
     let ports = config.get_ports();
     let port_of = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
     let mut last = PgError::new("no database host configured");
@@ -1076,11 +1209,11 @@ async fn open_socket(config: &tokio_postgres::Config) -> Result<Stream, PgError>
         let opened = match host {
             Host::Tcp(name) => TcpStream::connect((name.as_str(), port)).await.map(|s| {
                 let _ = s.set_nodelay(true);
-                Stream::Tcp(s)
+                (Stream::Tcp(s), Some(name.clone()))
             }),
             Host::Unix(dir) => UnixStream::connect(dir.join(format!(".s.PGSQL.{port}")))
                 .await
-                .map(Stream::Unix),
+                .map(|s| (Stream::Unix(s), None)),
         };
         match opened {
             Ok(s) => return Ok(s),
@@ -1091,7 +1224,7 @@ async fn open_socket(config: &tokio_postgres::Config) -> Result<Stream, PgError>
         match TcpStream::connect((*addr, port_of(i))).await {
             Ok(s) => {
                 let _ = s.set_nodelay(true);
-                return Ok(Stream::Tcp(s));
+                return Ok((Stream::Tcp(s), Some(addr.to_string())));
             }
             Err(e) => last = PgError::new(format!("cannot connect to {addr}: {e}")),
         }
