@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 
 from . import _native
 from ._runtime import WorkerLoop
@@ -17,6 +18,14 @@ log = logging.getLogger("canter")
 _PARAM = re.compile(r"\{\*?([^{}]+)\}")
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+
+#: The exit status of a server whose app failed to start (uvicorn's too).
+STARTUP_FAILED = 3
+
+
+class StartupFailed(Exception):
+    """The app's own start-up failed (an ASGI lifespan startup); the message says why, with
+    the app's traceback when it gave one."""
 
 
 class App:
@@ -144,11 +153,13 @@ class Supervisor:
             wl.close()
 
     def spawn(self, index):
+        """Forks worker `index`; returns the read end of its start pipe (see `_started`)."""
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(r)
             code = 0
+            readied = False
             try:
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -159,19 +170,53 @@ class Supervisor:
                     s.close()
 
                 def ready(port):
+                    nonlocal readied
+                    readied = True
                     os.write(w, b"1")
                     os.close(w)
 
                 self.serve(index, self.port, ready)
             except BaseException:
-                log.exception("worker %d failed", index)
-                code = 1
+                if readied:
+                    log.exception("worker %d failed", index)
+                    code = 1
+                else:
+                    # The app's set-up failed (its lifespan startup, say): the supervisor
+                    # reports it, once for all the workers, and exits.
+                    failure = sys.exc_info()[1]
+                    text = (str(failure) if isinstance(failure, StartupFailed)
+                            else traceback.format_exc()).encode("utf-8", "replace")
+                    try:
+                        os.write(w, b"0" + text[:60000])
+                    except OSError:
+                        pass
+                    code = STARTUP_FAILED
             finally:
                 logging.shutdown()
                 os._exit(code)
         os.close(w)
         self.children[pid] = (index, time.monotonic())
         return r
+
+    @staticmethod
+    def _started(r):
+        """Reads a worker's start pipe to its end: None once the worker serves, else what it
+        said of its failure (empty if it died without a word)."""
+        said = b""
+        while True:
+            try:
+                piece = os.read(r, 65536)
+            except InterruptedError:
+                continue
+            if not piece:
+                break
+            said += piece
+            if said[:1] == b"1":
+                break
+        os.close(r)
+        if said[:1] == b"1":
+            return None
+        return said[1:].decode("utf-8", "replace")
 
     def _stop(self, signum, frame):
         if not self.stopping:
@@ -187,11 +232,25 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._stop)
         signal.signal(signal.SIGINT, self._stop)
         pipes = [self.spawn(i) for i in range(self.workers)]
-        for r in pipes:
-            ok = os.read(r, 1) == b"1"
-            os.close(r)
-            if not ok:
-                log.error("a worker failed to start")
+        failures = [f for f in map(self._started, pipes) if f is not None]
+        if failures:
+            # The app's configuration, not a passing fault: said once, nothing served.
+            why = next((f for f in failures if f), "")
+            log.error("the app failed to start in %d of %d worker(s); not serving%s",
+                      len(failures), self.workers, ":\n" + why.rstrip() if why else "")
+            self.stopping = True
+            self._stop(None, None)
+            while self.children:
+                try:
+                    pid, _ = os.wait()
+                except ChildProcessError:
+                    break
+                except InterruptedError:
+                    continue
+                self.children.pop(pid, None)
+            for s in self.reserved:
+                s.close()
+            raise SystemExit(STARTUP_FAILED)
         log.info("serving http://%s:%d with %d worker(s)", self.host, self.port, self.workers)
         if self.tls_port is not None:
             log.info("serving https://%s:%d", self.host, self.tls_port)
@@ -216,9 +275,9 @@ class Supervisor:
                 continue
             log.warning("worker %d (pid %d) %s: restarting it", index, pid, how)
             time.sleep(min(0.1 * 2**failures, 2.0) if failures else 0)
-            r = self.spawn(index)
-            os.read(r, 1)
-            os.close(r)
+            why = self._started(self.spawn(index))
+            if why:
+                log.error("worker %d failed to start:\n%s", index, why.rstrip())
         for s in self.reserved:
             s.close()
         log.info("stopped")

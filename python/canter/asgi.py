@@ -2,29 +2,50 @@
 `python -m canter serve module:app --host H --port P --workers N`."""
 
 import asyncio
+import builtins
 import importlib
 import logging
 import os
 import sys
 
 from . import _native
-from ._app import Supervisor, _configure_logging
+from ._app import StartupFailed, Supervisor, _configure_logging
 from ._runtime import WorkerLoop, log_exception
 
 log = logging.getLogger("canter")
 
 ClientDisconnected = _native.ClientDisconnected
+# Exception groups (Python 3.11+); an empty tuple matches nothing before.
+_GROUP = getattr(builtins, "BaseExceptionGroup", ())
+
+
+def _client_left(exc, depth=0):
+    """Whether `exc` comes from the client going away: our `ClientDisconnected`, or what a
+    framework raised because of it (Starlette's `ClientDisconnect`, raised while handling ours;
+    an exception group holding one)."""
+    if exc is None or depth > 16:
+        return False
+    if isinstance(exc, ClientDisconnected):
+        return True
+    if isinstance(exc, _GROUP):
+        return any(_client_left(e, depth + 1) for e in exc.exceptions)
+    return _client_left(exc.__cause__ or exc.__context__, depth + 1)
 
 
 async def _run(app, scope, receive, send):
     """Runs one request's app call; an exception is logged (and answered 500 if no response
-    was started)."""
+    was started). A client that went away is no server error: a debug line (the engine counts
+    the connection's end)."""
     try:
         await app(scope, receive, send)
     except (asyncio.CancelledError, ClientDisconnected):
         pass
     except Exception as e:  # noqa: BLE001 - the app's failure, logged with its traceback
-        log_exception(e)
+        if _client_left(e):
+            log.debug("the client left while the app answered %s %s (%s)", scope.get("method"),
+                      scope.get("path"), type(e).__name__)
+        else:
+            log_exception(e)
     finally:
         send.ended()
 
@@ -77,6 +98,9 @@ class Lifespan:
                 log.info("the ASGI app does not support lifespan (%s: %s); going on without it",
                          type(e).__name__, e)
                 self.startup_done.set_result({"type": "unsupported"})
+            elif self.startup_done.result()["type"] == "lifespan.startup.failed":
+                # Said by the supervisor, once for all the workers (`startup`).
+                pass
             else:
                 log_exception(e)
             if not self.shutdown_done.done():
@@ -88,7 +112,7 @@ class Lifespan:
         await self.inbox.put({"type": "lifespan.startup"})
         message = await self.startup_done
         if message["type"] == "lifespan.startup.failed":
-            raise RuntimeError("lifespan startup failed: " + message.get("message", ""))
+            raise StartupFailed("lifespan startup failed: " + message.get("message", ""))
 
     async def shutdown(self):
         if not self.supported:

@@ -24,6 +24,7 @@ use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
+use crate::on_worker::{self, OnWorker};
 use crate::{aio, request};
 
 /// Body bytes `send` may queue before it waits for the client.
@@ -198,17 +199,19 @@ fn ready<'py>(py: Python<'py>, value: Option<Bound<'py, PyAny>>) -> PyResult<Bou
     .into_any())
 }
 
-/// The `receive` callable of one request.
-#[pyclass(unsendable, module = "canter")]
+/// The `receive` callable of one request. It may be dropped on any thread (an app that keeps it
+/// in a reference cycle has it freed by the cycle collector wherever that runs); the exchange
+/// stays the worker's ([`OnWorker`]).
+#[pyclass(module = "canter")]
 pub struct Receive {
-    ex: Shared,
+    ex: OnWorker<Shared>,
     loop_: Py<PyAny>,
 }
 
 #[pymethods]
 impl Receive {
     fn __call__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let mut ex = self.ex.borrow_mut();
+        let mut ex = self.ex.get()?.borrow_mut();
         if ex.closed {
             return ready(py, Some(disconnect_message(py)?.into_any()));
         }
@@ -228,10 +231,10 @@ impl Receive {
     }
 }
 
-/// The `send` callable of one request.
-#[pyclass(unsendable, module = "canter")]
+/// The `send` callable of one request; dropped on any thread as [`Receive`] is.
+#[pyclass(module = "canter")]
 pub struct Send {
-    ex: Shared,
+    ex: OnWorker<Shared>,
     loop_: Py<PyAny>,
 }
 
@@ -244,7 +247,7 @@ impl Send {
     ) -> PyResult<Bound<'py, PyAny>> {
         let kind = message.get_item(pyo3::intern!(py, "type"))?;
         let kind = kind.cast::<PyString>()?.to_str()?;
-        let mut ex = self.ex.borrow_mut();
+        let mut ex = self.ex.get()?.borrow_mut();
         match kind {
             "http.response.start" => {
                 if ex.status.is_some() {
@@ -310,11 +313,12 @@ impl Send {
     }
 
     /// Called by the task wrapper when the app returned or raised.
-    fn ended(&self, py: Python<'_>) {
-        let mut ex = self.ex.borrow_mut();
+    fn ended(&self, py: Python<'_>) -> PyResult<()> {
+        let mut ex = self.ex.get()?.borrow_mut();
         ex.app_ended = true;
         ex.wake();
         let _ = py;
+        Ok(())
     }
 }
 
@@ -387,6 +391,18 @@ pub struct Asgi {
 impl Asgi {
     /// Starts the app on `req`; the reply waits for its response.
     pub fn call(&self, req: Request) -> Reply {
+        // The exchanges of earlier requests whose `receive` or `send` another thread freed.
+        on_worker::drop_returned();
+        if req
+            .header("upgrade")
+            .is_some_and(|u| u.eq_ignore_ascii_case(b"websocket"))
+        {
+            // The engine does not speak WebSocket to ASGI apps yet: an upgrade must not reach
+            // the app as an `http` scope (where an app that ignores the scope type would answer
+            // 200), but be refused as an app refuses a websocket it does not accept.
+            tracing::debug!("WebSocket upgrade refused (403): not served to ASGI apps");
+            return Reply::Ready(RtResponse::new(StatusCode::FORBIDDEN));
+        }
         let peer = canter_rt::peer_addr();
         let (head, body, _) = req.into_parts();
         let ex: Shared = Rc::new(RefCell::new(Exchange {
@@ -398,14 +414,14 @@ impl Asgi {
             let receive = Bound::new(
                 py,
                 Receive {
-                    ex: ex.clone(),
+                    ex: OnWorker::new(ex.clone()),
                     loop_: self.loop_.clone_ref(py),
                 },
             )?;
             let send = Bound::new(
                 py,
                 Send {
-                    ex: ex.clone(),
+                    ex: OnWorker::new(ex.clone()),
                     loop_: self.loop_.clone_ref(py),
                 },
             )?;

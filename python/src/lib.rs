@@ -24,6 +24,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 mod aio;
 mod asgi;
 mod json;
+mod on_worker;
 mod request;
 mod response;
 mod soon;

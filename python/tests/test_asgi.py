@@ -238,6 +238,11 @@ def test_a_client_that_does_not_read_stops_the_app(start_server):
         assert time.time() < deadline, "the app kept running after the client left"
         time.sleep(0.05)
     assert requests.get(s.base + "/produced", timeout=10).json()["n"] < 20_000
+    # Starlette (ASGI spec 2.4) raised ClientDisconnect out of the app: a client going away
+    # is no server error, so no ERROR line and no traceback.
+    time.sleep(0.5)
+    log = s.log()
+    assert "exception in handler" not in log and "Traceback" not in log, log
 
 
 def test_under_load_every_request_is_answered(starlette_app, fastapi_app):
@@ -274,3 +279,93 @@ def test_a_setting_out_of_range_is_a_usage_error():
                          cwd=os.path.dirname(os.path.abspath(__file__)))
     assert out.returncode == 2, out.stderr
     assert "invalid max_head" in out.stderr, out.stderr
+
+
+CYCLES = """
+import asyncio, gc
+
+gc.disable()  # only the collection below, on another thread, frees the cycles
+
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    cycle = {"receive": receive, "send": send}
+    cycle["self"] = cycle  # as Django keeps them: freed only by the cycle collector
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+    del cycle
+    if scope["path"] == "/collect":
+        await asyncio.to_thread(gc.collect)
+"""
+
+
+def test_receive_and_send_freed_on_another_thread(start_server, tmp_path):
+    """An app that keeps `receive` and `send` in a reference cycle has them freed by the cycle
+    collector on whatever thread runs it: safe there, nothing logged, the exchange released
+    on its worker."""
+    (tmp_path / "cycles.py").write_text(CYCLES)
+    s = serve(start_server, "cycles:app", "--app-dir", str(tmp_path))
+    with requests.Session() as c:
+        for i in range(300):
+            path = "/collect" if i % 50 == 49 else "/"
+            r = c.get(s.base + path, timeout=10)
+            assert r.status_code == 200 and r.text == "ok", r
+    time.sleep(0.3)
+    log = s.log()
+    assert "unsendable" not in log and "RuntimeError" not in log, log
+    assert s.proc.poll() is None
+
+
+def test_a_websocket_upgrade_to_an_http_only_app_gets_403(starlette_app):
+    """Until WebSocket reaches ASGI apps, an upgrade never reaches the app as an `http` scope
+    (where an app that ignores the scope type answers 200): 403, as uvicorn answers."""
+    with socket.create_connection(("127.0.0.1", starlette_app.port), timeout=10) as c:
+        c.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        answer = c.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 403 "), answer
+    assert requests.get(starlette_app.base + "/", timeout=10).text == "Hello, World!"
+
+
+FAILING_STARTUP = """
+from contextlib import asynccontextmanager
+from starlette.applications import Starlette
+
+
+@asynccontextmanager
+async def lifespan(app):
+    raise RuntimeError("no database configured")
+    yield
+
+
+app = Starlette(lifespan=lifespan)
+"""
+
+
+def test_a_startup_failure_is_reported_once_and_exits(tmp_path):
+    """A lifespan startup that raises is the app's configuration: said once with its
+    traceback, never "serving", no restarts, exit status 3 (as uvicorn)."""
+    (tmp_path / "failing.py").write_text(FAILING_STARTUP)
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "canter", "serve", "failing:app", "--port", "0",
+                          "--workers", "2", "--app-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert out.returncode == 3, out.stderr
+    assert time.monotonic() - started < 20
+    err = out.stderr
+    assert "serving http" not in err and "restarting" not in err, err
+    assert err.count("the app failed to start in 2 of 2 worker(s)") == 1, err
+    assert err.count("RuntimeError: no database configured") == 1, err
+    assert len(err.splitlines()) < 60, err
+
+
+def test_log_lines_to_a_pipe_are_not_coloured(start_server):
+    """Log lines written to a pipe (or a file) carry no colour codes: the engine's own lines
+    (its shutdown, here) as much as Python's."""
+    s = serve(start_server, "asgi_app:app")
+    assert requests.get(s.base + "/", timeout=10).status_code == 200
+    assert s.stop() == 0
+    log = s.log()
+    assert "canter_rt::server: shutting down" in log, log
+    assert "\x1b[" not in log, log

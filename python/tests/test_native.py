@@ -284,7 +284,8 @@ def test_under_load_every_request_is_answered(native):
 
 
 def test_a_worker_that_cannot_start_stops_the_server_with_an_error(tmp_path):
-    # Each worker fails at start (no such certificate): restarted with a backoff, then given up.
+    # Each worker fails at start (no such certificate): the configuration's fault, said once,
+    # nothing served, no restarts, exit status 3.
     (tmp_path / "app.py").write_text(
         "import canter\n"
         "app = canter.App()\n"
@@ -294,9 +295,10 @@ def test_a_worker_that_cannot_start_stops_the_server_with_an_error(tmp_path):
 
     out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True,
                          text=True, timeout=60)
-    assert out.returncode == 1, out.stderr
-    assert "nonexistent.pem" in out.stderr
-    assert "again at start: giving up" in out.stderr, out.stderr
+    assert out.returncode == 3, out.stderr
+    assert out.stderr.count("nonexistent.pem: No such file") == 1, out.stderr
+    assert "failed to start in 1 of 1 worker(s); not serving" in out.stderr, out.stderr
+    assert "serving http" not in out.stderr and "restarting" not in out.stderr, out.stderr
 
 
 def test_a_taken_port_is_an_error_at_once(tmp_path):
