@@ -30,10 +30,12 @@ use canter_h2::{Connection, ErrorCode, Event, Settings, Sink};
 use http::{HeaderName, StatusCode};
 
 use crate::body::{Body, BodyError, BodyStream, Pipe, PipeState, RequestBody};
+use crate::config::Config;
+use crate::http_state::{count_io_fault, Http};
 use crate::link::{Ending, Link, Timer};
 use crate::output::Out;
-use crate::server::{ClientFault, Config};
 use crate::service::{Reply, Request, Response, Service};
+use crate::stats::ClientFault;
 use crate::transport::Transport;
 use crate::worker::{later, Registration, Worker, READ_BUF};
 
@@ -90,7 +92,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     registration: Registration,
     io: T,
     peer: SocketAddr,
-    svc: Rc<crate::http1::Http<S>>,
+    svc: Rc<Http<S>>,
     cfg: Rc<Config>,
     mut link: Link,
     upgraded: Option<Upgraded>,
@@ -135,7 +137,7 @@ async fn drive<S: Service, T: Transport>(mut h2: H2<S, T>, registration: Registr
             tracing::debug!(%peer, phase, "HTTP/2 connection timed out");
         }
         Err(Stop::Io(e)) => {
-            crate::http1::count_io_fault(&h2.link.worker, e);
+            count_io_fault(&h2.link.worker, e);
             tracing::debug!(%peer, error = %e, "HTTP/2 connection I/O error");
         }
     }
@@ -186,7 +188,7 @@ struct H2<S, T> {
     tls: bool,
     /// The input, the output and the worker: what every protocol's connection has.
     link: Link,
-    svc: Rc<crate::http1::Http<S>>,
+    svc: Rc<Http<S>>,
     cfg: Rc<Config>,
     exchanges: Vec<Exchange>,
     timer: Timer,
@@ -205,7 +207,7 @@ impl<S: Service, T: Transport> H2<S, T> {
         conn: Connection,
         io: T,
         peer: SocketAddr,
-        svc: Rc<crate::http1::Http<S>>,
+        svc: Rc<Http<S>>,
         cfg: Rc<Config>,
         link: Link,
     ) -> H2<S, T> {

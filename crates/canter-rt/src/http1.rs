@@ -16,7 +16,7 @@
 //! A handler that returns a future is polled by this same task; when it waits for request body
 //! bytes the task reads the socket for it (see [`crate::body`]).
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::fs::File;
 use std::future::{poll_fn, Future};
 use std::io;
@@ -25,19 +25,20 @@ use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use canter_h1::{BodyEvent, BodyLen, Conn, Discard, Next, Preamble, RequestHead};
+use canter_h1::{BodyEvent, BodyLen, Conn, Discard, Next, RequestHead};
 use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::io::Interest;
 
 use crate::body::{Body, BodyError, Pipe, PipeState, RequestBody};
+use crate::config::Config;
+use crate::http_state::{count_io_fault, Http};
 use crate::link::{Ending, Link, Stall, Timer, WriteError};
-use crate::server::{ClientFault, Config};
 use crate::service::{Reply, Request, Response, Service};
+use crate::stats::ClientFault;
 use crate::transport::Transport;
 use crate::worker::{clock, later, Registration, Worker, READ_BUF};
 
@@ -54,65 +55,6 @@ const FILE_TURN: usize = 1024 * 1024;
 /// Piece of a file read into memory for a transport that cannot take `sendfile(2)` (TLS): one
 /// full TLS record's plaintext.
 const COPY_PIECE: usize = 16 * 1024;
-
-/// HTTP/1.1's per-worker state: the preformatted `HTTP/1.1 200 OK` + `Server` + `Date` block
-/// the engine writes at the top of most responses, its date brought up to the worker's second
-/// when it is next used. Made once per worker and shared by its HTTP/1.1 connections.
-pub(crate) struct PreambleCache {
-    preamble: RefCell<Preamble>,
-    /// The worker second the block's date names.
-    second: Cell<u64>,
-}
-
-impl PreambleCache {
-    /// A cache of `preamble`, whose date is brought up to the worker's at first use.
-    pub(crate) fn new(preamble: Preamble) -> PreambleCache {
-        PreambleCache {
-            preamble: RefCell::new(preamble),
-            second: Cell::new(u64::MAX),
-        }
-    }
-
-    /// Runs `f` with the block, its date the worker's current one.
-    #[inline]
-    fn with<R>(&self, worker: &Worker, f: impl FnOnce(&Preamble) -> R) -> R {
-        if self.second.get() != worker.second() {
-            self.refresh(worker);
-        }
-        f(&self.preamble.borrow())
-    }
-
-    #[cold]
-    fn refresh(&self, worker: &Worker) {
-        self.second.set(worker.second());
-        // An IMF-fixdate is printable ASCII; were it ever not, the second before stays.
-        let _ = self.preamble.borrow_mut().set_date(&worker.date());
-    }
-}
-
-/// A worker's service with what its HTTP connections share besides it. Derefs to the
-/// service, so a driver calls `svc.call(req)` through its `Rc<Http<S>>` as through an `Rc<S>`.
-pub(crate) struct Http<S> {
-    svc: S,
-    preamble: PreambleCache,
-}
-
-impl<S> Http<S> {
-    pub(crate) fn new(svc: S, preamble: Preamble) -> Http<S> {
-        Http {
-            svc,
-            preamble: PreambleCache::new(preamble),
-        }
-    }
-}
-
-impl<S> std::ops::Deref for Http<S> {
-    type Target = S;
-    #[inline(always)]
-    fn deref(&self) -> &S {
-        &self.svc
-    }
-}
 
 /// Why a connection ended.
 #[derive(Debug)]
@@ -132,8 +74,21 @@ enum Stop {
 
 type Res<T> = Result<T, Stop>;
 
-/// Serves one accepted connection until it closes. With `sniff_h2`, a connection that opens
-/// with the HTTP/2 preface (h2c with prior knowledge) is handed to the HTTP/2 actor.
+/// A connection HTTP/1.1 gives up to HTTP/2 ([`serve`] returns it; `http.rs` runs HTTP/2 on
+/// it): the transport with what was read and written so far, and, when it came by `Upgrade:
+/// h2c` (answered 101 here), the request that asked and its decoded `HTTP2-Settings`.
+pub(crate) struct Handoff<S, T> {
+    pub(crate) registration: Registration,
+    pub(crate) io: T,
+    pub(crate) link: Link,
+    pub(crate) svc: Rc<Http<S>>,
+    pub(crate) cfg: Rc<Config>,
+    pub(crate) upgrade: Option<(RequestHead, Vec<u8>)>,
+}
+
+/// Serves one accepted connection as HTTP/1.1 until it closes. With `sniff_h2`, a connection
+/// that opens with the HTTP/2 preface (h2c with prior knowledge), or that asks for `Upgrade:
+/// h2c`, is given back ([`Handoff`]) for the caller to run HTTP/2 on.
 pub(crate) async fn serve<S: Service, T: Transport>(
     registration: Registration,
     io: T,
@@ -142,7 +97,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     worker: Rc<Worker>,
     cfg: Rc<Config>,
     sniff_h2: bool,
-) {
+) -> Option<Handoff<S, T>> {
     let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
     worker.set_waker(registration.id, waker);
     let now = worker.now();
@@ -167,16 +122,16 @@ pub(crate) async fn serve<S: Service, T: Transport>(
                 worker.fault(ClientFault::Protocol);
                 tracing::debug!(%peer, "first line names a version that is neither HTTP/1 nor HTTP/2; closing");
                 driver.link.release_idle();
-                return;
+                return None;
             }
-            Ok(Sniffed::Http2) => return driver.into_h2(registration, None).await,
+            Ok(Sniffed::Http2) => return Some(driver.hand_off(registration, None)),
             Err(e) => {
                 if let Stop::Io(e) = e {
                     count_io_fault(&worker, &e);
                     tracing::debug!(%peer, error = %e, "connection error");
                 }
                 driver.link.release_idle();
-                return;
+                return None;
             }
         }
     }
@@ -190,10 +145,9 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         );
         if driver.flush().await.is_err() {
             driver.link.release_idle();
-            return;
+            return None;
         }
-        let upgraded = crate::h2::Upgraded { head, settings };
-        return driver.into_h2(registration, Some(upgraded)).await;
+        return Some(driver.hand_off(registration, Some((head, settings))));
     }
     if matches!(result, Ok(()) | Err(Stop::Done)) {
         driver.finish().await;
@@ -214,113 +168,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         }
     }
     driver.link.release_idle();
-}
-
-/// Serves one connection the caller already has, until it closes: the HTTP/1.1 actor a
-/// [`Server`](crate::Server) runs for each accepted socket (and, when [`Config::http2`] is set
-/// and the peer opens with the HTTP/2 preface, the HTTP/2 one), for a transport made elsewhere:
-/// a socket accepted by other code, a stream already wrapped in TLS, an in-memory pipe in
-/// tests. It runs on the calling task, with a worker context of its own (the coarse clock, the
-/// Date header, the buffer pool); the listener settings of `config` (`addr`, `workers`,
-/// `backlog`, `tls`, `max_connections`, `proxy_protocol`) do not apply. Returns the counters,
-/// whose client faults say how the peer misbehaved.
-///
-/// Time is tokio's: under a paused clock (tokio's `test-util`) every timeout runs on virtual
-/// time, which is how canter's own tests script a peer against the actor without waiting.
-pub async fn serve_connection<S: Service, T: Transport>(
-    io: T,
-    peer: SocketAddr,
-    service: S,
-    config: Config,
-) -> Arc<crate::Stats> {
-    let stats = Arc::new(crate::Stats::default());
-    let preamble = match canter_h1::Preamble::new(&config.server_name, crate::server::EPOCH_DATE) {
-        Ok(preamble) => preamble,
-        Err(e) => {
-            // A built Config has a valid Server value; say so rather than serve without one.
-            tracing::error!(error = %e, "cannot serve the connection");
-            return stats;
-        }
-    };
-    let worker = Rc::new(Worker::new(stats.clone()));
-    let registration = Registration {
-        id: worker.register(),
-        worker: worker.clone(),
-    };
-    let sniff_h2 = config.http2.is_some();
-    let conn = serve(
-        registration,
-        io,
-        peer,
-        Rc::new(Http::new(service, preamble)),
-        worker.clone(),
-        Rc::new(config),
-        sniff_h2,
-    );
-    let mut conn = std::pin::pin!(conn);
-    let mut every = tokio::time::interval(crate::worker::TICK);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            biased;
-            () = &mut conn => return stats,
-            _ = every.tick() => worker.tick(),
-        }
-    }
-}
-
-/// Runs the TLS handshake of an accepted connection under the handshake timeout, then serves
-/// it as [`serve`] does. A failed or stalled handshake closes the connection (a debug line: the
-/// peer's fault, and any peer can cause it).
-pub(crate) async fn serve_tls<S: Service>(
-    registration: Registration,
-    tcp: tokio::net::TcpStream,
-    peer: SocketAddr,
-    acceptor: crate::tls::TlsAcceptor,
-    svc: Rc<Http<S>>,
-    worker: Rc<Worker>,
-    cfg: Rc<Config>,
-) {
-    match acceptor.accept(tcp).await {
-        Ok(tls) => {
-            let session = tls.get_ref().1;
-            tracing::debug!(
-                %peer,
-                version = ?session.protocol_version(),
-                kind = ?session.handshake_kind(),
-                alpn = ?session.alpn_protocol().map(String::from_utf8_lossy),
-                "TLS handshake done"
-            );
-            if session.alpn_protocol() == Some(b"h2") {
-                let link = Link::new(worker, BytesMut::new());
-                return Box::pin(crate::h2::serve(
-                    registration,
-                    tls,
-                    peer,
-                    svc,
-                    cfg,
-                    link,
-                    None,
-                ))
-                .await;
-            }
-            serve(registration, tls, peer, svc, worker, cfg, false).await
-        }
-        Err(e) => {
-            worker.fault(ClientFault::TlsHandshake);
-            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-        }
-    }
-}
-
-/// Counts an I/O error that ended a connection when it is the peer's reset.
-pub(crate) fn count_io_fault(worker: &Worker, e: &io::Error) {
-    if matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
-    ) {
-        worker.fault(ClientFault::Reset);
-    }
+    None
 }
 
 struct Driver<S, T> {
@@ -377,32 +225,24 @@ impl<S: Service, T: Transport> Driver<S, T> {
         }
     }
 
-    /// Hands the connection, with what it has read, to the HTTP/2 actor (prior knowledge, or
-    /// `upgraded` after a 101). Boxed, and built here rather than in an `async fn` that takes the
-    /// driver: inline, the HTTP/2 actor's state (or a second copy of the driver) would sit in
-    /// every HTTP/1.1 connection's task.
-    fn into_h2(
+    /// Gives the connection, with what it has read, up for HTTP/2 (prior knowledge, or
+    /// `upgrade` after a 101).
+    fn hand_off(
         self,
         registration: Registration,
-        upgraded: Option<crate::h2::Upgraded>,
-    ) -> Pin<Box<impl Future<Output = ()>>> {
+        upgrade: Option<(RequestHead, Vec<u8>)>,
+    ) -> Handoff<S, T> {
         let Driver {
-            io,
-            peer,
-            link,
-            svc,
-            cfg,
-            ..
+            io, link, svc, cfg, ..
         } = self;
-        Box::pin(crate::h2::serve(
+        Handoff {
             registration,
             io,
-            peer,
+            link,
             svc,
             cfg,
-            link,
-            upgraded,
-        ))
+            upgrade,
+        }
     }
 
     /// Reads until the input either starts with the HTTP/2 connection preface or cannot. What

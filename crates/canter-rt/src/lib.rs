@@ -22,9 +22,12 @@
 //! ```
 
 mod body;
+mod config;
 pub mod framing;
 mod h2;
 mod http1;
+mod http_serve;
+mod http_state;
 mod link;
 mod log_bridge;
 mod outbound;
@@ -33,6 +36,7 @@ pub mod proto;
 pub mod proxy;
 mod server;
 mod service;
+mod stats;
 mod tls;
 mod transport;
 mod worker;
@@ -42,16 +46,15 @@ pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 /// one from its header block; [`Request::head`] gives it.
 pub use canter_h1::{BodyKind, RequestHead, Version};
 pub use canter_h1::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};
-pub use http1::serve_connection;
+pub use config::{Config, ConfigBuilder, ParkHooks, TlsListener, MAX_SERVER_NAME};
+pub use http_serve::serve_connection;
 pub use log_bridge::route_log_records;
 pub use outbound::{connect, connect_tcp, connect_tls};
-pub use server::{
-    listen, on_signals, shutdown_on_signals, ClientFault, Config, ConfigBuilder, ParkHooks, Server,
-    ShutdownHandle, Stats, TlsListener, MAX_SERVER_NAME,
-};
+pub use server::{listen, on_signals, shutdown_on_signals, Server, ShutdownHandle};
 pub use service::{Reply, Request, Response, Service};
-pub use tls::{reload_on_sighup, ClientTls, PeerCertificates, ServerTls, TlsAcceptor, TlsError};
-pub use transport::{Stream, TlsStream, Transport};
+pub use stats::{ClientFault, Stats};
+pub use tls::{reload_on_sighup, ClientTls, ServerTls, TlsAcceptor, TlsError};
+pub use transport::{PeerCertificates, Stream, TlsStream, Transport};
 
 pub use bytes;
 pub use http;

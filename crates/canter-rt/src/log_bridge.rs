@@ -7,7 +7,7 @@
 use log::{Level, LevelFilter, Log, Metadata, Record};
 use tracing_log::LogTracer;
 
-use crate::server::ClientFault;
+use crate::stats::ClientFault;
 use crate::worker::fault_on_this_thread;
 
 struct Bridge(LogTracer);

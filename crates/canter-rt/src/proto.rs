@@ -57,8 +57,9 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::{Instant, Sleep};
 
+use crate::config::Config;
 use crate::link::{Ending, Link};
-use crate::server::{Accept, Accepted, Config};
+use crate::server::{Accept, Accepted, Server};
 use crate::tls::{ClientTls, TlsAcceptor};
 use crate::transport::{Stream, Transport};
 use crate::worker::{Worker, READ_BUF};
@@ -541,6 +542,22 @@ pub async fn run<T: StartTls, P: Protocol>(
         .await
 }
 
+impl Server {
+    /// Runs the workers with a custom protocol instead of HTTP until shutdown; blocks the
+    /// calling thread. `factory(i)` runs once on worker `i`'s thread and returns that worker's
+    /// per-connection constructor, called with each accepted peer's address. Connections from the
+    /// TLS listener (if configured) complete their handshake before [`Protocol::on_open`].
+    ///
+    pub fn serve_protocol<P, G, F>(self, factory: F) -> io::Result<()>
+    where
+        P: Protocol,
+        G: FnMut(SocketAddr) -> P + 'static,
+        F: Fn(usize) -> G + Send + Sync + 'static,
+    {
+        self.run(move |i| ProtocolAccept::new(factory(i)))
+    }
+}
+
 /// Per-worker constructor of protocol connections, behind [`crate::Server::serve_protocol`].
 pub(crate) struct ProtocolAccept<G> {
     /// Shared with the connection tasks that call it once they know the peer (after a PROXY
@@ -573,7 +590,9 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
                 return;
             };
             // Behind a load balancer the peer is the client its PROXY header names.
-            let Some(peer) = crate::proxy::client_of(&mut tcp, peer, &cfg, &worker).await else {
+            let Some(peer) =
+                crate::proxy::client_of(&mut tcp, peer, cfg.proxy_protocol.as_ref(), &worker).await
+            else {
                 return;
             };
             let mut protocol = (make.borrow_mut())(peer);
@@ -582,7 +601,7 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
                 Some(acceptor) => match acceptor.accept(tcp).await {
                     Ok(s) => Stream::Tls(Box::new(s)),
                     Err(e) => {
-                        worker.fault(crate::ClientFault::TlsHandshake);
+                        worker.fault(crate::stats::ClientFault::TlsHandshake);
                         tracing::debug!(%peer, error = %e, "TLS handshake failed");
                         return;
                     }

@@ -359,16 +359,16 @@ pub(crate) async fn read_header(
 pub(crate) async fn client_of(
     tcp: &mut TcpStream,
     peer: SocketAddr,
-    cfg: &crate::Config,
+    expected: Option<&ProxyProtocol>,
     worker: &crate::worker::Worker,
 ) -> Option<SocketAddr> {
-    let Some(pp) = &cfg.proxy_protocol else {
+    let Some(pp) = expected else {
         return Some(peer);
     };
     match read_header(tcp, peer, pp).await {
         Ok(client) => Some(client),
         Err(e) => {
-            worker.fault(crate::ClientFault::Protocol);
+            worker.fault(crate::stats::ClientFault::Protocol);
             tracing::debug!(%peer, error = %e, "PROXY protocol: closing");
             None
         }

@@ -193,7 +193,8 @@ impl ServerTls {
     }
 
     /// Requires a client certificate signed by one of the CAs in `pem` (a PEM bundle); handlers
-    /// read the verified chain as the request extension [`PeerCertificates`].
+    /// read the verified chain as the request extension
+    /// [`PeerCertificates`](crate::PeerCertificates).
     pub fn client_ca(mut self, pem: impl Into<PathBuf>) -> ServerTls {
         self.client_ca = Some(pem.into());
         self
@@ -343,7 +344,7 @@ fn self_signed(provider: &CryptoProvider) -> Result<(Arc<CertifiedKey>, String),
         .push(rcgen::DnType::CommonName, "canter development certificate");
     let cert = params.self_signed(&key).map_err(generate)?;
     let der = cert.der().clone();
-    let fingerprint = sha256_fingerprint(&der);
+    let fingerprint = crate::transport::sha256_fingerprint(&der);
     let key_der = PrivateKeyDer::try_from(key.serialize_der())
         .map_err(|e| TlsError::Generate(e.to_owned()))?;
     let certified = CertifiedKey::from_der(vec![der], key_der, provider)?;
@@ -451,29 +452,6 @@ impl TlsAcceptor {
             )),
         }
     }
-}
-
-/// The verified certificate chain of a client (leaf first), attached to each request of a
-/// connection that presented one ([`ServerTls::client_ca`]).
-#[derive(Debug, Clone)]
-pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
-
-impl PeerCertificates {
-    /// The SHA-256 fingerprint of the leaf certificate, as colon-separated hex pairs (the form
-    /// `openssl x509 -fingerprint -sha256` prints).
-    pub fn leaf_sha256(&self) -> Option<String> {
-        self.0.first().map(|der| sha256_fingerprint(der))
-    }
-}
-
-fn sha256_fingerprint(der: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, der);
-    digest
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02X}"))
-        .collect::<Vec<_>>()
-        .join(":")
 }
 
 /// Re-reads the acceptor's certificate files on SIGHUP (watched from a small background

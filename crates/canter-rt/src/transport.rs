@@ -73,7 +73,7 @@ pub trait Transport: Unpin + 'static {
     }
 
     /// The certificate chain the peer presented and the TLS layer verified, if any.
-    fn peer_certificates(&self) -> Option<crate::tls::PeerCertificates> {
+    fn peer_certificates(&self) -> Option<PeerCertificates> {
         None
     }
 
@@ -448,11 +448,9 @@ impl Transport for TlsStream {
         true
     }
 
-    fn peer_certificates(&self) -> Option<crate::tls::PeerCertificates> {
+    fn peer_certificates(&self) -> Option<PeerCertificates> {
         let chain = self.get_ref().1.peer_certificates()?;
-        Some(crate::tls::PeerCertificates(std::sync::Arc::new(
-            chain.to_vec(),
-        )))
+        Some(PeerCertificates(std::sync::Arc::new(chain.to_vec())))
     }
 }
 
@@ -583,7 +581,7 @@ impl Transport for Stream {
         self.is_tls()
     }
 
-    fn peer_certificates(&self) -> Option<crate::tls::PeerCertificates> {
+    fn peer_certificates(&self) -> Option<PeerCertificates> {
         match self {
             Stream::Plain(_) => None,
             Stream::Tls(s) => s.peer_certificates(),
@@ -632,6 +630,30 @@ pub(crate) fn poll_read_buf<T: Transport + ?Sized>(
     // directly follows the buffer's current length.
     unsafe { buf.set_len(buf.len() + n) };
     Poll::Ready(Ok(n))
+}
+
+/// The verified certificate chain of a client (leaf first), attached to each request of a
+/// connection that presented one ([`ServerTls::client_ca`](crate::ServerTls::client_ca)).
+#[derive(Debug, Clone)]
+pub struct PeerCertificates(pub std::sync::Arc<Vec<rustls::pki_types::CertificateDer<'static>>>);
+
+impl PeerCertificates {
+    /// The SHA-256 fingerprint of the leaf certificate, as colon-separated hex pairs (the form
+    /// `openssl x509 -fingerprint -sha256` prints).
+    pub fn leaf_sha256(&self) -> Option<String> {
+        self.0.first().map(|der| sha256_fingerprint(der))
+    }
+}
+
+/// A certificate's SHA-256 fingerprint, as colon-separated upper-case hex pairs.
+pub(crate) fn sha256_fingerprint(der: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, der);
+    digest
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::server::Stats;
+use crate::stats::Stats;
 use bytes::BytesMut;
 
 /// Size of a fresh read buffer.
@@ -40,7 +40,7 @@ thread_local! {
 
 /// Counts a client fault into the counters of the worker that runs on this thread; nothing on a
 /// thread that runs none.
-pub(crate) fn fault_on_this_thread(kind: crate::ClientFault) {
+pub(crate) fn fault_on_this_thread(kind: crate::stats::ClientFault) {
     STATS.with(|stats| {
         if let Some(stats) = stats.borrow().as_ref() {
             stats.fault(kind);
@@ -112,9 +112,9 @@ impl Worker {
         &self.stats
     }
 
-    /// Counts a client fault (see [`crate::ClientFault`]); the caller logs it at DEBUG.
+    /// Counts a client fault (see [`crate::stats::ClientFault`]); the caller logs it at DEBUG.
     #[cold]
-    pub(crate) fn fault(&self, kind: crate::ClientFault) {
+    pub(crate) fn fault(&self, kind: crate::stats::ClientFault) {
         self.stats.fault(kind);
     }
 

@@ -1,0 +1,252 @@
+//! HTTP serving on the runtime: for each connection the choice between HTTP/1.1 and HTTP/2,
+//! above both drivers. A TLS connection goes by what ALPN agreed; a plain one starts as
+//! HTTP/1.1, which gives the connection back ([`http1::Handoff`]) when it opens with the
+//! HTTP/2 preface or asks for `Upgrade: h2c`, and HTTP/2 then runs on it with what was read.
+//! Also here: the [`Server`]'s HTTP entry points ([`Server::serve`], [`Server::serve_inline`])
+//! and [`serve_connection`] for a transport made elsewhere.
+
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use crate::config::{Config, EPOCH_DATE};
+use crate::h2;
+use crate::http1;
+use crate::http_state::Http;
+use crate::link::Link;
+use crate::server::{in_event_loop, Accept, Accepted, Server};
+use crate::service::Service;
+use crate::stats::{ClientFault, Stats};
+use crate::tls::TlsAcceptor;
+use crate::transport::{LazyTcp, Transport};
+use crate::worker::{Registration, Worker, TICK};
+
+impl Server {
+    /// Runs the workers until shutdown; blocks the calling thread. `factory(i)` builds the
+    /// service of worker `i` on that worker's thread.
+    pub fn serve<S, F>(self, factory: F) -> io::Result<()>
+    where
+        S: Service,
+        F: Fn(usize) -> S + Send + Sync + 'static,
+    {
+        let preamble = canter_h1::Preamble::new(&self.config().server_name, EPOCH_DATE)?;
+        self.defer_http_accepts()?;
+        self.run(move |i| HttpAccept(Rc::new(Http::new(factory(i), preamble.clone()))))
+    }
+
+    /// Runs the server's single worker on the calling thread until shutdown, instead of a
+    /// thread of its own: for an embedding whose state belongs to one thread (the Python front
+    /// end runs the interpreter's main thread as the worker). Fails if [`Config::workers`] is
+    /// not 1.
+    pub fn serve_inline<S, F>(self, factory: F) -> io::Result<()>
+    where
+        S: Service,
+        F: FnOnce(usize) -> S + 'static,
+    {
+        let preamble = canter_h1::Preamble::new(&self.config().server_name, EPOCH_DATE)?;
+        self.defer_http_accepts()?;
+        self.run_inline(move |i| HttpAccept(Rc::new(Http::new(factory(i), preamble))))
+    }
+}
+
+/// Serves one plain connection (after its PROXY header, if any): HTTP/1.1, then HTTP/2 if
+/// HTTP/1.1 gives the connection up. With `sniff_h2`, HTTP/2 is on: a preface or an h2c
+/// upgrade is honoured.
+pub(crate) async fn serve<S: Service, T: Transport>(
+    registration: Registration,
+    io: T,
+    peer: SocketAddr,
+    svc: Rc<Http<S>>,
+    worker: Rc<Worker>,
+    cfg: Rc<Config>,
+    sniff_h2: bool,
+) {
+    let Some(handoff) = http1::serve(registration, io, peer, svc, worker, cfg, sniff_h2).await
+    else {
+        return;
+    };
+    let http1::Handoff {
+        registration,
+        io,
+        link,
+        svc,
+        cfg,
+        upgrade,
+    } = handoff;
+    let upgraded = upgrade.map(|(head, settings)| h2::Upgraded { head, settings });
+    // Boxed: inline, the HTTP/2 actor's state would sit in every HTTP/1.1 connection's task.
+    Box::pin(h2::serve(registration, io, peer, svc, cfg, link, upgraded)).await
+}
+
+/// Serves one connection the caller already has, until it closes: the HTTP/1.1 actor a
+/// [`Server`] runs for each accepted socket (and, when [`Config::http2`] is set and the peer
+/// opens with the HTTP/2 preface or asks for h2c, the HTTP/2 one), for a transport made elsewhere:
+/// a socket accepted by other code, a stream already wrapped in TLS, an in-memory pipe in
+/// tests. It runs on the calling task, with a worker context of its own (the coarse clock, the
+/// Date header, the buffer pool); the listener settings of `config` (`addr`, `workers`,
+/// `backlog`, `tls`, `max_connections`, `proxy_protocol`) do not apply. Returns the counters,
+/// whose client faults say how the peer misbehaved.
+///
+/// Time is tokio's: under a paused clock (tokio's `test-util`) every timeout runs on virtual
+/// time, which is how canter's own tests script a peer against the actor without waiting.
+pub async fn serve_connection<S: Service, T: Transport>(
+    io: T,
+    peer: SocketAddr,
+    service: S,
+    config: Config,
+) -> Arc<Stats> {
+    let stats = Arc::new(Stats::default());
+    let preamble = match canter_h1::Preamble::new(&config.server_name, EPOCH_DATE) {
+        Ok(preamble) => preamble,
+        Err(e) => {
+            // A built Config has a valid Server value; say so rather than serve without one.
+            tracing::error!(error = %e, "cannot serve the connection");
+            return stats;
+        }
+    };
+    let worker = Rc::new(Worker::new(stats.clone()));
+    let registration = Registration {
+        id: worker.register(),
+        worker: worker.clone(),
+    };
+    let sniff_h2 = config.http2.is_some();
+    let conn = serve(
+        registration,
+        io,
+        peer,
+        Rc::new(Http::new(service, preamble)),
+        worker.clone(),
+        Rc::new(config),
+        sniff_h2,
+    );
+    let mut conn = std::pin::pin!(conn);
+    let mut every = tokio::time::interval(TICK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut conn => return stats,
+            _ = every.tick() => worker.tick(),
+        }
+    }
+}
+
+/// Runs the TLS handshake of an accepted connection under the handshake timeout, then serves
+/// it as [`serve`] does. A failed or stalled handshake closes the connection (a debug line: the
+/// peer's fault, and any peer can cause it).
+pub(crate) async fn serve_tls<S: Service>(
+    registration: Registration,
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    svc: Rc<Http<S>>,
+    worker: Rc<Worker>,
+    cfg: Rc<Config>,
+) {
+    match acceptor.accept(tcp).await {
+        Ok(tls) => {
+            let session = tls.get_ref().1;
+            tracing::debug!(
+                %peer,
+                version = ?session.protocol_version(),
+                kind = ?session.handshake_kind(),
+                alpn = ?session.alpn_protocol().map(String::from_utf8_lossy),
+                "TLS handshake done"
+            );
+            if session.alpn_protocol() == Some(b"h2") {
+                let link = Link::new(worker, BytesMut::new());
+                return Box::pin(h2::serve(registration, tls, peer, svc, cfg, link, None)).await;
+            }
+            // ALPN chose HTTP/1.1 (or nothing): no preface to sniff, no h2c over TLS.
+            serve(registration, tls, peer, svc, worker, cfg, false).await
+        }
+        Err(e) => {
+            worker.fault(ClientFault::TlsHandshake);
+            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+        }
+    }
+}
+
+/// HTTP connections around the worker's service.
+struct HttpAccept<S>(Rc<Http<S>>);
+
+impl<S: Service> Accept for HttpAccept<S> {
+    fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>) {
+        let (svc, worker, cfg) = (self.0.clone(), worker.clone(), cfg.clone());
+        if cfg.proxy_protocol.is_some() {
+            tokio::task::spawn_local(serve_proxied(conn, svc, worker, cfg));
+            return;
+        }
+        let Accepted {
+            registration,
+            tcp,
+            peer,
+            tls,
+        } = conn;
+        match tls {
+            None => {
+                let sniff_h2 = cfg.http2.is_some();
+                tokio::task::spawn_local(serve(
+                    registration,
+                    LazyTcp::new(tcp),
+                    peer,
+                    svc,
+                    worker,
+                    cfg,
+                    sniff_h2,
+                ))
+            }
+            Some(acceptor) => {
+                // A handshake waits on the peer from the start: no point in waiting to register.
+                let Some(tcp) = in_event_loop(tcp, peer) else {
+                    return;
+                };
+                tokio::task::spawn_local(serve_tls(
+                    registration,
+                    tcp,
+                    peer,
+                    acceptor,
+                    svc,
+                    worker,
+                    cfg,
+                ))
+            }
+        };
+    }
+}
+
+/// A connection behind a load balancer: its PROXY header first, then HTTP (over TLS when it
+/// came from the TLS listener) with the client the header names as its peer.
+async fn serve_proxied<S: Service>(
+    conn: Accepted,
+    svc: Rc<Http<S>>,
+    worker: Rc<Worker>,
+    cfg: Rc<Config>,
+) {
+    let Accepted {
+        registration,
+        tcp,
+        peer,
+        tls,
+    } = conn;
+    let Some(mut tcp) = in_event_loop(tcp, peer) else {
+        return;
+    };
+    let Some(peer) =
+        crate::proxy::client_of(&mut tcp, peer, cfg.proxy_protocol.as_ref(), &worker).await
+    else {
+        return;
+    };
+    match tls {
+        None => {
+            let sniff_h2 = cfg.http2.is_some();
+            serve(registration, tcp, peer, svc, worker, cfg, sniff_h2).await;
+        }
+        Some(acceptor) => {
+            serve_tls(registration, tcp, peer, acceptor, svc, worker, cfg).await;
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! What both HTTP drivers share, and neither owns: a worker's service with its per-worker
+//! HTTP state ([`Http`]: the cached HTTP/1.1 preamble block, brought up to the worker's second
+//! when used) and the accounting of a connection's I/O end ([`count_io_fault`]). The HTTP/1.1
+//! driver (`http1.rs`) and the HTTP/2 driver (`h2.rs`) import it; it imports neither.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+
+use canter_h1::Preamble;
+
+use crate::stats::ClientFault;
+use crate::worker::Worker;
+
+/// HTTP/1.1's per-worker state: the preformatted `HTTP/1.1 200 OK` + `Server` + `Date` block
+/// the engine writes at the top of most responses, its date brought up to the worker's second
+/// when it is next used. Made once per worker and shared by its HTTP/1.1 connections.
+pub(crate) struct PreambleCache {
+    preamble: RefCell<Preamble>,
+    /// The worker second the block's date names.
+    second: Cell<u64>,
+}
+
+impl PreambleCache {
+    /// A cache of `preamble`, whose date is brought up to the worker's at first use.
+    pub(crate) fn new(preamble: Preamble) -> PreambleCache {
+        PreambleCache {
+            preamble: RefCell::new(preamble),
+            second: Cell::new(u64::MAX),
+        }
+    }
+
+    /// Runs `f` with the block, its date the worker's current one.
+    #[inline]
+    pub(crate) fn with<R>(&self, worker: &Worker, f: impl FnOnce(&Preamble) -> R) -> R {
+        if self.second.get() != worker.second() {
+            self.refresh(worker);
+        }
+        f(&self.preamble.borrow())
+    }
+
+    #[cold]
+    fn refresh(&self, worker: &Worker) {
+        self.second.set(worker.second());
+        // An IMF-fixdate is printable ASCII; were it ever not, the second before stays.
+        let _ = self.preamble.borrow_mut().set_date(&worker.date());
+    }
+}
+
+/// A worker's service with what its HTTP connections share besides it. Derefs to the
+/// service, so a driver calls `svc.call(req)` through its `Rc<Http<S>>` as through an `Rc<S>`.
+pub(crate) struct Http<S> {
+    svc: S,
+    /// HTTP/1.1's preamble block (HTTP/2 encodes its own headers).
+    pub(crate) preamble: PreambleCache,
+}
+
+impl<S> Http<S> {
+    pub(crate) fn new(svc: S, preamble: Preamble) -> Http<S> {
+        Http {
+            svc,
+            preamble: PreambleCache::new(preamble),
+        }
+    }
+}
+
+impl<S> std::ops::Deref for Http<S> {
+    type Target = S;
+    #[inline(always)]
+    fn deref(&self) -> &S {
+        &self.svc
+    }
+}
+
+/// Counts an I/O error that ended a connection when it is the peer's reset.
+pub(crate) fn count_io_fault(worker: &Worker, e: &io::Error) {
+    if matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+    ) {
+        worker.fault(ClientFault::Reset);
+    }
+}
