@@ -137,13 +137,12 @@ fn out_is_written_as_records_come_and_kept_on_a_signal() {
         let out = TempFile::new(&format!("received-{signal}.bin"), b"");
         let out_path = out.path().to_str().unwrap().to_owned();
         let (child, addr) = receive(&["--out", &out_path]);
-        let sent = send(&[
-            "--to",
-            &addr.to_string(),
-            "--file",
-            file.path().to_str().unwrap(),
-        ]);
-        assert!(sent.status.success(), "{sent:?}");
+        let send_all = || {
+            let to = addr.to_string();
+            let sent = send(&["--to", &to, "--file", file.path().to_str().unwrap()]);
+            assert!(sent.status.success(), "{sent:?}");
+        };
+        send_all();
         // Without --expect or --duration the receiver runs on: the file fills meanwhile.
         let start = std::time::Instant::now();
         while std::fs::metadata(out.path()).unwrap().len() < data.len() as u64 {
@@ -156,13 +155,7 @@ fn out_is_written_as_records_come_and_kept_on_a_signal() {
             thread::sleep(Duration::from_millis(20));
         }
         // More records, then the signal at once: they are in the file too.
-        let sent = send(&[
-            "--to",
-            &addr.to_string(),
-            "--file",
-            file.path().to_str().unwrap(),
-        ]);
-        assert!(sent.status.success(), "{sent:?}");
+        send_all();
         let killed = Command::new("kill")
             .args([&format!("-{signal}"), &child.id().to_string()])
             .status()
