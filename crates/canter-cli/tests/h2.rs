@@ -760,6 +760,34 @@ fn python_h2_client() {
     }
 }
 
+/// An HTTP/2 client that reads slowly through a 4 KiB receive buffer, with windows open for the
+/// whole body: the send buffer the kernel grew to megabytes keeps the socket unwritable past
+/// the write timeout while the client reads all along. It gets every byte (the write timeout
+/// judges the kernel's queue), as HTTP/1.1 clients do (`timeouts.rs`).
+#[test]
+fn a_slow_http2_reader_gets_every_byte() {
+    let site = python_h2();
+    let server = Server::start_with(&["--write-timeout", "1"]);
+    let script = format!("{}/tests/py/h2_slow_reader.py", env!("CARGO_MANIFEST_DIR"));
+    let out = common::run_python(
+        &[
+            &script,
+            &server.port.to_string(),
+            "5000000",
+            "500000",
+            site.to_str().unwrap(),
+        ],
+        None,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout == "body 5000000\nended\n",
+        "{stdout}{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+}
+
 /// A client that asks for 100 streams of 64 MiB each (6.4 GiB in all) and then takes nothing:
 /// first with a zero stream window (SETTINGS_INITIAL_WINDOW_SIZE 0, the server may not send
 /// any DATA), then with a large window but never reading the socket. Either way the server's
