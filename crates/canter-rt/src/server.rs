@@ -283,7 +283,9 @@ where
     F: FnOnce(usize) -> A + 'static,
 {
     if config.pin_workers {
-        pin_to_cpu(index);
+        if let Err(e) = pin_to_cpu(index) {
+            tracing::warn!(cpu = index, error = %e, "could not pin worker");
+        }
     }
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_all();
@@ -540,15 +542,20 @@ async fn accept_failed(e: io::Error) {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-fn pin_to_cpu(cpu: usize) {
+/// Pins the calling thread to CPU `cpu` (what [`Config::pin_workers`] does for each worker,
+/// for a program that runs threads of its own: the stream pipelines' workers).
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     // SAFETY: `cpu_set_t` is plain data; zeroed is a valid empty set, CPU_SET writes within it
-    // (it ignores indices beyond the set's size) and sched_setaffinity only reads it.
-    unsafe {
+    // (it ignores indices beyond the set's size) and sched_setaffinity only reads it, for the
+    // calling thread (pid 0).
+    let set = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::warn!(cpu, "could not pin worker");
-        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    match set {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
     }
 }
 

@@ -1547,18 +1547,6 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
     })
 }
 
-fn pin(cpu: usize) {
-    // SAFETY: cpu_set_t is plain data, zeroed is a valid empty set; CPU_SET writes within it;
-    // sched_setaffinity reads it for the calling thread (pid 0).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::warn!(cpu, error = %io::Error::last_os_error(), "could not pin the worker");
-        }
-    }
-}
-
 fn worker(
     me: usize,
     preps: Vec<Arc<Prep>>,
@@ -1567,7 +1555,9 @@ fn worker(
     stop: Arc<Notify>,
 ) -> io::Result<()> {
     if opts.pin {
-        pin(me);
+        if let Err(e) = canter_rt::pin_to_cpu(me) {
+            tracing::warn!(cpu = me, error = %e, "could not pin the worker");
+        }
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
