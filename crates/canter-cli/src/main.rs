@@ -10,6 +10,9 @@ use std::time::Duration;
 use canter::middleware::{AccessLog, Metrics, RequestId};
 use clap::{Parser, Subcommand};
 
+mod demo;
+mod techempower;
+
 #[derive(Parser)]
 #[command(name = "canter", version, about = "Fast, strict HTTP server toolkit")]
 struct Cli {
@@ -538,7 +541,7 @@ fn db_setup(args: &DbSetupArgs) -> Result<(), DbSetupError> {
         .enable_all()
         .build()
         .map_err(DbSetupError::Runtime)?;
-    rt.block_on(canter::techempower::setup(&config))
+    rt.block_on(techempower::setup(&config))
         .map_err(DbSetupError::Setup)?;
     tracing::info!(
         db = config.dbname(),
@@ -553,7 +556,7 @@ fn db_config(
 ) -> Result<
     (
         std::sync::Arc<canter::db::DbConfig>,
-        canter::techempower::Statements,
+        techempower::Statements,
     ),
     ServeError,
 > {
@@ -565,7 +568,7 @@ fn db_config(
         .connections(args.db_connections)
         .query_timeout(Duration::from_millis(args.db_query_timeout))
         .connect_timeout(Duration::from_millis(args.db_connect_timeout));
-    let statements = canter::techempower::Statements::prepare(&mut config);
+    let statements = techempower::Statements::prepare(&mut config);
     Ok((std::sync::Arc::new(config), statements))
 }
 
@@ -693,7 +696,7 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
         server.local_addr()
     );
     // One router per worker (built on that worker's thread), one item store for the process.
-    let store = std::sync::Arc::new(canter::demo::Store::default());
+    let store = std::sync::Arc::new(demo::Store::default());
     let metrics = args
         .metrics
         .then(|| Metrics::new().with_stats(server.stats()));
@@ -702,11 +705,9 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let compress = args.compress;
     let app = move |worker: usize| {
         let app = match (&database, &files) {
-            (Some((db, statements)), _) => {
-                canter::techempower::app(db.clone(), *statements, worker)
-            }
-            (None, Some(files)) => canter::demo::app_with_static(store.clone(), files.clone()),
-            (None, None) => canter::demo::app(store.clone()),
+            (Some((db, statements)), _) => techempower::app(db.clone(), *statements, worker),
+            (None, Some(files)) => demo::app_with_static(store.clone(), files.clone()),
+            (None, None) => demo::app(store.clone()),
         };
         match &metrics {
             Some(metrics) => app.route("/metrics", canter::get(metrics.endpoint())),

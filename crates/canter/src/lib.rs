@@ -17,10 +17,8 @@
 
 pub mod app;
 pub mod db;
-pub mod demo;
 pub mod middleware;
 mod negotiate;
-pub mod techempower;
 
 pub use app::{
     any, delete, get, head, options, patch, post, put, ClientAddr, Extension, Form, FromBody,

@@ -171,8 +171,9 @@ impl DbConfig {
         }
     }
 
-    /// The connection settings.
-    pub(crate) fn pg(&self) -> &tokio_postgres::Config {
+    /// The connection settings as `tokio_postgres` parsed them (without `sslmode` and
+    /// `sslrootcert`, which [`DbConfig::tls_mode`] reads).
+    pub fn pg(&self) -> &tokio_postgres::Config {
         &self.pg
     }
 

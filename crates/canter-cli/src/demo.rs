@@ -28,7 +28,7 @@ use canter_rt::{Body, BodyStream, Response};
 use maud::{html, Markup, DOCTYPE};
 use serde::{Deserialize, Serialize};
 
-use crate::app::{
+use canter::app::{
     get, post, FromParts, Html, IntoResponse, Json, Parts, Path, Query, RawBody, Rejection, Router,
     ServeDir, State,
 };
@@ -54,19 +54,8 @@ const INDEX: &str = r#"<!doctype html>
 </body></html>
 "#;
 
-/// The demo router over `store` (shared by every worker that gets a clone of it).
-///
-/// ```no_run
-/// use canter::demo::{app, Store};
-/// use canter::rt::{Config, Server};
-/// use std::sync::Arc;
-///
-/// let store = Arc::new(Store::default());
-/// Server::bind(Config::default())
-///     .unwrap()
-///     .serve(move |_worker| app(store.clone()))
-///     .unwrap();
-/// ```
+/// The demo router over `store` (shared by every worker that gets a clone of it): what
+/// `canter serve` runs, built per worker in the service factory.
 pub fn app(store: Arc<Store>) -> Router {
     let api = Router::new()
         .route("/items", post(create_item))
@@ -88,38 +77,24 @@ pub fn app(store: Arc<Store>) -> Router {
 
 /// The demo router plus the files of `files` under `/static/` (`/static` redirects there); what
 /// `canter serve --static DIR` runs.
-///
-/// ```no_run
-/// use canter::demo::{app_with_static, Store};
-/// use canter::rt::{Config, Server};
-/// use canter::ServeDir;
-/// use std::sync::Arc;
-///
-/// let store = Arc::new(Store::default());
-/// let files = ServeDir::new("public");
-/// Server::bind(Config::default())
-///     .unwrap()
-///     .serve(move |_worker| app_with_static(store.clone(), files.clone()))
-///     .unwrap();
-/// ```
 pub fn app_with_static(store: Arc<Store>, files: ServeDir) -> Router {
     app(store).serve_dir("/static", files)
 }
 
 /// The TechEmpower plaintext response: `text/plain` without a charset, so its bytes match the
 /// peers' in the benchmark suite.
-pub(crate) fn plaintext() -> Response {
+pub fn plaintext() -> Response {
     Response::new(StatusCode::OK)
         .with_header(header::CONTENT_TYPE, TEXT_PLAIN)
         .with_body("Hello, World!")
 }
 
 #[derive(Serialize)]
-pub(crate) struct Message {
+pub struct Message {
     message: &'static str,
 }
 
-pub(crate) fn json() -> Json<Message> {
+pub fn json() -> Json<Message> {
     Json(Message {
         message: "Hello, World!",
     })
@@ -273,8 +248,8 @@ impl BodyStream for Repeat {
 
 /// `GET /tls/client-cert`: the SHA-256 fingerprint of the client's verified certificate (TLS with
 /// `--tls-client-ca`), or 404 when the connection has none.
-fn client_cert(cert: Option<crate::Extension<canter_rt::PeerCertificates>>) -> Response {
-    match cert.and_then(|crate::Extension(c)| c.leaf_sha256()) {
+fn client_cert(cert: Option<canter::Extension<canter_rt::PeerCertificates>>) -> Response {
+    match cert.and_then(|canter::Extension(c)| c.leaf_sha256()) {
         Some(fingerprint) => Response::text(format!("{fingerprint}\n")),
         None => error(StatusCode::NOT_FOUND, "no client certificate"),
     }

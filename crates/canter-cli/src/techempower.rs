@@ -21,8 +21,8 @@ use std::sync::Arc;
 use maud::{html, Markup, DOCTYPE};
 use serde::Serialize;
 
-use crate::app::{get, FromParts, Json, Parts, Rejection, Router, State};
-use crate::db::{Db, DbConfig, DbConn, DbError, Stmt};
+use canter::app::{get, FromParts, Json, Parts, Rejection, Router, State};
+use canter::db::{Db, DbConfig, DbConn, DbError, Stmt};
 
 /// Rows in the `World` table.
 pub const WORLD_ROWS: i32 = 10_000;
@@ -111,7 +111,7 @@ pub struct World {
 }
 
 impl World {
-    fn from_row(row: &crate::db::Row) -> Result<World, DbError> {
+    fn from_row(row: &canter::db::Row) -> Result<World, DbError> {
         Ok(World {
             id: row.try_get(0).map_err(DbError::Query)?,
             random_number: row.try_get(1).map_err(DbError::Query)?,
