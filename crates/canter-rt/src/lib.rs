@@ -21,6 +21,13 @@
 //!     .unwrap();
 //! ```
 
+// The runtime is Linux's: say so at build time, not with a missing symbol.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "canter-rt runs on Linux only: it uses accept4, sendfile, TCP_DEFER_ACCEPT, MSG_MORE, \
+     SO_REUSEPORT's balancing across listeners and SIOCOUTQ"
+);
+
 mod body;
 mod config;
 pub mod framing;

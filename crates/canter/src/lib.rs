@@ -15,6 +15,10 @@
 //! Server::bind(Config::default()).unwrap().serve(|_worker| hello).unwrap();
 //! ```
 
+// The database client's socket options (SO_RCVLOWAT) and static files' `openat2` are Linux's.
+#[cfg(not(target_os = "linux"))]
+compile_error!("canter runs on Linux only, as canter-rt does");
+
 pub mod app;
 pub mod db;
 pub mod middleware;
