@@ -57,6 +57,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::{Instant, Sleep};
 
+use canter_h1::ConfigError;
+
 use crate::config::Config;
 use crate::link::{Ending, Link};
 use crate::server::{Accept, Accepted, Server};
@@ -259,24 +261,28 @@ impl StartTls for tokio::io::DuplexStream {
 /// How long the client side of a [`Conn::start_tls`] waits for the server.
 const CLIENT_HANDSHAKE: Duration = Duration::from_secs(10);
 
-/// The actor's limits for one connection.
+/// The actor's limits for one connection, built with [`Settings::builder`], which checks them
+/// (as [`Config::builder`](crate::Config::builder) does); `Settings::default()` suits
+/// request/response protocols.
+///
+/// ```
+/// use std::time::Duration;
+/// let settings = canter_rt::proto::Settings::builder()
+///     .high_water(256 * 1024)
+///     .write_timeout(Duration::from_secs(5))
+///     .build()?;
+/// assert_eq!(settings.low_water(), 64 * 1024);
+/// # Ok::<(), canter_rt::ConfigError>(())
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Settings {
-    /// Output bytes at or above which [`Conn::send`] refuses and reading stops.
-    pub high_water: usize,
-    /// Output bytes at or below which a refused sender hears [`Protocol::on_writable`].
-    pub low_water: usize,
-    /// Bytes read before the connection yields to the worker's other connections.
-    pub read_budget: usize,
-    /// Longest the peer may take no output while some is queued.
-    pub write_timeout: Duration,
-    /// Input the protocol may leave unconsumed (a partial message) before the connection is
-    /// closed with [`Close::InputLimit`].
-    pub max_input: usize,
-    /// Room made for each read: the default suits request/response protocols; a streaming
-    /// protocol reading megabytes a second takes fewer, larger reads with more.
-    pub read_size: usize,
+    pub(crate) high_water: usize,
+    pub(crate) low_water: usize,
+    pub(crate) read_budget: usize,
+    pub(crate) write_timeout: Duration,
+    pub(crate) max_input: usize,
+    pub(crate) read_size: usize,
 }
 
 impl Default for Settings {
@@ -293,42 +299,117 @@ impl Default for Settings {
 }
 
 impl Settings {
-    /// Sets the high-water mark (and the low-water mark to a quarter of it).
-    pub fn high_water(mut self, bytes: usize) -> Settings {
-        self.high_water = bytes.max(1);
-        self.low_water = self.high_water / 4;
-        self
+    /// A builder starting from the defaults.
+    pub fn builder() -> SettingsBuilder {
+        SettingsBuilder(Settings::default())
     }
 
-    /// Sets the read budget per turn.
-    pub fn read_budget(mut self, bytes: usize) -> Settings {
-        self.read_budget = bytes.max(1);
-        self
+    /// Output bytes at or above which [`Conn::send`] refuses and reading stops.
+    pub fn high_water(&self) -> usize {
+        self.high_water
     }
 
-    /// Sets the write timeout.
-    pub fn write_timeout(mut self, timeout: Duration) -> Settings {
-        self.write_timeout = timeout;
-        self
+    /// Output bytes at or below which a refused sender hears [`Protocol::on_writable`].
+    pub fn low_water(&self) -> usize {
+        self.low_water
     }
 
-    /// Sets the most input left unconsumed.
-    pub fn max_input(mut self, bytes: usize) -> Settings {
-        self.max_input = bytes.max(1);
-        self
+    /// Bytes read before the connection yields to the worker's other connections.
+    pub fn read_budget(&self) -> usize {
+        self.read_budget
     }
 
-    /// Sets the room made for each read.
-    pub fn read_size(mut self, bytes: usize) -> Settings {
-        self.read_size = bytes.max(1024);
-        self
+    /// Longest the peer may take no output while some is queued.
+    pub fn write_timeout(&self) -> Duration {
+        self.write_timeout
+    }
+
+    /// Input the protocol may leave unconsumed (a partial message) before the connection is
+    /// closed with [`Close::InputLimit`].
+    pub fn max_input(&self) -> usize {
+        self.max_input
+    }
+
+    /// Room made for each read.
+    pub fn read_size(&self) -> usize {
+        self.read_size
     }
 
     fn from_config(cfg: &Config) -> Settings {
-        Settings::default()
-            .high_water(cfg.high_water)
-            .read_budget(cfg.read_budget)
-            .write_timeout(cfg.timeouts.write())
+        // Config's own builder checked these (each at least 1, the timeout above zero).
+        Settings {
+            high_water: cfg.high_water,
+            low_water: cfg.high_water / 4,
+            read_budget: cfg.read_budget,
+            write_timeout: cfg.timeouts.write(),
+            ..Settings::default()
+        }
+    }
+}
+
+/// Builds [`Settings`]; [`SettingsBuilder::build`] checks every value.
+#[derive(Debug, Clone)]
+pub struct SettingsBuilder(Settings);
+
+impl SettingsBuilder {
+    /// The high-water mark; the low-water mark becomes a quarter of it (at least 1 byte).
+    pub fn high_water(mut self, bytes: usize) -> Self {
+        self.0.high_water = bytes;
+        self.0.low_water = bytes / 4;
+        self
+    }
+
+    /// The read budget per turn (at least 1 byte).
+    pub fn read_budget(mut self, bytes: usize) -> Self {
+        self.0.read_budget = bytes;
+        self
+    }
+
+    /// The write timeout (above zero).
+    pub fn write_timeout(mut self, timeout: Duration) -> Self {
+        self.0.write_timeout = timeout;
+        self
+    }
+
+    /// The most input left unconsumed (at least 1 byte).
+    pub fn max_input(mut self, bytes: usize) -> Self {
+        self.0.max_input = bytes;
+        self
+    }
+
+    /// The room made for each read: the default suits request/response protocols; a streaming
+    /// protocol reading megabytes a second takes fewer, larger reads with more (1 KiB to
+    /// 16 MiB).
+    pub fn read_size(mut self, bytes: usize) -> Self {
+        self.0.read_size = bytes;
+        self
+    }
+
+    /// The settings, or the first one out of its range.
+    pub fn build(self) -> Result<Settings, ConfigError> {
+        let s = self.0;
+        for (value, name) in [
+            (s.high_water, "high_water"),
+            (s.read_budget, "read_budget"),
+            (s.max_input, "max_input"),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::new(name, "must be at least 1"));
+            }
+        }
+        if s.high_water < 4 {
+            return Err(ConfigError::new(
+                "high_water",
+                "must be at least 4 (the low-water mark is a quarter of it)",
+            ));
+        }
+        if s.write_timeout.is_zero() {
+            return Err(ConfigError::new("write_timeout", "must be above zero"));
+        }
+        if !(1024..=16 << 20).contains(&s.read_size) {
+            return Err(ConfigError::new("read_size", "must be 1 KiB to 16 MiB"));
+        }
+        Ok(s)
     }
 }
 

@@ -118,7 +118,10 @@ impl Protocol for Flood {
 #[tokio::test(start_paused = true)]
 async fn write_timeout_when_the_peer_never_reads() {
     let start = Instant::now();
-    let settings = Settings::default().write_timeout(Duration::from_secs(20));
+    let settings = Settings::builder()
+        .write_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
     let (_, why) = converse(Flood, settings, 1024, |p| async move {
         // Hold the pipe open without reading until the actor gives up.
         tokio::time::sleep(Duration::from_secs(60)).await;
@@ -183,7 +186,7 @@ impl Protocol for Hoarder {
 
 #[tokio::test(start_paused = true)]
 async fn unconsumed_input_is_bounded() {
-    let settings = Settings::default().max_input(64 * 1024);
+    let settings = Settings::builder().max_input(64 * 1024).build().unwrap();
     let (_, why) = converse(Hoarder, settings, 16 * 1024, |mut p| async move {
         let chunk = vec![1u8; 8192];
         let mut sent = 0;
@@ -276,7 +279,7 @@ impl Protocol for Producer {
 #[tokio::test(start_paused = true)]
 async fn refused_sends_resume_on_writable() {
     let total = 100_000u32;
-    let settings = Settings::default().high_water(4096);
+    let settings = Settings::builder().high_water(4096).build().unwrap();
     let producer = Producer {
         next: 0,
         total,
@@ -512,4 +515,27 @@ async fn output_held_by_the_transport_is_flushed() {
         why = actor => panic!("the actor ended first: {why}"),
         () = reader => {}
     }
+}
+
+/// A protocol's settings are checked when built, and a value out of range names its setting.
+#[test]
+fn settings_out_of_range_are_refused_by_name() {
+    use canter_rt::proto::Settings;
+    for (built, name) in [
+        (Settings::builder().high_water(0).build(), "high_water"),
+        (Settings::builder().high_water(3).build(), "high_water"),
+        (Settings::builder().read_budget(0).build(), "read_budget"),
+        (Settings::builder().max_input(0).build(), "max_input"),
+        (
+            Settings::builder().write_timeout(Duration::ZERO).build(),
+            "write_timeout",
+        ),
+        (Settings::builder().read_size(512).build(), "read_size"),
+        (Settings::builder().read_size(32 << 20).build(), "read_size"),
+    ] {
+        let e = built.unwrap_err();
+        assert!(e.to_string().contains(name), "{e}");
+    }
+    let s = Settings::builder().high_water(1000).build().unwrap();
+    assert_eq!((s.high_water(), s.low_water()), (1000, 250));
 }

@@ -879,12 +879,20 @@ async fn accept_loop(
             return;
         }
     };
-    let settings = Settings::default()
+    let built = Settings::builder()
         .read_budget(env.opts.read_budget)
-        .read_size((256 * 1024).min(env.opts.read_budget))
+        .read_size((256 * 1024).min(env.opts.read_budget).max(1024))
         .max_input(match framing {
             Framing::LengthPrefixed { max } | Framing::Lines { max } => max + 64 * 1024,
-        });
+        })
+        .build();
+    let settings = match built {
+        Ok(settings) => settings,
+        Err(e) => {
+            tracing::error!(error = %e, "source connection settings");
+            return;
+        }
+    };
     let mut log = RateLog::default();
     loop {
         match listener.accept().await {
