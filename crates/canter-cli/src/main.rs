@@ -636,10 +636,11 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
         config = config.coalesce(Some(Duration::from_micros(args.coalesce)));
     }
     if args.proxy_protocol {
-        config = config.proxy_protocol(Some(canter_rt::proxy::ProxyProtocol {
-            from: args.proxy_from.clone(),
-            ..Default::default()
-        }));
+        let pp = canter_rt::proxy::ProxyProtocol::builder()
+            .from(args.proxy_from.clone())
+            .build()
+            .map_err(ServeError::Config)?;
+        config = config.proxy_protocol(Some(pp));
     }
     let acceptor = tls_acceptor(&args)?;
     if let (Some(addr), Some(acceptor)) = (args.tls_addr, &acceptor) {

@@ -21,17 +21,24 @@ const V2_SIGNATURE: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
 const V1_MAX: usize = 107;
 
 /// Accepting the PROXY protocol on the listeners: every connection must open with a header,
-/// from one of the allowed sources.
+/// from one of the allowed sources. Built with [`ProxyProtocol::builder`], which checks it;
+/// `ProxyProtocol::default()` accepts a header from any source within 3 s, 4 KiB at most.
+///
+/// ```
+/// use std::time::Duration;
+/// let pp = canter_rt::proxy::ProxyProtocol::builder()
+///     .from(vec!["10.0.0.0/8".parse()?])
+///     .timeout(Duration::from_secs(1))
+///     .build()?;
+/// assert!(pp.allows("10.1.2.3".parse()?) && !pp.allows("192.0.2.1".parse()?));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ProxyProtocol {
-    /// Sources allowed to send a header (the balancers); empty allows any. A connection from
-    /// elsewhere is closed unread.
-    pub from: Vec<Cidr>,
-    /// How long the header may take to arrive.
-    pub timeout: Duration,
-    /// Longest accepted version 2 header, TLVs included (they are skipped); longer ones close
-    /// the connection.
-    pub max_len: usize,
+    pub(crate) from: Vec<Cidr>,
+    pub(crate) timeout: Duration,
+    pub(crate) max_len: usize,
 }
 
 impl Default for ProxyProtocol {
@@ -45,9 +52,71 @@ impl Default for ProxyProtocol {
 }
 
 impl ProxyProtocol {
+    /// A builder starting from the defaults.
+    pub fn builder() -> ProxyProtocolBuilder {
+        ProxyProtocolBuilder(ProxyProtocol::default())
+    }
+
     /// Whether `peer` may send a header.
     pub fn allows(&self, peer: IpAddr) -> bool {
         self.from.is_empty() || self.from.iter().any(|c| c.contains(peer))
+    }
+
+    /// Sources allowed to send a header (the balancers); empty allows any.
+    pub fn sources(&self) -> &[Cidr] {
+        &self.from
+    }
+
+    /// How long the header may take to arrive.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Longest accepted version 2 header, TLVs included.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+}
+
+/// Builds a [`ProxyProtocol`]; [`ProxyProtocolBuilder::build`] checks every value.
+#[derive(Debug, Clone)]
+pub struct ProxyProtocolBuilder(ProxyProtocol);
+
+impl ProxyProtocolBuilder {
+    /// Sources allowed to send a header (the balancers); empty (the default) allows any. A
+    /// connection from elsewhere is closed unread.
+    pub fn from(mut self, sources: Vec<Cidr>) -> Self {
+        self.0.from = sources;
+        self
+    }
+
+    /// How long the header may take to arrive (above zero).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.0.timeout = timeout;
+        self
+    }
+
+    /// Longest accepted version 2 header, TLVs included (they are skipped); longer ones close
+    /// the connection. At least the 16-byte fixed part, at most 64 KiB (the length field's
+    /// range).
+    pub fn max_len(mut self, bytes: usize) -> Self {
+        self.0.max_len = bytes;
+        self
+    }
+
+    /// The settings, or the first one out of its range.
+    pub fn build(self) -> Result<ProxyProtocol, canter_h1::ConfigError> {
+        let p = self.0;
+        if p.timeout.is_zero() {
+            return Err(canter_h1::ConfigError::new("timeout", "must be above zero"));
+        }
+        if !(16..=16 + 65535).contains(&p.max_len) {
+            return Err(canter_h1::ConfigError::new(
+                "max_len",
+                "must be 16 bytes to 64 KiB",
+            ));
+        }
+        Ok(p)
     }
 }
 
@@ -387,6 +456,23 @@ mod tests {
         h.extend((body.len() as u16).to_be_bytes());
         h.extend(body);
         h
+    }
+
+    #[test]
+    fn settings_out_of_range_are_refused_by_name() {
+        for (built, name) in [
+            (
+                ProxyProtocol::builder().timeout(Duration::ZERO).build(),
+                "timeout",
+            ),
+            (ProxyProtocol::builder().max_len(15).build(), "max_len"),
+            (ProxyProtocol::builder().max_len(1 << 20).build(), "max_len"),
+        ] {
+            let e = built.unwrap_err();
+            assert!(e.to_string().contains(name), "{e}");
+        }
+        let pp = ProxyProtocol::builder().max_len(512).build().unwrap();
+        assert_eq!((pp.max_len(), pp.timeout()), (512, Duration::from_secs(3)));
     }
 
     #[test]
