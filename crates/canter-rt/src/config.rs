@@ -151,7 +151,7 @@ impl Config {
     /// read of a new connection finds its request, so a connection answered and closed in one
     /// go never waits in the event loop (see [`crate::transport`]'s `LazyTcp`). A client that
     /// connects and stays silent is handed over after about a second, when the kernel gives up
-    /// waiting; its header timeout runs from then. Custom protocols ([`Server::serve_protocol`])
+    /// waiting; its header timeout runs from then. Custom protocols ([`Server::serve_protocol`](crate::Server::serve_protocol))
     /// never defer: their server may have to speak first.
     pub fn defer_accept(&self) -> bool {
         self.defer_accept
@@ -176,10 +176,10 @@ impl Config {
         self.http2.as_ref()
     }
 
-    /// Client faults ([`ClientFault`]: bad requests, timeouts, resets, failed handshakes) are
+    /// Client faults ([`ClientFault`](crate::ClientFault): bad requests, timeouts, resets, failed handshakes) are
     /// logged one by one at DEBUG only, since any peer can cause as many as it likes; at INFO,
     /// one line per this interval gives their counts by kind, when there were any (zero: no
-    /// summary). The counts are also in [`Stats::client_faults`].
+    /// summary). The counts are also in [`Stats::client_faults`](crate::Stats::client_faults).
     pub fn fault_log_interval(&self) -> Duration {
         self.fault_log_interval
     }
@@ -188,9 +188,10 @@ impl Config {
     /// (version 1 or 2) from a load balancer, read before anything else (the TLS handshake
     /// included); the client it names becomes the connection's peer: [`crate::peer_addr`] and
     /// the logs for HTTP, the address a custom protocol is made for with
-    /// [`Server::serve_protocol`]. A connection from a source
+    /// [`Server::serve_protocol`](crate::Server::serve_protocol). A connection from a source
     /// not allowed, or with a missing, malformed, oversized or late header, is closed with a
-    /// debug line (a [`ClientFault::Protocol`]). `None` (the default): no header expected.
+    /// debug line (a [`ClientFault::Protocol`](crate::ClientFault::Protocol)). `None` (the
+    /// default): no header expected.
     pub fn proxy_protocol(&self) -> Option<&crate::proxy::ProxyProtocol> {
         self.proxy_protocol.as_ref()
     }
