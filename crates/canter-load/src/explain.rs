@@ -1,14 +1,14 @@
 //! Why connections fail, said once: the first error of each kind during a run is explained on
 //! stderr (as curl says why it failed), the rest only counted in the report.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
 /// Reasons already said in this process.
-static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+static SAID: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
 /// Reasons said at most, however many kinds of failure a run meets.
 const MOST: usize = 16;
@@ -32,7 +32,6 @@ pub(crate) fn timed_out(timeout: Duration) {
 
 fn once(line: String) {
     let mut said = SAID.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let said = said.get_or_insert_with(HashSet::new);
     if said.len() < MOST && said.insert(line.clone()) {
         eprintln!("canter load: {line} (said once; every error is counted in the report)");
     }

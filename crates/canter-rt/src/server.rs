@@ -382,6 +382,7 @@ where
         (Some(l), Some(t)) => Some((Listener::new(l)?, t.acceptor.clone())),
         _ => None,
     };
+    crate::worker::count_faults_into(stats.clone());
     let worker = Rc::new(Worker::new(stats));
     let mut accept = factory(index);
     let cfg = Rc::new(config);

@@ -38,8 +38,15 @@ thread_local! {
     static STATS: RefCell<Option<Arc<Stats>>> = const { RefCell::new(None) };
 }
 
-/// Counts a client fault into the counters of the worker that runs on this thread; nothing on a
-/// thread that runs none.
+/// Makes `stats` the counters of this thread's server worker, for [`fault_on_this_thread`]. Set
+/// by the accept loop's worker only: the throwaway workers of `proto::run` and
+/// `serve_connection` leave a thread's counters as they are.
+pub(crate) fn count_faults_into(stats: Arc<Stats>) {
+    STATS.with(|current| *current.borrow_mut() = Some(stats));
+}
+
+/// Counts a client fault into the counters of the server worker that runs on this thread;
+/// nothing on a thread that runs none.
 pub(crate) fn fault_on_this_thread(kind: crate::stats::ClientFault) {
     STATS.with(|stats| {
         if let Some(stats) = stats.borrow().as_ref() {
@@ -118,9 +125,8 @@ impl Worker {
         self.stats.fault(kind);
     }
 
-    /// A worker counting into `stats`, the worker of the calling thread from now on.
+    /// A worker counting into `stats`.
     pub(crate) fn new(stats: Arc<Stats>) -> Worker {
-        STATS.with(|current| *current.borrow_mut() = Some(stats.clone()));
         let w = Worker {
             date: RefCell::new([0; 29]),
             stats,

@@ -1112,11 +1112,12 @@ pub(crate) async fn connect(
     query_timeout: Duration,
 ) -> Result<(Rc<Conn>, impl Future<Output = Result<(), PgError>>), PgError> {
     let (stream, host) = open_socket(config).await?;
-    let stream = match (tls.client(), host) {
-        (Some((client, required)), Some(host)) => {
-            start_tls(stream, &host, client, required).await?
+    // TLS is asked for over TCP only, as libpq does (not over a Unix socket).
+    let stream = match (stream, host, tls.client()) {
+        (Stream::Tcp(tcp), Some(host), Some((client, required))) => {
+            start_tls(tcp, &host, client, required).await?
         }
-        _ => stream,
+        (stream, ..) => stream,
     };
     let mut input = BytesMut::with_capacity(16 * 1024);
     start_up(config, &stream, &mut input).await?;
@@ -1156,19 +1157,15 @@ pub(crate) async fn connect(
 /// Asks the database for TLS (`SSLRequest`) and runs the handshake for `host` if it agrees; a
 /// database that refuses is served in plaintext unless TLS is `required`.
 async fn start_tls(
-    stream: Stream,
+    mut tcp: TcpStream,
     host: &str,
     client: &canter_rt::ClientTls,
     required: bool,
 ) -> Result<Stream, PgError> {
     const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
-    stream
-        .write_all(&SSL_REQUEST)
+    tokio::io::AsyncWriteExt::write_all(&mut tcp, &SSL_REQUEST)
         .await
         .map_err(|e| PgError::io(&e))?;
-    let Stream::Tcp(tcp) = stream else {
-        return Ok(stream);
-    };
     // One byte, 'S' or 'N', and nothing after it until the client speaks again.
     let mut answer = [0u8; 1];
     loop {
