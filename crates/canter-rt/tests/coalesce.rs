@@ -53,7 +53,21 @@ fn a_busy_worker_sleeps_before_each_wait_and_answers_everything() {
         took >= Duration::from_millis(150),
         "{n} requests in turn took {took:?}: the worker did not sleep before its waits"
     );
-    assert!(parked.load(Ordering::SeqCst) >= n);
-    assert!(unparked.load(Ordering::SeqCst) >= n - 1);
+    // The user's hooks run in the same park callback as the sleep, so they ran about as often
+    // as the worker slept. Not once per request without fail: a client woken by the response
+    // can send its next request before the worker's task reads again (it may run on the
+    // worker's core and preempt it), and that request is then taken without a wait.
+    let (parked, unparked) = (
+        parked.load(Ordering::SeqCst),
+        unparked.load(Ordering::SeqCst),
+    );
+    assert!(
+        parked >= n / 2,
+        "park hook ran {parked} times for {n} requests"
+    );
+    assert!(
+        unparked >= n / 2,
+        "unpark hook ran {unparked} times for {n} requests"
+    );
     server.stop();
 }

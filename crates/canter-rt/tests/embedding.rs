@@ -94,15 +94,15 @@ fn serve_inline_runs_on_the_calling_thread_with_park_hooks() {
     });
     assert!(over_tls.ends_with("tls=true peer=true"), "{over_tls}");
 
-    // The worker waited for events between the requests: every park was followed by a wake-up,
-    // but for the one it may be in now.
+    // The workers waited for events between the requests: every park was followed by a
+    // wake-up, but for the one each of the two workers may be in now.
     let (before, after) = (
         parked.load(Ordering::SeqCst),
         unparked.load(Ordering::SeqCst),
     );
     assert!(before >= 2, "parked {before} times");
     assert!(
-        before - after <= 1,
+        before - after <= 2,
         "parked {before} times, woke {after} times"
     );
     shutdown.shutdown();
