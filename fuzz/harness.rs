@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use canter_h1::{
-    reason, BodyDecoder, BodyEvent, BodyKind, BodyLen, Conn, Error, Limits, Method, Next,
-    RequestHead, Timeouts, Version,
+    reason, BodyDecoder, BodyEvent, BodyKind, BodyLen, Conn, Error, Method, Next, RequestHead,
+    Version,
 };
+use canter_http::{Limits, Timeouts};
 
 /// Length of the limits + split prefix of `parse_head` and `chunked` inputs.
 pub const PREFIX: usize = 16;

@@ -22,7 +22,8 @@
 use std::time::Instant;
 
 use bytes::BytesMut;
-use canter_h1::{BodyLen, Conn, Limits, Timeouts};
+use canter_h1::{BodyLen, Conn};
+use canter_http::{Limits, Timeouts};
 
 const DEPTH: usize = 16;
 const BATCHES: usize = 10_000;

@@ -4,7 +4,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 
 use crate::error::{BadBody, Error};
-use crate::Limits;
+use canter_http::Limits;
 
 /// One step of body decoding.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,9 +83,9 @@ impl BodyDecoder {
         BodyDecoder {
             kind,
             received: 0,
-            max_body: limits.max_body,
-            max_chunk_ext: limits.max_chunk_ext,
-            max_trailers: limits.max_trailers,
+            max_body: limits.max_body(),
+            max_chunk_ext: limits.max_chunk_ext(),
+            max_trailers: limits.max_trailers(),
         }
     }
 

@@ -21,9 +21,9 @@ use http::{HeaderName, HeaderValue};
 
 use crate::head::HostCache;
 
-use crate::{
-    head, BodyDecoder, BodyEvent, BodyKind, Error, Limits, Method, RequestHead, Timeouts, Version,
-};
+use canter_http::{Limits, Timeouts};
+
+use crate::{head, BodyDecoder, BodyEvent, BodyKind, Error, Method, RequestHead, Version};
 
 /// The length of a response body as the handler declares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,9 +257,9 @@ impl Conn {
     /// with the handler or the response is being sent (the driver applies its write timeout).
     pub fn deadline(&self) -> Option<Instant> {
         let t = match self.recv {
-            Recv::Idle if self.send == Send::Idle => self.timeouts.idle,
-            Recv::Head => self.timeouts.head,
-            Recv::Body(_) => self.timeouts.body,
+            Recv::Idle if self.send == Send::Idle => self.timeouts.idle(),
+            Recv::Head => self.timeouts.head(),
+            Recv::Body(_) => self.timeouts.body(),
             _ => return None,
         };
         // A timeout too large to add ("never") means no deadline.
@@ -634,10 +634,10 @@ impl Preamble {
 
     /// The block for `server` (1 to [`Preamble::MAX_SERVER`] visible ASCII characters or
     /// spaces), with `date` (an IMF-fixdate such as `Sun, 06 Nov 1994 08:49:37 GMT`).
-    pub fn new(server: &str, date: &[u8; 29]) -> Result<Preamble, crate::ConfigError> {
+    pub fn new(server: &str, date: &[u8; 29]) -> Result<Preamble, canter_http::ConfigError> {
         let printable = |s: &[u8]| s.iter().all(|b| (0x20..0x7f).contains(b));
         if server.is_empty() || server.len() > Self::MAX_SERVER || !printable(server.as_bytes()) {
-            return Err(crate::ConfigError::new(
+            return Err(canter_http::ConfigError::new(
                 "server_name",
                 format!(
                     "{server:?} must be 1 to {} printable ASCII characters",
@@ -659,9 +659,12 @@ impl Preamble {
     }
 
     /// Replaces the date (refused, and the old one kept, unless it is printable ASCII).
-    pub fn set_date(&mut self, date: &[u8; 29]) -> Result<(), crate::ConfigError> {
+    pub fn set_date(&mut self, date: &[u8; 29]) -> Result<(), canter_http::ConfigError> {
         if !date.iter().all(|b| (0x20..0x7f).contains(b)) {
-            return Err(crate::ConfigError::new("date", "must be printable ASCII"));
+            return Err(canter_http::ConfigError::new(
+                "date",
+                "must be printable ASCII",
+            ));
         }
         self.block[self.date_at..self.date_at + 29].copy_from_slice(date);
         Ok(())

@@ -6,7 +6,7 @@ use smallvec::SmallVec;
 
 use crate::body::TCHAR;
 use crate::error::{Error, Malformed};
-use crate::Limits;
+use canter_http::Limits;
 
 /// HTTP request method. Common methods are variants; any other valid token is [`Method::Other`]
 /// (its text is available through [`RequestHead::method_str`]).
@@ -378,14 +378,14 @@ pub(crate) fn parse(
     host_cache: &mut HostCache,
 ) -> Result<Option<RequestHead>, Error> {
     // Spans are 16-bit offsets into the head: the head limit is capped to fit.
-    let max_head = limits.max_head.min(Limits::HEAD_CAP);
+    let max_head = limits.max_head().min(Limits::HEAD_CAP);
     let window = buf.len().min(max_head);
-    let max_headers = limits.max_headers.min(Limits::HEADER_COUNT_CAP);
+    let max_headers = limits.max_headers().min(Limits::HEADER_COUNT_CAP);
     let mut headers = SmallVec::new();
     let base: &[u8] = buf;
     let line = match scan(
         &base[..window],
-        limits.max_target,
+        limits.max_target(),
         max_headers,
         &mut headers,
     )? {
@@ -1089,7 +1089,7 @@ impl Framing {
             BodyKind::Chunked
         } else {
             let n = self.content_length.unwrap_or(0);
-            if n > limits.max_body {
+            if n > limits.max_body() {
                 return Err(Error::BodyTooLarge);
             }
             BodyKind::Length(n)

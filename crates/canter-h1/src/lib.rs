@@ -12,7 +12,8 @@
 //!
 //! ```
 //! use bytes::BytesMut;
-//! use canter_h1::{BodyLen, Conn, Limits, Next, Timeouts};
+//! use canter_h1::{BodyLen, Conn, Next};
+//! use canter_http::{Limits, Timeouts};
 //! use std::time::Instant;
 //!
 //! let now = Instant::now();
@@ -34,10 +35,8 @@ mod body;
 mod conn;
 mod error;
 mod head;
-mod limits;
 
 pub use body::{BodyDecoder, BodyEvent};
 pub use conn::{reason, BodyLen, Conn, Discard, LengthMismatch, Next, Preamble, OK_LINE};
 pub use error::{BadBody, Error, Malformed};
 pub use head::{BodyKind, Method, RequestHead, Version};
-pub use limits::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};

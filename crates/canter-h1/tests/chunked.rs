@@ -5,7 +5,8 @@
 mod common;
 
 use bytes::BytesMut;
-use canter_h1::{BodyDecoder, BodyEvent, Conn, Limits, LimitsBuilder, Timeouts};
+use canter_h1::{BodyDecoder, BodyEvent, Conn};
+use canter_http::{Limits, LimitsBuilder, Timeouts};
 use common::{decode_bytewise, decode_split, decode_whole, now, Decoded, TAIL};
 
 enum Want {

@@ -3,7 +3,8 @@
 
 mod common;
 
-use canter_h1::{BodyKind, Limits, Method, RequestHead, Version};
+use canter_h1::{BodyKind, Method, RequestHead, Version};
+use canter_http::Limits;
 use common::{err, ok, partial, run_head_cases, HeadCase};
 
 fn small_target() -> Limits {

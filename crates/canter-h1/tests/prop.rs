@@ -6,7 +6,8 @@ mod common;
 use std::time::Instant;
 
 use bytes::BytesMut;
-use canter_h1::{BodyEvent, BodyLen, Conn, Limits, Next, Timeouts};
+use canter_h1::{BodyEvent, BodyLen, Conn, Next};
+use canter_http::{Limits, Timeouts};
 use common::{summary, Rng, Summary};
 
 /// Events observed while serving a byte stream to completion.

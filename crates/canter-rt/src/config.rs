@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use canter_h1::{ConfigError, Limits, Timeouts};
+use canter_http::{ConfigError, Limits, Timeouts};
 
 use crate::tls::TlsAcceptor;
 

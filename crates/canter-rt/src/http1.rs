@@ -1001,7 +1001,11 @@ impl<S: Service, T: Transport> Driver<S, T> {
         .await;
         if result.is_ok() {
             let head_pending = !self.h1.is_idle();
-            let max_head = self.cfg.limits.max_head().min(canter_h1::Limits::HEAD_CAP);
+            let max_head = self
+                .cfg
+                .limits
+                .max_head()
+                .min(canter_http::Limits::HEAD_CAP);
             let fresh = self.link.input.get(before..).unwrap_or_default();
             self.deferred += 1;
             let due = !head_pending
@@ -1030,7 +1034,11 @@ impl<S: Service, T: Transport> Driver<S, T> {
     #[inline]
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let body_done = self.h1.body_done();
-        let max_head = self.cfg.limits.max_head().min(canter_h1::Limits::HEAD_CAP);
+        let max_head = self
+            .cfg
+            .limits
+            .max_head()
+            .min(canter_http::Limits::HEAD_CAP);
         self.link.poll_read(&mut self.io, cx, READ_BUF, |input| {
             // While a head is pending, never grow past what can still be part of a valid head
             // (a full buffer would otherwise double for the last few bytes), and once the head

@@ -57,7 +57,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::time::{Instant, Sleep};
 
-use canter_h1::ConfigError;
+use canter_http::ConfigError;
 
 use crate::config::Config;
 use crate::link::{Ending, Link};

@@ -105,13 +105,16 @@ impl ProxyProtocolBuilder {
     }
 
     /// The settings, or the first one out of its range.
-    pub fn build(self) -> Result<ProxyProtocol, canter_h1::ConfigError> {
+    pub fn build(self) -> Result<ProxyProtocol, canter_http::ConfigError> {
         let p = self.0;
         if p.timeout.is_zero() {
-            return Err(canter_h1::ConfigError::new("timeout", "must be above zero"));
+            return Err(canter_http::ConfigError::new(
+                "timeout",
+                "must be above zero",
+            ));
         }
         if !(16..=16 + 65535).contains(&p.max_len) {
-            return Err(canter_h1::ConfigError::new(
+            return Err(canter_http::ConfigError::new(
                 "max_len",
                 "must be 16 bytes to 64 KiB",
             ));

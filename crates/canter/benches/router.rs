@@ -18,7 +18,8 @@ use bytes::BytesMut;
 use canter::rt::http::{Method, StatusCode};
 use canter::rt::{Reply, Response};
 use canter::{get, post, Json, Path, Router};
-use canter_h1::{Conn, Limits, RequestHead, Timeouts};
+use canter_h1::{Conn, RequestHead};
+use canter_http::{Limits, Timeouts};
 use criterion::{criterion_group, Criterion};
 use serde::Serialize;
 

@@ -6,9 +6,8 @@
 use std::time::Instant;
 
 use bytes::BytesMut;
-use canter_h1::{
-    BodyDecoder, BodyEvent, BodyKind, Conn, Error, Limits, Method, RequestHead, Timeouts, Version,
-};
+use canter_h1::{BodyDecoder, BodyEvent, BodyKind, Conn, Error, Method, RequestHead, Version};
+use canter_http::{Limits, Timeouts};
 
 /// Everything observable about a parsed head, comparable with `==`.
 #[derive(Debug, Clone, PartialEq, Eq)]

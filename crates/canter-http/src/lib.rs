@@ -1,28 +1,30 @@
-//! Configurable limits and timeouts of the protocol engine.
+//! What canter's HTTP engines (canter-h1, canter-h2) and its runtime share, with no protocol
+//! of their own: the size [`Limits`] a request is held to, the [`Timeouts`] of a connection's
+//! phases, and the [`ConfigError`] every settings builder of the project returns.
 //!
-//! Both are built through a builder that checks every value once, when it is built, so a
+//! Limits and timeouts are built through a builder that checks every value once, when it is built, so a
 //! [`Limits`] or [`Timeouts`] in hand is always a valid one; both can gain settings without
 //! breaking code that builds them.
 
 use std::fmt;
 use std::time::Duration;
 
-/// Size limits applied while parsing requests. Exceeding one yields the matching [`crate::Error`].
+/// Size limits applied while parsing requests. The engines answer a request over one with its status (431, 414, 413).
 ///
 /// ```
-/// let limits = canter_h1::Limits::builder().max_body(1 << 20).max_headers(50).build()?;
+/// let limits = canter_http::Limits::builder().max_body(1 << 20).max_headers(50).build()?;
 /// assert_eq!(limits.max_body(), 1 << 20);
-/// # Ok::<(), canter_h1::ConfigError>(())
+/// # Ok::<(), canter_http::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Limits {
-    pub(crate) max_head: usize,
-    pub(crate) max_headers: usize,
-    pub(crate) max_target: usize,
-    pub(crate) max_body: u64,
-    pub(crate) max_chunk_ext: usize,
-    pub(crate) max_trailers: usize,
+    max_head: usize,
+    max_headers: usize,
+    max_target: usize,
+    max_body: u64,
+    max_chunk_ext: usize,
+    max_trailers: usize,
 }
 
 impl Limits {
@@ -155,21 +157,21 @@ impl LimitsBuilder {
 }
 
 /// Timeouts enforced by the connection. The engine never reads a clock: the driver passes the
-/// current time in and asks [`crate::Conn::deadline`] when to come back.
+/// current time in and asks the engine's deadline when to come back.
 ///
 /// ```
 /// use std::time::Duration;
-/// let timeouts = canter_h1::Timeouts::builder().idle(Duration::from_secs(5)).build()?;
+/// let timeouts = canter_http::Timeouts::builder().idle(Duration::from_secs(5)).build()?;
 /// assert_eq!(timeouts.idle(), Duration::from_secs(5));
-/// # Ok::<(), canter_h1::ConfigError>(())
+/// # Ok::<(), canter_http::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Timeouts {
-    pub(crate) idle: Duration,
-    pub(crate) head: Duration,
-    pub(crate) body: Duration,
-    pub(crate) write: Duration,
+    idle: Duration,
+    head: Duration,
+    body: Duration,
+    write: Duration,
 }
 
 impl Timeouts {
