@@ -40,6 +40,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use canter_http::ConfigError;
 
 use crate::frame::{self, ErrorCode, Head};
 use crate::hpack::{self, Decoder, Encoder, Indexing};
@@ -83,36 +84,32 @@ impl Hasher for StreamIdHasher {
 
 type StreamMap = HashMap<u32, Stream, BuildHasherDefault<StreamIdHasher>>;
 
-/// What this side advertises and enforces.
+/// What this side advertises and enforces, built with [`Settings::builder`], which checks
+/// every value against RFC 9113's ranges (as the runtime's `Config::builder` does); a
+/// `Settings` in hand is always a valid one.
+///
+/// ```
+/// let settings = canter_h2::Settings::builder()
+///     .max_concurrent_streams(64)
+///     .stream_window(1 << 20)
+///     .build()?;
+/// assert_eq!(settings.max_concurrent_streams(), 64);
+/// assert!(canter_h2::Settings::builder().max_frame_size(1000).build().is_err());
+/// # Ok::<(), canter_http::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Settings {
-    /// SETTINGS_MAX_CONCURRENT_STREAMS: streams the client may have open at once (more are
-    /// refused with REFUSED_STREAM).
-    pub max_concurrent_streams: u32,
-    /// SETTINGS_INITIAL_WINDOW_SIZE: request body bytes a stream may send ahead of the
-    /// handler reading them.
-    pub stream_window: u32,
-    /// Request body bytes all streams together may send ahead of the handlers.
-    pub connection_window: u32,
-    /// SETTINGS_MAX_FRAME_SIZE: the largest frame payload accepted.
-    pub max_frame_size: u32,
-    /// SETTINGS_MAX_HEADER_LIST_SIZE: the largest decoded header list (name + value + 32 per
-    /// field); a larger request is answered 431.
-    pub max_header_list: u32,
-    /// SETTINGS_HEADER_TABLE_SIZE: the HPACK table the client may use.
-    pub header_table_size: u32,
-    /// The largest encoded header block, all its CONTINUATION frames together; beyond it the
-    /// connection is closed before the rest is read.
-    pub max_header_block: usize,
-    /// The most CONTINUATION frames one header block may have.
-    pub max_continuations: u32,
-    /// Streams the client may get reset (resetting them itself, or making the server reset
-    /// them with a stream error) beyond the streams it completed, before it gets GOAWAY
-    /// ENHANCE_YOUR_CALM.
-    pub reset_budget: u32,
-    /// Frames that do no work for a request (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, empty
-    /// DATA, unknown types) accepted in a row, before GOAWAY ENHANCE_YOUR_CALM.
-    pub max_idle_frames: u32,
+    pub(crate) max_concurrent_streams: u32,
+    pub(crate) stream_window: u32,
+    pub(crate) connection_window: u32,
+    pub(crate) max_frame_size: u32,
+    pub(crate) max_header_list: u32,
+    pub(crate) header_table_size: u32,
+    pub(crate) max_header_block: usize,
+    pub(crate) max_continuations: u32,
+    pub(crate) reset_budget: u32,
+    pub(crate) max_idle_frames: u32,
 }
 
 impl Default for Settings {
@@ -129,6 +126,201 @@ impl Default for Settings {
             reset_budget: 200,
             max_idle_frames: 10_000,
         }
+    }
+}
+
+impl Settings {
+    /// A builder starting from the defaults.
+    pub fn builder() -> SettingsBuilder {
+        SettingsBuilder(Settings::default())
+    }
+
+    /// A builder starting from these settings, to change some of them.
+    pub fn to_builder(self) -> SettingsBuilder {
+        SettingsBuilder(self)
+    }
+
+    /// SETTINGS_MAX_CONCURRENT_STREAMS: streams the client may have open at once (more are
+    /// refused with REFUSED_STREAM).
+    pub fn max_concurrent_streams(&self) -> u32 {
+        self.max_concurrent_streams
+    }
+
+    /// SETTINGS_INITIAL_WINDOW_SIZE: request body bytes a stream may send ahead of the handler
+    /// reading them.
+    pub fn stream_window(&self) -> u32 {
+        self.stream_window
+    }
+
+    /// Request body bytes all streams together may send ahead of the handlers.
+    pub fn connection_window(&self) -> u32 {
+        self.connection_window
+    }
+
+    /// SETTINGS_MAX_FRAME_SIZE: the largest frame payload accepted.
+    pub fn max_frame_size(&self) -> u32 {
+        self.max_frame_size
+    }
+
+    /// SETTINGS_MAX_HEADER_LIST_SIZE: the largest decoded header list (name + value + 32 per
+    /// field); a larger request is answered 431.
+    pub fn max_header_list(&self) -> u32 {
+        self.max_header_list
+    }
+
+    /// SETTINGS_HEADER_TABLE_SIZE: the HPACK table the client may use.
+    pub fn header_table_size(&self) -> u32 {
+        self.header_table_size
+    }
+
+    /// The largest encoded header block, all its CONTINUATION frames together; beyond it the
+    /// connection is closed before the rest is read.
+    pub fn max_header_block(&self) -> usize {
+        self.max_header_block
+    }
+
+    /// The most CONTINUATION frames one header block may have.
+    pub fn max_continuations(&self) -> u32 {
+        self.max_continuations
+    }
+
+    /// Streams the client may get reset (resetting them itself, or making the server reset
+    /// them with a stream error) beyond the streams it completed, before it gets GOAWAY
+    /// ENHANCE_YOUR_CALM.
+    pub fn reset_budget(&self) -> u32 {
+        self.reset_budget
+    }
+
+    /// Frames that do no work for a request (SETTINGS, PING, PRIORITY, WINDOW_UPDATE, empty
+    /// DATA, unknown types) accepted in a row, before GOAWAY ENHANCE_YOUR_CALM.
+    pub fn max_idle_frames(&self) -> u32 {
+        self.max_idle_frames
+    }
+
+    /// These settings with [`Settings::max_header_list`] lowered to `bytes` if it is above
+    /// (a server's head limit caps what HTTP/2 advertises); still valid, as nothing is raised.
+    pub fn with_header_list_at_most(mut self, bytes: u32) -> Settings {
+        self.max_header_list = self.max_header_list.min(bytes.max(1));
+        self
+    }
+}
+
+/// Builds [`Settings`]; [`SettingsBuilder::build`] checks every value and names the first one
+/// out of its range.
+#[derive(Debug, Clone, Copy)]
+#[must_use]
+pub struct SettingsBuilder(Settings);
+
+impl SettingsBuilder {
+    /// See [`Settings::max_concurrent_streams`]; at least 1.
+    pub fn max_concurrent_streams(mut self, streams: u32) -> Self {
+        self.0.max_concurrent_streams = streams;
+        self
+    }
+
+    /// See [`Settings::stream_window`]; at most 2^31 − 1.
+    pub fn stream_window(mut self, bytes: u32) -> Self {
+        self.0.stream_window = bytes;
+        self
+    }
+
+    /// See [`Settings::connection_window`]; 65,535 to 2^31 − 1 (the window every connection
+    /// starts with is 65,535; it can only be raised).
+    pub fn connection_window(mut self, bytes: u32) -> Self {
+        self.0.connection_window = bytes;
+        self
+    }
+
+    /// See [`Settings::max_frame_size`]; 16,384 to 2^24 − 1 (RFC 9113, Section 6.5.2).
+    pub fn max_frame_size(mut self, bytes: u32) -> Self {
+        self.0.max_frame_size = bytes;
+        self
+    }
+
+    /// See [`Settings::max_header_list`]; at least 1.
+    pub fn max_header_list(mut self, bytes: u32) -> Self {
+        self.0.max_header_list = bytes;
+        self
+    }
+
+    /// See [`Settings::header_table_size`]; any value (0: no dynamic table).
+    pub fn header_table_size(mut self, bytes: u32) -> Self {
+        self.0.header_table_size = bytes;
+        self
+    }
+
+    /// See [`Settings::max_header_block`]; at least one frame's worth, 16,384.
+    pub fn max_header_block(mut self, bytes: usize) -> Self {
+        self.0.max_header_block = bytes;
+        self
+    }
+
+    /// See [`Settings::max_continuations`]; any value (0: a header block must fit in its
+    /// HEADERS frame).
+    pub fn max_continuations(mut self, frames: u32) -> Self {
+        self.0.max_continuations = frames;
+        self
+    }
+
+    /// See [`Settings::reset_budget`]; any value.
+    pub fn reset_budget(mut self, streams: u32) -> Self {
+        self.0.reset_budget = streams;
+        self
+    }
+
+    /// See [`Settings::max_idle_frames`]; at least 1.
+    pub fn max_idle_frames(mut self, frames: u32) -> Self {
+        self.0.max_idle_frames = frames;
+        self
+    }
+
+    /// The settings, or the first one out of its range.
+    pub fn build(self) -> Result<Settings, ConfigError> {
+        let s = self.0;
+        let max_window = frame::MAX_WINDOW as u32;
+        check(
+            s.max_concurrent_streams >= 1,
+            "max_concurrent_streams",
+            "must be at least 1",
+        )?;
+        check(
+            s.stream_window <= max_window,
+            "stream_window",
+            "must be at most 2147483647 bytes",
+        )?;
+        check(
+            (frame::DEFAULT_WINDOW..=max_window).contains(&s.connection_window),
+            "connection_window",
+            "must be 65535 to 2147483647 bytes",
+        )?;
+        check(
+            (frame::DEFAULT_MAX_FRAME..=(1 << 24) - 1).contains(&s.max_frame_size),
+            "max_frame_size",
+            "must be 16384 to 16777215 bytes",
+        )?;
+        check(
+            s.max_header_list >= 1,
+            "max_header_list",
+            "must be at least 1 byte",
+        )?;
+        check(
+            s.max_header_block >= frame::DEFAULT_MAX_FRAME as usize,
+            "max_header_block",
+            "must be at least 16384 bytes",
+        )?;
+        check(
+            s.max_idle_frames >= 1,
+            "max_idle_frames",
+            "must be at least 1",
+        )?;
+        Ok(s)
+    }
+}
+
+fn check(ok: bool, setting: &'static str, problem: &'static str) -> Result<(), ConfigError> {
+    match ok {
+        true => Ok(()),
+        false => Err(ConfigError::new(setting, problem)),
     }
 }
 
@@ -365,14 +557,8 @@ impl Connection {
     /// A new connection; writes this side's SETTINGS (and the connection window's first
     /// update) to `out`.
     pub fn new(settings: Settings, out: &mut impl Sink) -> Connection {
-        let mut s = settings;
-        s.max_frame_size = s
-            .max_frame_size
-            .clamp(frame::DEFAULT_MAX_FRAME, (1 << 24) - 1);
-        s.stream_window = s.stream_window.min(frame::MAX_WINDOW as u32);
-        s.connection_window = s
-            .connection_window
-            .clamp(frame::DEFAULT_WINDOW, frame::MAX_WINDOW as u32);
+        // `Settings::builder` checked every value against the protocol's ranges.
+        let s = settings;
         let buf = out.buf();
         frame::put_settings(
             buf,

@@ -36,5 +36,7 @@ pub mod hpack;
 mod huffman;
 mod huffman_table;
 
-pub use conn::{ConnError, Connection, Event, RequestHead, SendError, Settings, Sink};
+pub use conn::{
+    ConnError, Connection, Event, RequestHead, SendError, Settings, SettingsBuilder, Sink,
+};
 pub use frame::{ErrorCode, DEFAULT_MAX_FRAME, DEFAULT_WINDOW, MAX_STREAM_ID, PREFACE};

@@ -237,10 +237,7 @@ fn a_request_and_its_response() {
 
 #[test]
 fn request_body_windows_open_as_the_handler_consumes() {
-    let mut c = Client::new(Settings {
-        stream_window: 1000,
-        ..Settings::default()
-    });
+    let mut c = Client::new(Settings::builder().stream_window(1000).build().unwrap());
     let h = c.post(1, None);
     c.send(&h).unwrap();
     let d = frame(DATA, 0, 1, &[7u8; 600]);
@@ -413,10 +410,12 @@ fn malformed_requests_are_reset_not_delivered() {
 
 #[test]
 fn too_many_concurrent_streams_are_refused() {
-    let mut c = Client::new(Settings {
-        max_concurrent_streams: 2,
-        ..Settings::default()
-    });
+    let mut c = Client::new(
+        Settings::builder()
+            .max_concurrent_streams(2)
+            .build()
+            .unwrap(),
+    );
     for id in [1, 3, 5] {
         let f = c.get(id, false);
         c.send(&f).unwrap();
@@ -488,10 +487,7 @@ fn rapid_reset_gets_enhance_your_calm() {
 #[test]
 fn completed_streams_refill_the_reset_budget() {
     // A browser that cancels some requests and completes others is never cut off.
-    let mut c = Client::new(Settings {
-        reset_budget: 10,
-        ..Settings::default()
-    });
+    let mut c = Client::new(Settings::builder().reset_budget(10).build().unwrap());
     for i in 0..500u32 {
         let id = 1 + 4 * i;
         let f = c.get(id, true);
@@ -515,10 +511,7 @@ fn completed_streams_refill_the_reset_budget() {
 #[test]
 fn server_provoked_resets_count_too() {
     // MadeYouReset: frames that make the server reset the stream (here WINDOW_UPDATE of 0).
-    let mut c = Client::new(Settings {
-        reset_budget: 20,
-        ..Settings::default()
-    });
+    let mut c = Client::new(Settings::builder().reset_budget(20).build().unwrap());
     let mut tripped = None;
     for i in 0..100u32 {
         let id = 1 + 2 * i;
@@ -623,10 +616,7 @@ fn control_frame_floods_get_enhance_your_calm() {
         ("unknown", frame(0x42, 0, 0, b"x")),
     ];
     for (name, f) in floods {
-        let mut c = Client::new(Settings {
-            max_idle_frames: 1000,
-            ..Settings::default()
-        });
+        let mut c = Client::new(Settings::builder().max_idle_frames(1000).build().unwrap());
         let mut batch = Vec::new();
         for _ in 0..999 {
             batch.extend_from_slice(&f);
@@ -644,10 +634,7 @@ fn control_frame_floods_get_enhance_your_calm() {
 
 #[test]
 fn empty_data_flood_gets_enhance_your_calm() {
-    let mut c = Client::new(Settings {
-        max_idle_frames: 500,
-        ..Settings::default()
-    });
+    let mut c = Client::new(Settings::builder().max_idle_frames(500).build().unwrap());
     let h = c.post(1, None);
     c.send(&h).unwrap();
     let mut batch = Vec::new();
@@ -787,4 +774,44 @@ fn random_frames_never_panic() {
             c.frames();
         }
     }
+}
+
+#[test]
+fn settings_out_of_the_protocols_ranges_are_refused_by_name() {
+    let b = Settings::builder;
+    for (built, setting) in [
+        (b().max_frame_size(16_383).build(), "max_frame_size"),
+        (b().max_frame_size(1 << 24).build(), "max_frame_size"),
+        (b().stream_window(1 << 31).build(), "stream_window"),
+        (b().connection_window(65_534).build(), "connection_window"),
+        (b().connection_window(1 << 31).build(), "connection_window"),
+        (
+            b().max_concurrent_streams(0).build(),
+            "max_concurrent_streams",
+        ),
+        (b().max_header_list(0).build(), "max_header_list"),
+        (b().max_header_block(16_383).build(), "max_header_block"),
+        (b().max_idle_frames(0).build(), "max_idle_frames"),
+    ] {
+        let err = built.expect_err(setting);
+        assert_eq!(err.setting(), setting);
+        assert!(err.to_string().contains(setting), "{err}");
+    }
+    // The edges of each range are valid, and a builder round-trips.
+    let edges = b()
+        .max_frame_size((1 << 24) - 1)
+        .stream_window((1 << 31) - 1)
+        .connection_window(65_535)
+        .max_concurrent_streams(1)
+        .build()
+        .unwrap();
+    assert_eq!(edges.max_frame_size(), (1 << 24) - 1);
+    assert_eq!(edges.to_builder().build(), Ok(edges));
+    assert_eq!(b().build(), Ok(Settings::default()));
+    // A server's head limit lowers what it advertises, never raises it.
+    assert_eq!(edges.with_header_list_at_most(100).max_header_list(), 100);
+    assert_eq!(
+        edges.with_header_list_at_most(u32::MAX).max_header_list(),
+        edges.max_header_list()
+    );
 }

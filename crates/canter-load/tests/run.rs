@@ -234,10 +234,10 @@ fn h2_server(life: Duration) -> (u16, std::sync::Arc<[std::sync::atomic::AtomicU
             thread::spawn(move || {
                 let _ = s.set_nonblocking(false);
                 let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-                let settings = canter_h2::Settings {
-                    max_concurrent_streams: 2,
-                    ..canter_h2::Settings::default()
-                };
+                let settings = canter_h2::Settings::builder()
+                    .max_concurrent_streams(2)
+                    .build()
+                    .unwrap();
                 let mut out = bytes::BytesMut::new();
                 let mut conn = canter_h2::Connection::new(settings, &mut out);
                 let mut input = bytes::BytesMut::new();

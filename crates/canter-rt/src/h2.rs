@@ -73,9 +73,8 @@ enum Stop {
 
 /// The HTTP/2 settings a server built with `cfg` advertises.
 pub(crate) fn settings(cfg: &Config) -> Settings {
-    let mut s = cfg.http2.unwrap_or_default();
-    s.max_header_list = s.max_header_list.min(cfg.limits.max_head() as u32);
-    s
+    let head = u32::try_from(cfg.limits.max_head()).unwrap_or(u32::MAX);
+    cfg.http2.unwrap_or_default().with_header_list_at_most(head)
 }
 
 /// An HTTP/1.1 request that asked for `Upgrade: h2c`, answered 101.
