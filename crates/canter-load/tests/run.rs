@@ -237,7 +237,7 @@ fn h2_server(life: Duration) -> (u16, std::sync::Arc<[std::sync::atomic::AtomicU
                 let settings = canter_h2::Settings::builder()
                     .max_concurrent_streams(2)
                     .build()
-                    .unwrap();
+                    .expect("valid settings");
                 let mut out = bytes::BytesMut::new();
                 let mut conn = canter_h2::Connection::new(settings, &mut out);
                 let mut input = bytes::BytesMut::new();
