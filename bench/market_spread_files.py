@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Market Spread from files to a file, canter against Bytewax, one core each.
 
-    cargo build --release -p canter-cli -p canter-stream --example market_spread_files
+    cargo build --release -p canter-cli --example market_spread_files
     python3 bench/market_spread_files.py [--rounds 3] [--count 2000000]
 
 The established engine a user would pick instead: Bytewax (PyPI, a Python API on a Rust

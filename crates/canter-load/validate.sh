@@ -24,8 +24,8 @@ fi
 NGINX="$(command -v nginx || echo /usr/sbin/nginx)"
 
 cd "$ROOT"
-cargo build --release -q -p canter-load --example load
-LOAD="$ROOT/target/release/examples/load"
+cargo build --release -q -p canter-cli
+LOAD="$ROOT/target/release/canter"
 
 TMP="$(mktemp -d /tmp/canter-load-validate.XXXXXX)"
 PIDS=()
@@ -101,7 +101,7 @@ wrk_run() { # -> RPS, US (cpu us per response)
   US="$(awk -v c="$CPU" -v n="$n" 'BEGIN {printf "%.2f", c * 1e6 / n}')"
 }
 cl_run() {
-  timed "$LOAD" --json --no-progress "$@"
+  timed "$LOAD" load --json --no-progress "$@"
   RPS="$(echo "$OUT" | field rps)"
   local n; n="$(echo "$OUT" | field requests)"
   US="$(awk -v c="$CPU" -v n="$n" 'BEGIN {printf "%.2f", c * 1e6 / n}')"

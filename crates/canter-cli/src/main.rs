@@ -10,8 +10,12 @@ use std::time::Duration;
 use canter::middleware::{AccessLog, Metrics, RequestId};
 use clap::{Parser, Subcommand};
 
+mod args;
 mod demo;
 mod techempower;
+
+use args::{Generate, LoadArgs, ReceiveArgs, SendArgs};
+use canter_cli::market_spread;
 
 #[derive(Parser)]
 #[command(name = "canter", version, about = "Fast, strict HTTP server toolkit")]
@@ -25,11 +29,11 @@ enum Command {
     /// Serve the built-in demo app.
     Serve(ServeArgs),
     /// Generate HTTP load against a server and report throughput and latency.
-    Load(canter_load::LoadArgs),
+    Load(LoadArgs),
     /// Send framed records from a file to a stream pipeline's source, paced.
-    Send(canter_stream::send::SendArgs),
+    Send(SendArgs),
     /// Accept a stream pipeline's sink connection and report count, throughput and latency.
-    Receive(canter_stream::receive::ReceiveArgs),
+    Receive(ReceiveArgs),
     /// Run a stream pipeline application.
     Pipeline {
         /// The application.
@@ -247,7 +251,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Serve(args) => serve(args).map_err(CliError::Serve),
-        Command::Load(args) => canter_load::run(args).map(|_| ()).map_err(CliError::Load),
+        Command::Load(args) => canter_load::run(args.options())
+            .map(|_| ())
+            .map_err(CliError::Load),
         Command::DbSetup(args) => db_setup(&args).map_err(CliError::DbSetup),
         Command::Send(args) => send(&args),
         Command::Receive(args) => receive(&args),
@@ -353,10 +359,10 @@ impl fmt::Display for ServeError {
 }
 
 /// `canter send`: the report on stdout (JSON with --json).
-fn send(args: &canter_stream::send::SendArgs) -> Result<(), CliError> {
-    if let Some(canter_stream::send::Generate::MarketSpread(ms)) = &args.generate {
-        let report = canter_stream::send::run_market_spread(ms)
-            .map_err(|e| CliError::Send("send market-spread", e))?;
+fn send(args: &SendArgs) -> Result<(), CliError> {
+    if let Some(Generate::MarketSpread(ms)) = &args.generate {
+        let report =
+            market_spread::send(ms).map_err(|e| CliError::Send("send market-spread", e))?;
         match ms.json {
             true => println!("{}", serde_json::json!(report)),
             false => {
@@ -374,7 +380,11 @@ fn send(args: &canter_stream::send::SendArgs) -> Result<(), CliError> {
         }
         return Ok(());
     }
-    let report = canter_stream::send::run(args).map_err(|e| CliError::Send("send", e))?;
+    let Some(options) = args.options() else {
+        let usage = canter_stream::send::SendError::Usage("give --to and --file");
+        return Err(CliError::Send("send", usage));
+    };
+    let report = canter_stream::send::run(&options).map_err(|e| CliError::Send("send", e))?;
     match args.json {
         true => println!("{}", serde_json::json!(report)),
         false => println!(
@@ -386,8 +396,8 @@ fn send(args: &canter_stream::send::SendArgs) -> Result<(), CliError> {
 }
 
 /// `canter receive`: the report on stdout (JSON with --json); fails when --expect was not met.
-fn receive(args: &canter_stream::receive::ReceiveArgs) -> Result<(), CliError> {
-    let r = canter_stream::receive::run(args).map_err(CliError::Receive)?;
+fn receive(args: &ReceiveArgs) -> Result<(), CliError> {
+    let r = canter_stream::receive::run(&args.options()).map_err(CliError::Receive)?;
     match args.json {
         true => println!("{}", serde_json::json!(r)),
         false => println!(
@@ -417,10 +427,10 @@ fn receive(args: &canter_stream::receive::ReceiveArgs) -> Result<(), CliError> {
 fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
     use canter_stream::pipeline::{RunOptions, Source, METRICS_PAGE};
     let fail = CliError::Pipeline;
-    let topology = canter_stream::market_spread::topology(
+    let topology = market_spread::topology(
         Source::tcp(args.nbbo),
         Source::tcp(args.orders),
-        canter_stream::market_spread::tcp_results(args.out),
+        market_spread::tcp_results(args.out),
     );
     let running = topology
         .start(

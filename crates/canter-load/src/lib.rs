@@ -9,7 +9,7 @@
 //! Latencies go into a per-thread HDR histogram (microseconds, 3
 //! significant figures) merged at the end.
 //!
-//! Use [`run`] with [`LoadArgs`] (a `clap::Args` struct) to run a test.
+//! Use [`run`] with [`LoadOptions`] to run a test.
 //!
 //! # What is measured
 //!
@@ -75,95 +75,106 @@ const MAX_PIPELINE: usize = 4096;
 /// Largest accepted `--streams`.
 const MAX_STREAMS: usize = 65_536;
 
-/// CLI arguments of `canter load`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct LoadArgs {
+/// What [`run`] does: the target, the load and the report (`canter load`'s flags, which
+/// build it, document each field too). [`LoadOptions::new`] gives the defaults.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
     /// Target URL, e.g. `http://127.0.0.1:8080/plaintext` (loopback only).
     pub url: String,
 
     /// Number of open connections.
-    #[arg(short = 'c', long, default_value_t = 50)]
     pub connections: usize,
 
     /// Number of worker threads (each runs its own event loop).
-    #[arg(short = 't', long, default_value_t = 1)]
     pub threads: usize,
 
     /// Test duration after warm-up (`10s`, `500ms`, `1m`). Defaults to 10s,
     /// or unbounded when `-n` is given.
-    #[arg(short = 'd', long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
 
     /// Total number of requests to send; the run stops when they are done
     /// or the duration elapses, whichever comes first.
-    #[arg(short = 'n', long)]
     pub requests: Option<u64>,
 
     /// Requests written per batch on each connection (HTTP/1.1 pipelining).
-    #[arg(long, default_value_t = 1)]
     pub pipeline: usize,
 
     /// Speak HTTP/2 with this many concurrent streams per connection (h2c with prior
     /// knowledge on http://, ALPN h2 on https://).
-    #[arg(short = 'm', long)]
     pub streams: Option<usize>,
 
     /// Open-loop mode: total requests per second across all connections,
     /// with coordinated-omission correction (wrk2 style).
-    #[arg(long)]
     pub rate: Option<f64>,
 
     /// Request method.
-    #[arg(short = 'X', long, default_value = "GET")]
     pub method: String,
 
     /// Extra request header `Name: value` (repeatable).
-    #[arg(short = 'H', long = "header")]
     pub headers: Vec<String>,
 
     /// Request body.
-    #[arg(long, conflicts_with = "body_file")]
     pub body: Option<String>,
 
     /// Read the request body from a file.
-    #[arg(long)]
     pub body_file: Option<PathBuf>,
 
     /// Per-request timeout; a timed-out request counts as a timeout error
     /// and its connection is re-established.
-    #[arg(long, value_parser = parse_duration, default_value = "5s")]
     pub timeout: Duration,
 
     /// Warm-up period excluded from the statistics.
-    #[arg(long, value_parser = parse_duration)]
     pub warmup: Option<Duration>,
 
     /// Print the report as one JSON object instead of the table.
-    #[arg(long)]
     pub json: bool,
 
     /// https: accept any server certificate (a development certificate), verifying nothing.
-    #[arg(short = 'k', long)]
     pub insecure: bool,
 
     /// https: verify the server against the CA certificates in this PEM file instead of the
     /// Mozilla root store.
-    #[arg(long, value_name = "FILE", conflicts_with = "insecure")]
     pub cacert: Option<PathBuf>,
 
     /// https: never resume a TLS session, so each new connection runs a full handshake (by
     /// default sessions are resumed, as browsers do).
-    #[arg(long)]
     pub tls_no_resume: bool,
 
     /// A new connection for every request (`Connection: close`; HTTP/1.1 only): measures
     /// connection set-up and tear-down, as `ab` without `-k` does.
-    #[arg(long)]
     pub no_keepalive: bool,
 
     /// Do not print the once-per-second progress line on stderr.
-    #[arg(long)]
     pub no_progress: bool,
+}
+
+impl LoadOptions {
+    /// `url` with the defaults of `canter load`: 50 connections on 1 thread for 10 s, one
+    /// request at a time per connection, GET, a 5 s request timeout.
+    pub fn new(url: impl Into<String>) -> LoadOptions {
+        LoadOptions {
+            url: url.into(),
+            connections: 50,
+            threads: 1,
+            duration: None,
+            requests: None,
+            pipeline: 1,
+            streams: None,
+            rate: None,
+            method: "GET".to_owned(),
+            headers: Vec::new(),
+            body: None,
+            body_file: None,
+            timeout: Duration::from_secs(5),
+            warmup: None,
+            json: false,
+            insecure: false,
+            cacert: None,
+            tls_no_resume: false,
+            no_keepalive: false,
+            no_progress: false,
+        }
+    }
 }
 
 /// Validated, resolved plan for a run.
@@ -184,7 +195,7 @@ struct Plan {
     warmup: Duration,
 }
 
-fn plan(args: &LoadArgs) -> Result<Plan, LoadError> {
+fn plan(args: &LoadOptions) -> Result<Plan, LoadError> {
     if let Some(m) = args.streams {
         if m == 0 || m > MAX_STREAMS {
             return usage!("--streams must be in 1..={MAX_STREAMS}");
@@ -319,7 +330,7 @@ fn raise_nofile_limit() -> Option<u64> {
 
 /// Runs the load test described by `args`, printing the report to stdout.
 /// Returns why on a setup failure (failures during the run are counted in the report).
-pub fn run(args: LoadArgs) -> Result<Report, LoadError> {
+pub fn run(args: LoadOptions) -> Result<Report, LoadError> {
     let p = plan(&args)?;
     if let Some(limit) = raise_nofile_limit() {
         let need = p.connections as u64 + 64;

@@ -5,19 +5,30 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use canter_load::{run, LoadArgs, LoadError};
-use clap::Parser;
+use canter_load::{run, LoadError, LoadOptions};
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    load: LoadArgs,
-}
-
-fn args(list: &[&str]) -> LoadArgs {
-    let mut v = vec!["load"];
-    v.extend_from_slice(list);
-    Cli::try_parse_from(v).expect("valid args").load
+/// The options `canter load` builds from these flags (the few the tests use; the URL last).
+fn args(list: &[&str]) -> LoadOptions {
+    let (url, flags) = list.split_last().expect("a URL");
+    let mut o = LoadOptions::new(*url);
+    let mut flags = flags.iter();
+    while let Some(&flag) = flags.next() {
+        let mut value = || flags.next().expect("a value").to_string();
+        match flag {
+            "-n" => o.requests = Some(value().parse().expect("-n")),
+            "-c" => o.connections = value().parse().expect("-c"),
+            "-m" => o.streams = Some(value().parse().expect("-m")),
+            "-d" => o.duration = Some(canter_load::parse_duration(&value()).expect("-d")),
+            "-H" => o.headers.push(value()),
+            "--pipeline" => o.pipeline = value().parse().expect("--pipeline"),
+            "--rate" => o.rate = Some(value().parse().expect("--rate")),
+            "--json" => o.json = true,
+            "--no-progress" => o.no_progress = true,
+            "--no-keepalive" => o.no_keepalive = true,
+            other => panic!("no such flag in this test: {other}"),
+        }
+    }
+    o
 }
 
 /// Starts a server answering every request (GET, no body) on keep-alive

@@ -13,42 +13,47 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use canter_load::parse_duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::frame::{self, DEFAULT_MAX_FRAME};
 
-/// CLI arguments of `canter receive`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct ReceiveArgs {
+/// What [`run`] listens on, when it stops and what it writes (`canter receive`'s flags, which
+/// build it, document each field too).
+#[derive(Debug, Clone)]
+pub struct ReceiveOptions {
     /// Address to listen on (port 0 picks a free one; the address is printed on stderr).
-    #[arg(long)]
     pub listen: SocketAddr,
-    /// Exit when this many records have arrived.
-    #[arg(long, value_name = "N")]
+    /// Stop when this many records have arrived.
     pub expect: Option<u64>,
-    /// Stop after this long (`30s`, `500ms`) even if --expect was not reached (exit status 1).
-    #[arg(long, value_parser = parse_duration)]
+    /// Stop after this long even if `expect` was not reached.
     pub duration: Option<Duration>,
-    /// Print the final report as one JSON object on stdout.
-    #[arg(long)]
-    pub json: bool,
-    /// Append every record to FILE as it arrives, framed as received (written whenever the
-    /// connections go quiet and at least once a second, and on every way out: --expect,
-    /// --duration, SIGINT, SIGTERM).
-    #[arg(long, value_name = "FILE")]
+    /// Append every record to this file as it arrives, framed as received (written whenever
+    /// the connections go quiet, at least once a second, and on every way out).
     pub out: Option<PathBuf>,
-    /// Where each record's timestamp starts (u64 big-endian, ns since the Unix epoch); negative
-    /// counts from the record's end (-8: its last 8 bytes).
-    #[arg(long, default_value_t = -8, allow_hyphen_values = true)]
+    /// Where each record's timestamp starts (u64 big-endian, ns since the Unix epoch);
+    /// negative counts from the record's end (-8: its last 8 bytes).
     pub timestamp_offset: i64,
     /// Largest record accepted; a larger frame closes its connection with an error.
-    #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: usize,
-    /// A line of throughput and latency on stderr this often (`1s`; `0s`: none).
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    /// A line of throughput and latency on stderr this often (zero: none).
     pub interval: Duration,
+}
+
+impl ReceiveOptions {
+    /// Listening on `listen` until stopped by a signal, timestamps in each record's last 8
+    /// bytes, a line on stderr every second.
+    pub fn new(listen: SocketAddr) -> ReceiveOptions {
+        ReceiveOptions {
+            listen,
+            expect: None,
+            duration: None,
+            out: None,
+            timestamp_offset: -8,
+            max_frame: DEFAULT_MAX_FRAME,
+            interval: Duration::from_secs(1),
+        }
+    }
 }
 
 /// Latency percentiles, in microseconds.
@@ -113,7 +118,7 @@ const OUT_EVERY: Duration = Duration::from_secs(1);
 
 /// Runs `canter receive` until --expect records arrived, --duration passed, or SIGINT or SIGTERM
 /// came.
-pub fn run(args: &ReceiveArgs) -> io::Result<Report> {
+pub fn run(args: &ReceiveOptions) -> io::Result<Report> {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -255,7 +260,7 @@ fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
 }
 
 /// Reads one connection to its end, accounting each chunk of whole frames under the lock.
-fn serve(mut stream: TcpStream, shared: &Mutex<Shared>, args: &ReceiveArgs) {
+fn serve(mut stream: TcpStream, shared: &Mutex<Shared>, args: &ReceiveOptions) {
     let peer = stream.peer_addr().ok();
     lock(shared).connections += 1;
     let mut buf = vec![0u8; 256 * 1024];

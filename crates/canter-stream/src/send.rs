@@ -12,98 +12,43 @@ use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use canter_load::parse_duration;
 use serde::Serialize;
 
 use crate::frame::{self, DEFAULT_MAX_FRAME};
 
-/// CLI arguments of `canter send`.
-#[derive(clap::Args, Debug, Clone)]
-#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
-pub struct SendArgs {
-    /// Generate the records instead of reading them from a file.
-    #[command(subcommand)]
-    pub generate: Option<Generate>,
+/// What [`run`] sends, where, and how fast (`canter send`'s flags, which build it, document
+/// each field too).
+#[derive(Debug, Clone)]
+pub struct SendOptions {
     /// Where to send (a framed TCP source).
-    #[arg(long, required = true)]
-    pub to: Option<SocketAddr>,
-    /// Framed records to send (4-byte big-endian length, then the record; as `canter receive
-    /// --out` writes them).
-    #[arg(long, value_name = "FILE", required = true)]
-    pub file: Option<PathBuf>,
-    /// Records per second (default: as fast as the connection takes them).
-    #[arg(long, value_name = "N")]
+    pub to: SocketAddr,
+    /// Framed records to send (4-byte big-endian length, then the record).
+    pub file: PathBuf,
+    /// Records per second (`None`: as fast as the connection takes them).
     pub rate: Option<f64>,
     /// Records per write.
-    #[arg(long, value_name = "N", default_value_t = 1)]
     pub batch: usize,
-    /// Start over at the end of the file (until --duration).
-    #[arg(long)]
+    /// Start over at the end of the file (until `duration`).
     pub repeat: bool,
-    /// Stop after this long (`30s`).
-    #[arg(long, value_parser = parse_duration)]
+    /// Stop after this long.
     pub duration: Option<Duration>,
-    /// Print the report as one JSON object on stdout.
-    #[arg(long)]
-    pub json: bool,
     /// Largest record accepted in the file.
-    #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: usize,
 }
 
-/// Record generators of `canter send`.
-#[derive(clap::Subcommand, Debug, Clone)]
-pub enum Generate {
-    /// Market Spread's NBBO and order streams (half each), sent to the two sources and/or
-    /// written with the expected results to --write-dir.
-    MarketSpread(MarketSpreadArgs),
-}
-
-/// CLI arguments of `canter send market-spread`.
-#[derive(clap::Args, Debug, Clone)]
-pub struct MarketSpreadArgs {
-    /// The NBBO source (needs --orders too).
-    #[arg(long, requires = "orders")]
-    pub nbbo: Option<SocketAddr>,
-    /// The order source (needs --nbbo too).
-    #[arg(long, requires = "nbbo")]
-    pub orders: Option<SocketAddr>,
-    /// Symbols quoted and ordered.
-    #[arg(long, default_value_t = 1_000)]
-    pub symbols: usize,
-    /// Share of orders whose symbol's spread rejects them.
-    #[arg(long, default_value_t = 0.1)]
-    pub reject_share: f64,
-    /// Input records in all, half quotes and half orders.
-    #[arg(long, default_value_t = 1_000_000)]
-    pub count: u64,
-    /// Write nbbo.bin, orders.bin and expected.bin (the results, timestamps 0) to this
-    /// directory.
-    #[arg(long, value_name = "DIR")]
-    pub write_dir: Option<PathBuf>,
-    /// Records per second over both streams (default: as fast as they are taken).
-    #[arg(long, value_name = "N")]
-    pub rate: Option<f64>,
-    /// Records per write.
-    #[arg(long, value_name = "N", default_value_t = 64)]
-    pub batch: usize,
-    /// Seed of the generator (the same seed gives the same records).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Print the report as one JSON object on stdout.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// What `canter send market-spread` did.
-#[derive(Debug, Clone, Serialize)]
-pub struct MarketSpreadReport {
-    /// The NBBO stream (none when only writing files).
-    pub nbbo: Option<Report>,
-    /// The order stream.
-    pub orders: Option<Report>,
-    /// Results the orders must produce.
-    pub expected_results: u64,
+impl SendOptions {
+    /// The records of `file` to `to`, once, as fast as they are taken, one per write.
+    pub fn new(to: SocketAddr, file: impl Into<PathBuf>) -> SendOptions {
+        SendOptions {
+            to,
+            file: file.into(),
+            rate: None,
+            batch: 1,
+            repeat: false,
+            duration: None,
+            max_frame: DEFAULT_MAX_FRAME,
+        }
+    }
 }
 
 /// What was sent.
@@ -146,10 +91,8 @@ impl std::fmt::Display for SendError {
 impl std::error::Error for SendError {}
 
 /// Runs `canter send` with a file.
-pub fn run(args: &SendArgs) -> Result<Report, SendError> {
-    let (Some(to), Some(file)) = (args.to, args.file.as_ref()) else {
-        return Err(SendError::Usage("give --to and --file"));
-    };
+pub fn run(args: &SendOptions) -> Result<Report, SendError> {
+    let (to, file) = (args.to, &args.file);
     if args.rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
         return Err(SendError::Usage("--rate must be above 0"));
     }
@@ -176,94 +119,24 @@ pub fn run(args: &SendArgs) -> Result<Report, SendError> {
     Ok(report)
 }
 
-/// Runs `canter send market-spread`.
-pub fn run_market_spread(args: &MarketSpreadArgs) -> Result<MarketSpreadReport, SendError> {
-    if args.write_dir.is_none() && args.nbbo.is_none() {
-        return Err(SendError::Usage(
-            "give --nbbo and --orders, or --write-dir, or both",
-        ));
-    }
-    if !(0.0..=1.0).contains(&args.reject_share) {
-        return Err(SendError::Usage("--reject-share is a share: from 0 to 1"));
-    }
-    if args.rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
-        return Err(SendError::Usage("--rate must be above 0"));
-    }
-    let g = crate::market_spread::generate(args.symbols, args.reject_share, args.count, args.seed);
-    if let Some(dir) = &args.write_dir {
-        fs::create_dir_all(dir).map_err(|e| SendError::File(dir.clone(), e))?;
-        for (name, data) in [
-            ("nbbo.bin", &g.nbbo),
-            ("orders.bin", &g.orders),
-            ("expected.bin", &g.expected),
-        ] {
-            let path = dir.join(name);
-            fs::write(&path, data).map_err(|e| SendError::File(path, e))?;
-        }
-    }
-    let mut report = MarketSpreadReport {
-        nbbo: None,
-        orders: None,
-        expected_results: g.expected_count,
-    };
-    let (Some(nbbo_to), Some(orders_to)) = (args.nbbo, args.orders) else {
-        return Ok(report);
-    };
-    let all = |data: &[u8]| {
-        frame::frames(data, usize::MAX)
-            .map_err(|e| SendError::Frames(PathBuf::from("generated"), e.to_string()))
-    };
-    let nbbo_frames = all(&g.nbbo)?;
-    let order_frames = all(&g.orders)?;
-    let mut nbbo = connect(nbbo_to)?;
-    let mut orders = connect(orders_to)?;
-    // Every symbol's first quote goes first, and a moment ahead of the orders, so that no order
-    // meets a symbol still in its initial state (the results would then depend on timing).
-    let first = g.nbbo_count.min(args.symbols as u64) as usize;
-    let head = first.min(nbbo_frames.len());
-    if head > 0 {
-        nbbo.write_all(&g.nbbo[..nbbo_frames[head - 1].end])
-            .map_err(|e| SendError::Io(nbbo_to, e))?;
-        nbbo.flush().map_err(|e| SendError::Io(nbbo_to, e))?;
-        thread::sleep(Duration::from_millis(200));
-    }
-    let pace = Pace {
-        rate: args.rate.map(|r| r / 2.0),
-        batch: args.batch,
-        repeat: false,
-        duration: None,
-    };
-    let (nbbo_report, orders_report) = thread::scope(|scope| {
-        let rest = &nbbo_frames[head..];
-        let quotes = scope.spawn(|| pace.send(&mut nbbo, &g.nbbo, rest));
-        let sent = pace.send(&mut orders, &g.orders, &order_frames);
-        (quotes.join(), sent)
-    });
-    let mut nbbo_report = match nbbo_report {
-        Ok(r) => r.map_err(|e| SendError::Io(nbbo_to, e))?,
-        Err(_) => return Err(SendError::Usage("the NBBO sender thread panicked")),
-    };
-    nbbo_report.records += head as u64;
-    report.nbbo = Some(nbbo_report);
-    report.orders = Some(orders_report.map_err(|e| SendError::Io(orders_to, e))?);
-    let _ = nbbo.shutdown(Shutdown::Write);
-    let _ = orders.shutdown(Shutdown::Write);
-    Ok(report)
-}
-
-/// How records are paced onto a connection.
+/// How records are paced onto a connection: with a rate, the k-th batch is due at
+/// `start + k * batch / rate` (see the module's documentation).
 #[derive(Debug, Clone, Copy)]
-struct Pace {
-    rate: Option<f64>,
-    batch: usize,
-    repeat: bool,
-    duration: Option<Duration>,
+pub struct Pace {
+    /// Records per second (`None`: as fast as the connection takes them).
+    pub rate: Option<f64>,
+    /// Records per write.
+    pub batch: usize,
+    /// Start over at the end of the frames (until `duration`).
+    pub repeat: bool,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
 }
 
 impl Pace {
     /// Sends `frames` (ranges of `data`, consecutive) on `stream`: batch by batch, each batch
     /// at its due time when there is a rate, or at once when the sender is behind.
-    fn send(
+    pub fn send(
         &self,
         stream: &mut TcpStream,
         data: &[u8],
@@ -313,7 +186,7 @@ impl Pace {
 }
 
 /// Connects, retrying for up to 5 s while the receiving side starts.
-fn connect(to: SocketAddr) -> Result<TcpStream, SendError> {
+pub fn connect(to: SocketAddr) -> Result<TcpStream, SendError> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match TcpStream::connect(to) {

@@ -520,13 +520,28 @@ mod tests {
         assert_eq!(owner(&7u32, 1), 0);
     }
 
+    /// Symbol `i` as Market Spread writes them: letters in base 26, right-aligned (`   A`,
+    /// `   B`, ..., `  BA`).
+    fn symbol(mut i: usize) -> [u8; 4] {
+        let mut s = [b' '; 4];
+        let mut at = 4;
+        loop {
+            at -= 1;
+            s[at] = b'A' + (i % 26) as u8;
+            i /= 26;
+            if i == 0 || at == 0 {
+                return s;
+            }
+        }
+    }
+
     #[test]
     fn symbols_differing_in_their_last_bytes_spread_over_the_low_bits() {
         // Hash tables index by the low bits: 1,000 symbols must not share a few of them.
         let mut buckets = std::collections::HashSet::new();
         for i in 0..1_000 {
             let mut h = Fx::default();
-            std::hash::Hash::hash(&crate::market_spread::symbol(i), &mut h);
+            std::hash::Hash::hash(&symbol(i), &mut h);
             buckets.insert(h.finish() & 1023);
         }
         assert!(

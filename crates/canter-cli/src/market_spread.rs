@@ -7,6 +7,16 @@
 //! | order | 53 | u8 type (1), u8 side (1 buy, 2 sell), u32 account, order id (6, ASCII), symbol (4), f64 quantity, f64 price, transact time (21) |
 //! | result | 55 | u8 side, u32 account, order id (6), symbol (4), f64 quantity, f64 price, f64 last bid, f64 last offer, u64 timestamp (ns since the Unix epoch, when the order was read) |
 
+use std::fs;
+use std::io::Write;
+use std::net::{Shutdown, SocketAddr};
+use std::path::PathBuf;
+use std::thread;
+use std::time::Duration;
+
+use canter_stream::send::{self, SendError};
+use serde::Serialize;
+
 /// A symbol: 4 ASCII bytes, right-aligned and padded with spaces.
 pub type Symbol = [u8; 4];
 
@@ -247,11 +257,11 @@ impl Default for SymbolState {
 /// result record for every rejected one to `out`. Both are keyed by symbol and share the
 /// per-symbol state.
 pub fn topology(
-    nbbo: crate::pipeline::Source,
-    orders: crate::pipeline::Source,
-    out: crate::pipeline::Sink<Rejected>,
-) -> crate::pipeline::Topology {
-    use crate::pipeline::{Emit, KeyedState, Pipeline, Sink, Topology};
+    nbbo: canter_stream::pipeline::Source,
+    orders: canter_stream::pipeline::Source,
+    out: canter_stream::pipeline::Sink<Rejected>,
+) -> canter_stream::pipeline::Topology {
+    use canter_stream::pipeline::{Emit, KeyedState, Pipeline, Sink, Topology};
     let symbols = KeyedState::new("symbols", |_s: &Symbol| SymbolState::default());
     let quotes = Pipeline::new("nbbo", nbbo, Nbbo::decode)
         .key_by(|q: &Nbbo| q.symbol)
@@ -286,8 +296,8 @@ pub fn topology(
 }
 
 /// Market Spread's result records, framed, to a TCP receiver.
-pub fn tcp_results(to: std::net::SocketAddr) -> crate::pipeline::Sink<Rejected> {
-    crate::pipeline::Sink::tcp(to, |r: &Rejected, b: &mut Vec<u8>| r.encode(b))
+pub fn tcp_results(to: std::net::SocketAddr) -> canter_stream::pipeline::Sink<Rejected> {
+    canter_stream::pipeline::Sink::tcp(to, |r: &Rejected, b: &mut Vec<u8>| r.encode(b))
 }
 
 /// Symbol `i` (0-based): letters in base 26, right-aligned (`   A`, `   B`, ..., `  BA`).
@@ -370,7 +380,7 @@ pub fn generate(symbols: usize, reject_share: f64, count: u64, seed: u64) -> Gen
     let order_total = count.saturating_sub(nbbo_total);
     let mut record = Vec::with_capacity(64);
     let frame = |record: &mut Vec<u8>, out: &mut Vec<u8>| {
-        crate::frame::encode(record, out);
+        canter_stream::frame::encode(record, out);
         record.clear();
     };
     let mut clock = 0u64;
@@ -453,6 +463,129 @@ fn transact_time(ms: u64) -> [u8; 21] {
     let mut t = [b' '; 21];
     t.copy_from_slice(&text.as_bytes()[..21]);
     t
+}
+
+/// The flags of `canter send market-spread`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SendArgs {
+    /// The NBBO source (needs --orders too).
+    #[arg(long, requires = "orders")]
+    pub nbbo: Option<SocketAddr>,
+    /// The order source (needs --nbbo too).
+    #[arg(long, requires = "nbbo")]
+    pub orders: Option<SocketAddr>,
+    /// Symbols quoted and ordered.
+    #[arg(long, default_value_t = 1_000)]
+    pub symbols: usize,
+    /// Share of orders whose symbol's spread rejects them.
+    #[arg(long, default_value_t = 0.1)]
+    pub reject_share: f64,
+    /// Input records in all, half quotes and half orders.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub count: u64,
+    /// Write nbbo.bin, orders.bin and expected.bin (the results, timestamps 0) to this
+    /// directory.
+    #[arg(long, value_name = "DIR")]
+    pub write_dir: Option<PathBuf>,
+    /// Records per second over both streams (default: as fast as they are taken).
+    #[arg(long, value_name = "N")]
+    pub rate: Option<f64>,
+    /// Records per write.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub batch: usize,
+    /// Seed of the generator (the same seed gives the same records).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print the report as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `canter send market-spread` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct SendReport {
+    /// The NBBO stream (none when only writing files).
+    pub nbbo: Option<send::Report>,
+    /// The order stream.
+    pub orders: Option<send::Report>,
+    /// Results the orders must produce.
+    pub expected_results: u64,
+}
+
+/// Runs `canter send market-spread`: generates the streams, writes them to `--write-dir`
+/// and/or sends them to the two sources, every symbol's first quote ahead of the orders.
+pub fn send(args: &SendArgs) -> Result<SendReport, SendError> {
+    if args.write_dir.is_none() && args.nbbo.is_none() {
+        return Err(SendError::Usage(
+            "give --nbbo and --orders, or --write-dir, or both",
+        ));
+    }
+    if !(0.0..=1.0).contains(&args.reject_share) {
+        return Err(SendError::Usage("--reject-share is a share: from 0 to 1"));
+    }
+    if args.rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
+        return Err(SendError::Usage("--rate must be above 0"));
+    }
+    let g = generate(args.symbols, args.reject_share, args.count, args.seed);
+    if let Some(dir) = &args.write_dir {
+        fs::create_dir_all(dir).map_err(|e| SendError::File(dir.clone(), e))?;
+        for (name, data) in [
+            ("nbbo.bin", &g.nbbo),
+            ("orders.bin", &g.orders),
+            ("expected.bin", &g.expected),
+        ] {
+            let path = dir.join(name);
+            fs::write(&path, data).map_err(|e| SendError::File(path, e))?;
+        }
+    }
+    let mut report = SendReport {
+        nbbo: None,
+        orders: None,
+        expected_results: g.expected_count,
+    };
+    let (Some(nbbo_to), Some(orders_to)) = (args.nbbo, args.orders) else {
+        return Ok(report);
+    };
+    let all = |data: &[u8]| {
+        canter_stream::frame::frames(data, usize::MAX)
+            .map_err(|e| SendError::Frames(PathBuf::from("generated"), e.to_string()))
+    };
+    let nbbo_frames = all(&g.nbbo)?;
+    let order_frames = all(&g.orders)?;
+    let mut nbbo = send::connect(nbbo_to)?;
+    let mut orders = send::connect(orders_to)?;
+    // Every symbol's first quote goes first, and a moment ahead of the orders, so that no order
+    // meets a symbol still in its initial state (the results would then depend on timing).
+    let first = g.nbbo_count.min(args.symbols as u64) as usize;
+    let head = first.min(nbbo_frames.len());
+    if head > 0 {
+        nbbo.write_all(&g.nbbo[..nbbo_frames[head - 1].end])
+            .map_err(|e| SendError::Io(nbbo_to, e))?;
+        nbbo.flush().map_err(|e| SendError::Io(nbbo_to, e))?;
+        thread::sleep(Duration::from_millis(200));
+    }
+    let pace = send::Pace {
+        rate: args.rate.map(|r| r / 2.0),
+        batch: args.batch,
+        repeat: false,
+        duration: None,
+    };
+    let (nbbo_report, orders_report) = thread::scope(|scope| {
+        let rest = &nbbo_frames[head..];
+        let quotes = scope.spawn(|| pace.send(&mut nbbo, &g.nbbo, rest));
+        let sent = pace.send(&mut orders, &g.orders, &order_frames);
+        (quotes.join(), sent)
+    });
+    let mut nbbo_report = match nbbo_report {
+        Ok(r) => r.map_err(|e| SendError::Io(nbbo_to, e))?,
+        Err(_) => return Err(SendError::Usage("the NBBO sender thread panicked")),
+    };
+    nbbo_report.records += head as u64;
+    report.nbbo = Some(nbbo_report);
+    report.orders = Some(orders_report.map_err(|e| SendError::Io(orders_to, e))?);
+    let _ = nbbo.shutdown(Shutdown::Write);
+    let _ = orders.shutdown(Shutdown::Write);
+    Ok(report)
 }
 
 #[cfg(test)]

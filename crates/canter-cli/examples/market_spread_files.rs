@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use canter_stream::market_spread::{topology, Rejected};
+use canter_cli::market_spread::{topology, Rejected};
 use canter_stream::pipeline::{RunOptions, Sink, Source};
 
 fn main() -> std::io::Result<()> {
