@@ -312,4 +312,8 @@ def report(runs, out):
     print(f"raw: {os.path.relpath(out, ROOT)}")
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import summary  # noqa: E402  (bench/summary.py: BENCHMARKS.md's table of this area)
+
+    with summary.capture("market-spread", " ".join(["python3", "bench/market_spread.py"] + sys.argv[1:])):
+        main()

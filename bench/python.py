@@ -235,4 +235,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import summary  # noqa: E402  (bench/summary.py: BENCHMARKS.md's table of this area)
+
+    with summary.capture("python", " ".join(["python3", "bench/python.py"] + sys.argv[1:])):
+        main()

@@ -350,4 +350,8 @@ def markdown(results, names):
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import summary  # noqa: E402  (bench/summary.py: BENCHMARKS.md's table of this area)
+
+    with summary.capture("tls", " ".join(["python3", "bench/tls.py"] + sys.argv[1:])):
+        main()
