@@ -57,7 +57,10 @@ pub use config::{Config, ConfigBuilder, ParkHooks, TlsListener, MAX_SERVER_NAME}
 pub use http_serve::serve_connection;
 pub use log_bridge::route_log_records;
 pub use outbound::{connect, connect_tcp, connect_tls};
-pub use server::{listen, on_signals, pin_to_cpu, shutdown_on_signals, Server, ShutdownHandle};
+pub use server::{
+    listen, on_signals, pin_to_cpu, run_here, shutdown_on_signals, spawn_worker, Server,
+    ServerWorker, ShutdownHandle,
+};
 pub use service::{Reply, Request, Response, Service};
 pub use stats::{ClientFault, Stats};
 pub use tls::{reload_on_sighup, ClientTls, ServerTls, TlsAcceptor, TlsError};

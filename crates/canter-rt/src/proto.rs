@@ -635,7 +635,22 @@ impl Server {
         G: FnMut(SocketAddr) -> P + 'static,
         F: Fn(usize) -> G + Send + Sync + 'static,
     {
-        self.run(move |i| ProtocolAccept::new(factory(i)))
+        self.run(move |i| ProtocolAccept::new(factory(i), None))
+    }
+}
+
+impl crate::server::ServerWorker {
+    /// Serves a custom protocol on the calling thread's event loop (a worker run by
+    /// [`crate::spawn_worker`] or [`crate::run_here`]) until the server's shutdown, then drains,
+    /// as [`Server::serve_protocol`] does on each of its own workers: `make` is called with
+    /// each accepted peer's address (after its PROXY protocol header, when the server expects
+    /// one). `settings` replaces those derived from the server's [`Config`].
+    pub async fn serve_protocol<P, G>(self, settings: Option<Settings>, make: G) -> io::Result<()>
+    where
+        P: Protocol,
+        G: FnMut(SocketAddr) -> P + 'static,
+    {
+        self.run(move |_| ProtocolAccept::new(make, settings)).await
     }
 }
 
@@ -644,12 +659,15 @@ pub(crate) struct ProtocolAccept<G> {
     /// Shared with the connection tasks that call it once they know the peer (after a PROXY
     /// protocol header); called on the worker's thread only, one call at a time.
     make: Rc<RefCell<G>>,
+    /// The connections' settings; `None`: derived from the server's [`Config`].
+    settings: Option<Settings>,
 }
 
 impl<G> ProtocolAccept<G> {
-    pub(crate) fn new(make: G) -> Self {
+    pub(crate) fn new(make: G, settings: Option<Settings>) -> Self {
         ProtocolAccept {
             make: Rc::new(RefCell::new(make)),
+            settings,
         }
     }
 }
@@ -662,7 +680,10 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
             peer,
             tls,
         } = conn;
-        let settings = Settings::from_config(cfg);
+        let settings = match &self.settings {
+            Some(settings) => settings.clone(),
+            None => Settings::from_config(cfg),
+        };
         let (worker, cfg, make) = (worker.clone(), cfg.clone(), self.make.clone());
         tokio::task::spawn_local(async move {
             let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;

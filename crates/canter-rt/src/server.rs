@@ -191,6 +191,66 @@ impl Server {
     }
 }
 
+/// One worker's share of a bound [`Server`] (its listeners, the configuration, the shutdown
+/// signal, the counters), from [`Server::into_workers`]: for a program that runs its own worker
+/// threads ([`spawn_worker`]) with more on each than one server's connections, as the stream
+/// pipelines do (one server per source, all on the pipeline's workers). Serve it with
+/// [`ServerWorker::serve_protocol`] on the worker's thread.
+#[derive(Debug)]
+pub struct ServerWorker {
+    index: usize,
+    listeners: Listeners,
+    config: Config,
+    shutdown: watch::Receiver<bool>,
+    stats: Arc<Stats>,
+}
+
+impl ServerWorker {
+    /// Which worker this is (its listener's position; the CPU it is pinned to).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Accepts and serves with `factory`'s [`Accept`] until shutdown, then drains: the accept
+    /// loop of [`Server::serve`], on the calling thread's event loop.
+    pub(crate) async fn run<A, F>(self, factory: F) -> io::Result<()>
+    where
+        A: Accept,
+        F: FnOnce(usize) -> A,
+    {
+        let ServerWorker {
+            index,
+            listeners,
+            config,
+            shutdown,
+            stats,
+        } = self;
+        accept_loop(index, listeners, config, shutdown, stats, factory).await
+    }
+}
+
+impl Server {
+    /// The server's workers, one per listener, to run on threads the caller owns; the server's
+    /// [`ShutdownHandle`] (take it first) still stops them all.
+    pub fn into_workers(self) -> Vec<ServerWorker> {
+        let mut tls = self.tls_listeners.into_iter();
+        self.listeners
+            .into_iter()
+            .enumerate()
+            .map(|(index, plain)| ServerWorker {
+                index,
+                listeners: Listeners {
+                    plain,
+                    tls: tls.next(),
+                },
+                config: self.config.clone(),
+                shutdown: self.rx.clone(),
+                stats: self.stats.clone(),
+            })
+            .collect()
+    }
+}
+
 /// Shuts the server down on SIGINT or SIGTERM (watched from a small background thread).
 pub fn shutdown_on_signals(handle: ShutdownHandle) -> io::Result<()> {
     on_signals(move || {
@@ -247,6 +307,7 @@ pub fn listen(addr: SocketAddr, backlog: i32) -> io::Result<StdListener> {
 }
 
 /// A worker's listening sockets.
+#[derive(Debug)]
 struct Listeners {
     plain: StdListener,
     tls: Option<StdListener>,
@@ -272,7 +333,7 @@ pub(crate) struct Accepted {
 
 fn run_worker<A, F>(
     index: usize,
-    listener: Listeners,
+    listeners: Listeners,
     config: Config,
     shutdown: watch::Receiver<bool>,
     stats: Arc<Stats>,
@@ -281,6 +342,41 @@ fn run_worker<A, F>(
 where
     A: Accept,
     F: FnOnce(usize) -> A + 'static,
+{
+    let worker = config.clone();
+    run_here(index, &worker, move || {
+        accept_loop(index, listeners, config, shutdown, stats, factory)
+    })
+}
+
+/// Runs `main` on a new thread named `name`, as worker `index` of `config` (see
+/// [`run_here`]); the thread's result is `main`'s. What the server's workers run on, and what
+/// any other set of workers (the stream pipelines') runs on, so that pinning, park hooks and
+/// event coalescing are one code.
+pub fn spawn_worker<F, Fut>(
+    index: usize,
+    config: &Config,
+    name: String,
+    main: F,
+) -> io::Result<thread::JoinHandle<io::Result<()>>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = io::Result<()>> + 'static,
+{
+    let config = config.clone();
+    thread::Builder::new()
+        .name(name)
+        .spawn(move || run_here(index, &config, main))
+}
+
+/// Runs `main` (made on this thread) to its end as worker `index` of `config`, on the calling
+/// thread: pinned to CPU `index` when [`Config::pin_workers`] says so, on a current-thread
+/// event loop with [`Config::park_hooks`] and [`Config::coalesce`], inside a `LocalSet` (so
+/// `main` and what it spawns may hold `Rc`s).
+pub fn run_here<F, Fut>(index: usize, config: &Config, main: F) -> io::Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = io::Result<()>> + 'static,
 {
     if config.pin_workers {
         if let Err(e) = pin_to_cpu(index) {
@@ -315,13 +411,14 @@ where
     }
     let rt = builder.build()?;
     let local = tokio::task::LocalSet::new();
-    // The accept loop runs as a task of its own: `block_on`'s future is polled every time the
-    // worker wakes up, so it only looks at a cell the loop fills when it ends (or unwinds).
+    // `main` runs as a task of its own: `block_on`'s future is polled every time the worker
+    // wakes up, so it only looks at a cell the task fills when it ends (or unwinds).
     let outcome = Rc::new(Outcome::default());
     local.block_on(&rt, async move {
         let guard = OutcomeGuard(outcome.clone());
+        let main = main();
         tokio::task::spawn_local(async move {
-            let result = accept_loop(index, listener, config, shutdown, stats, factory).await;
+            let result = main.await;
             guard.0.set(result);
         });
         poll_fn(|cx| outcome.poll(cx)).await
@@ -360,7 +457,8 @@ struct OutcomeGuard(Rc<Outcome>);
 
 impl Drop for OutcomeGuard {
     fn drop(&mut self) {
-        self.0.set(Err(io::Error::other("accept loop panicked")));
+        self.0
+            .set(Err(io::Error::other("worker's main task panicked")));
     }
 }
 

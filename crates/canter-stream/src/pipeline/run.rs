@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::BytesMut;
 use canter_rt::proto::{self, Conn, Handle, Protocol, Settings};
-use canter_rt::Stream;
+use canter_rt::{ServerWorker, ShutdownHandle};
 use tokio::sync::Notify;
 
 use super::metrics::{Metrics, PipeMetrics};
@@ -805,6 +805,11 @@ struct SourceConn {
     head: Rc<RefCell<dyn Process>>,
     env: Rc<Env>,
     framing: Framing,
+    peer: SocketAddr,
+    /// Counted in [`Env::open_sources`] (it was not over the bound when it opened).
+    counted: bool,
+    /// Rate-limits the warnings of refused connections, for the worker.
+    refusals: Rc<RefCell<RateLog>>,
 }
 
 impl SourceConn {
@@ -816,6 +821,17 @@ impl SourceConn {
 
 impl Protocol for SourceConn {
     fn on_open(&mut self, conn: &mut Conn<'_>) {
+        // Each connection may hold up to a frame of input: their number is bounded.
+        if self.env.open_sources.get() >= self.env.opts.max_source_connections {
+            if let Some(held) = self.refusals.borrow_mut().allow() {
+                let peer = self.peer;
+                tracing::warn!(%peer, held, "source connection refused: at max_source_connections");
+            }
+            conn.close();
+            return;
+        }
+        self.env.open_sources.set(self.env.open_sources.get() + 1);
+        self.counted = true;
         let mut sources = self.env.sources.borrow_mut();
         sources.retain(|h| !h.is_closed());
         sources.push(conn.handle());
@@ -864,21 +880,23 @@ impl Protocol for SourceConn {
     fn on_shutdown(&mut self, conn: &mut Conn<'_>) {
         conn.close();
     }
+
+    fn on_close(&mut self, why: &proto::Close) {
+        if self.counted {
+            self.env.open_sources.set(self.env.open_sources.get() - 1);
+        }
+        tracing::debug!(peer = %self.peer, %why, "source connection closed");
+    }
 }
 
-async fn accept_loop(
-    listener: StdListener,
+/// Serves a TCP source on this worker: the runtime's accept loop for the source's server,
+/// each connection a [`SourceConn`], until shutdown.
+async fn serve_source(
+    server: ServerWorker,
     head: Rc<RefCell<dyn Process>>,
     env: Rc<Env>,
     framing: Framing,
 ) {
-    let listener = match tokio::net::TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(error = %e, "source listener failed");
-            return;
-        }
-    };
     let built = Settings::builder()
         .read_budget(env.opts.read_budget)
         .read_size((256 * 1024).min(env.opts.read_budget).max(1024))
@@ -893,40 +911,20 @@ async fn accept_loop(
             return;
         }
     };
-    let mut log = RateLog::default();
-    loop {
-        match listener.accept().await {
-            Ok((tcp, peer)) => {
-                // Each connection may hold up to a frame of input: their number is bounded.
-                if env.open_sources.get() >= env.opts.max_source_connections {
-                    if let Some(held) = log.allow() {
-                        tracing::warn!(%peer, held, "source connection refused: at max_source_connections");
-                    }
-                    drop(tcp);
-                    continue;
-                }
-                env.open_sources.set(env.open_sources.get() + 1);
-                let _ = tcp.set_nodelay(true);
-                let mut conn = SourceConn {
-                    head: head.clone(),
-                    env: env.clone(),
-                    framing,
-                };
-                let settings = settings.clone();
-                tokio::task::spawn_local(async move {
-                    let why = proto::run(Stream::Plain(tcp), peer, &mut conn, &settings).await;
-                    conn.env.open_sources.set(conn.env.open_sources.get() - 1);
-                    tracing::debug!(%peer, %why, "source connection closed");
-                });
-            }
-            Err(e) => {
-                // Out of file descriptors, typically: wait a little rather than spin.
-                if let Some(held) = log.allow() {
-                    tracing::warn!(error = %e, held, "accept failed");
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+    let refusals = Rc::new(RefCell::new(RateLog::default()));
+    let make = {
+        let env = env.clone();
+        move |peer| SourceConn {
+            head: head.clone(),
+            env: env.clone(),
+            framing,
+            peer,
+            counted: false,
+            refusals: refusals.clone(),
         }
+    };
+    if let Err(e) = server.serve_protocol(Some(settings), make).await {
+        tracing::error!(error = %e, "source listener failed");
     }
 }
 
@@ -1060,7 +1058,10 @@ pub(crate) struct Prep {
     source: Source,
     metrics: Arc<PipeMetrics>,
     shared: Arc<dyn Any + Send + Sync>,
-    listeners: Mutex<Vec<Option<StdListener>>>,
+    /// The source's server, for a TCP source: one share per worker, taken by the worker.
+    servers: Mutex<Vec<Option<ServerWorker>>>,
+    /// Stops the source's server (its accept loops, then its connections).
+    server_shutdown: Option<ShutdownHandle>,
     addr: Option<SocketAddr>,
     file: Option<std::fs::File>,
     resumes: Arc<Vec<Arc<Notify>>>,
@@ -1092,7 +1093,8 @@ where
         let mut names = Vec::new();
         self.chain.names(&mut names);
         let metrics = Arc::new(PipeMetrics::new(&self.name, names, workers));
-        let mut listeners = Vec::new();
+        let mut servers = Vec::new();
+        let mut server_shutdown = None;
         let mut bound = None;
         if let Source::Tcp { addr, .. } = &self.source {
             // Every worker's listener shares the port (SO_REUSEPORT), and so would another
@@ -1106,18 +1108,28 @@ where
                     )
                 })?);
             }
-            let first = canter_rt::listen(*addr, 1024).map_err(|e| {
+            // The source is a server of the runtime's, on the pipeline's workers: one
+            // SO_REUSEPORT listener each, its accept loop, drain and counters. The pipeline
+            // bounds its source connections itself (one over is closed at once, with a
+            // warning), so the server's own bound (which leaves them in the backlog) is off.
+            let config = canter_rt::Config::builder()
+                .addr(*addr)
+                .workers(workers)
+                .backlog(1024)
+                .max_connections(usize::MAX)
+                .drain_timeout(opts.drain_timeout)
+                .defer_accept(false)
+                .build()
+                .map_err(io::Error::from)?;
+            let server = canter_rt::Server::bind(config).map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("pipeline {}: listen on {addr}: {e}", self.name),
                 )
             })?;
-            let at = first.local_addr()?;
-            listeners.push(Some(first));
-            for _ in 1..workers {
-                listeners.push(Some(canter_rt::listen(at, 1024)?));
-            }
-            bound = Some(at);
+            bound = Some(server.local_addr());
+            server_shutdown = Some(server.shutdown_handle());
+            servers = server.into_workers().into_iter().map(Some).collect();
         }
         let file = match &self.sink {
             Sink::File { path, .. } => Some(
@@ -1148,7 +1160,8 @@ where
             source: self.source.clone(),
             metrics,
             shared,
-            listeners: Mutex::new(listeners),
+            servers: Mutex::new(servers),
+            server_shutdown,
             addr: bound,
             file,
             resumes: resumes.clone(),
@@ -1264,17 +1277,11 @@ where
         }));
         match &prep.source {
             Source::Tcp { framing, .. } => {
-                let listener = lock(&prep.listeners)
+                let server = lock(&prep.servers)
                     .get_mut(me)
                     .and_then(Option::take)
                     .ok_or_else(|| io::Error::other("no listener for this worker"))?;
-                let task = tokio::task::spawn_local(accept_loop(
-                    listener,
-                    head.clone(),
-                    env.clone(),
-                    *framing,
-                ));
-                env.tasks.borrow_mut().push(task);
+                tokio::task::spawn_local(serve_source(server, head.clone(), env.clone(), *framing));
             }
             Source::File { path, framing } if me == 0 => {
                 tokio::task::spawn_local(file_source(
@@ -1399,6 +1406,8 @@ async fn drain<K, X, Tl: TailOps<K, X>>(
 struct ShutdownInner {
     flag: AtomicBool,
     notifies: Vec<Arc<Notify>>,
+    /// The TCP sources' servers: their accept loops stop, their connections are told.
+    servers: Vec<ShutdownHandle>,
 }
 
 /// Stops a running topology: sources stop reading, what is in flight is delivered (within the
@@ -1416,6 +1425,9 @@ impl Shutdown {
     /// Asks the workers to stop.
     pub fn shutdown(&self) {
         self.0.flag.store(true, Ordering::SeqCst);
+        for server in &self.0.servers {
+            server.shutdown();
+        }
         for n in &self.0.notifies {
             n.notify_one();
         }
@@ -1512,7 +1524,17 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
     let shutdown = Shutdown(Arc::new(ShutdownInner {
         flag: AtomicBool::new(false),
         notifies: (0..workers).map(|_| Arc::new(Notify::new())).collect(),
+        servers: preps
+            .iter()
+            .filter_map(|p| p.server_shutdown.clone())
+            .collect(),
     }));
+    // The workers' threads and event loops are the runtime's, pinned as its servers' are.
+    let config = canter_rt::Config::builder()
+        .workers(workers)
+        .pin_workers(opts.pin)
+        .build()
+        .map_err(io::Error::from)?;
     let addrs = preps
         .iter()
         .map(|p| (p.name().to_owned(), p.source_addr()))
@@ -1523,11 +1545,12 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         let opts = opts.clone();
         let resumes = resumes.clone();
         let stop = shutdown.0.notifies[me].clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("canter-pipeline-{me}"))
-                .spawn(move || worker(me, preps, opts, resumes, stop))?,
-        );
+        threads.push(canter_rt::spawn_worker(
+            me,
+            &config,
+            format!("canter-pipeline-{me}"),
+            move || worker(me, preps, opts, resumes, stop),
+        )?);
     }
     let stop_sampler = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -1555,24 +1578,15 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
     })
 }
 
-fn worker(
+async fn worker(
     me: usize,
     preps: Vec<Arc<Prep>>,
     opts: RunOptions,
     resumes: Arc<Vec<Arc<Notify>>>,
     stop: Arc<Notify>,
 ) -> io::Result<()> {
-    if opts.pin {
-        if let Err(e) = canter_rt::pin_to_cpu(me) {
-            tracing::warn!(cpu = me, error = %e, "could not pin the worker");
-        }
-    }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let local = tokio::task::LocalSet::new();
     let drain_timeout = opts.drain_timeout;
-    local.block_on(&rt, async move {
+    {
         let env = Rc::new(Env {
             me,
             workers: opts.workers,
@@ -1647,5 +1661,5 @@ fn worker(
             tracing::warn!(worker = me, "pipelines did not drain in time at shutdown");
         }
         Ok(())
-    })
+    }
 }
