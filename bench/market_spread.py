@@ -16,6 +16,8 @@ and orders, each replaying its file with --repeat) and `canter receive` run on C
   `--rates 80%` offers each server 80% of its own peak in the same round (40% of it on each
   stream), so the peak runs first in every round.
 - peak-2w (canter only): two workers, on both CPUs, sharing them with the load generator.
+- `--servers canter,canter-base` with `CANTER_BASE=path/to/canter`: a change before and after,
+  interleaved.
 
 Per run: input records/s, results received, the server's CPU (utime+stime of every thread) per
 input record, and end-to-end latency percentiles from `canter receive` (each result's
@@ -114,7 +116,9 @@ def server_cmd(kind, read_budget=None):
         return ["taskset", "-c", "0", EPOLL, "--nbbo", NBBO, "--orders", ORDERS, "--out", RECV]
     workers, cpus = ("2", "0,1") if kind == "canter-2w" else ("1", "0")
     budget = ["--read-budget", str(read_budget)] if read_budget else []
-    return ["taskset", "-c", cpus, CANTER, "pipeline", "market-spread", "--nbbo", NBBO, "--orders",
+    # canter-base: another build of canter (CANTER_BASE=path), to measure a change before/after.
+    binary = os.environ.get("CANTER_BASE", CANTER) if kind == "canter-base" else CANTER
+    return ["taskset", "-c", cpus, binary, "pipeline", "market-spread", "--nbbo", NBBO, "--orders",
             ORDERS, "--out", RECV, "--metrics", METRICS, "--workers", workers, "--pin"] + budget
 
 

@@ -1,0 +1,409 @@
+//! A pipeline as defined, prepared (its source's server bound, its inboxes made) and started on each worker; the drain of what other workers send.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::fmt::Display;
+use std::hash::Hash;
+use std::io;
+use std::marker::PhantomData;
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use canter_rt::{ServerWorker, ShutdownHandle};
+use tokio::sync::Notify;
+
+use super::super::metrics::PipeMetrics;
+use super::super::state::Stateful;
+use super::super::step::Step;
+use super::super::{RunOptions, Sink, Source};
+
+use super::env::{Batch, Env, Inbox, Shared};
+use super::lock;
+use super::process::{Head, Process, TailInst, TailOps};
+use super::sink::{file_sink, tcp_sink, SinkOut};
+use super::sink_buf::SinkBuf;
+use super::source::{file_source, generate_source, serve_source};
+use super::wait::{Gauge, RateLog, Waiter};
+
+/// A pipeline as built, not yet bound.
+pub(crate) trait PipelineDef: Send {
+    fn name(&self) -> &str;
+    /// Binds the listeners and makes the inboxes.
+    fn prepare(
+        self: Box<Self>,
+        opts: &RunOptions,
+        resumes: &Arc<Vec<Arc<Notify>>>,
+    ) -> io::Result<Arc<Prep>>;
+    /// Starts the pipeline's tasks on this worker; returns its head and the task that ends
+    /// when the pipeline has ended here.
+    fn start(
+        &self,
+        prep: &Prep,
+        env: &Rc<Env>,
+    ) -> io::Result<(Rc<RefCell<dyn Process>>, tokio::task::JoinHandle<()>)>;
+}
+
+pub(crate) struct Def<T, D, C, KF, K, U, P, O> {
+    pub(crate) name: String,
+    pub(crate) source: Source,
+    pub(crate) decode: D,
+    pub(crate) chain: C,
+    pub(crate) key: KF,
+    pub(crate) step: U,
+    pub(crate) post: P,
+    pub(crate) sink: Sink<O>,
+    pub(crate) _t: PhantomData<fn() -> (T, K)>,
+}
+
+/// A pipeline bound (listeners open) and ready to start on each worker.
+pub(crate) struct Prep {
+    pub(super) name: String,
+    pub(super) def: Mutex<Box<dyn PipelineDef>>,
+    pub(super) source: Source,
+    pub(super) metrics: Arc<PipeMetrics>,
+    pub(super) shared: Arc<dyn Any + Send + Sync>,
+    /// The source's server, for a TCP source: one share per worker, taken by the worker.
+    pub(super) servers: Mutex<Vec<Option<ServerWorker>>>,
+    /// Stops the source's server (its accept loops, then its connections).
+    pub(super) server_shutdown: Option<ShutdownHandle>,
+    pub(super) addr: Option<SocketAddr>,
+    pub(super) file: Option<std::fs::File>,
+    pub(super) resumes: Arc<Vec<Arc<Notify>>>,
+}
+
+impl<T, E, D, C, KF, K, U, P> PipelineDef for Def<T, D, C, KF, K, U, P, P::Out>
+where
+    T: 'static,
+    E: Display,
+    D: FnMut(&[u8]) -> Result<T, E> + Clone + Send + 'static,
+    C: Step<T>,
+    C::Out: Send,
+    KF: FnMut(&C::Out) -> K + Clone + Send + 'static,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    U: Stateful<K, C::Out>,
+    P: Step<U::Out>,
+    P::Out: Send + 'static,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn prepare(
+        self: Box<Self>,
+        opts: &RunOptions,
+        resumes: &Arc<Vec<Arc<Notify>>>,
+    ) -> io::Result<Arc<Prep>> {
+        let workers = opts.workers;
+        let mut names = Vec::new();
+        self.chain.names(&mut names);
+        let metrics = Arc::new(PipeMetrics::new(&self.name, names, workers));
+        let mut servers = Vec::new();
+        let mut server_shutdown = None;
+        let mut bound = None;
+        if let Source::Tcp { addr, .. } = &self.source {
+            // Every worker's listener shares the port (SO_REUSEPORT), and so would another
+            // process's that got there first, taking some of the connections: refuse a port
+            // anything listens on already.
+            if addr.port() != 0 {
+                drop(StdListener::bind(addr).map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("pipeline {}: {addr} is taken: {e}", self.name),
+                    )
+                })?);
+            }
+            // The source is a server of the runtime's, on the pipeline's workers: one
+            // SO_REUSEPORT listener each, its accept loop, drain and counters. The pipeline
+            // bounds its source connections itself (one over is closed at once, with a
+            // warning), so the server's own bound (which leaves them in the backlog) is off.
+            let config = canter_rt::Config::builder()
+                .addr(*addr)
+                .workers(workers)
+                .backlog(1024)
+                .max_connections(usize::MAX)
+                .drain_timeout(opts.drain_timeout)
+                .defer_accept(false)
+                .build()
+                .map_err(io::Error::from)?;
+            let server = canter_rt::Server::bind(config).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("pipeline {}: listen on {addr}: {e}", self.name),
+                )
+            })?;
+            bound = Some(server.local_addr());
+            server_shutdown = Some(server.shutdown_handle());
+            servers = server.into_workers().into_iter().map(Some).collect();
+        }
+        let file = match &self.sink {
+            Sink::File { path, .. } => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| {
+                        io::Error::new(e.kind(), format!("sink file {}: {e}", path.display()))
+                    })?,
+            ),
+            _ => None,
+        };
+        let shared: Arc<Shared<K, C::Out>> = Arc::new(Shared {
+            inboxes: (0..workers)
+                .map(|_| Inbox {
+                    queue: Mutex::new(Vec::new()),
+                    notify: Notify::new(),
+                    gauge: Arc::new(Gauge {
+                        pending: AtomicUsize::new(0),
+                        blocked: AtomicU64::new(0),
+                    }),
+                })
+                .collect(),
+        });
+        Ok(Arc::new(Prep {
+            name: self.name.clone(),
+            source: self.source.clone(),
+            metrics,
+            shared,
+            servers: Mutex::new(servers),
+            server_shutdown,
+            addr: bound,
+            file,
+            resumes: resumes.clone(),
+            def: Mutex::new(self),
+        }))
+    }
+
+    fn start(
+        &self,
+        prep: &Prep,
+        env: &Rc<Env>,
+    ) -> io::Result<(Rc<RefCell<dyn Process>>, tokio::task::JoinHandle<()>)> {
+        let (decode, chain, key, step, post, sink) = (
+            self.decode.clone(),
+            self.chain.clone(),
+            self.key.clone(),
+            self.step.clone(),
+            self.post.clone(),
+            self.sink.clone(),
+        );
+        let shared = prep
+            .shared
+            .clone()
+            .downcast::<Shared<K, C::Out>>()
+            .map_err(|_| io::Error::other("pipeline inbox of another type"))?;
+        let me = env.me;
+        let metrics = prep.metrics.clone();
+        let flushed = Rc::new(Notify::new());
+        let mut sink_buf = None;
+        let sink = match sink {
+            Sink::Tcp { addr, encode } => {
+                let buf = Rc::new(RefCell::new(SinkBuf::new(
+                    env.opts.sink_high_water,
+                    metrics.clone(),
+                    me,
+                )));
+                env.sinks.borrow_mut().push(buf.clone());
+                tokio::task::spawn_local(tcp_sink(addr, buf.clone(), env.clone(), flushed.clone()));
+                sink_buf = Some(buf.clone());
+                SinkOut::Buf {
+                    encode,
+                    buf,
+                    count: 0,
+                }
+            }
+            Sink::File { encode, .. } => {
+                let file = prep
+                    .file
+                    .as_ref()
+                    .ok_or_else(|| io::Error::other("sink file not open"))?
+                    .try_clone()?;
+                let buf = Rc::new(RefCell::new(SinkBuf::new(
+                    env.opts.sink_high_water,
+                    metrics.clone(),
+                    me,
+                )));
+                let wake = Rc::new(Notify::new());
+                buf.borrow_mut().driver = Some(Waiter::Task(wake.clone()));
+                env.sinks.borrow_mut().push(buf.clone());
+                tokio::task::spawn_local(file_sink(
+                    file,
+                    buf.clone(),
+                    env.clone(),
+                    wake,
+                    flushed.clone(),
+                ));
+                sink_buf = Some(buf.clone());
+                SinkOut::Buf {
+                    encode,
+                    buf,
+                    count: 0,
+                }
+            }
+            Sink::Collect(to) => SinkOut::Collect {
+                local: Vec::new(),
+                segs: VecDeque::new(),
+                to,
+                count: 0,
+            },
+            Sink::Discard => SinkOut::Discard { count: 0 },
+        };
+        let tail = Rc::new(RefCell::new(TailInst {
+            store: env.store(&step.state()),
+            step,
+            post,
+            sink,
+            metrics: metrics.clone(),
+            me,
+            _x: PhantomData,
+        }));
+        for (w, inbox) in shared.inboxes.iter().enumerate() {
+            if w != me {
+                env.gauges.borrow_mut().push(inbox.gauge.clone());
+            }
+        }
+        let head: Rc<RefCell<dyn Process>> = Rc::new(RefCell::new(Head {
+            decode,
+            chain,
+            key,
+            tail: tail.clone(),
+            out: (0..env.workers).map(|_| Vec::new()).collect(),
+            shared: shared.clone(),
+            me,
+            workers: env.workers,
+            read_ns: 0,
+            records: 0,
+            rejected: 0,
+            frame_errors: 0,
+            log: RateLog::default(),
+            metrics: metrics.clone(),
+            counts: Vec::new(),
+            _t: PhantomData,
+        }));
+        match &prep.source {
+            Source::Tcp { framing, .. } => {
+                let server = lock(&prep.servers)
+                    .get_mut(me)
+                    .and_then(Option::take)
+                    .ok_or_else(|| io::Error::other("no listener for this worker"))?;
+                tokio::task::spawn_local(serve_source(server, head.clone(), env.clone(), *framing));
+            }
+            Source::File { path, framing } if me == 0 => {
+                tokio::task::spawn_local(file_source(
+                    path.clone(),
+                    *framing,
+                    head.clone(),
+                    env.clone(),
+                ));
+            }
+            Source::Generate { count, make } if me == 0 => {
+                tokio::task::spawn_local(generate_source(
+                    *count,
+                    make.clone(),
+                    head.clone(),
+                    env.clone(),
+                ));
+            }
+            _ => {}
+        }
+        let expected = if prep.finite() { 1 } else { env.workers };
+        let done = tokio::task::spawn_local(drain(
+            shared,
+            tail,
+            env.clone(),
+            expected,
+            prep.resumes.clone(),
+            sink_buf.map(|b| (b, flushed)),
+        ));
+        Ok((head, done))
+    }
+}
+
+impl Prep {
+    pub(super) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(super) fn metrics(&self) -> Arc<PipeMetrics> {
+        self.metrics.clone()
+    }
+
+    pub(super) fn source_addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
+    pub(super) fn finite(&self) -> bool {
+        self.source.finite()
+    }
+
+    pub(super) fn start(
+        &self,
+        env: &Rc<Env>,
+    ) -> io::Result<(Rc<RefCell<dyn Process>>, tokio::task::JoinHandle<()>)> {
+        lock(&self.def).start(self, env)
+    }
+}
+
+/// Runs what other workers sent this one for the pipeline, until every source has ended; then
+/// flushes windows and the sink.
+pub(super) async fn drain<K, X, Tl: TailOps<K, X>>(
+    shared: Arc<Shared<K, X>>,
+    tail: Rc<RefCell<Tl>>,
+    env: Rc<Env>,
+    expected: usize,
+    resumes: Arc<Vec<Arc<Notify>>>,
+    sink: Option<(Rc<RefCell<SinkBuf>>, Rc<Notify>)>,
+) {
+    let inbox = &shared.inboxes[env.me];
+    let low = env.opts.inbox_capacity / 4;
+    let wake = Rc::new(Notify::new());
+    let mut ends = 0;
+    loop {
+        if env.sinks_full() {
+            env.wait(Waiter::Task(wake.clone()));
+            wake.notified().await;
+            continue;
+        }
+        let batches = std::mem::take(&mut *lock(&inbox.queue));
+        if batches.is_empty() {
+            inbox.notify.notified().await;
+            continue;
+        }
+        let mut n = 0;
+        {
+            let mut t = tail.borrow_mut();
+            for b in batches {
+                match b {
+                    Batch::Data(v) => {
+                        n += v.len();
+                        for (k, x, ns) in v {
+                            t.process(k, x, ns);
+                        }
+                    }
+                    Batch::End => ends += 1,
+                }
+            }
+            t.end_turn();
+        }
+        if n > 0 {
+            inbox.release(n, low, &resumes);
+        }
+        if ends >= expected {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    {
+        let mut t = tail.borrow_mut();
+        t.finish();
+        t.end_turn();
+    }
+    if let Some((buf, flushed)) = sink {
+        buf.borrow_mut().closing_since = Some(Instant::now());
+        buf.borrow().wake_driver();
+        flushed.notified().await;
+    }
+}

@@ -1,0 +1,126 @@
+//! What one worker shares among its pipelines' tasks, and the inboxes of batches from other workers.
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use canter_rt::proto::Handle;
+use tokio::sync::Notify;
+
+use super::super::state::{KeyedState, Store};
+use super::super::RunOptions;
+
+use super::lock;
+use super::sink_buf::SinkBuf;
+use super::wait::{Gauge, Waiter};
+
+/// What one worker shares among its pipelines' tasks.
+pub(crate) struct Env {
+    pub(super) me: usize,
+    pub(super) workers: usize,
+    pub(super) opts: RunOptions,
+    pub(super) stores: RefCell<HashMap<u64, Rc<dyn Any>>>,
+    pub(super) sinks: RefCell<Vec<Rc<RefCell<SinkBuf>>>>,
+    /// Inboxes on other workers that this worker feeds.
+    pub(super) gauges: RefCell<Vec<Arc<Gauge>>>,
+    pub(super) waiters: RefCell<Vec<Waiter>>,
+    pub(super) sources: RefCell<Vec<Handle>>,
+    /// Source connections open on this worker.
+    pub(super) open_sources: Cell<usize>,
+    pub(super) tasks: RefCell<Vec<tokio::task::JoinHandle<()>>>,
+    pub(super) shutting: Cell<bool>,
+    pub(super) resumes: Arc<Vec<Arc<Notify>>>,
+}
+
+impl Env {
+    pub(super) fn store<K: Hash + Eq + 'static, S: 'static>(
+        &self,
+        state: &KeyedState<K, S>,
+    ) -> Rc<RefCell<Store<K, S>>> {
+        let mut stores = self.stores.borrow_mut();
+        if let Some(s) = stores.get(&state.id) {
+            if let Ok(s) = s.clone().downcast::<RefCell<Store<K, S>>>() {
+                return s;
+            }
+        }
+        let s = Rc::new(RefCell::new(Store::new(state)));
+        stores.insert(state.id, s.clone());
+        s
+    }
+
+    pub(super) fn sinks_full(&self) -> bool {
+        self.sinks.borrow().iter().any(|s| s.borrow().full())
+    }
+
+    /// Whether the sources must stop reading: a sink of this worker is full, or an inbox this
+    /// worker feeds is (then this worker is marked as waiting for it).
+    pub(super) fn must_wait(&self) -> bool {
+        if self.sinks_full() {
+            return true;
+        }
+        let cap = self.opts.inbox_capacity;
+        for g in self.gauges.borrow().iter() {
+            if g.pending.load(Ordering::Acquire) >= cap {
+                g.blocked.fetch_or(1 << self.me, Ordering::SeqCst);
+                // The receiver may have drained in between and missed the mark: look again.
+                if g.pending.load(Ordering::SeqCst) >= cap {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    pub(super) fn wait(&self, w: Waiter) {
+        self.waiters.borrow_mut().push(w);
+    }
+
+    /// Wakes everything that waited for room; each looks again.
+    pub(super) fn resume_all(&self) {
+        let ws = std::mem::take(&mut *self.waiters.borrow_mut());
+        for w in ws {
+            w.wake();
+        }
+    }
+}
+
+pub(super) enum Batch<K, T> {
+    Data(Vec<(K, T, u64)>),
+    End,
+}
+
+pub(super) struct Inbox<K, T> {
+    pub(super) queue: Mutex<Vec<Batch<K, T>>>,
+    pub(super) notify: Notify,
+    pub(super) gauge: Arc<Gauge>,
+}
+
+impl<K, T> Inbox<K, T> {
+    pub(super) fn push(&self, b: Batch<K, T>) {
+        if let Batch::Data(v) = &b {
+            self.gauge.pending.fetch_add(v.len(), Ordering::SeqCst);
+        }
+        lock(&self.queue).push(b);
+        self.notify.notify_one();
+    }
+
+    pub(super) fn release(&self, n: usize, low: usize, resumes: &[Arc<Notify>]) {
+        let left = self.gauge.pending.fetch_sub(n, Ordering::SeqCst) - n;
+        if left < low {
+            let mask = self.gauge.blocked.swap(0, Ordering::SeqCst);
+            for (w, r) in resumes.iter().enumerate() {
+                if mask & (1 << w) != 0 {
+                    r.notify_one();
+                }
+            }
+        }
+    }
+}
+
+pub(super) struct Shared<K, T> {
+    pub(super) inboxes: Vec<Inbox<K, T>>,
+}

@@ -1,0 +1,250 @@
+//! The pipeline on one worker: head (decode, steps, route) and tail (state, steps, sink), and the framing that splits a read into records.
+
+use std::cell::RefCell;
+use std::fmt::Display;
+use std::hash::Hash;
+
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::super::metrics::PipeMetrics;
+use super::super::state::{owner, Emit, Stateful, Store};
+use super::super::step::Step;
+use super::super::Framing;
+use crate::frame::{self, FrameError};
+
+use super::env::{Batch, Shared};
+use super::now_ns;
+use super::sink::SinkOut;
+use super::wait::RateLog;
+
+pub(crate) trait Process {
+    fn begin(&mut self);
+    fn record(&mut self, rec: &[u8]);
+    /// Runs every complete record at the start of `buf`; returns the bytes they took.
+    fn records(&mut self, framing: Framing, buf: &[u8]) -> Result<usize, FrameError>;
+    fn end_turn(&mut self);
+    fn frame_error(&mut self, peer: Option<SocketAddr>, e: &dyn Display);
+    fn end_of_input(&mut self);
+}
+
+pub(super) trait TailOps<K, T> {
+    fn process(&mut self, key: K, item: T, read_ns: u64);
+    fn end_turn(&mut self);
+    fn finish(&mut self);
+}
+
+pub(super) struct TailInst<K, U: Stateful<K, X>, X, P: Step<U::Out>> {
+    pub(super) store: Rc<RefCell<Store<K, U::State>>>,
+    pub(super) step: U,
+    pub(super) post: P,
+    pub(super) sink: SinkOut<P::Out>,
+    pub(super) metrics: Arc<PipeMetrics>,
+    pub(super) me: usize,
+    pub(super) _x: PhantomData<fn(X)>,
+}
+
+impl<K, X, U, P> TailOps<K, X> for TailInst<K, U, X, P>
+where
+    K: Hash + Eq,
+    U: Stateful<K, X>,
+    P: Step<U::Out>,
+{
+    #[inline]
+    fn process(&mut self, key: K, item: X, read_ns: u64) {
+        let TailInst {
+            store,
+            step,
+            post,
+            sink,
+            ..
+        } = self;
+        let mut store = store.borrow_mut();
+        let st = store.get(key);
+        step.update(
+            st,
+            item,
+            &mut Emit::new(
+                &mut |o| post.push(o, &mut |o| sink.write(o, read_ns)),
+                read_ns,
+            ),
+        );
+    }
+
+    fn end_turn(&mut self) {
+        self.sink.end_turn(&self.metrics, self.me);
+        let m = &self.metrics.workers[self.me];
+        m.sink.store(self.sink.count(), Ordering::Relaxed);
+        m.late.store(self.step.late(), Ordering::Relaxed);
+    }
+
+    fn finish(&mut self) {
+        let TailInst {
+            store,
+            step,
+            post,
+            sink,
+            ..
+        } = self;
+        let mut store = store.borrow_mut();
+        for st in store.map.values_mut() {
+            step.finish(
+                st,
+                &mut Emit::new(&mut |o| post.push(o, &mut |o| sink.write(o, 0)), 0),
+            );
+        }
+    }
+}
+
+pub(super) struct Head<T, D, C: Step<T>, KF, K, Tl> {
+    pub(super) decode: D,
+    pub(super) chain: C,
+    pub(super) key: KF,
+    pub(super) tail: Rc<RefCell<Tl>>,
+    pub(super) out: Vec<Vec<(K, C::Out, u64)>>,
+    pub(super) shared: Arc<Shared<K, C::Out>>,
+    pub(super) me: usize,
+    pub(super) workers: usize,
+    pub(super) read_ns: u64,
+    pub(super) records: u64,
+    pub(super) rejected: u64,
+    pub(super) frame_errors: u64,
+    pub(super) log: RateLog,
+    pub(super) metrics: Arc<PipeMetrics>,
+    pub(super) counts: Vec<u64>,
+    pub(super) _t: PhantomData<fn() -> T>,
+}
+
+impl<T, E, D, C, KF, K, Tl> Process for Head<T, D, C, KF, K, Tl>
+where
+    E: Display,
+    D: FnMut(&[u8]) -> Result<T, E>,
+    C: Step<T>,
+    KF: FnMut(&C::Out) -> K,
+    K: Hash,
+    Tl: TailOps<K, C::Out>,
+{
+    fn begin(&mut self) {
+        self.read_ns = now_ns();
+    }
+
+    #[inline]
+    fn record(&mut self, rec: &[u8]) {
+        self.records += 1;
+        match (self.decode)(rec) {
+            Ok(item) => {
+                let Head {
+                    chain,
+                    key,
+                    tail,
+                    out,
+                    me,
+                    workers,
+                    read_ns,
+                    ..
+                } = self;
+                let (me, workers, read_ns) = (*me, *workers, *read_ns);
+                chain.push(item, &mut |x| {
+                    let k = key(&x);
+                    let w = owner(&k, workers);
+                    if w == me {
+                        tail.borrow_mut().process(k, x, read_ns);
+                    } else {
+                        out[w].push((k, x, read_ns));
+                    }
+                });
+            }
+            Err(e) => {
+                self.rejected += 1;
+                if let Some(held) = self.log.allow() {
+                    tracing::warn!(
+                        pipeline = %self.metrics.name, worker = self.me, error = %e,
+                        bytes = rec.len(), held, "input record rejected"
+                    );
+                }
+            }
+        }
+    }
+
+    fn records(&mut self, framing: Framing, buf: &[u8]) -> Result<usize, FrameError> {
+        split(framing, buf, |rec| self.record(rec))
+    }
+
+    fn end_turn(&mut self) {
+        for (w, batch) in self.out.iter_mut().enumerate() {
+            if !batch.is_empty() {
+                let full = std::mem::replace(batch, Vec::with_capacity(batch.len()));
+                self.shared.inboxes[w].push(Batch::Data(full));
+            }
+        }
+        self.tail.borrow_mut().end_turn();
+        let m = &self.metrics.workers[self.me];
+        m.source.store(self.records, Ordering::Relaxed);
+        m.rejected.store(self.rejected, Ordering::Relaxed);
+        m.frame_errors.store(self.frame_errors, Ordering::Relaxed);
+        self.counts.clear();
+        self.chain.counts(&mut self.counts);
+        for (a, n) in m.steps.iter().zip(&self.counts) {
+            a.store(*n, Ordering::Relaxed);
+        }
+    }
+
+    fn frame_error(&mut self, peer: Option<SocketAddr>, e: &dyn Display) {
+        self.frame_errors += 1;
+        tracing::warn!(
+            pipeline = %self.metrics.name, worker = self.me, peer = ?peer, error = %e,
+            "broken frame; source connection closed"
+        );
+    }
+
+    fn end_of_input(&mut self) {
+        self.end_turn();
+        for inbox in &self.shared.inboxes {
+            inbox.push(Batch::End);
+        }
+    }
+}
+
+pub(super) fn split(
+    framing: Framing,
+    buf: &[u8],
+    each: impl FnMut(&[u8]),
+) -> Result<usize, FrameError> {
+    match framing {
+        Framing::LengthPrefixed { max } => frame::split(buf, max, each),
+        Framing::Lines { max } => split_lines(buf, max, each),
+    }
+}
+
+/// Splits the complete lines at the start of `buf` (`\n` or `\r\n` ended).
+pub(super) fn split_lines(
+    buf: &[u8],
+    max: usize,
+    mut each: impl FnMut(&[u8]),
+) -> Result<usize, FrameError> {
+    let mut at = 0;
+    while let Some(i) = buf[at..].iter().position(|&b| b == b'\n') {
+        let mut line = &buf[at..at + i];
+        if let Some(l) = line.strip_suffix(b"\r") {
+            line = l;
+        }
+        if line.len() > max {
+            return Err(FrameError::TooLarge {
+                len: line.len(),
+                max,
+            });
+        }
+        each(line);
+        at += i + 1;
+    }
+    if buf.len() - at > max + 1 {
+        return Err(FrameError::TooLarge {
+            len: buf.len() - at,
+            max,
+        });
+    }
+    Ok(at)
+}

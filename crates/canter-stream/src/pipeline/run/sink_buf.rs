@@ -1,0 +1,169 @@
+//! A sink's buffer on one worker: encoded results waiting for their socket or file, with the read times their latency is measured from.
+
+use std::collections::VecDeque;
+use std::io::{self};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::super::metrics::PipeMetrics;
+use super::super::Encoder;
+
+use super::wait::Waiter;
+use super::{lock, now_ns};
+
+/// The sink buffer's starting capacity.
+pub(super) const SINK_CHUNK: usize = 64 * 1024;
+
+/// A buffer that grew past this while the sink's peer lagged is given back once it empties.
+pub(super) const SINK_KEEP: usize = 4 * SINK_CHUNK;
+
+/// A sink's buffer on one worker: framed records waiting for the connection or file.
+///
+/// For a TCP sink the connected socket sits here too, so that the code producing records writes
+/// them at the end of each read (see [`SinkBuf::flush`]) instead of waiting for the sink's task
+/// to be scheduled after the rest of the worker's turn; the task writes only when the socket
+/// had no room, and it owns reconnecting.
+pub(crate) struct SinkBuf {
+    pub(super) data: Vec<u8>,
+    /// (read time, records) of what is in `data`, oldest first, for the latency histogram.
+    pub(super) segs: VecDeque<(u64, u64)>,
+    pub(super) high: usize,
+    pub(super) low: usize,
+    /// The TCP sink's socket while it is connected.
+    pub(super) socket: Option<Rc<tokio::net::TcpStream>>,
+    /// Bytes the socket has taken, for telling a peer that reads slowly from one that stopped.
+    pub(super) written: u64,
+    pub(super) driver: Option<Waiter>,
+    /// When the worker began shutting down (the sink then has `drain_timeout` to deliver).
+    pub(super) closing_since: Option<Instant>,
+    pub(super) metrics: Arc<PipeMetrics>,
+    pub(super) me: usize,
+}
+
+impl SinkBuf {
+    pub(super) fn new(high: usize, metrics: Arc<PipeMetrics>, me: usize) -> Self {
+        SinkBuf {
+            data: Vec::with_capacity(SINK_CHUNK),
+            segs: VecDeque::new(),
+            high,
+            low: high / 4,
+            socket: None,
+            written: 0,
+            driver: None,
+            closing_since: None,
+            metrics,
+            me,
+        }
+    }
+
+    /// The worker is shutting down: deliver what is held, then end.
+    pub(super) fn closing(&self) -> bool {
+        self.closing_since.is_some()
+    }
+
+    pub(super) fn full(&self) -> bool {
+        self.data.len() >= self.high
+    }
+
+    /// Encodes `record` straight into the buffer, framed.
+    #[inline]
+    pub(super) fn push<O>(&mut self, encode: &Encoder<O>, record: &O, read_ns: u64) {
+        let start = self.data.len();
+        self.data.extend_from_slice(&[0; 4]);
+        encode(record, &mut self.data);
+        let Ok(len) = u32::try_from(self.data.len() - start - 4) else {
+            tracing::error!("a record of 4 GiB or more cannot be framed; dropped");
+            self.data.truncate(start);
+            return;
+        };
+        self.data[start..start + 4].copy_from_slice(&len.to_be_bytes());
+        mark(&mut self.segs, read_ns);
+    }
+
+    /// Takes everything buffered, recording its latency as written now.
+    pub(super) fn take(&mut self) -> Vec<u8> {
+        record_latency(&self.metrics, self.me, self.segs.drain(..));
+        std::mem::replace(&mut self.data, Vec::with_capacity(SINK_CHUNK))
+    }
+
+    /// Writes what is buffered to the socket, as much as it takes without waiting. A record's
+    /// latency is taken when the buffer is written out to its end (a record finished by a
+    /// partial write counts from the write that empties the buffer, so none counts early).
+    pub(super) fn write_out(&mut self) -> io::Result<()> {
+        let Some(socket) = &self.socket else {
+            return Ok(());
+        };
+        while !self.data.is_empty() {
+            let taken = socket.try_write(&self.data);
+            if let Ok(n) = taken {
+                self.written += n as u64;
+            }
+            match taken {
+                Ok(n) if n == self.data.len() => {
+                    record_latency(&self.metrics, self.me, self.segs.drain(..));
+                    if self.data.capacity() > SINK_KEEP {
+                        self.data = Vec::with_capacity(SINK_CHUNK);
+                    } else {
+                        self.data.clear();
+                    }
+                }
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.data.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Called where records were produced, at the end of each read: a connected TCP sink is
+    /// written at once; otherwise, or when the socket is full or failed, or when this made room
+    /// that sources may be waiting for, the sink's task is woken to carry on.
+    pub(super) fn flush(&mut self) {
+        if self.data.is_empty() {
+            return;
+        }
+        if self.socket.is_none() {
+            self.wake_driver();
+            return;
+        }
+        let was_full = self.full();
+        let ok = self.write_out().is_ok();
+        if !ok || !self.data.is_empty() || was_full {
+            self.wake_driver();
+        }
+    }
+
+    pub(super) fn wake_driver(&self) {
+        if let Some(d) = &self.driver {
+            d.wake();
+        }
+    }
+}
+
+#[inline]
+pub(super) fn mark(segs: &mut VecDeque<(u64, u64)>, read_ns: u64) {
+    match segs.back_mut() {
+        Some((ns, n)) if *ns == read_ns => *n += 1,
+        _ => segs.push_back((read_ns, 1)),
+    }
+}
+
+pub(super) fn record_latency(
+    metrics: &PipeMetrics,
+    me: usize,
+    segs: impl Iterator<Item = (u64, u64)>,
+) {
+    let now = now_ns();
+    let mut l = lock(&metrics.workers[me].latency);
+    for (ns, n) in segs {
+        // Records emitted when windows are flushed at the end have no read time.
+        if ns != 0 {
+            l.record(now, ns, n);
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The workers' threads, a running topology and its shutdown.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use canter_rt::ShutdownHandle;
+use tokio::sync::Notify;
+
+use super::super::metrics::Metrics;
+use super::super::RunOptions;
+use super::def::{PipelineDef, Prep};
+use super::env::Env;
+
+pub(super) struct ShutdownInner {
+    pub(super) flag: AtomicBool,
+    pub(super) notifies: Vec<Arc<Notify>>,
+    /// The TCP sources' servers: their accept loops stop, their connections are told.
+    pub(super) servers: Vec<ShutdownHandle>,
+}
+
+/// Stops a running topology: sources stop reading, what is in flight is delivered (within the
+/// drain timeout), then the workers end.
+#[derive(Clone)]
+pub struct Shutdown(Arc<ShutdownInner>);
+
+impl std::fmt::Debug for Shutdown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Shutdown({})", self.0.flag.load(Ordering::Relaxed))
+    }
+}
+
+impl Shutdown {
+    /// Asks the workers to stop.
+    pub fn shutdown(&self) {
+        self.0.flag.store(true, Ordering::SeqCst);
+        for server in &self.0.servers {
+            server.shutdown();
+        }
+        for n in &self.0.notifies {
+            n.notify_one();
+        }
+    }
+
+    /// Stops the topology on SIGINT or SIGTERM (watched from a small thread), then runs
+    /// `also` (to stop a metrics server, say).
+    pub fn on_signals(&self, also: impl FnOnce() + Send + 'static) -> io::Result<()> {
+        let handle = self.clone();
+        canter_rt::on_signals(move || {
+            tracing::info!("shutting down: draining the pipelines");
+            handle.shutdown();
+            also();
+        })
+    }
+}
+
+/// A started topology.
+pub struct Running {
+    threads: Vec<JoinHandle<io::Result<()>>>,
+    shutdown: Shutdown,
+    metrics: Arc<Metrics>,
+    addrs: Vec<(String, Option<SocketAddr>)>,
+    sampler: Option<JoinHandle<()>>,
+    stop_sampler: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("workers", &self.threads.len())
+            .field("sources", &self.addrs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Running {
+    /// Where a pipeline's TCP source listens.
+    pub fn source_addr(&self, pipeline: &str) -> Option<SocketAddr> {
+        self.addrs
+            .iter()
+            .find(|(n, _)| n == pipeline)
+            .and_then(|(_, a)| *a)
+    }
+
+    /// The topology's metrics.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// A handle that stops the topology from any thread.
+    pub fn shutdown_handle(&self) -> Shutdown {
+        self.shutdown.clone()
+    }
+
+    /// Whether every worker has ended.
+    pub fn is_finished(&self) -> bool {
+        self.threads.iter().all(JoinHandle::is_finished)
+    }
+
+    /// Waits for the workers to end (finite sources all read and delivered, or a shutdown).
+    pub fn wait(mut self) -> io::Result<()> {
+        let mut result = Ok(());
+        for t in self.threads.drain(..) {
+            let r = t
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("a pipeline worker panicked")));
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        self.stop_sampler.store(true, Ordering::SeqCst);
+        if let Some(s) = self.sampler.take() {
+            let _ = s.join();
+        }
+        self.metrics.sample();
+        result
+    }
+}
+
+pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Result<Running> {
+    let workers = opts.workers.clamp(1, 64);
+    let opts = RunOptions { workers, ..opts };
+    if defs.is_empty() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "no pipelines"));
+    }
+    let resumes: Arc<Vec<Arc<Notify>>> =
+        Arc::new((0..workers).map(|_| Arc::new(Notify::new())).collect());
+    let mut preps = Vec::new();
+    for d in defs {
+        preps.push(d.prepare(&opts, &resumes)?);
+    }
+    let metrics = Arc::new(Metrics::new(preps.iter().map(|p| p.metrics()).collect()));
+    let shutdown = Shutdown(Arc::new(ShutdownInner {
+        flag: AtomicBool::new(false),
+        notifies: (0..workers).map(|_| Arc::new(Notify::new())).collect(),
+        servers: preps
+            .iter()
+            .filter_map(|p| p.server_shutdown.clone())
+            .collect(),
+    }));
+    // The workers' threads and event loops are the runtime's, pinned as its servers' are.
+    let config = canter_rt::Config::builder()
+        .workers(workers)
+        .pin_workers(opts.pin)
+        .build()
+        .map_err(io::Error::from)?;
+    let addrs = preps
+        .iter()
+        .map(|p| (p.name().to_owned(), p.source_addr()))
+        .collect();
+    let mut threads = Vec::new();
+    for me in 0..workers {
+        let preps = preps.clone();
+        let opts = opts.clone();
+        let resumes = resumes.clone();
+        let stop = shutdown.0.notifies[me].clone();
+        threads.push(canter_rt::spawn_worker(
+            me,
+            &config,
+            format!("canter-pipeline-{me}"),
+            move || worker(me, preps, opts, resumes, stop),
+        )?);
+    }
+    let stop_sampler = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (metrics, stop) = (metrics.clone(), stop_sampler.clone());
+        std::thread::Builder::new()
+            .name("canter-pipeline-metrics".into())
+            .spawn(move || {
+                let mut next = Instant::now() + Duration::from_secs(1);
+                while !stop.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(50));
+                    if Instant::now() >= next {
+                        metrics.sample();
+                        next += Duration::from_secs(1);
+                    }
+                }
+            })?
+    };
+    Ok(Running {
+        threads,
+        shutdown,
+        metrics,
+        addrs,
+        sampler: Some(sampler),
+        stop_sampler,
+    })
+}
+
+pub(super) async fn worker(
+    me: usize,
+    preps: Vec<Arc<Prep>>,
+    opts: RunOptions,
+    resumes: Arc<Vec<Arc<Notify>>>,
+    stop: Arc<Notify>,
+) -> io::Result<()> {
+    let drain_timeout = opts.drain_timeout;
+    {
+        let env = Rc::new(Env {
+            me,
+            workers: opts.workers,
+            opts,
+            stores: RefCell::new(HashMap::new()),
+            sinks: RefCell::new(Vec::new()),
+            gauges: RefCell::new(Vec::new()),
+            waiters: RefCell::new(Vec::new()),
+            sources: RefCell::new(Vec::new()),
+            open_sources: Cell::new(0),
+            tasks: RefCell::new(Vec::new()),
+            shutting: Cell::new(false),
+            resumes: resumes.clone(),
+        });
+        {
+            let env = env.clone();
+            let resume = env.resumes[me].clone();
+            tokio::task::spawn_local(async move {
+                loop {
+                    resume.notified().await;
+                    env.resume_all();
+                }
+            });
+        }
+        let mut heads = Vec::new();
+        let mut dones = Vec::new();
+        for p in &preps {
+            let (head, done) = p.start(&env)?;
+            heads.push((p.finite(), head));
+            dones.push(done);
+        }
+        let stopped = Rc::new(Cell::new(false));
+        {
+            let (env, stopped) = (env.clone(), stopped.clone());
+            tokio::task::spawn_local(async move {
+                stop.notified().await;
+                stopped.set(true);
+                env.shutting.set(true);
+                for t in env.tasks.borrow_mut().drain(..) {
+                    t.abort();
+                }
+                for h in env.sources.borrow_mut().drain(..) {
+                    h.wake();
+                }
+                // Every record read so far has been processed (this is one thread), and each
+                // read's batches went out with it: the end markers follow them.
+                for (finite, head) in &heads {
+                    if !finite {
+                        head.borrow_mut().end_of_input();
+                    }
+                }
+                env.resume_all();
+            });
+        }
+        let all = async {
+            for d in dones {
+                let _ = d.await;
+            }
+        };
+        tokio::pin!(all);
+        // Until the end, or a shutdown; then the drain is bounded.
+        while !stopped.get() {
+            tokio::select! {
+                _ = &mut all => return Ok(()),
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        if tokio::time::timeout(drain_timeout + Duration::from_secs(1), &mut all)
+            .await
+            .is_err()
+        {
+            tracing::warn!(worker = me, "pipelines did not drain in time at shutdown");
+        }
+        Ok(())
+    }
+}
