@@ -1,5 +1,6 @@
 //! A pipeline as defined, prepared (its source's server bound, its inboxes made) and started on each worker; the drain of what other workers send.
 
+use super::clock;
 use std::any::Any;
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -11,7 +12,6 @@ use std::net::{SocketAddr, TcpListener as StdListener};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use canter_rt::{ServerWorker, ShutdownHandle};
 use tokio::sync::Notify;
@@ -402,7 +402,7 @@ pub(super) async fn drain<K, X, Tl: TailOps<K, X>>(
         t.end_turn();
     }
     if let Some((buf, flushed)) = sink {
-        buf.borrow_mut().closing_since = Some(Instant::now());
+        buf.borrow_mut().closing_since = Some(clock());
         buf.borrow().wake_driver();
         flushed.notified().await;
     }

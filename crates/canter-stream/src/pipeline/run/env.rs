@@ -37,6 +37,24 @@ pub(crate) struct Env {
 }
 
 impl Env {
+    /// Worker `me`'s environment, empty: its pipelines fill it as they start.
+    pub(super) fn new(me: usize, opts: RunOptions, resumes: Arc<Vec<Arc<Notify>>>) -> Env {
+        Env {
+            me,
+            workers: opts.workers,
+            opts,
+            stores: RefCell::new(HashMap::new()),
+            sinks: RefCell::new(Vec::new()),
+            gauges: RefCell::new(Vec::new()),
+            waiters: RefCell::new(Vec::new()),
+            sources: RefCell::new(Vec::new()),
+            open_sources: Cell::new(0),
+            tasks: RefCell::new(Vec::new()),
+            shutting: Cell::new(false),
+            resumes,
+        }
+    }
+
     pub(super) fn store<K: Hash + Eq + 'static, S: 'static>(
         &self,
         state: &KeyedState<K, S>,

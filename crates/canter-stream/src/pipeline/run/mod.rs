@@ -10,7 +10,7 @@
 //! the socket had no room for, resumes the sources, and reconnects. A file sink's task writes
 //! its file.
 use std::sync::{Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 mod def;
 mod env;
@@ -35,4 +35,12 @@ pub(super) fn now_ns() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// The time now, through tokio's clock: `Instant::now()` in a build without tokio's
+/// `test-util`, and the paused, virtual clock in the unit tests that pause it (the sinks'
+/// timeouts are tested without waiting for them).
+#[inline]
+fn clock() -> Instant {
+    tokio::time::Instant::now().into_std()
 }

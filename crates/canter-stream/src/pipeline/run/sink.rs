@@ -1,5 +1,6 @@
 //! Where a pipeline's results go on one worker: the sink's output, and the tasks that write a TCP sink (reconnecting) or a file.
 
+use super::clock;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -132,7 +133,7 @@ pub(super) fn closing_expired(buf: &RefCell<SinkBuf>, env: &Env, addr: SocketAdd
     if b.data.is_empty() {
         return true;
     }
-    if since.elapsed() > env.opts.drain_timeout {
+    if clock().saturating_duration_since(since) > env.opts.drain_timeout {
         tracing::warn!(%addr, bytes = b.data.len(), "sink gave up delivering at shutdown");
         return true;
     }
@@ -164,7 +165,7 @@ pub(super) async fn drive_sink(
         stalled = match stalled {
             _ if !pending => None,
             Some((since, was)) if written == was => Some((since, was)),
-            _ => Some((Instant::now(), written)),
+            _ => Some((clock(), written)),
         };
         let write_deadline = stalled.map(|(since, _)| since + env.opts.sink_write_timeout);
         if room {
@@ -235,4 +236,113 @@ pub(super) async fn file_sink(
         }
     }
     flushed.notify_one();
+}
+
+#[cfg(test)]
+mod tests {
+    //! The sink's timeouts, on tokio's paused clock: a stalled peer and a receiver that never
+    //! comes back are cut at their deadlines (and not before) without the test waiting for
+    //! them.
+
+    use std::sync::Arc;
+
+    use super::super::super::metrics::PipeMetrics;
+    use super::super::super::RunOptions;
+    use super::*;
+
+    fn env(opts: RunOptions) -> Rc<Env> {
+        Rc::new(Env::new(0, opts, Arc::new(vec![Arc::new(Notify::new())])))
+    }
+
+    fn buffer(bytes: usize) -> Rc<RefCell<SinkBuf>> {
+        let metrics = Arc::new(PipeMetrics::new("test", Vec::new(), 1));
+        let buf = Rc::new(RefCell::new(SinkBuf::new(64 << 20, metrics, 0)));
+        buf.borrow_mut().data.resize(bytes, 7);
+        buf
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_takes_nothing_is_cut_at_the_write_timeout_and_not_before() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let socket = tokio::net::TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        // Accepted and held open, never read: the kernel's buffers fill, then nothing moves.
+        let (_peer, _) = listener.accept().expect("accept");
+        let env = env(RunOptions::default().sink_write_timeout(Duration::from_secs(30)));
+        let buf = buffer(32 << 20);
+        let socket = Rc::new(socket);
+        buf.borrow_mut().socket = Some(socket.clone());
+        let started = tokio::time::Instant::now();
+        let wake = Notify::new();
+        let cut = tokio::time::timeout(
+            Duration::from_secs(60),
+            drive_sink(&socket, &buf, &env, &wake),
+        )
+        .await
+        .expect("cut within a minute");
+        let took = started.elapsed();
+        let e = cut.expect_err("a stalled peer is cut");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(
+            took >= Duration::from_secs(30) && took < Duration::from_secs(31),
+            "cut after {took:?}"
+        );
+        assert!(buf.borrow().written > 0, "the kernel took the first bytes");
+        assert!(
+            !buf.borrow().data.is_empty(),
+            "the rest is kept for the next connection"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closing_sink_that_cannot_connect_gives_up_at_the_drain_timeout() {
+        // A port nothing listens on: every connection is refused at once.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let env = env(RunOptions {
+            drain_timeout: Duration::from_secs(5),
+            ..RunOptions::default()
+        });
+        let buf = buffer(1000);
+        buf.borrow_mut().closing_since = Some(clock());
+        let flushed = Rc::new(Notify::new());
+        let started = tokio::time::Instant::now();
+        let gave_up = tcp_sink(addr, buf.clone(), env, flushed.clone());
+        tokio::time::timeout(Duration::from_secs(60), gave_up)
+            .await
+            .expect("gave up within a minute");
+        let took = started.elapsed();
+        // It retried with backoff (at most 2 s apart) until the drain timeout had passed.
+        assert!(
+            took > Duration::from_secs(5) && took <= Duration::from_secs(7),
+            "gave up after {took:?}"
+        );
+        assert_eq!(buf.borrow().data.len(), 1000, "nothing was delivered");
+        // Whoever waits for the sink at shutdown hears that it is done.
+        tokio::time::timeout(Duration::from_millis(1), flushed.notified())
+            .await
+            .expect("flushed is notified");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_closing_sink_with_nothing_left_is_done_at_once() {
+        let env = env(RunOptions::default());
+        let addr = "127.0.0.1:9".parse().expect("addr");
+        let buf = buffer(0);
+        assert!(!closing_expired(&buf, &env, addr), "not closing yet");
+        buf.borrow_mut().closing_since = Some(clock());
+        assert!(closing_expired(&buf, &env, addr));
+        let held = buffer(10);
+        held.borrow_mut().closing_since = Some(clock());
+        assert!(!closing_expired(&held, &env, addr));
+        tokio::time::advance(env.opts.drain_timeout).await;
+        assert!(
+            !closing_expired(&held, &env, addr),
+            "the drain timeout is not over"
+        );
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(closing_expired(&held, &env, addr));
+    }
 }

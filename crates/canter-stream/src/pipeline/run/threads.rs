@@ -1,7 +1,6 @@
 //! The workers' threads, a running topology and its shutdown.
 
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::cell::Cell;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -202,20 +201,7 @@ pub(super) async fn worker(
 ) -> io::Result<()> {
     let drain_timeout = opts.drain_timeout;
     {
-        let env = Rc::new(Env {
-            me,
-            workers: opts.workers,
-            opts,
-            stores: RefCell::new(HashMap::new()),
-            sinks: RefCell::new(Vec::new()),
-            gauges: RefCell::new(Vec::new()),
-            waiters: RefCell::new(Vec::new()),
-            sources: RefCell::new(Vec::new()),
-            open_sources: Cell::new(0),
-            tasks: RefCell::new(Vec::new()),
-            shutting: Cell::new(false),
-            resumes: resumes.clone(),
-        });
+        let env = Rc::new(Env::new(me, opts, resumes.clone()));
         {
             let env = env.clone();
             let resume = env.resumes[me].clone();

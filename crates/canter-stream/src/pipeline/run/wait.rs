@@ -1,5 +1,6 @@
 //! Rate-limited logging, and what waits for room: a source connection or a task, and the gauge of an inbox that other workers feed.
 
+use super::clock;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
@@ -17,7 +18,7 @@ pub(super) struct RateLog {
 impl RateLog {
     /// `Some(lines held back since the last one)` when a line may be written now.
     pub(super) fn allow(&mut self) -> Option<u64> {
-        let now = Instant::now();
+        let now = clock();
         if self.last.is_some_and(|t| now - t < Duration::from_secs(1)) {
             self.held += 1;
             return None;
@@ -47,4 +48,22 @@ impl Waiter {
 pub(crate) struct Gauge {
     pub(super) pending: AtomicUsize,
     pub(super) blocked: AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_line_a_second_with_the_count_of_those_held_back() {
+        let mut log = RateLog::default();
+        assert_eq!(log.allow(), Some(0));
+        assert_eq!(log.allow(), None);
+        assert_eq!(log.allow(), None);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(log.allow(), None);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(log.allow(), Some(3));
+        assert_eq!(log.allow(), None);
+    }
 }
