@@ -15,10 +15,8 @@
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use canter_h1::{
-    reason, BodyDecoder, BodyEvent, BodyKind, BodyLen, Conn, Error, Method, Next, RequestHead,
-    Version,
-};
+use canter_h1::{reason, BodyDecoder, BodyEvent, BodyLen, Conn, Error, Next};
+use canter_http::{BodyKind, Method, RequestHead, Version};
 use canter_http::{Limits, Timeouts};
 
 /// Length of the limits + split prefix of `parse_head` and `chunked` inputs.

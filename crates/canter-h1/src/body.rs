@@ -4,7 +4,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 
 use crate::error::{BadBody, Error};
-use canter_http::Limits;
+use canter_http::{Limits, TCHAR};
 
 /// One step of body decoding.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -282,22 +282,4 @@ impl BodyDecoder {
 /// RFC 9110 token characters.
 pub(crate) fn is_tchar(b: u8) -> bool {
     TCHAR[b as usize]
-}
-
-pub(crate) static TCHAR: [bool; 256] = alnum_and(b"!#$%&'*+-.^_`|~");
-
-/// A byte-class table: ASCII letters and digits plus the bytes of `extra`.
-pub(crate) const fn alnum_and(extra: &[u8]) -> [bool; 256] {
-    let mut table = [false; 256];
-    let mut i = 0;
-    while i < 256 {
-        table[i] = (i as u8).is_ascii_alphanumeric();
-        i += 1;
-    }
-    let mut j = 0;
-    while j < extra.len() {
-        table[extra[j] as usize] = true;
-        j += 1;
-    }
-    table
 }

@@ -21,9 +21,9 @@ use http::{HeaderName, HeaderValue};
 
 use crate::head::HostCache;
 
-use canter_http::{Limits, Timeouts};
+use canter_http::{BodyKind, Limits, Method, RequestHead, Timeouts, Version};
 
-use crate::{head, BodyDecoder, BodyEvent, BodyKind, Error, Method, RequestHead, Version};
+use crate::{head, BodyDecoder, BodyEvent, Error};
 
 /// The length of a response body as the handler declares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

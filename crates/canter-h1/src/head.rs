@@ -1,368 +1,23 @@
 //! The request head: parsing the request line and header section, and the framing rules of
 //! RFC 9112 §6 that decide how the body is delimited.
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use smallvec::SmallVec;
 
-use crate::body::TCHAR;
+use canter_http::{
+    alnum_and, BodyKind, HeadParts, Limits, Method, PathAndQuery, RequestHead, Span, Version, TCHAR,
+};
+
 use crate::error::{Error, Malformed};
-use canter_http::Limits;
 
-/// HTTP request method. Common methods are variants; any other valid token is [`Method::Other`]
-/// (its text is available through [`RequestHead::method_str`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Method {
-    /// `GET`
-    Get,
-    /// `HEAD`
-    Head,
-    /// `POST`
-    Post,
-    /// `PUT`
-    Put,
-    /// `DELETE`
-    Delete,
-    /// `PATCH`
-    Patch,
-    /// `OPTIONS`
-    Options,
-    /// `CONNECT`
-    Connect,
-    /// `TRACE`
-    Trace,
-    /// Any other method token.
-    Other,
-}
-
-impl Method {
-    fn from_token(token: &str) -> Method {
-        // Byte patterns rather than string literals: compared inline, without a call to bcmp.
-        match token.as_bytes() {
-            [b'G', b'E', b'T'] => Method::Get,
-            [b'H', b'E', b'A', b'D'] => Method::Head,
-            [b'P', b'O', b'S', b'T'] => Method::Post,
-            [b'P', b'U', b'T'] => Method::Put,
-            [b'D', b'E', b'L', b'E', b'T', b'E'] => Method::Delete,
-            [b'P', b'A', b'T', b'C', b'H'] => Method::Patch,
-            [b'O', b'P', b'T', b'I', b'O', b'N', b'S'] => Method::Options,
-            [b'C', b'O', b'N', b'N', b'E', b'C', b'T'] => Method::Connect,
-            [b'T', b'R', b'A', b'C', b'E'] => Method::Trace,
-            _ => Method::Other,
-        }
-    }
-}
-
-/// HTTP version of a request. 1.0 and 1.1 are accepted, a higher 1.x is served as 1.1 (RFC 9110
-/// §2.5), and others are answered with 505.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Version {
-    /// HTTP/1.0: close after each exchange unless the client asks for keep-alive.
-    Http10,
-    /// HTTP/1.1: keep-alive unless either side says `Connection: close`.
-    Http11,
-    /// HTTP/2: the head was decoded from a HEADERS frame (see [`RequestHead::from_h2`]).
-    Http2,
-}
-
-/// How the request body is delimited (RFC 9112 §6.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BodyKind {
-    /// Exactly this many bytes follow the head (0 when neither header is present).
-    Length(u64),
-    /// A chunked body follows.
-    Chunked,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct Span {
-    start: u16,
-    len: u16,
-}
-
-impl Span {
-    /// The span `start..end` of a head (shorter than [`Limits::HEAD_CAP`]).
-    fn new(start: usize, end: usize) -> Span {
-        Span {
-            start: start as u16,
-            len: (end - start) as u16,
-        }
-    }
-
-    fn of(base: &[u8], part: &[u8]) -> Span {
-        // Both slices come from the same buffer: the offset is the difference of the addresses.
-        let start = part.as_ptr() as usize - base.as_ptr() as usize;
-        Span {
-            start: start as u16,
-            len: part.len() as u16,
-        }
-    }
-
-    /// The offset just past the span.
-    fn end(&self) -> usize {
-        self.start as usize + self.len as usize
-    }
-
-    fn get<'a>(&self, buf: &'a [u8]) -> &'a [u8] {
-        let start = self.start as usize;
-        buf.get(start..start + self.len as usize)
-            .unwrap_or_default()
-    }
-}
-
-/// Where the path-and-query of the target is.
-#[derive(Debug, Clone)]
-enum PathAndQuery {
-    /// A slice of the head (origin-form, `*`, authority-form, or absolute-form with a path).
-    Span(Span),
-    /// Absolute-form with an empty path (`http://h` or `http://h?q`): "/" plus the query, which
-    /// is not a slice of the head.
-    Owned(Box<str>),
-}
-
-/// A parsed request head. It owns the bytes it was parsed from (a zero-copy slice of the read
-/// buffer) and answers every question about them without further allocation.
-#[derive(Debug, Clone)]
-pub struct RequestHead {
-    buf: Bytes,
-    method: Method,
-    method_span: Span,
-    target: Span,
-    path: PathAndQuery,
-    /// Length of the path within `path`: where its query starts (or its whole length).
-    path_len: u16,
-    version: Version,
-    /// Inline for the usual handful of fields: parsing a typical request allocates nothing.
-    headers: SmallVec<[(Span, Span); 12]>,
-    body: BodyKind,
-    keep_alive: bool,
-    /// `EXPECT_CONTINUE` and `H2C_UPGRADE`: one byte, so that the head keeps the size it is
-    /// moved at (a larger head was moved by `memcpy` calls: +58 instructions per request).
-    flags: u8,
-}
-
+/// `finish`'s flags: the client sent `Expect: 100-continue`; it asks to upgrade to h2c.
 const EXPECT_CONTINUE: u8 = 1;
 const H2C_UPGRADE: u8 = 2;
 
-impl RequestHead {
-    /// The request method.
-    pub fn method(&self) -> Method {
-        self.method
-    }
-
-    /// The method as an `http::Method`, the type handlers and the HTTP/2 side share.
-    #[inline(always)]
-    pub fn http_method(&self) -> http::Method {
-        match self.method {
-            Method::Get => http::Method::GET,
-            Method::Head => http::Method::HEAD,
-            Method::Post => http::Method::POST,
-            Method::Put => http::Method::PUT,
-            Method::Delete => http::Method::DELETE,
-            Method::Patch => http::Method::PATCH,
-            Method::Options => http::Method::OPTIONS,
-            Method::Connect => http::Method::CONNECT,
-            Method::Trace => http::Method::TRACE,
-            Method::Other => self.other_method(),
-        }
-    }
-
-    /// An extension method: the parser validated the token, which `http` accepts as it is.
-    #[cold]
-    #[inline(never)]
-    fn other_method(&self) -> http::Method {
-        http::Method::from_bytes(self.method_str().as_bytes()).unwrap_or(http::Method::GET)
-    }
-
-    /// The request method as sent (a validated token).
-    pub fn method_str(&self) -> &str {
-        ascii(self.method_span.get(&self.buf))
-    }
-
-    /// The request target exactly as sent (origin-form, absolute-form, authority-form or `*`).
-    pub fn target(&self) -> &str {
-        ascii(self.target.get(&self.buf))
-    }
-
-    /// The path and query of the target; for absolute-form targets the scheme and authority are
-    /// stripped (`http://h/a?b` gives `/a?b`).
-    pub fn path_and_query(&self) -> &str {
-        match &self.path {
-            PathAndQuery::Span(span) => ascii(span.get(&self.buf)),
-            PathAndQuery::Owned(pq) => pq,
-        }
-    }
-
-    /// The path without the query (still percent-encoded).
-    pub fn path(&self) -> &str {
-        let pq = self.path_and_query();
-        pq.get(..self.path_len as usize).unwrap_or(pq)
-    }
-
-    /// The query string without the `?`, if any.
-    pub fn query(&self) -> Option<&str> {
-        self.path_and_query().get(self.path_len as usize + 1..)
-    }
-
-    /// The HTTP version.
-    pub fn version(&self) -> Version {
-        self.version
-    }
-
-    /// How the body is delimited.
-    pub fn body_kind(&self) -> BodyKind {
-        self.body
-    }
-
-    /// Whether the connection may carry another request after this one.
-    pub fn keep_alive(&self) -> bool {
-        self.keep_alive
-    }
-
-    /// Whether the client sent `Expect: 100-continue`.
-    pub fn expect_continue(&self) -> bool {
-        self.flags & EXPECT_CONTINUE != 0
-    }
-
-    /// Whether the request asks to upgrade to HTTP/2 over cleartext (RFC 7540, Section 3.2):
-    /// HTTP/1.1 with `Upgrade: h2c`, `Connection: Upgrade` and an `HTTP2-Settings` field.
-    pub fn h2c_upgrade(&self) -> bool {
-        self.flags & H2C_UPGRADE != 0
-    }
-
-    /// The first value of the header `name` (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
-    }
-
-    /// All header fields in order, names as sent.
-    pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> + '_ {
-        self.headers
-            .iter()
-            .map(|(n, v)| (ascii(n.get(&self.buf)), v.get(&self.buf)))
-    }
-
-    /// The raw bytes of the head, request line to the final empty line (including any empty
-    /// lines before the request line, which RFC 9112 §2.2 says to ignore).
-    pub fn raw(&self) -> &Bytes {
-        &self.buf
-    }
-}
-
-/// Text of a span the parser validated as ASCII: the method and field names are tokens and the
-/// target was checked byte by byte (`origin_part`).
-impl RequestHead {
-    /// A head built from a decoded HTTP/2 request: `:method`, `:path` and `:authority` (given
-    /// as a `host` field, first), then the regular fields (lowercase names, checked by the
-    /// HTTP/2 layer). Several `cookie` fields are joined with `"; "` (RFC 9113, Section 8.2.3).
-    /// `content_length` is the declared length, `end_stream` whether the request has no body.
-    ///
-    /// Fails on a method that is not a token, a path that is not visible ASCII starting with
-    /// `/` (or `*`), a field with a name that is not a token or a value with control bytes,
-    /// or more than 64 KiB in all.
-    pub fn from_h2<'a>(
-        method: &[u8],
-        path: &[u8],
-        authority: Option<&[u8]>,
-        fields: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone,
-        content_length: Option<u64>,
-        end_stream: bool,
-    ) -> Result<RequestHead, Error> {
-        if method.is_empty() || !method.iter().all(|&b| TCHAR[b as usize]) {
-            return Err(Error::Malformed(Malformed::Method));
-        }
-        if !(path.first() == Some(&b'/') || path == b"*")
-            || !path.iter().all(|&b| (0x21..0x7f).contains(&b) && b != b'#')
-        {
-            return Err(Error::Malformed(Malformed::Target));
-        }
-        let mut buf = BytesMut::with_capacity(
-            method.len()
-                + path.len()
-                + authority.map_or(0, <[u8]>::len)
-                + fields
-                    .clone()
-                    .map(|(n, v)| n.len() + v.len() + 2)
-                    .sum::<usize>(),
-        );
-        let method_span = Span::new(0, method.len());
-        buf.extend_from_slice(method);
-        let target = Span::new(buf.len(), buf.len() + path.len());
-        buf.extend_from_slice(path);
-        let mut headers: SmallVec<[(Span, Span); 12]> = SmallVec::new();
-        let mut push = |buf: &mut BytesMut, n: &[u8], v: &[u8]| -> Result<(), Error> {
-            if n.is_empty() || !n.iter().all(|&b| TCHAR[b as usize]) {
-                return Err(Error::Malformed(Malformed::HeaderName));
-            }
-            if v.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
-                return Err(Error::Malformed(Malformed::HeaderValue));
-            }
-            let ns = Span::new(buf.len(), buf.len() + n.len());
-            buf.extend_from_slice(n);
-            let vs = Span::new(buf.len(), buf.len() + v.len());
-            buf.extend_from_slice(v);
-            if buf.len() > Limits::HEAD_CAP {
-                return Err(Error::HeadersTooLarge);
-            }
-            headers.push((ns, vs));
-            Ok(())
-        };
-        if let Some(host) = authority {
-            push(&mut buf, b"host", host)?;
-        }
-        let mut cookies = 0;
-        for (n, v) in fields.clone() {
-            if n == b"cookie" {
-                cookies += 1;
-                continue;
-            }
-            if n == b"host" && authority.is_some() {
-                continue;
-            }
-            push(&mut buf, n, v)?;
-        }
-        if cookies > 0 {
-            let mut joined = Vec::new();
-            for (_, v) in fields.filter(|(n, _)| *n == b"cookie") {
-                if !joined.is_empty() {
-                    joined.extend_from_slice(b"; ");
-                }
-                joined.extend_from_slice(v);
-            }
-            push(&mut buf, b"cookie", &joined)?;
-        }
-        let path_len = path.iter().position(|&b| b == b'?').unwrap_or(path.len()) as u16;
-        let body = match (end_stream, content_length) {
-            (true, _) => BodyKind::Length(0),
-            (false, Some(n)) => BodyKind::Length(n),
-            (false, None) => BodyKind::Chunked,
-        };
-        Ok(RequestHead {
-            buf: buf.freeze(),
-            method: Method::from_token(ascii_checked(method)),
-            method_span,
-            target,
-            path: PathAndQuery::Span(target),
-            path_len,
-            version: Version::Http2,
-            headers,
-            body,
-            keep_alive: true,
-            flags: 0,
-        })
-    }
-}
-
-/// `bytes` as text; only called on bytes already checked to be ASCII tokens.
-fn ascii_checked(bytes: &[u8]) -> &str {
-    std::str::from_utf8(bytes).unwrap_or("")
-}
-
 fn ascii(bytes: &[u8]) -> &str {
     debug_assert!(bytes.is_ascii());
-    // SAFETY: every span passed here covers bytes validated as ASCII during parsing (see above),
-    // and ASCII is valid UTF-8. The head's bytes are immutable (`Bytes`) after parsing.
+    // SAFETY: only called on spans `scan` validated as ASCII (tokens, the target), and ASCII is
+    // valid UTF-8.
     unsafe { std::str::from_utf8_unchecked(bytes) }
 }
 
@@ -419,7 +74,7 @@ pub(crate) fn parse(
         }
         (PathAndQuery::Owned(pq), _) => pq.find('?').unwrap_or(pq.len()) as u16,
     };
-    Ok(Some(RequestHead {
+    let parts = HeadParts {
         buf: buf.split_to(line.len).freeze(),
         method: method_kind,
         method_span: line.method,
@@ -430,8 +85,13 @@ pub(crate) fn parse(
         headers,
         body,
         keep_alive,
-        flags,
-    }))
+        expect_continue: flags & EXPECT_CONTINUE != 0,
+        h2c_upgrade: flags & H2C_UPGRADE != 0,
+    };
+    // SAFETY: every span comes from `scan` and `origin_part` over the head's bytes, which are
+    // `parts.buf` (split off unchanged); `scan` validated the method and field names as tokens
+    // and the target byte by byte, all ASCII.
+    Ok(Some(unsafe { RequestHead::from_parts(parts) }))
 }
 
 /// The request line of a complete head and the head's length.
@@ -893,7 +553,7 @@ fn is_reg_name_char(b: u8) -> bool {
     REG_NAME[b as usize]
 }
 
-static REG_NAME: [bool; 256] = crate::body::alnum_and(b"-._~%!$&'()*+,;=");
+static REG_NAME: [bool; 256] = alnum_and(b"-._~%!$&'()*+,;=");
 
 /// The last Host value a connection found valid. Clients send the same Host on every request of
 /// a connection, so an equal value needs no second look.

@@ -1,7 +1,7 @@
 //! Sans-IO HTTP/1.1 server protocol engine.
 //!
 //! No sockets and no clock: the driver appends received bytes to a buffer, asks the
-//! [`Conn`] for the next [`RequestHead`] and body pieces, and gets response bytes written into
+//! [`Conn`] for the next [`RequestHead`](canter_http::RequestHead) and body pieces, and gets response bytes written into
 //! its output buffer. Time comes in as `now` arguments; [`Conn::deadline`] says when the
 //! current phase (idle, head, body) times out.
 //!
@@ -39,4 +39,3 @@ mod head;
 pub use body::{BodyDecoder, BodyEvent};
 pub use conn::{reason, BodyLen, Conn, Discard, LengthMismatch, Next, Preamble, OK_LINE};
 pub use error::{BadBody, Error, Malformed};
-pub use head::{BodyKind, Method, RequestHead, Version};

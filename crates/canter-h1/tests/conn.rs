@@ -7,7 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use canter_h1::{reason, BodyEvent, BodyLen, Conn, Error, LengthMismatch, Next, RequestHead};
+use canter_h1::{reason, BodyEvent, BodyLen, Conn, Error, LengthMismatch, Next};
+use canter_http::RequestHead;
 use canter_http::{Limits, Timeouts};
 
 const DATE: &[u8] = b"D";

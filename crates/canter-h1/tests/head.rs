@@ -3,8 +3,8 @@
 
 mod common;
 
-use canter_h1::{BodyKind, Method, RequestHead, Version};
 use canter_http::Limits;
+use canter_http::{BodyKind, Method, RequestHead, Version};
 use common::{err, ok, partial, run_head_cases, HeadCase};
 
 fn small_target() -> Limits {

@@ -79,7 +79,7 @@ pub(crate) fn settings(cfg: &Config) -> Settings {
 
 /// An HTTP/1.1 request that asked for `Upgrade: h2c`, answered 101.
 pub(crate) struct Upgraded {
-    pub(crate) head: canter_h1::RequestHead,
+    pub(crate) head: canter_http::RequestHead,
     /// The decoded `HTTP2-Settings`.
     pub(crate) settings: Vec<u8>,
 }
@@ -112,7 +112,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     };
     let mut h2 = H2::new(conn, io, peer, svc, cfg, link);
     if let Some(up) = upgraded {
-        let head_only = up.head.method() == canter_h1::Method::Head;
+        let head_only = up.head.method() == canter_http::Method::Head;
         h2.dispatch(1, up.head, None, RequestBody::empty(), head_only);
     }
     drive(h2, registration).await;
@@ -467,7 +467,7 @@ impl<S: Service, T: Transport> H2<S, T> {
         } else {
             head.content_length()
         };
-        let built = canter_h1::RequestHead::from_h2(
+        let built = canter_http::RequestHead::from_fields(
             head.method(),
             head.path(),
             head.authority(),
@@ -509,7 +509,7 @@ impl<S: Service, T: Transport> H2<S, T> {
     fn dispatch(
         &mut self,
         stream: u32,
-        rh: canter_h1::RequestHead,
+        rh: canter_http::RequestHead,
         pipe: Option<Rc<RefCell<Pipe>>>,
         body: RequestBody,
         head_only: bool,

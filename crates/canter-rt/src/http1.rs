@@ -29,7 +29,8 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use canter_h1::{BodyEvent, BodyLen, Conn, Discard, Next, RequestHead};
+use canter_h1::{BodyEvent, BodyLen, Conn, Discard, Next};
+use canter_http::RequestHead;
 use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::io::Interest;
 
@@ -408,12 +409,12 @@ impl<S: Service, T: Transport> Driver<S, T> {
             self.h1.set_close();
         }
         let (pipe, body) = match head.body_kind() {
-            canter_h1::BodyKind::Length(0) => (None, RequestBody::empty()),
+            canter_http::BodyKind::Length(0) => (None, RequestBody::empty()),
             kind => {
                 let pipe = Rc::new(RefCell::new(Pipe::new()));
                 let declared = match kind {
-                    canter_h1::BodyKind::Length(n) => Some(n),
-                    canter_h1::BodyKind::Chunked => None,
+                    canter_http::BodyKind::Length(n) => Some(n),
+                    canter_http::BodyKind::Chunked => None,
                 };
                 (Some(pipe.clone()), RequestBody::piped(pipe, declared))
             }
@@ -1104,7 +1105,7 @@ fn release_fields(headers: Vec<(HeaderName, HeaderValue)>) {
 /// a body (the upgrade would have to carry it over) and with valid settings (base64url of a
 /// SETTINGS payload). Otherwise it is served over HTTP/1.1, as RFC 7540 allows.
 fn upgradable(head: &RequestHead) -> Option<Vec<u8>> {
-    if head.body_kind() != canter_h1::BodyKind::Length(0) {
+    if head.body_kind() != canter_http::BodyKind::Length(0) {
         return None;
     }
     head.header("http2-settings")

@@ -51,7 +51,7 @@ mod worker;
 pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 /// The request head every protocol hands to a [`Service`]: HTTP/1.1 parses it, HTTP/2 builds
 /// one from its header block; [`Request::head`] gives it.
-pub use canter_h1::{BodyKind, RequestHead, Version};
+pub use canter_http::{BodyKind, RequestHead, Version};
 pub use canter_http::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};
 pub use config::{Config, ConfigBuilder, ParkHooks, TlsListener, MAX_SERVER_NAME};
 pub use http_serve::serve_connection;

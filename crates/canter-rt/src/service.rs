@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use canter_h1::RequestHead;
+use canter_http::RequestHead;
 use http::{Extensions, HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::body::{Body, RequestBody};

@@ -6,7 +6,8 @@
 use std::time::Instant;
 
 use bytes::BytesMut;
-use canter_h1::{BodyDecoder, BodyEvent, BodyKind, Conn, Error, Method, RequestHead, Version};
+use canter_h1::{BodyDecoder, BodyEvent, Conn, Error};
+use canter_http::{BodyKind, Method, RequestHead, Version};
 use canter_http::{Limits, Timeouts};
 
 /// Everything observable about a parsed head, comparable with `==`.

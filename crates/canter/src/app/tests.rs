@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::BytesMut;
-use canter_h1::{Conn, RequestHead};
+use canter_h1::Conn;
+use canter_http::RequestHead;
 use canter_http::{Limits, Timeouts};
 use canter_rt::http::{Method, StatusCode};
 use canter_rt::{Body, Reply, Response};
