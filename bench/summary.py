@@ -3,7 +3,8 @@
 
 Every benchmark script of the suite records the table of its last run here
 (`summary.record(area, command, table)`, or `with summary.capture(area, command): print(...)`),
-which rewrites `bench/summary/<area>.md` and then BENCHMARKS.md from all areas. The experiments
+which rewrites `bench/summary/<area>.md` and then BENCHMARKS.md from all areas (not with
+`--no-summary`: an experiment's table belongs in the notebook). The experiments
 behind the numbers, tried, kept and dropped, are the notebook in bench/notebook/.
 
     python3 bench/summary.py        # rebuild BENCHMARKS.md from bench/summary/*.md
@@ -60,7 +61,13 @@ def record(area, command, table, note=""):
 
 @contextlib.contextmanager
 def capture(area, command, note=""):
-    """Prints as usual, and records the markdown table lines printed inside as `area`'s."""
+    """Prints as usual, and records the markdown table lines printed inside as `area`'s; not
+    with `--no-summary` on the command line (an experiment, such as two builds of canter against
+    each other, that is not the area's current table), which is taken off it here."""
+    if "--no-summary" in sys.argv:
+        sys.argv.remove("--no-summary")
+        yield
+        return
     buf = io.StringIO()
 
     class Tee(io.TextIOBase):
