@@ -20,17 +20,22 @@
 compile_error!("canter runs on Linux only, as canter-rt does");
 
 pub mod app;
+#[cfg(feature = "db")]
 pub mod db;
 pub mod middleware;
 mod negotiate;
 
+#[cfg(feature = "multipart")]
+pub use app::Multipart;
+#[cfg(feature = "compression")]
+pub use app::StaticCompression;
 pub use app::{
     any, delete, get, head, options, patch, post, put, ClientAddr, Extension, Form, FromBody,
     FromParts, Handler, Headers, Html, IntoResponse, Json, MethodRouter, Parts, Path, Query,
     RawBody, Redirect, Rejection, RouteLimits, Router, State,
 };
-pub use app::{content_hashed, ServeDir, StaticCompression};
-pub use app::{Cookies, IntoChunk, JsonLines, Multipart, NdJson, StreamBody};
+pub use app::{content_hashed, ServeDir};
+pub use app::{Cookies, IntoChunk, JsonLines, NdJson, StreamBody};
 pub use cookie;
 pub use maud;
 

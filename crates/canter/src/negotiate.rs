@@ -66,6 +66,7 @@ impl AcceptEncoding {
     }
 
     /// The coding to use among `offered` (most preferred first), or `None` for none.
+    #[cfg_attr(not(feature = "compression"), allow(dead_code))]
     pub(crate) fn choose(&self, offered: &[Coding]) -> Option<Coding> {
         let mut best: Option<(Coding, Weight)> = None;
         for &coding in offered {

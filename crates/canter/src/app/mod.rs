@@ -38,11 +38,13 @@
 mod cookies;
 mod extract;
 mod handler;
+#[cfg(feature = "multipart")]
 mod multipart;
 mod ndjson;
 mod path_de;
 mod response;
 mod router;
+#[cfg(feature = "compression")]
 mod static_compress;
 mod static_files;
 mod stream;
@@ -55,12 +57,14 @@ pub use extract::{
 pub use handler::Handler;
 #[doc(hidden)]
 pub use handler::{Later, Now, ViaBody, ViaParts};
+#[cfg(feature = "multipart")]
 pub use multipart::{Field, Multipart, DEFAULT_MAX_FIELDS, PART_HEAD_LIMIT};
 pub use ndjson::{JsonLines, NdJson, DEFAULT_LINE_LIMIT};
 pub use response::{Html, IntoResponse, Redirect};
 pub use router::{
     any, delete, get, head, options, patch, post, put, MethodRouter, RouteLimits, Router,
 };
+#[cfg(feature = "compression")]
 pub use static_compress::StaticCompression;
 pub use static_files::{content_hashed, ServeDir};
 pub use stream::{IntoChunk, StreamBody};

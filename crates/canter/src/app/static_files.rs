@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+#[cfg(feature = "compression")]
 use bytes::Bytes;
 use canter_rt::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use canter_rt::{Body, Reply, Response};
@@ -38,6 +39,7 @@ use super::extract::Parts;
 use super::handler::Handler;
 use super::response::IntoResponse;
 use super::router::{get, Router};
+#[cfg(feature = "compression")]
 use super::static_compress::{read_and_compress, FileChunks, Key, StaticCompression};
 
 const ACCEPT_RANGES_BYTES: HeaderValue = HeaderValue::from_static("bytes");
@@ -121,6 +123,7 @@ struct Inner {
     /// Which file names carry a content hash (see [`ServeDir::immutable_if`]).
     immutable: Immutable,
     /// Compressing files without a precompressed sibling (see [`ServeDir::compress`]).
+    #[cfg(feature = "compression")]
     compress: Option<StaticCompression>,
 }
 
@@ -161,6 +164,7 @@ impl ServeDir {
                 hidden: false,
                 cache_control: CACHE_REVALIDATE,
                 immutable: Immutable(Arc::new(content_hashed)),
+                #[cfg(feature = "compression")]
                 compress: None,
             }),
         }
@@ -230,6 +234,7 @@ impl ServeDir {
     /// let files = ServeDir::new("public").compress(StaticCompression::new(Compression::new()));
     /// # let _ = files;
     /// ```
+    #[cfg(feature = "compression")]
     pub fn compress(mut self, compression: StaticCompression) -> ServeDir {
         Arc::make_mut(&mut self.inner).compress = Some(compression);
         self
@@ -317,11 +322,14 @@ impl ServeDir {
         let mut selected = Representation::identity(file, &meta);
         let accepted =
             AcceptEncoding::parse(header_values(parts, "accept-encoding")).unwrap_or_default();
+        #[cfg(feature = "compression")]
         let compressible = self
             .inner
             .compress
             .as_ref()
             .is_some_and(|sc| sc.compression.worth(content_type.as_bytes(), meta.len()));
+        #[cfg(not(feature = "compression"))]
+        let compressible = false;
         // Siblings in the client's order of preference (zstd, br, gzip on a tie): the first
         // fresh one is served. A sibling older than the file was made from an earlier version.
         let fresh = |m: &Metadata| m.modified().ok() >= meta.modified().ok();
@@ -331,11 +339,15 @@ impl ServeDir {
         // With compression on, a file found without siblings a moment ago is not probed again
         // (three failed opens per request otherwise); a sibling added since shows within a
         // second, one made for a changed file at once.
+        #[cfg(feature = "compression")]
         let mtime_ns = mtime_ns(&meta);
+        #[cfg(feature = "compression")]
         let probe = match &self.inner.compress {
             Some(sc) if compressible => !sc.known_without_siblings(&path, meta.len(), mtime_ns),
             _ => true,
         };
+        #[cfg(not(feature = "compression"))]
+        let probe = true;
         for encoding in order.into_iter().filter(|_| probe) {
             let accepted_here = accepted.weight(encoding.coding()) > 0;
             // Looked for only if it might be served, or to know whether to send Vary.
@@ -355,13 +367,16 @@ impl ServeDir {
                 selected = Representation::encoded(file, &sibling_meta, encoding);
             }
         }
+        #[cfg(feature = "compression")]
         if let (true, false, Some(sc)) = (probe, has_sibling, &self.inner.compress) {
             if compressible {
                 sc.without_siblings(path.clone(), meta.len(), mtime_ns);
             }
         }
         let cache_control = self.cache_control(&path);
+        #[cfg_attr(not(feature = "compression"), allow(unused_mut))]
         let mut vary = has_sibling;
+        #[cfg(feature = "compression")]
         if let (None, Some(sc)) = (selected.encoding, &self.inner.compress) {
             if compressible {
                 // The file has a compressed representation for some clients.
@@ -502,6 +517,7 @@ fn confine(root: &Path, candidate: &Path) -> Option<PathBuf> {
 }
 
 /// A file's modification time in nanoseconds since the epoch (0 if unknown).
+#[cfg(feature = "compression")]
 fn mtime_ns(meta: &Metadata) -> u128 {
     meta.modified()
         .ok()
@@ -597,6 +613,7 @@ fn content_type(path: &Path) -> HeaderValue {
     HeaderValue::from_static(mime)
 }
 
+#[cfg(feature = "compression")]
 fn internal_error() -> Response {
     Response::text("internal server error\n").with_status(StatusCode::INTERNAL_SERVER_ERROR)
 }
@@ -663,6 +680,7 @@ struct Representation {
     /// Modification time, whole seconds since the epoch (the precision of Last-Modified).
     modified_secs: Option<u64>,
     /// Modification time in nanoseconds since the epoch (0 if unknown).
+    #[cfg_attr(not(feature = "compression"), allow(dead_code))]
     mtime_ns: u128,
     last_modified: Option<HeaderValue>,
     /// The opaque tag with its quotes, `"…"`.
@@ -764,6 +782,7 @@ impl Representation {
     /// is too large to keep. Its ETag is weak (the bytes depend on the compressor, not only on
     /// the file) and names the coding. `Err(self)`: the copy is being made for another request
     /// right now, so this one is better answered with the file as it is.
+    #[cfg(feature = "compression")]
     fn compressed(
         self,
         coding: Coding,

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use canter_rt::http::{header, HeaderValue, StatusCode};
 use canter_rt::{Body, BodyStream, Reply, Request, Response};
 
-use super::{Middleware, Next};
+use super::{Coding, Middleware, Next};
 #[cfg(test)]
 use crate::negotiate::parse_qvalue;
 use crate::negotiate::AcceptEncoding;
@@ -41,47 +41,6 @@ const KNOWN_WINDOW_LOG: u32 = 20;
 
 /// Steps one poll may take without producing output before it yields to other connections.
 const STEPS_PER_POLL: usize = 8;
-
-/// A content coding this layer can apply.
-///
-/// ```
-/// use canter::middleware::Coding;
-///
-/// assert_eq!(Coding::Brotli.as_str(), "br");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Coding {
-    /// `gzip` (RFC 1952): understood by every client.
-    Gzip,
-    /// `br` (RFC 7932): understood by browsers since about 2017; as small as zstd, but slower
-    /// to produce.
-    Brotli,
-    /// `zstd` (RFC 8878): the fastest for a given size; browsers since 2024.
-    Zstd,
-}
-
-impl Coding {
-    /// The coding's name in `Content-Encoding` and `Accept-Encoding`.
-    ///
-    /// ```
-    /// use canter::middleware::Coding;
-    ///
-    /// assert_eq!(Coding::Gzip.as_str(), "gzip");
-    /// assert_eq!(Coding::Zstd.as_str(), "zstd");
-    /// ```
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Coding::Gzip => "gzip",
-            Coding::Brotli => "br",
-            Coding::Zstd => "zstd",
-        }
-    }
-
-    pub(crate) const fn header_value(self) -> HeaderValue {
-        HeaderValue::from_static(self.as_str())
-    }
-}
 
 /// Compresses responses with gzip, br or zstd, as the client's `Accept-Encoding` allows.
 ///

@@ -33,6 +33,8 @@
 //! ```
 
 mod access_log;
+mod coding;
+#[cfg(feature = "compression")]
 mod compression;
 mod cors;
 mod metrics;
@@ -40,7 +42,9 @@ mod request_id;
 mod timeout;
 
 pub use access_log::AccessLog;
-pub use compression::{Coding, Compression};
+pub use coding::Coding;
+#[cfg(feature = "compression")]
+pub use compression::Compression;
 pub use cors::Cors;
 pub use metrics::{Metrics, MetricsLayer};
 pub use request_id::{RequestId, RequestIdLayer, REQUEST_ID};
