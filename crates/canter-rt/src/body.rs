@@ -147,11 +147,13 @@ impl Pipe {
         Some(started + due.saturating_sub(self.waited))
     }
 
+    #[cfg_attr(not(feature = "http2"), allow(dead_code))]
     /// Body bytes put into the pipe so far.
     pub(crate) fn delivered(&self) -> u64 {
         self.received
     }
 
+    #[cfg_attr(not(feature = "http2"), allow(dead_code))]
     /// Body bytes the handler has taken out of the pipe so far.
     pub(crate) fn consumed(&self) -> u64 {
         self.received - self.buffered as u64

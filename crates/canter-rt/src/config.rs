@@ -44,6 +44,7 @@ pub struct Config {
     pub(crate) defer_accept: bool,
     pub(crate) server_name: String,
     pub(crate) tls: Option<TlsListener>,
+    #[cfg(feature = "http2")]
     pub(crate) http2: Option<canter_h2::Settings>,
     pub(crate) fault_log_interval: Duration,
     pub(crate) proxy_protocol: Option<crate::proxy::ProxyProtocol>,
@@ -169,11 +170,20 @@ impl Config {
         self.tls.as_ref()
     }
 
+    #[cfg(feature = "http2")]
     /// HTTP/2 (h2c with prior knowledge on the plain listener, ALPN `h2` on the TLS one) with
     /// these settings; `None` serves HTTP/1.1 only. Its header list limit is capped at
     /// [`Limits::max_head`].
     pub fn http2(&self) -> Option<&canter_h2::Settings> {
         self.http2.as_ref()
+    }
+
+    /// Whether connections may speak HTTP/2: set, and built with the `http2` feature.
+    pub(crate) fn http2_on(&self) -> bool {
+        #[cfg(feature = "http2")]
+        return self.http2.is_some();
+        #[cfg(not(feature = "http2"))]
+        false
     }
 
     /// Client faults ([`ClientFault`](crate::ClientFault): bad requests, timeouts, resets, failed handshakes) are
@@ -333,6 +343,7 @@ impl ConfigBuilder {
         self
     }
 
+    #[cfg(feature = "http2")]
     /// See [`Config::http2`].
     pub fn http2(mut self, http2: Option<canter_h2::Settings>) -> Self {
         self.0.http2 = http2;
@@ -444,6 +455,7 @@ impl Default for Config {
             defer_accept: true,
             server_name: "canter".to_owned(),
             tls: None,
+            #[cfg(feature = "http2")]
             http2: Some(canter_h2::Settings::default()),
             fault_log_interval: Duration::from_secs(10),
             proxy_protocol: None,

@@ -78,6 +78,7 @@ type Res<T> = Result<T, Stop>;
 /// A connection HTTP/1.1 gives up to HTTP/2 ([`serve`] returns it; `http.rs` runs HTTP/2 on
 /// it): the transport with what was read and written so far, and, when it came by `Upgrade:
 /// h2c` (answered 101 here), the request that asked and its decoded `HTTP2-Settings`.
+#[cfg_attr(not(feature = "http2"), allow(dead_code))]
 pub(crate) struct Handoff<S, T> {
     pub(crate) registration: Registration,
     pub(crate) io: T,
@@ -116,6 +117,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
         allow_h2c: sniff_h2,
         upgrade: None,
     };
+    #[cfg(feature = "http2")]
     if sniff_h2 {
         match driver.sniff_h2().await {
             Ok(Sniffed::Http1) => {}
@@ -246,6 +248,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
         }
     }
 
+    #[cfg(feature = "http2")]
     /// Reads until the input either starts with the HTTP/2 connection preface or cannot. What
     /// is not the preface is HTTP/1.1's to answer, malformed request lines included (a line
     /// without a version gets its 400 there), except a complete first line whose third field
@@ -1141,6 +1144,7 @@ fn base64url(s: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+#[cfg(feature = "http2")]
 /// What the first bytes of a plain connection say it speaks.
 enum Sniffed {
     Http1,

@@ -10,12 +10,15 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 
+#[cfg(feature = "http2")]
 use bytes::BytesMut;
 
 use crate::config::{Config, EPOCH_DATE};
+#[cfg(feature = "http2")]
 use crate::h2;
 use crate::http1;
 use crate::http_state::Http;
+#[cfg(feature = "http2")]
 use crate::link::Link;
 use crate::server::{in_event_loop, Accept, Accepted, Server};
 use crate::service::Service;
@@ -68,17 +71,23 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     else {
         return;
     };
-    let http1::Handoff {
-        registration,
-        io,
-        link,
-        svc,
-        cfg,
-        upgrade,
-    } = handoff;
-    let upgraded = upgrade.map(|(head, settings)| h2::Upgraded { head, settings });
-    // Boxed: inline, the HTTP/2 actor's state would sit in every HTTP/1.1 connection's task.
-    Box::pin(h2::serve(registration, io, peer, svc, cfg, link, upgraded)).await
+    #[cfg(feature = "http2")]
+    {
+        let http1::Handoff {
+            registration,
+            io,
+            link,
+            svc,
+            cfg,
+            upgrade,
+        } = handoff;
+        let upgraded = upgrade.map(|(head, settings)| h2::Upgraded { head, settings });
+        // Boxed: inline, the HTTP/2 actor's state would sit in every HTTP/1.1 connection's task.
+        Box::pin(h2::serve(registration, io, peer, svc, cfg, link, upgraded)).await
+    }
+    // Without HTTP/2 nothing is sniffed and no upgrade is honoured: HTTP/1.1 hands nothing over.
+    #[cfg(not(feature = "http2"))]
+    drop(handoff);
 }
 
 /// Serves one connection the caller already has, until it closes: the HTTP/1.1 actor a
@@ -112,7 +121,7 @@ pub async fn serve_connection<S: Service, T: Transport>(
         id: worker.register(),
         worker: worker.clone(),
     };
-    let sniff_h2 = config.http2.is_some();
+    let sniff_h2 = config.http2_on();
     let conn = serve(
         registration,
         io,
@@ -156,6 +165,7 @@ pub(crate) async fn serve_tls<S: Service>(
                 alpn = ?session.alpn_protocol().map(String::from_utf8_lossy),
                 "TLS handshake done"
             );
+            #[cfg(feature = "http2")]
             if session.alpn_protocol() == Some(b"h2") {
                 let link = Link::new(worker, BytesMut::new());
                 return Box::pin(h2::serve(registration, tls, peer, svc, cfg, link, None)).await;
@@ -188,7 +198,7 @@ impl<S: Service> Accept for HttpAccept<S> {
         } = conn;
         match tls {
             None => {
-                let sniff_h2 = cfg.http2.is_some();
+                let sniff_h2 = cfg.http2_on();
                 tokio::task::spawn_local(serve(
                     registration,
                     LazyTcp::new(tcp),
@@ -242,7 +252,7 @@ async fn serve_proxied<S: Service>(
     };
     match tls {
         None => {
-            let sniff_h2 = cfg.http2.is_some();
+            let sniff_h2 = cfg.http2_on();
             serve(registration, tcp, peer, svc, worker, cfg, sniff_h2).await;
         }
         Some(acceptor) => {

@@ -31,6 +31,7 @@ compile_error!(
 mod body;
 mod config;
 pub mod framing;
+#[cfg(feature = "http2")]
 mod h2;
 mod http1;
 mod http_serve;

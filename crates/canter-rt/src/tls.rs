@@ -171,7 +171,11 @@ impl ServerTls {
             certs: Vec::new(),
             self_signed: false,
             client_ca: None,
+            // `h2` only where this build speaks it: a client that chose it would get HTTP/1.1.
+            #[cfg(feature = "http2")]
             alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            #[cfg(not(feature = "http2"))]
+            alpn: vec![b"http/1.1".to_vec()],
             handshake_timeout: Duration::from_secs(10),
         }
     }
