@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use canter_http::{ConfigError, Limits, Timeouts};
 
+#[cfg(feature = "tls")]
 use crate::tls::TlsAcceptor;
 
 /// Server settings, built with [`Config::builder`], which checks them; `Config::default()`
@@ -43,6 +44,7 @@ pub struct Config {
     pub(crate) half_close: bool,
     pub(crate) defer_accept: bool,
     pub(crate) server_name: String,
+    #[cfg(feature = "tls")]
     pub(crate) tls: Option<TlsListener>,
     #[cfg(feature = "http2")]
     pub(crate) http2: Option<canter_h2::Settings>,
@@ -164,6 +166,7 @@ impl Config {
         &self.server_name
     }
 
+    #[cfg(feature = "tls")]
     /// A TLS listener beside the plain one: same service, same limits, each worker accepting
     /// on both.
     pub fn tls(&self) -> Option<&TlsListener> {
@@ -337,6 +340,7 @@ impl ConfigBuilder {
         self
     }
 
+    #[cfg(feature = "tls")]
     /// See [`Config::tls`].
     pub fn tls(mut self, tls: Option<TlsListener>) -> Self {
         self.0.tls = tls;
@@ -426,6 +430,7 @@ impl std::fmt::Debug for ParkHooks {
 }
 
 /// Where and how to accept TLS connections.
+#[cfg(feature = "tls")]
 #[derive(Debug, Clone)]
 pub struct TlsListener {
     /// Address of the TLS listener; port 0 picks a free port (shared by all workers).
@@ -454,6 +459,7 @@ impl Default for Config {
             half_close: false,
             defer_accept: true,
             server_name: "canter".to_owned(),
+            #[cfg(feature = "tls")]
             tls: None,
             #[cfg(feature = "http2")]
             http2: Some(canter_h2::Settings::default()),

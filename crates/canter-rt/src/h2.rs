@@ -514,7 +514,9 @@ impl<S: Service, T: Transport> H2<S, T> {
         body: RequestBody,
         head_only: bool,
     ) {
+        #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
         let mut req = Request::new(rh, body);
+        #[cfg(feature = "tls")]
         if let Some(certs) = self.io.peer_certificates() {
             req.extensions_mut().insert(certs);
         }

@@ -424,9 +424,11 @@ impl<S: Service, T: Transport> Driver<S, T> {
         };
         // The body is decoded only once the handler asks for it, so that limits it sets first
         // (`RequestBody::restrict`) cover every byte.
+        #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
         let mut req = Request::new(head, body);
         // The client's verified certificates (TLS with client authentication). Nothing at all
         // on plain TCP, where the transport's answer is a constant `None`.
+        #[cfg(feature = "tls")]
         if let Some(certs) = self.io.peer_certificates() {
             req.extensions_mut().insert(certs);
         }

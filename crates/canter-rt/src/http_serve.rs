@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 
-#[cfg(feature = "http2")]
+#[cfg(all(feature = "http2", feature = "tls"))]
 use bytes::BytesMut;
 
 use crate::config::{Config, EPOCH_DATE};
@@ -18,12 +18,11 @@ use crate::config::{Config, EPOCH_DATE};
 use crate::h2;
 use crate::http1;
 use crate::http_state::Http;
-#[cfg(feature = "http2")]
+#[cfg(all(feature = "http2", feature = "tls"))]
 use crate::link::Link;
 use crate::server::{in_event_loop, Accept, Accepted, Server};
 use crate::service::Service;
-use crate::stats::{ClientFault, Stats};
-use crate::tls::TlsAcceptor;
+use crate::stats::Stats;
 use crate::transport::{LazyTcp, Transport};
 use crate::worker::{Registration, Worker, TICK};
 
@@ -146,11 +145,12 @@ pub async fn serve_connection<S: Service, T: Transport>(
 /// Runs the TLS handshake of an accepted connection under the handshake timeout, then serves
 /// it as [`serve`] does. A failed or stalled handshake closes the connection (a debug line: the
 /// peer's fault, and any peer can cause it).
+#[cfg(feature = "tls")]
 pub(crate) async fn serve_tls<S: Service>(
     registration: Registration,
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
-    acceptor: TlsAcceptor,
+    acceptor: crate::server::Acceptor,
     svc: Rc<Http<S>>,
     worker: Rc<Worker>,
     cfg: Rc<Config>,
@@ -174,10 +174,24 @@ pub(crate) async fn serve_tls<S: Service>(
             serve(registration, tls, peer, svc, worker, cfg, false).await
         }
         Err(e) => {
-            worker.fault(ClientFault::TlsHandshake);
+            worker.fault(crate::stats::ClientFault::TlsHandshake);
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
         }
     }
+}
+
+/// Without the `tls` feature there is no TLS listener: no connection comes with an acceptor.
+#[cfg(not(feature = "tls"))]
+pub(crate) async fn serve_tls<S: Service>(
+    _registration: Registration,
+    _tcp: tokio::net::TcpStream,
+    _peer: SocketAddr,
+    acceptor: crate::server::Acceptor,
+    _svc: Rc<Http<S>>,
+    _worker: Rc<Worker>,
+    _cfg: Rc<Config>,
+) {
+    match acceptor {}
 }
 
 /// HTTP connections around the worker's service.

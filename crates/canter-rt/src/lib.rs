@@ -45,6 +45,7 @@ pub mod proxy;
 mod server;
 mod service;
 mod stats;
+#[cfg(feature = "tls")]
 mod tls;
 mod transport;
 mod worker;
@@ -54,18 +55,25 @@ pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 /// one from its header block; [`Request::head`] gives it.
 pub use canter_http::{BodyKind, RequestHead, Version};
 pub use canter_http::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};
-pub use config::{Config, ConfigBuilder, ParkHooks, TlsListener, MAX_SERVER_NAME};
+#[cfg(feature = "tls")]
+pub use config::TlsListener;
+pub use config::{Config, ConfigBuilder, ParkHooks, MAX_SERVER_NAME};
 pub use http_serve::serve_connection;
 pub use log_bridge::route_log_records;
-pub use outbound::{connect, connect_tcp, connect_tls};
+#[cfg(feature = "tls")]
+pub use outbound::connect_tls;
+pub use outbound::{connect, connect_tcp};
 pub use server::{
     listen, on_signals, pin_to_cpu, run_here, shutdown_on_signals, spawn_worker, Server,
     ServerWorker, ShutdownHandle,
 };
 pub use service::{Reply, Request, Response, Service};
 pub use stats::{ClientFault, Stats};
+#[cfg(feature = "tls")]
 pub use tls::{reload_on_sighup, ClientTls, ServerTls, TlsAcceptor, TlsError};
-pub use transport::{PeerCertificates, Stream, TlsStream, Transport};
+#[cfg(feature = "tls")]
+pub use transport::{PeerCertificates, TlsStream};
+pub use transport::{Stream, Transport};
 
 pub use bytes;
 pub use http;

@@ -1,4 +1,4 @@
-//! Outbound connections: connect with a timeout, plain or TLS.
+//! Outbound connections: connect with a timeout, plain or TLS (with the `tls` feature).
 
 use std::io;
 use std::net::SocketAddr;
@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
+#[cfg(feature = "tls")]
 use crate::tls::ClientTls;
 use crate::transport::Stream;
 
@@ -16,6 +17,7 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<Stream> 
 
 /// Connects to `addr` and runs a TLS handshake for `server_name` (sent as SNI and verified
 /// against the certificate as `tls` says), all within `timeout`.
+#[cfg(feature = "tls")]
 pub async fn connect_tls(
     addr: SocketAddr,
     server_name: &str,

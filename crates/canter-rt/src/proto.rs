@@ -62,6 +62,7 @@ use canter_http::ConfigError;
 use crate::config::Config;
 use crate::link::{Ending, Link};
 use crate::server::{Accept, Accepted, Server};
+#[cfg(feature = "tls")]
 use crate::tls::{ClientTls, TlsAcceptor};
 use crate::transport::{Stream, Transport};
 use crate::worker::{Worker, READ_BUF};
@@ -186,6 +187,7 @@ impl fmt::Display for StartTlsError {
 impl std::error::Error for StartTlsError {}
 
 /// Which side of the handshake [`Conn::start_tls`] plays.
+#[cfg(feature = "tls")]
 #[derive(Debug, Clone)]
 pub enum TlsUpgrade {
     /// Server side, with these certificates and settings.
@@ -198,6 +200,12 @@ pub enum TlsUpgrade {
         server_name: String,
     },
 }
+
+/// Which side of the handshake [`Conn::start_tls`] plays: neither without the `tls` feature,
+/// so no upgrade can be asked for.
+#[cfg(not(feature = "tls"))]
+#[derive(Debug, Clone)]
+pub enum TlsUpgrade {}
 
 /// A transport whose connection can be upgraded to TLS in place.
 pub trait StartTls: Transport + Sized {
@@ -221,6 +229,12 @@ impl StartTls for Stream {
         self,
         how: TlsUpgrade,
     ) -> impl Future<Output = Result<Self, StartTlsError>> + 'static {
+        #[cfg(not(feature = "tls"))]
+        return async move {
+            let _ = self;
+            match how {}
+        };
+        #[cfg(feature = "tls")]
         async move {
             let tcp = match self {
                 Stream::Plain(tcp) => tcp,
@@ -259,6 +273,7 @@ impl StartTls for tokio::io::DuplexStream {
 }
 
 /// How long the client side of a [`Conn::start_tls`] waits for the server.
+#[cfg(feature = "tls")]
 const CLIENT_HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// The actor's limits for one connection, built with [`Settings::builder`], which checks them
@@ -700,6 +715,9 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
             let mut protocol = (make.borrow_mut())(peer);
             let stream = match tls {
                 None => Stream::Plain(tcp),
+                #[cfg(not(feature = "tls"))]
+                Some(never) => match never {},
+                #[cfg(feature = "tls")]
                 Some(acceptor) => match acceptor.accept(tcp).await {
                     Ok(s) => Stream::Tls(Box::new(s)),
                     Err(e) => {

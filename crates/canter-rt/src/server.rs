@@ -19,7 +19,17 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::stats::Stats;
+#[cfg(feature = "tls")]
 use crate::tls::TlsAcceptor;
+
+/// What hands a connection from the TLS listener its handshake; none without the `tls`
+/// feature (there is no TLS listener then, and `Option<Acceptor>` is always `None`).
+#[cfg(feature = "tls")]
+pub(crate) type Acceptor = TlsAcceptor;
+/// What hands a connection from the TLS listener its handshake; none without the `tls`
+/// feature (there is no TLS listener then, and `Option<Acceptor>` is always `None`).
+#[cfg(not(feature = "tls"))]
+pub(crate) type Acceptor = std::convert::Infallible;
 use crate::worker::{Registration, Worker};
 
 /// Stops a running server gracefully: listeners close, idle connections close, in-flight
@@ -59,8 +69,11 @@ impl Server {
         for _ in 1..workers {
             listeners.push(listen(local_addr, config.backlog)?);
         }
+        #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
         let mut tls_listeners = Vec::new();
+        #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
         let mut tls_local_addr = None;
+        #[cfg(feature = "tls")]
         if let Some(tls) = &config.tls {
             let first = listen(tls.addr, config.backlog)?;
             let addr = first.local_addr()?;
@@ -328,7 +341,7 @@ pub(crate) struct Accepted {
     pub(crate) tcp: std::net::TcpStream,
     pub(crate) peer: SocketAddr,
     /// Set when the connection came from the TLS listener: its handshake is still to run.
-    pub(crate) tls: Option<TlsAcceptor>,
+    pub(crate) tls: Option<Acceptor>,
 }
 
 fn run_worker<A, F>(
@@ -476,9 +489,15 @@ where
     F: FnOnce(usize) -> A,
 {
     let listener = Listener::new(listeners.plain)?;
+    #[cfg(feature = "tls")]
     let tls = match (listeners.tls, config.tls.as_ref()) {
         (Some(l), Some(t)) => Some((Listener::new(l)?, t.acceptor.clone())),
         _ => None,
+    };
+    #[cfg(not(feature = "tls"))]
+    let tls: Option<(Listener, Acceptor)> = {
+        drop(listeners.tls);
+        None
     };
     crate::worker::count_faults_into(stats.clone());
     let worker = Rc::new(Worker::new(stats));
@@ -556,9 +575,10 @@ where
 }
 
 /// Accepts on the TLS listener, if there is one; never completes otherwise.
+#[cfg_attr(not(feature = "tls"), allow(clippy::clone_on_copy))]
 async fn accept_tls(
-    tls: Option<&(Listener, TlsAcceptor)>,
-) -> io::Result<(std::net::TcpStream, SocketAddr, TlsAcceptor)> {
+    tls: Option<&(Listener, Acceptor)>,
+) -> io::Result<(std::net::TcpStream, SocketAddr, Acceptor)> {
     match tls {
         Some((listener, acceptor)) => {
             let (io, peer) = listener.accept().await?;

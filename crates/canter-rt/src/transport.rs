@@ -73,6 +73,7 @@ pub trait Transport: Unpin + 'static {
     }
 
     /// The certificate chain the peer presented and the TLS layer verified, if any.
+    #[cfg(feature = "tls")]
     fn peer_certificates(&self) -> Option<PeerCertificates> {
         None
     }
@@ -407,8 +408,10 @@ macro_rules! forward_writes {
 }
 
 /// A TLS session over TCP, either side.
+#[cfg(feature = "tls")]
 pub type TlsStream = tokio_rustls::TlsStream<TcpStream>;
 
+#[cfg(feature = "tls")]
 impl Transport for TlsStream {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let (tcp, session) = self.get_ref();
@@ -461,6 +464,7 @@ pub enum Stream {
     /// Plain TCP.
     Plain(TcpStream),
     /// TLS over TCP (boxed: a TLS session is large and most connections are plain).
+    #[cfg(feature = "tls")]
     Tls(Box<TlsStream>),
 }
 
@@ -469,19 +473,25 @@ impl Stream {
     pub fn tcp(&self) -> &TcpStream {
         match self {
             Stream::Plain(s) => s,
+            #[cfg(feature = "tls")]
             Stream::Tls(s) => s.get_ref().0,
         }
     }
 
     /// Whether the stream is encrypted.
     pub fn is_tls(&self) -> bool {
-        matches!(self, Stream::Tls(_))
+        match self {
+            Stream::Plain(_) => false,
+            #[cfg(feature = "tls")]
+            Stream::Tls(_) => true,
+        }
     }
 
     /// The protocol agreed by ALPN, if TLS and one was agreed.
     pub fn alpn_protocol(&self) -> Option<&[u8]> {
         match self {
             Stream::Plain(_) => None,
+            #[cfg(feature = "tls")]
             Stream::Tls(s) => s.get_ref().1.alpn_protocol(),
         }
     }
@@ -533,6 +543,7 @@ macro_rules! both {
     ($self:ident, $s:ident => $e:expr) => {
         match $self {
             Stream::Plain($s) => $e,
+            #[cfg(feature = "tls")]
             Stream::Tls($s) => {
                 let $s = &mut **$s;
                 $e
@@ -573,6 +584,7 @@ impl Transport for Stream {
     fn raw_tcp(&self) -> Option<&TcpStream> {
         match self {
             Stream::Plain(s) => Some(s),
+            #[cfg(feature = "tls")]
             Stream::Tls(_) => None,
         }
     }
@@ -581,6 +593,7 @@ impl Transport for Stream {
         self.is_tls()
     }
 
+    #[cfg(feature = "tls")]
     fn peer_certificates(&self) -> Option<PeerCertificates> {
         match self {
             Stream::Plain(_) => None,
@@ -591,6 +604,7 @@ impl Transport for Stream {
     fn has_pending_output(&self) -> bool {
         match self {
             Stream::Plain(_) => false,
+            #[cfg(feature = "tls")]
             Stream::Tls(s) => s.has_pending_output(),
         }
     }
@@ -634,9 +648,11 @@ pub(crate) fn poll_read_buf<T: Transport + ?Sized>(
 
 /// The verified certificate chain of a client (leaf first), attached to each request of a
 /// connection that presented one ([`ServerTls::client_ca`](crate::ServerTls::client_ca)).
+#[cfg(feature = "tls")]
 #[derive(Debug, Clone)]
 pub struct PeerCertificates(pub std::sync::Arc<Vec<rustls::pki_types::CertificateDer<'static>>>);
 
+#[cfg(feature = "tls")]
 impl PeerCertificates {
     /// The SHA-256 fingerprint of the leaf certificate, as colon-separated hex pairs (the form
     /// `openssl x509 -fingerprint -sha256` prints).
@@ -646,6 +662,7 @@ impl PeerCertificates {
 }
 
 /// A certificate's SHA-256 fingerprint, as colon-separated upper-case hex pairs.
+#[cfg(feature = "tls")]
 pub(crate) fn sha256_fingerprint(der: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, der);
     digest
