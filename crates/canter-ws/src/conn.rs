@@ -172,10 +172,11 @@ impl Connection {
                     return Err(Error::TooBig);
                 }
             }
-            // The payload's length was checked against the limits: it fits in memory.
+            // The payload's length was checked against the limits: it fits in memory. Nothing is
+            // reserved for it ahead: a 14-byte header must not make the engine allocate
+            // megabytes the peer may never send.
             let total = h.header_len + h.len as usize;
             if input.len() < total {
-                input.reserve(total - input.len());
                 return Ok(None);
             }
             input.advance(h.header_len);

@@ -411,3 +411,18 @@ fn the_handshake_key_and_request_checks() {
         .chain([("sec-websocket-key", &b"AAAAAAAAAAAAAAAAAAAAAA=="[..])]);
     assert_eq!(handshake::check("GET", twice), Err(HandshakeError::Key));
 }
+
+#[test]
+fn a_frame_announced_is_not_allocated_before_it_arrives() {
+    let mut s = server();
+    let mut header = Vec::new();
+    put_header(&mut header, true, false, Opcode::Binary, 10 << 20, KEY);
+    let mut input = BytesMut::from(&header[..]);
+    let mut out = Vec::new();
+    assert_eq!(s.poll(&mut input, &mut out).unwrap(), None);
+    assert!(
+        input.capacity() < 4096,
+        "reserved {} bytes",
+        input.capacity()
+    );
+}
