@@ -15,6 +15,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 
 use crate::close;
+use crate::deflate::{Agreed, Deflater, Inflater};
 use crate::frame::{self, Opcode};
 use crate::utf8::Utf8;
 use crate::Error;
@@ -83,6 +84,8 @@ pub enum Event {
 #[derive(Debug)]
 struct Partial {
     text: bool,
+    /// Sent with RSV1: its payload is compressed (permessage-deflate).
+    compressed: bool,
     data: BytesMut,
     fragments: usize,
     utf8: Utf8,
@@ -93,9 +96,19 @@ struct Partial {
 pub struct Connection {
     role: Role,
     limits: Limits,
+    /// permessage-deflate, when it was agreed.
+    deflate: Option<Deflate>,
     message: Option<Partial>,
     close_sent: bool,
     close_received: bool,
+}
+
+/// One end's half of permessage-deflate.
+#[derive(Debug)]
+struct Deflate {
+    deflater: Deflater,
+    inflater: Inflater,
+    min_size: usize,
 }
 
 impl Connection {
@@ -104,10 +117,35 @@ impl Connection {
         Connection {
             role,
             limits,
+            deflate: None,
             message: None,
             close_sent: false,
             close_received: false,
         }
+    }
+
+    /// Turns permessage-deflate on, as agreed in the handshake ([`crate::deflate::negotiate`]):
+    /// messages of at least the configured size go out compressed, compressed ones are
+    /// inflated, never past [`Limits::max_message`].
+    pub fn with_deflate(mut self, agreed: Agreed) -> Connection {
+        let (own_reset, peer_reset, bits) = match self.role {
+            Role::Server => (
+                agreed.server_no_context_takeover,
+                agreed.client_no_context_takeover,
+                agreed.server_window_bits,
+            ),
+            Role::Client { .. } => (
+                agreed.client_no_context_takeover,
+                agreed.server_no_context_takeover,
+                15,
+            ),
+        };
+        self.deflate = Some(Deflate {
+            deflater: Deflater::new(agreed.config.level, bits, own_reset),
+            inflater: Inflater::new(peer_reset),
+            min_size: agreed.config.min_size,
+        });
+        self
     }
 
     /// Whether this end sent its close.
@@ -145,7 +183,14 @@ impl Connection {
                 _ => {}
             }
             if h.rsv1 {
-                return Err(Error::Protocol("RSV1 set without a negotiated extension"));
+                if self.deflate.is_none() {
+                    return Err(Error::Protocol("RSV1 set without a negotiated extension"));
+                }
+                if !matches!(h.opcode, Opcode::Text | Opcode::Binary) {
+                    return Err(Error::Protocol(
+                        "RSV1 set on a control or continuation frame",
+                    ));
+                }
             }
             if h.len > self.limits.max_frame {
                 return Err(Error::TooBig);
@@ -207,12 +252,13 @@ impl Connection {
                 Some(m) => m,
                 None => Partial {
                     text: h.opcode == Opcode::Text,
+                    compressed: h.rsv1,
                     data: BytesMut::new(),
                     fragments: 0,
                     utf8: Utf8::default(),
                 },
             };
-            if m.text {
+            if m.text && !m.compressed {
                 m.utf8.feed(&payload).map_err(|_| Error::InvalidUtf8)?;
             }
             m.fragments += 1;
@@ -226,6 +272,18 @@ impl Connection {
             } else {
                 m.data.extend_from_slice(&payload);
                 m.data.freeze()
+            };
+            let data = match (m.compressed, &mut self.deflate) {
+                (true, Some(d)) => {
+                    let mut inflated = Vec::new();
+                    d.inflater
+                        .inflate(&data, self.limits.max_message, &mut inflated)?;
+                    if m.text {
+                        m.utf8.feed(&inflated).map_err(|_| Error::InvalidUtf8)?;
+                    }
+                    Bytes::from(inflated)
+                }
+                _ => data,
             };
             if m.text {
                 m.utf8.finish().map_err(|_| Error::InvalidUtf8)?;
@@ -257,7 +315,14 @@ impl Connection {
         if self.close_sent {
             return Err(Error::Closed);
         }
-        self.put_frame(out, opcode, data);
+        match &mut self.deflate {
+            Some(d) if !opcode.is_control() && data.len() >= d.min_size => {
+                let mut compressed = Vec::with_capacity(data.len() / 2 + 16);
+                d.deflater.compress(data, &mut compressed);
+                self.put(out, opcode, true, &compressed);
+            }
+            _ => self.put_frame(out, opcode, data),
+        }
         Ok(())
     }
 
@@ -279,11 +344,15 @@ impl Connection {
     }
 
     fn put_frame(&mut self, out: &mut Vec<u8>, opcode: Opcode, data: &[u8]) {
+        self.put(out, opcode, false, data);
+    }
+
+    fn put(&mut self, out: &mut Vec<u8>, opcode: Opcode, rsv1: bool, data: &[u8]) {
         let mask = match &mut self.role {
             Role::Server => None,
             Role::Client { keys } => Some(keys()),
         };
-        frame::put_header(out, true, false, opcode, data.len() as u64, mask);
+        frame::put_header(out, true, rsv1, opcode, data.len() as u64, mask);
         let start = out.len();
         out.extend_from_slice(data);
         if let Some(key) = mask {

@@ -5,7 +5,8 @@
 //! (masking by role, reserved bits and opcodes, control frame rules, fragmentation, UTF-8 of
 //! text checked as it arrives, close codes), under size [`Limits`]; the `send_*` methods and
 //! [`Connection::close`] append frames to an output buffer. [`handshake`] checks an upgrade
-//! request and computes `Sec-WebSocket-Accept`.
+//! request and computes `Sec-WebSocket-Accept`; [`deflate`] negotiates permessage-deflate (RFC
+//! 7692), which [`Connection::with_deflate`] turns on.
 //!
 //! ```
 //! use bytes::BytesMut;
@@ -24,6 +25,7 @@
 
 pub mod close;
 mod conn;
+pub mod deflate;
 pub mod frame;
 pub mod handshake;
 mod utf8;
