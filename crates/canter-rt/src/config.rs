@@ -380,7 +380,8 @@ impl ConfigBuilder {
 
     /// The configuration, or the first setting out of its range.
     pub fn build(self) -> Result<Config, ConfigError> {
-        let c = self.0;
+        #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
+        let mut c = self.0;
         // Refuses a Server value that is empty, too long, or not printable ASCII: it is
         // written into every response head as it is, so CR or LF in it would split responses.
         canter_h1::Preamble::new(&c.server_name, EPOCH_DATE)?;
@@ -408,6 +409,16 @@ impl ConfigBuilder {
                     "coalesce",
                     "must be above zero and at most 1 ms",
                 ));
+            }
+        }
+        // With HTTP/2 off, a TLS client must not be able to agree on `h2` by ALPN: it would be
+        // answered in HTTP/2 all the same.
+        #[cfg(feature = "tls")]
+        if !c.http2_on() {
+            if let Some(t) = c.tls.as_mut() {
+                if t.acceptor.alpn_protocols().iter().any(|p| p == b"h2") {
+                    t.acceptor = t.acceptor.without_alpn(b"h2");
+                }
             }
         }
         Ok(c)

@@ -434,6 +434,29 @@ impl TlsAcceptor {
         Ok(())
     }
 
+    /// This acceptor without `protocol` among the ALPN protocols it offers: the same
+    /// certificates (a [`TlsAcceptor::reload`] of either reaches both), session caches of its
+    /// own. What a server with HTTP/2 off serves with, so that no client agrees on `h2`.
+    pub fn without_alpn(&self, protocol: &[u8]) -> TlsAcceptor {
+        let mut config = (**self.inner.acceptor.config()).clone();
+        config.alpn_protocols.retain(|p| p != protocol);
+        let mut settings = self.inner.settings.clone();
+        settings.alpn.retain(|p| p != protocol);
+        TlsAcceptor {
+            inner: Arc::new(AcceptorInner {
+                acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(config)),
+                resolver: self.inner.resolver.clone(),
+                settings,
+                fingerprint: self.inner.fingerprint.clone(),
+            }),
+        }
+    }
+
+    /// The ALPN protocols offered, in order of preference.
+    pub fn alpn_protocols(&self) -> &[Vec<u8>] {
+        &self.inner.acceptor.config().alpn_protocols
+    }
+
     /// The SHA-256 fingerprint of the generated development certificate, if one is in use.
     pub fn self_signed_fingerprint(&self) -> Option<&str> {
         self.inner.fingerprint.as_deref()

@@ -112,3 +112,47 @@ fn serve_inline_runs_on_the_calling_thread_with_park_hooks() {
         unparked.load(Ordering::SeqCst)
     );
 }
+
+/// With HTTP/2 off, a TLS client offering `h2` first gets `http/1.1` by ALPN, and is answered
+/// in HTTP/1.1 (before, it could agree on `h2` and be served HTTP/2 regardless).
+#[test]
+fn with_http2_off_tls_does_not_offer_h2() {
+    let tls = TlsListener {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        acceptor: ServerTls::new().self_signed().build().unwrap(),
+    };
+    let on = config().tls(Some(tls.clone())).build().unwrap();
+    let on_alpn = on.tls().unwrap().acceptor.alpn_protocols().to_vec();
+    assert_eq!(on_alpn, [b"h2".to_vec(), b"http/1.1".to_vec()]);
+    let off = config().tls(Some(tls)).http2(None).build().unwrap();
+    assert_eq!(
+        off.tls().unwrap().acceptor.alpn_protocols(),
+        [b"http/1.1".to_vec()]
+    );
+
+    let server = Server::bind(off).unwrap();
+    let tls_addr = server.tls_local_addr().unwrap();
+    let shutdown = server.shutdown_handle();
+    let thread = std::thread::spawn(move || server.serve_inline(|_| handler).unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (alpn, answer) = rt.block_on(async {
+        let client = ClientTls::insecure(&[b"h2", b"http/1.1"]);
+        let mut s = canter_rt::connect_tls(tls_addr, "localhost", &client, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let alpn = s.alpn_protocol().map(<[u8]>::to_vec);
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out).await;
+        (alpn, String::from_utf8(out).unwrap())
+    });
+    assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    shutdown.shutdown();
+    thread.join().unwrap();
+}
