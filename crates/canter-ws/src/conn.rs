@@ -124,7 +124,8 @@ impl Connection {
         }
     }
 
-    /// Turns permessage-deflate on, as agreed in the handshake ([`crate::deflate::negotiate`]):
+    /// Turns permessage-deflate on, as agreed in the handshake ([`crate::deflate::negotiate`] on
+    /// a server, [`crate::deflate::client_agreed`] on a client):
     /// messages of at least the configured size go out compressed, compressed ones are
     /// inflated, never past [`Limits::max_message`].
     pub fn with_deflate(mut self, agreed: Agreed) -> Connection {
@@ -137,7 +138,7 @@ impl Connection {
             Role::Client { .. } => (
                 agreed.client_no_context_takeover,
                 agreed.server_no_context_takeover,
-                15,
+                agreed.client_window_bits,
             ),
         };
         self.deflate = Some(Deflate {

@@ -39,6 +39,8 @@ pub struct Agreed {
     pub client_no_context_takeover: bool,
     /// The server's LZ77 window, 9–15 bits.
     pub server_window_bits: u8,
+    /// The client's LZ77 window, 9–15 bits.
+    pub client_window_bits: u8,
     /// What this end does below its size threshold, and at which level.
     pub config: DeflateConfig,
 }
@@ -60,6 +62,7 @@ fn accept(offer: &str, config: DeflateConfig) -> Option<(Agreed, String)> {
         server_no_context_takeover: config.server_no_context_takeover,
         client_no_context_takeover: config.client_no_context_takeover,
         server_window_bits: 15,
+        client_window_bits: 15,
         config,
     };
     let mut seen: Vec<&str> = Vec::new();
@@ -108,6 +111,67 @@ fn accept(offer: &str, config: DeflateConfig) -> Option<(Agreed, String)> {
     // The inflater takes any window up to 15 bits: the client's stays as it offered.
     let _ = client_window;
     Some((agreed, header))
+}
+
+/// What a client offers: permessage-deflate, saying it can take a smaller window of its own if
+/// the server asks (`client_max_window_bits`), and asking for no context takeover on either side
+/// as `config` says.
+pub fn client_offer(config: DeflateConfig) -> String {
+    let mut offer = String::from("permessage-deflate; client_max_window_bits");
+    if config.server_no_context_takeover {
+        offer.push_str("; server_no_context_takeover");
+    }
+    if config.client_no_context_takeover {
+        offer.push_str("; client_no_context_takeover");
+    }
+    offer
+}
+
+/// A client's reading of the server's `Sec-WebSocket-Extensions` answer to
+/// [`client_offer`]: what was agreed, or the protocol error that fails the connection (RFC 7692,
+/// Section 5: an extension or parameter not offered, repeated or out of range).
+pub fn client_agreed(response: &str, config: DeflateConfig) -> Result<Agreed, Error> {
+    let refuse = Error::Protocol("permessage-deflate response not acceptable");
+    let mut parts = response.split(';').map(str::trim);
+    if parts.next() != Some("permessage-deflate") {
+        return Err(refuse);
+    }
+    let mut agreed = Agreed {
+        server_no_context_takeover: config.server_no_context_takeover,
+        client_no_context_takeover: config.client_no_context_takeover,
+        server_window_bits: 15,
+        client_window_bits: 15,
+        config,
+    };
+    let mut seen: Vec<&str> = Vec::new();
+    for param in parts {
+        let (name, value) = match param.split_once('=') {
+            Some((n, v)) => (n.trim(), Some(v.trim().trim_matches('"'))),
+            None => (param, None),
+        };
+        if seen.contains(&name) {
+            return Err(refuse);
+        }
+        seen.push(name);
+        let bits = value
+            .and_then(|v| v.parse::<u8>().ok())
+            .filter(|b| (8..=15).contains(b));
+        match (name, value) {
+            ("server_no_context_takeover", None) => agreed.server_no_context_takeover = true,
+            ("client_no_context_takeover", None) => agreed.client_no_context_takeover = true,
+            // The inflater takes any window up to 15 bits.
+            ("server_max_window_bits", Some(_)) => {
+                agreed.server_window_bits = bits.ok_or(refuse)?;
+            }
+            // zlib cannot write a raw stream with an 8-bit window.
+            ("client_max_window_bits", Some(_)) => match bits {
+                Some(b) if b >= 9 => agreed.client_window_bits = b,
+                _ => return Err(refuse),
+            },
+            _ => return Err(refuse),
+        }
+    }
+    Ok(agreed)
 }
 
 /// The four bytes a sync flush ends with, which RFC 7692 leaves off each message.

@@ -201,3 +201,58 @@ fn misused_rsv1_and_bad_compressed_text_are_refused() {
     let e = events(&mut s, &masked(true, true, Opcode::Text, &latin1)).unwrap_err();
     assert_eq!(e.close_code(), 1007, "compressed text that is not UTF-8");
 }
+
+#[test]
+fn a_client_reads_the_servers_answer_and_both_ends_talk_compressed() {
+    use canter_ws::deflate::{client_agreed, client_offer};
+    let cfg = DeflateConfig {
+        min_size: 16,
+        ..DeflateConfig::default()
+    };
+    assert_eq!(
+        client_offer(cfg),
+        "permessage-deflate; client_max_window_bits"
+    );
+    // A server that wants small windows and no context on the client's side.
+    let server_cfg = DeflateConfig {
+        client_no_context_takeover: true,
+        ..cfg
+    };
+    let offer = format!("{}; server_max_window_bits=10", client_offer(cfg));
+    let (on_server, answer) = negotiate(&[offer], server_cfg).unwrap();
+    assert_eq!(
+        answer,
+        "permessage-deflate; client_no_context_takeover; server_max_window_bits=10"
+    );
+    let on_client = client_agreed(&answer, cfg).unwrap();
+    assert!(on_client.client_no_context_takeover);
+    assert_eq!(on_client.server_window_bits, 10);
+    let mut s = Connection::new(Role::Server, Limits::default()).with_deflate(on_server);
+    let keys = Box::new(|| [5, 6, 7, 8]);
+    let mut c = Connection::new(Role::Client { keys }, Limits::default()).with_deflate(on_client);
+    let text = "the same words, the same words, the same words again";
+    let (mut to_server, mut to_client) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        c.send_text(text, &mut to_server).unwrap();
+        s.send_text(text, &mut to_client).unwrap();
+    }
+    assert_eq!(to_server[0] & 0x40, 0x40);
+    assert_eq!(to_client[0] & 0x40, 0x40);
+    let want = vec![Event::Text(text.into()); 3];
+    assert_eq!(events(&mut s, &to_server).unwrap(), want);
+    assert_eq!(events(&mut c, &to_client).unwrap(), want);
+    // Answers a client must refuse: what it did not offer, repeated, or out of range.
+    for bad in [
+        "x-webkit-deflate-frame",
+        "permessage-deflate; foo",
+        "permessage-deflate; server_no_context_takeover; server_no_context_takeover",
+        "permessage-deflate; server_max_window_bits=16",
+        "permessage-deflate; client_max_window_bits=8",
+        "permessage-deflate; client_max_window_bits",
+    ] {
+        let e = client_agreed(bad, cfg).unwrap_err();
+        assert_eq!(e.close_code(), 1002, "{bad}");
+    }
+    let small = client_agreed("permessage-deflate; client_max_window_bits=9", cfg).unwrap();
+    assert_eq!(small.client_window_bits, 9);
+}
