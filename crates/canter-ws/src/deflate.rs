@@ -53,20 +53,26 @@ pub fn negotiate(offers: &[String], config: DeflateConfig) -> Option<(Agreed, St
     offers.iter().find_map(|offer| accept(offer, config))
 }
 
-fn accept(offer: &str, config: DeflateConfig) -> Option<(Agreed, String)> {
-    let mut parts = offer.split(';').map(str::trim);
+/// The parameters of one permessage-deflate offer or answer.
+#[derive(Default)]
+struct Params {
+    server_no_context_takeover: bool,
+    client_no_context_takeover: bool,
+    /// Present, with its value if it had one.
+    server_max_window_bits: Option<Option<u8>>,
+    client_max_window_bits: Option<Option<u8>>,
+}
+
+/// The parameters of `ext`; `None` when it is another extension, or a parameter is unknown,
+/// repeated, given a value it must not have, or a window outside 8–15 bits (RFC 7692, Section
+/// 7.1).
+fn params(ext: &str) -> Option<Params> {
+    let mut parts = ext.split(';').map(str::trim);
     if parts.next()? != "permessage-deflate" {
         return None;
     }
-    let mut agreed = Agreed {
-        server_no_context_takeover: config.server_no_context_takeover,
-        client_no_context_takeover: config.client_no_context_takeover,
-        server_window_bits: 15,
-        client_window_bits: 15,
-        config,
-    };
+    let mut p = Params::default();
     let mut seen: Vec<&str> = Vec::new();
-    let mut client_window: Option<Option<u8>> = None;
     for param in parts {
         let (name, value) = match param.split_once('=') {
             Some((n, v)) => (n.trim(), Some(v.trim().trim_matches('"'))),
@@ -76,25 +82,40 @@ fn accept(offer: &str, config: DeflateConfig) -> Option<(Agreed, String)> {
             return None;
         }
         seen.push(name);
-        let bits = |v: Option<&str>| {
-            v.and_then(|v| v.parse::<u8>().ok())
-                .filter(|b| (8..=15).contains(b))
+        let bits = match value {
+            None => None,
+            Some(v) => Some(v.parse::<u8>().ok().filter(|b| (8..=15).contains(b))?),
         };
         match (name, value) {
-            ("server_no_context_takeover", None) => agreed.server_no_context_takeover = true,
-            ("client_no_context_takeover", None) => agreed.client_no_context_takeover = true,
-            ("server_max_window_bits", v) => {
-                let b = bits(v)?;
-                if b < 9 {
-                    return None;
-                }
-                agreed.server_window_bits = b;
-            }
-            ("client_max_window_bits", None) => client_window = Some(None),
-            ("client_max_window_bits", v) => client_window = Some(Some(bits(v)?)),
+            ("server_no_context_takeover", None) => p.server_no_context_takeover = true,
+            ("client_no_context_takeover", None) => p.client_no_context_takeover = true,
+            ("server_max_window_bits", _) => p.server_max_window_bits = Some(bits),
+            ("client_max_window_bits", _) => p.client_max_window_bits = Some(bits),
             _ => return None,
         }
     }
+    Some(p)
+}
+
+fn accept(offer: &str, config: DeflateConfig) -> Option<(Agreed, String)> {
+    let p = params(offer)?;
+    let server_window_bits = match p.server_max_window_bits {
+        None => 15,
+        // zlib cannot write a raw stream with an 8-bit window; a bare parameter is malformed.
+        Some(Some(b)) if b >= 9 => b,
+        Some(_) => return None,
+    };
+    // The client's window, bare or with a value, needs nothing of the server: the inflater
+    // takes any window up to 15 bits.
+    let agreed = Agreed {
+        server_no_context_takeover: config.server_no_context_takeover
+            || p.server_no_context_takeover,
+        client_no_context_takeover: config.client_no_context_takeover
+            || p.client_no_context_takeover,
+        server_window_bits,
+        client_window_bits: 15,
+        config,
+    };
     let mut header = String::from("permessage-deflate");
     if agreed.server_no_context_takeover {
         header.push_str("; server_no_context_takeover");
@@ -108,8 +129,6 @@ fn accept(offer: &str, config: DeflateConfig) -> Option<(Agreed, String)> {
             agreed.server_window_bits
         ));
     }
-    // The inflater takes any window up to 15 bits: the client's stays as it offered.
-    let _ = client_window;
     Some((agreed, header))
 }
 
@@ -132,46 +151,26 @@ pub fn client_offer(config: DeflateConfig) -> String {
 /// Section 5: an extension or parameter not offered, repeated or out of range).
 pub fn client_agreed(response: &str, config: DeflateConfig) -> Result<Agreed, Error> {
     let refuse = Error::Protocol("permessage-deflate response not acceptable");
-    let mut parts = response.split(';').map(str::trim);
-    if parts.next() != Some("permessage-deflate") {
-        return Err(refuse);
-    }
-    let mut agreed = Agreed {
-        server_no_context_takeover: config.server_no_context_takeover,
-        client_no_context_takeover: config.client_no_context_takeover,
-        server_window_bits: 15,
-        client_window_bits: 15,
+    let p = params(response).ok_or(refuse)?;
+    Ok(Agreed {
+        server_no_context_takeover: config.server_no_context_takeover
+            || p.server_no_context_takeover,
+        client_no_context_takeover: config.client_no_context_takeover
+            || p.client_no_context_takeover,
+        // The inflater takes any window up to 15 bits; an answer names it with a value.
+        server_window_bits: match p.server_max_window_bits {
+            None => 15,
+            Some(Some(b)) => b,
+            Some(None) => return Err(refuse),
+        },
+        // zlib cannot write a raw stream with an 8-bit window.
+        client_window_bits: match p.client_max_window_bits {
+            None => 15,
+            Some(Some(b)) if b >= 9 => b,
+            Some(_) => return Err(refuse),
+        },
         config,
-    };
-    let mut seen: Vec<&str> = Vec::new();
-    for param in parts {
-        let (name, value) = match param.split_once('=') {
-            Some((n, v)) => (n.trim(), Some(v.trim().trim_matches('"'))),
-            None => (param, None),
-        };
-        if seen.contains(&name) {
-            return Err(refuse);
-        }
-        seen.push(name);
-        let bits = value
-            .and_then(|v| v.parse::<u8>().ok())
-            .filter(|b| (8..=15).contains(b));
-        match (name, value) {
-            ("server_no_context_takeover", None) => agreed.server_no_context_takeover = true,
-            ("client_no_context_takeover", None) => agreed.client_no_context_takeover = true,
-            // The inflater takes any window up to 15 bits.
-            ("server_max_window_bits", Some(_)) => {
-                agreed.server_window_bits = bits.ok_or(refuse)?;
-            }
-            // zlib cannot write a raw stream with an 8-bit window.
-            ("client_max_window_bits", Some(_)) => match bits {
-                Some(b) if b >= 9 => agreed.client_window_bits = b,
-                _ => return Err(refuse),
-            },
-            _ => return Err(refuse),
-        }
-    }
-    Ok(agreed)
+    })
 }
 
 /// The four bytes a sync flush ends with, which RFC 7692 leaves off each message.
@@ -210,8 +209,15 @@ impl Deflater {
         loop {
             out.reserve(data.len() / 2 + 64);
             let before = self.compress.total_in();
-            // The output has room; an error here would be a bug in the compressor's use.
-            let _ = self.compress.compress_vec(input, out, FlushCompress::Sync);
+            // The output has room: an error would be a misuse of the compressor, and is not
+            // retried for ever.
+            if self
+                .compress
+                .compress_vec(input, out, FlushCompress::Sync)
+                .is_err()
+            {
+                break;
+            }
             let used = (self.compress.total_in() - before) as usize;
             input = &input[used..];
             if input.is_empty() && out.len() < out.capacity() {
@@ -250,40 +256,52 @@ impl Inflater {
         }
     }
 
-    /// Appends the message `data` inflated to `out`, failing once `out` would pass `limit`.
+    /// Appends the message `data` inflated to `out`, failing once `out` would pass `limit`
+    /// (the buffer grows geometrically but never past `limit` + 1 bytes of message). A message
+    /// whose last block is final (BFINAL, RFC 7692 Section 7.2.3.3) ends its stream: the next
+    /// message starts a new one. Compressed bytes after that end, or that the inflater can make
+    /// no progress with, are a protocol error rather than a loop.
     pub fn inflate(&mut self, data: &[u8], limit: usize, out: &mut Vec<u8>) -> Result<(), Error> {
         let start = out.len();
-        for mut input in [data, &TAIL[..]] {
-            loop {
-                let room = limit.saturating_sub(out.len() - start);
-                if room == 0 {
-                    // Full: done only if nothing more comes out.
-                    let mut probe = Vec::with_capacity(1);
-                    let _ =
-                        self.decompress
-                            .decompress_vec(input, &mut probe, FlushDecompress::Sync);
-                    if !probe.is_empty() {
-                        return Err(Error::TooBig);
-                    }
-                    break;
+        let cap = start.saturating_add(limit).saturating_add(1);
+        let mut ended = false;
+        for (mut input, tail) in [(data, false), (&TAIL[..], true)] {
+            // Until the input is used up and the last call left room (so nothing is pending).
+            let mut pending = true;
+            while !ended && (!input.is_empty() || pending) {
+                if out.len() == out.capacity() {
+                    let want = (out.capacity() * 2).max(out.len() + 256).min(cap);
+                    out.reserve_exact(want.saturating_sub(out.len()));
                 }
-                out.reserve((input.len() * 4).clamp(256, 64 * 1024).min(room));
-                let before = self.decompress.total_in();
+                let (in_before, out_before) = (self.decompress.total_in(), out.len());
                 let status = self
                     .decompress
                     .decompress_vec(input, out, FlushDecompress::Sync)
                     .map_err(|_| Error::Protocol("compressed data is not a deflate stream"))?;
-                input = &input[(self.decompress.total_in() - before) as usize..];
+                let used = (self.decompress.total_in() - in_before) as usize;
+                input = &input[used..];
                 if out.len() - start > limit {
                     return Err(Error::TooBig);
                 }
-                let full = out.len() == out.capacity();
-                if status == Status::StreamEnd || (input.is_empty() && !full) {
-                    break;
+                ended = status == Status::StreamEnd;
+                pending = out.len() == out.capacity();
+                if used == 0 && out.len() == out_before && !ended {
+                    if input.is_empty() {
+                        break;
+                    }
+                    return Err(Error::Protocol(
+                        "compressed data the inflater cannot go on with",
+                    ));
                 }
             }
+            // The appended tail may follow a final block; message bytes may not.
+            if ended && !tail && !input.is_empty() {
+                return Err(Error::Protocol(
+                    "data after the end of the compressed stream",
+                ));
+            }
         }
-        if self.no_context_takeover {
+        if ended || self.no_context_takeover {
             self.decompress.reset(false);
         }
         Ok(())

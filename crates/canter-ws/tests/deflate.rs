@@ -256,3 +256,33 @@ fn a_client_reads_the_servers_answer_and_both_ends_talk_compressed() {
     let small = client_agreed("permessage-deflate; client_max_window_bits=9", cfg).unwrap();
     assert_eq!(small.client_window_bits, 9);
 }
+
+#[test]
+fn messages_that_end_their_stream_each_inflate_and_nothing_may_follow_the_end() {
+    use flate2::{Compress, Compression, FlushCompress};
+    // Each message compressed to a final block (BFINAL set, no sync-flush tail), as RFC 7692
+    // Section 7.2.3.3 allows a sender to do: the next message is a new stream.
+    let finished = |text: &[u8]| {
+        let mut c = Compress::new(Compression::default(), false);
+        let mut out = Vec::with_capacity(text.len() + 64);
+        c.compress_vec(text, &mut out, FlushCompress::Finish)
+            .unwrap();
+        out
+    };
+    let mut s = server_with("permessage-deflate", Limits::default());
+    let bytes = [
+        masked(true, true, Opcode::Text, &finished(b"first")),
+        masked(true, true, Opcode::Text, &finished(b"second")),
+    ]
+    .concat();
+    assert_eq!(
+        events(&mut s, &bytes).unwrap(),
+        [Event::Text("first".into()), Event::Text("second".into())]
+    );
+    // Compressed bytes after the final block are refused.
+    let mut s = server_with("permessage-deflate", Limits::default());
+    let mut trailing = finished(b"done");
+    trailing.extend_from_slice(b"\x01\x02\x03");
+    let e = events(&mut s, &masked(true, true, Opcode::Text, &trailing)).unwrap_err();
+    assert_eq!(e.close_code(), 1002);
+}
