@@ -322,6 +322,10 @@ pub enum Body {
         /// How many bytes to send.
         len: u64,
     },
+    /// No body: the connection switches protocols after this response (a 101), and the
+    /// upgrade says to what. Made by [`crate::WsUpgrade::on_upgrade`].
+    #[cfg(feature = "ws")]
+    Upgrade(crate::ws::Upgrade),
 }
 
 impl Body {
@@ -338,6 +342,8 @@ impl Body {
             Body::Full(b) => Some(b.len() as u64),
             Body::Stream { len, .. } => *len,
             Body::File { len, .. } => Some(*len),
+            #[cfg(feature = "ws")]
+            Body::Upgrade(_) => Some(0),
         }
     }
 
@@ -374,6 +380,8 @@ impl fmt::Debug for Body {
             Body::File { offset, len, .. } => {
                 write!(f, "Body::File(offset: {offset}, len: {len})")
             }
+            #[cfg(feature = "ws")]
+            Body::Upgrade(up) => write!(f, "Body::Upgrade({up:?})"),
         }
     }
 }

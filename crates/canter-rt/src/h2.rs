@@ -567,6 +567,15 @@ impl<S: Service, T: Transport> H2<S, T> {
     /// Sends `res` on `stream`: the head at once, a full body queued; returns what is left to
     /// do (a stream or file body to pull), or [`State::Done`].
     fn respond(&mut self, stream: u32, res: Response, head_only: bool) -> State {
+        // A switch of protocols is HTTP/1.1's (101 does not exist in HTTP/2; WebSocket here
+        // needs RFC 8441's extended CONNECT): a handler that answers one on HTTP/2 is wrong.
+        #[cfg(feature = "ws")]
+        let res = if matches!(res.body, Body::Upgrade(_)) {
+            tracing::error!(peer = %self.peer, "a protocol upgrade answered over HTTP/2; answering 500");
+            Response::handler_panicked()
+        } else {
+            res
+        };
         let Response {
             status,
             content_type,
@@ -625,6 +634,8 @@ impl<S: Service, T: Transport> H2<S, T> {
                 pos: offset,
                 left: len,
             },
+            #[cfg(feature = "ws")]
+            Body::Upgrade(_) => State::Done,
         }
     }
 

@@ -68,8 +68,8 @@ enum Stop {
     Timeout(&'static str),
     /// The socket failed.
     Io(io::Error),
-    /// The client asked to switch to HTTP/2 (`Upgrade: h2c`); the request is in
-    /// `Driver::upgrade`.
+    /// The connection switches protocols after a 101: to HTTP/2 (`Upgrade: h2c`) or to what
+    /// the handler's response says (WebSocket); `Driver::upgrade` says which.
     Upgrade,
 }
 
@@ -140,7 +140,20 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     }
     let result = driver.run().await;
     if let (Err(Stop::Upgrade), Some(upgrade)) = (&result, driver.upgrade.take()) {
-        let (head, settings) = *upgrade;
+        let (head, settings) = match *upgrade {
+            Switch::H2c(head, settings) => (head, settings),
+            #[cfg(feature = "ws")]
+            Switch::WebSocket(up) => {
+                // The 101 is written (`run` flushed it); what the client sent after its
+                // request is the WebSocket's first input.
+                let Driver { io, link, cfg, .. } = driver;
+                let (timeout, budget) = (cfg.timeouts.write(), cfg.read_budget);
+                // Boxed: inline, the WebSocket's state would sit in every HTTP/1.1 task.
+                Box::pin(crate::ws_driver::serve(io, link, peer, up, timeout, budget)).await;
+                drop(registration);
+                return None;
+            }
+        };
         // RFC 7540, Section 3.2: 101, then HTTP/2 frames; the request is answered on stream 1.
         driver.link.prepare_output();
         driver.link.out.buf.extend_from_slice(
@@ -192,8 +205,18 @@ struct Driver<S, T> {
     deferred: u32,
     /// HTTP/2 is on and the connection is cleartext: `Upgrade: h2c` is honoured.
     allow_h2c: bool,
-    /// The request that asked for the upgrade, and its decoded `HTTP2-Settings`.
-    upgrade: Option<Box<(RequestHead, Vec<u8>)>>,
+    /// The protocol the connection switches to once what is queued is written.
+    upgrade: Option<Box<Switch>>,
+}
+
+/// What a connection switches to after HTTP/1.1.
+enum Switch {
+    /// HTTP/2, asked for by `Upgrade: h2c`: the request that asked (answered on stream 1) and
+    /// its decoded `HTTP2-Settings`.
+    H2c(RequestHead, Vec<u8>),
+    /// WebSocket, as the handler's 101 says.
+    #[cfg(feature = "ws")]
+    WebSocket(crate::ws::Upgrade),
 }
 
 /// Where a connection is in its life: one value rather than a flag per condition, so that
@@ -379,7 +402,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
     fn upgrade_or_exchange(&mut self, head: RequestHead) -> Option<Step> {
         match upgradable(&head).filter(|_| self.allow_h2c) {
             Some(settings) => {
-                self.upgrade = Some(Box::new((head, settings)));
+                self.upgrade = Some(Box::new(Switch::H2c(head, settings)));
                 Some(Step::Done)
             }
             None => self.exchange_sync(head).map(Step::Slow),
@@ -557,6 +580,17 @@ impl<S: Service, T: Transport> Driver<S, T> {
                 }
                 self.send_file(&file, offset, len).await
             }
+            #[cfg(feature = "ws")]
+            Body::Upgrade(up) => {
+                // No further request is read: what follows the 101 is the new protocol's.
+                if status == StatusCode::SWITCHING_PROTOCOLS && !self.closing() {
+                    self.upgrade = Some(Box::new(Switch::WebSocket(up)));
+                } else {
+                    tracing::error!(peer = %self.peer, %status, "protocol upgrade without a 101, or on a closing connection; not switching");
+                }
+                self.close();
+                Ok(true)
+            }
             Body::Stream { mut stream, .. } => {
                 if !with_body {
                     return Ok(true);
@@ -623,6 +657,8 @@ impl<S: Service, T: Transport> Driver<S, T> {
             Body::Full(b) => BodyLen::Known(b.len() as u64),
             Body::Stream { len, .. } => len.map_or(BodyLen::Unknown, BodyLen::Known),
             Body::File { len, .. } => BodyLen::Known(*len),
+            #[cfg(feature = "ws")]
+            Body::Upgrade(_) => BodyLen::Known(0),
         };
         self.link.prepare_output();
         let fields = headers.iter().map(|(n, v)| (n, v));

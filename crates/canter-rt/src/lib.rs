@@ -49,6 +49,12 @@ mod stats;
 mod tls;
 mod transport;
 mod worker;
+#[cfg(feature = "ws")]
+pub mod ws;
+#[cfg(feature = "ws")]
+mod ws_driver;
+#[cfg(feature = "ws")]
+mod ws_upgrade;
 
 pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
 /// The request head every protocol hands to a [`Service`]: HTTP/1.1 parses it, HTTP/2 builds
@@ -74,6 +80,8 @@ pub use tls::{reload_on_sighup, ClientTls, ServerTls, TlsAcceptor, TlsError};
 #[cfg(feature = "tls")]
 pub use transport::{PeerCertificates, TlsStream};
 pub use transport::{Stream, Transport};
+#[cfg(feature = "ws")]
+pub use ws_upgrade::{WsRefused, WsUpgrade};
 
 pub use bytes;
 pub use http;

@@ -10,7 +10,7 @@ use std::path::Path;
 
 /// Lowest first. A module may import from any layer below its own, never from its own or above.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("leaf data", &["stats", "transport"]),
+    ("leaf data", &["stats", "transport", "ws"]),
     ("worker state, TLS", &["worker", "tls"]),
     ("connection parts", &["proxy", "output", "body", "outbound"]),
     (
@@ -18,7 +18,10 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["config", "link", "service"],
     ),
     ("the accept loop", &["server", "log_bridge"]),
-    ("custom protocols; HTTP state", &["proto", "http_state"]),
+    (
+        "custom protocols; HTTP state; WebSocket's handshake and driver",
+        &["proto", "http_state", "ws_upgrade", "ws_driver"],
+    ),
     ("protocol drivers", &["http1", "h2", "framing"]),
     ("choosing HTTP/1.1 or HTTP/2", &["http_serve"]),
 ];

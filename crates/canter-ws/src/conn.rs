@@ -312,6 +312,15 @@ impl Connection {
         self.send(Opcode::Ping, data, out)
     }
 
+    /// Appends a pong (at most 125 bytes): an unsolicited one is a heartbeat (RFC 6455,
+    /// Section 5.5.3); the answers to pings are sent by [`Connection::poll`] itself.
+    pub fn send_pong(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+        if data.len() > 125 {
+            return Err(Error::Protocol("control frame over 125 bytes"));
+        }
+        self.send(Opcode::Pong, data, out)
+    }
+
     fn send(&mut self, opcode: Opcode, data: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
         if self.close_sent {
             return Err(Error::Closed);
