@@ -29,6 +29,8 @@ mod negotiate;
 pub use app::Multipart;
 #[cfg(feature = "compression")]
 pub use app::StaticCompression;
+#[cfg(feature = "ws")]
+pub use app::WebSocketUpgrade;
 pub use app::{
     any, delete, get, head, options, patch, post, put, ClientAddr, Extension, Form, FromBody,
     FromParts, Handler, Headers, Html, IntoResponse, Json, MethodRouter, Parts, Path, Query,

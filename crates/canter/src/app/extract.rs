@@ -15,7 +15,7 @@ use std::future::Future;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use canter_rt::http::{header, Extensions, Method, StatusCode};
+use canter_rt::http::{header, Extensions, HeaderName, HeaderValue, Method, StatusCode};
 use canter_rt::RequestHead;
 use canter_rt::{BodyError, Request, RequestBody, Response};
 use serde::de::DeserializeOwned;
@@ -228,6 +228,9 @@ impl States {
 pub struct Rejection {
     status: StatusCode,
     message: Cow<'static, str>,
+    /// Header fields the answer needs (a 426's `Sec-WebSocket-Version`); empty, and
+    /// allocation-free, for most.
+    headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Rejection {
@@ -236,7 +239,14 @@ impl Rejection {
         Rejection {
             status,
             message: message.into(),
+            headers: Vec::new(),
         }
+    }
+
+    /// Adds a header field to the answer.
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Rejection {
+        self.headers.push((name, value));
+        self
     }
 
     /// The status to answer with.
@@ -279,7 +289,11 @@ impl IntoResponse for Rejection {
         };
         // Serializing a &str and a u16 cannot fail; keep a fallback anyway.
         let bytes = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
-        Response::json_bytes(bytes).with_status(self.status)
+        let mut res = Response::json_bytes(bytes).with_status(self.status);
+        for (name, value) in self.headers {
+            res.append_header(name, value);
+        }
+        res
     }
 }
 

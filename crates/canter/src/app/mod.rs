@@ -48,6 +48,8 @@ mod router;
 mod static_compress;
 mod static_files;
 mod stream;
+#[cfg(feature = "ws")]
+mod websocket;
 
 pub use cookies::Cookies;
 pub use extract::{
@@ -68,6 +70,8 @@ pub use router::{
 pub use static_compress::StaticCompression;
 pub use static_files::{content_hashed, ServeDir};
 pub use stream::{IntoChunk, StreamBody};
+#[cfg(feature = "ws")]
+pub use websocket::WebSocketUpgrade;
 
 #[cfg(test)]
 mod tests;
