@@ -17,7 +17,8 @@ SERVING = re.compile(r"serving http://[^:]+:(\d+)")
 class Server:
     """A server process: its port, its pid and everything it has logged so far."""
 
-    def __init__(self, argv, cwd=HERE, env=None):
+    def __init__(self, argv, cwd=HERE, env=None, serving=SERVING):
+        serving = re.compile(serving) if isinstance(serving, str) else serving
         self.proc = subprocess.Popen(
             argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **(env or {})}, start_new_session=True,
@@ -25,6 +26,7 @@ class Server:
         self.lines = []
         self.port = None
         self._seen = threading.Condition()
+        self._serving = serving
         threading.Thread(target=self._read, daemon=True).start()
         deadline = time.time() + 30
         with self._seen:
@@ -39,7 +41,7 @@ class Server:
         for line in self.proc.stdout:
             with self._seen:
                 self.lines.append(line)
-                m = SERVING.search(line)
+                m = self._serving.search(line)
                 if m and self.port is None:
                     self.port = int(m.group(1))
                 self._seen.notify_all()

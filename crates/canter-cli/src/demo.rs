@@ -10,6 +10,8 @@
 //! | `POST /api/items` | stores a JSON item `{"name": "...", "qty": 1}`; 201 with its `id` |
 //! | `GET /api/items/{id}` | the stored item, or 404 |
 //! | `GET /page?name=...` | an HTML page built per request (maud, escaped) |
+//! | `GET /ws/echo` | WebSocket: text and binary messages echoed as they came (permessage-deflate when offered) |
+//! | `GET /ws` | a live page that talks to `/ws/echo` |
 //! | `GET /` | an index page |
 //! | `GET /static/{*path}` | files of the `--static` directory ([`app_with_static`], [`ServeDir`]) |
 //!
@@ -32,6 +34,7 @@ use canter::app::{
     get, post, FromParts, Html, IntoResponse, Json, Parts, Path, Query, RawBody, Rejection, Router,
     ServeDir, State,
 };
+use canter::WebSocketUpgrade;
 
 const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain");
 const OCTET_STREAM: HeaderValue = HeaderValue::from_static("application/octet-stream");
@@ -50,9 +53,53 @@ const INDEX: &str = r#"<!doctype html>
 <li><a href="/json">GET /json</a> — a JSON message, serialized per request</li>
 <li>POST /echo — the request body back (up to 16 MiB, Content-Length or chunked)</li>
 <li><a href="/bytes/1024">GET /bytes/{n}</a> — n bytes, streamed (up to 1 GiB)</li>
+<li><a href="/ws">GET /ws</a> — a live page on the WebSocket echo at /ws/echo</li>
 </ul>
 </body></html>
 "#;
+
+/// The live page of `/ws`: sends what is typed to `/ws/echo` (on whichever scheme served the
+/// page), shows what comes back and the round trip in milliseconds.
+const WS_PAGE: &str = r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>canter WebSocket echo</title></head>
+<body>
+<h1>WebSocket echo</h1>
+<p id="state">connecting…</p>
+<form id="f"><input id="msg" value="hello" autocomplete="off"> <button>send</button></form>
+<ol id="log"></ol>
+<script>
+const url = (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/echo";
+const ws = new WebSocket(url);
+const state = document.getElementById("state");
+const log = document.getElementById("log");
+let sent = [];
+ws.onopen = () => { state.textContent = "open: " + (ws.extensions || "no extensions"); };
+ws.onclose = (e) => { state.textContent = "closed: " + e.code; };
+ws.onmessage = (e) => {
+  const li = document.createElement("li");
+  const ms = (performance.now() - sent.shift()).toFixed(2);
+  li.textContent = e.data + " (" + ms + " ms)";
+  log.appendChild(li);
+};
+document.getElementById("f").onsubmit = (e) => {
+  e.preventDefault();
+  sent.push(performance.now());
+  ws.send(document.getElementById("msg").value);
+};
+</script>
+</body></html>
+"#;
+
+/// `/ws/echo`: every text and binary message back as it came, until the client closes.
+async fn ws_echo(ws: WebSocketUpgrade) -> Response {
+    ws.on_upgrade(|socket| async move {
+        while let Some(Ok(msg)) = socket.recv().await {
+            if matches!(msg, canter_rt::ws::Message::Close(_)) || socket.send(msg).await.is_err() {
+                break;
+            }
+        }
+    })
+}
 
 /// The demo router over `store` (shared by every worker that gets a clone of it): what
 /// `canter serve` runs, built per worker in the service factory.
@@ -70,6 +117,8 @@ pub fn app(store: Arc<Store>) -> Router {
         .route("/hello/{name}", get(hello))
         .route("/page", get(page))
         .route("/tls/client-cert", get(client_cert))
+        .route("/ws/echo", get(ws_echo))
+        .route("/ws", get(|| Html(WS_PAGE)))
         .nest("/api", api)
         .fallback(|| error(StatusCode::NOT_FOUND, "no such endpoint"))
         .with_state(store)

@@ -1,0 +1,144 @@
+"""WebSocket on the canter demo (`canter serve`, route /ws/echo) against real clients: Python's
+`websockets` (with and without permessage-deflate, over TLS too) and `wsproto`, a strict sans-IO
+implementation that checks every frame the server sends."""
+
+import os
+import socket
+import ssl
+
+import pytest
+from websockets.exceptions import ConnectionClosedError
+from websockets.sync.client import connect
+import wsproto
+from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Ping, Pong, Request,
+                            TextMessage)
+from wsproto.extensions import PerMessageDeflate
+
+from conftest import Server
+
+DEMO = r"canter serving the demo app on http://127\.0\.0\.1:(\d+)/"
+TLS = r"over TLS on https://127\.0\.0\.1:(\d+)/"
+
+
+def canter_bin():
+    binary = os.environ.get("CANTER_BIN")
+    if not binary:
+        pytest.fail("CANTER_BIN is not set: run these tests through cargo test")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def demo():
+    s = Server([canter_bin(), "serve", "--addr", "127.0.0.1:0", "--workers", "1",
+                "--tls-addr", "127.0.0.1:0", "--tls-self-signed"], serving=DEMO)
+    s.tls_port = int(s.wait_for(TLS).group(1))
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("compression", ["deflate", None])
+def test_websockets_client_echo(demo, compression):
+    with connect(f"ws://127.0.0.1:{demo.port}/ws/echo", compression=compression,
+                 max_size=4 << 20) as ws:
+        agreed = ws.response.headers.get("Sec-WebSocket-Extensions")
+        if compression:
+            assert agreed and agreed.startswith("permessage-deflate"), agreed
+        else:
+            assert agreed is None
+        ws.send("héllo")
+        assert ws.recv() == "héllo"
+        ws.send(b"\x00\x01\x02")
+        assert ws.recv() == b"\x00\x01\x02"
+        big = ("{\"symbol\": \"ACME\", \"bid\": 101.25}" * 30000)[: 1 << 20]
+        ws.send(big)
+        assert ws.recv() == big
+        # A fragmented message arrives whole.
+        ws.send(iter(["frag", "men", "ted"]))
+        assert ws.recv() == "fragmented"
+        # Pings are answered by the server with their payload.
+        pong = ws.ping(b"beat")
+        assert pong.wait(5)
+        ws.close()
+    assert ws.protocol.close_rcvd is not None and ws.protocol.close_rcvd.code == 1000
+
+
+def test_websockets_client_over_tls(demo):
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with connect(f"wss://127.0.0.1:{demo.tls_port}/ws/echo", ssl=ctx) as ws:
+        for i in range(100):
+            ws.send(f"message {i}")
+            assert ws.recv() == f"message {i}"
+
+
+def test_a_message_over_the_clients_limit_is_the_clients_to_refuse(demo):
+    # The server echoes what it received; the client's own limit refuses the echo with 1009.
+    with connect(f"ws://127.0.0.1:{demo.port}/ws/echo", max_size=1024) as ws:
+        ws.send("x" * 2048)
+        with pytest.raises(ConnectionClosedError):
+            ws.recv()
+        assert ws.protocol.close_sent.code == 1009
+
+
+def wsproto_session(port, extensions):
+    """Opens a wsproto client connection; returns it, its socket and the accept event."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    conn = wsproto.WSConnection(wsproto.ConnectionType.CLIENT)
+    sock.sendall(conn.send(Request(host="127.0.0.1", target="/ws/echo", extensions=extensions)))
+    return conn, sock
+
+
+def wsproto_events(conn, sock, want):
+    """Reads until `want` events came; wsproto raises (and fails the test) on any frame that
+    breaks RFC 6455."""
+    events = []
+    while len(events) < want:
+        for ev in conn.events():
+            events.append(ev)
+        if len(events) >= want:
+            break
+        data = sock.recv(65536)
+        conn.receive_data(data or None)
+    return events
+
+
+@pytest.mark.parametrize("deflate", [True, False])
+def test_wsproto_client(demo, deflate):
+    conn, sock = wsproto_session(demo.port, [PerMessageDeflate()] if deflate else [])
+    [accept] = wsproto_events(conn, sock, 1)
+    assert isinstance(accept, AcceptConnection)
+    assert bool(accept.extensions) == deflate
+    text = "the quick brown fox " * 200
+    sock.sendall(conn.send(TextMessage(data=text)))
+    sock.sendall(conn.send(BytesMessage(data=b"\xff" * 10)))
+    sock.sendall(conn.send(Ping(payload=b"p")))
+    events = wsproto_events(conn, sock, 3)
+    kinds = {type(e) for e in events}
+    assert kinds == {TextMessage, BytesMessage, Pong}, events
+    got = {type(e): e for e in events}
+    assert got[TextMessage].data == text
+    assert got[BytesMessage].data == b"\xff" * 10
+    assert got[Pong].payload == b"p"
+    sock.sendall(conn.send(CloseConnection(code=1000, reason="done")))
+    [close] = wsproto_events(conn, sock, 1)
+    assert isinstance(close, CloseConnection) and close.code == 1000
+    # The server closes the TCP connection after the close handshake.
+    assert sock.recv(1) == b""
+    sock.close()
+
+
+def test_plain_http_to_the_websocket_route_is_refused(demo):
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", demo.port, timeout=5)
+    c.request("GET", "/ws/echo")
+    r = c.getresponse()
+    assert r.status == 400
+    r.read()
+    c.request("GET", "/ws/echo", headers={"Upgrade": "websocket", "Connection": "Upgrade",
+                                          "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                                          "Sec-WebSocket-Version": "7"})
+    r = c.getresponse()
+    assert r.status == 426
+    assert r.getheader("Sec-WebSocket-Version") == "13"
