@@ -58,8 +58,8 @@ const INDEX: &str = r#"<!doctype html>
 </body></html>
 "#;
 
-/// The live page of `/ws`: sends what is typed to `/ws/echo` (on whichever scheme served the
-/// page), shows what comes back and the round trip in milliseconds.
+/// The live page of `/ws`: greets `/ws/echo` (on whichever scheme served the page) once open,
+/// then sends what is typed; shows what comes back and the round trip in milliseconds.
 const WS_PAGE: &str = r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>canter WebSocket echo</title></head>
 <body>
@@ -73,7 +73,11 @@ const ws = new WebSocket(url);
 const state = document.getElementById("state");
 const log = document.getElementById("log");
 let sent = [];
-ws.onopen = () => { state.textContent = "open: " + (ws.extensions || "no extensions"); };
+ws.onopen = () => {
+  state.textContent = "open: " + (ws.extensions || "no extensions");
+  sent.push(performance.now());
+  ws.send("hello from " + navigator.userAgent.split(" ")[0]);
+};
 ws.onclose = (e) => { state.textContent = "closed: " + e.code; };
 ws.onmessage = (e) => {
   const li = document.createElement("li");

@@ -658,28 +658,11 @@ fn market_spread_pipeline_produces_the_reference_results() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Chromium from Debian's package, installed when missing; the test fails when it cannot be.
-fn chromium() -> std::path::PathBuf {
-    let find = || {
-        ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-            .iter()
-            .map(std::path::PathBuf::from)
-            .find(|p| p.exists())
-    };
-    if let Some(p) = find() {
-        return p;
-    }
-    common::apt_install("chromium");
-    find().expect(
-        "Chromium is needed by this test and could not be installed (apt-get install chromium)",
-    )
-}
-
 /// The live metrics page in headless Chromium: it loads, fetches the metrics and draws both
 /// charts of every pipeline with the seconds of history the pipeline has so far.
 #[test]
 fn metrics_page_draws_in_headless_chromium() {
-    let browser = chromium();
+    let browser = common::chromium();
     let (rx, rx_addr) = receive(&["--duration", "30s"]);
     let (pipe, nbbo_addr, orders_addr, metrics_addr) = pipeline(&["--out", &rx_addr.to_string()]);
     let sent = Command::new(env!("CARGO_BIN_EXE_canter"))

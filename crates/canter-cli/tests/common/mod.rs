@@ -602,3 +602,20 @@ impl Drop for TempFile {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// Chromium from Debian's package, installed when missing; the test fails when it cannot be.
+pub fn chromium() -> std::path::PathBuf {
+    let find = || {
+        ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+            .iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.exists())
+    };
+    if let Some(p) = find() {
+        return p;
+    }
+    apt_install("chromium");
+    find().expect(
+        "Chromium is needed by this test and could not be installed (apt-get install chromium)",
+    )
+}
