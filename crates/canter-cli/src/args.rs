@@ -99,6 +99,18 @@ pub(crate) struct LoadArgs {
     /// Do not print the once-per-second progress line on stderr.
     #[arg(long)]
     pub(crate) no_progress: bool,
+
+    /// ws:// and wss://: bytes per message (echoed by the server; --pipeline in flight).
+    #[arg(long, value_name = "BYTES", default_value_t = 32)]
+    pub(crate) ws_size: usize,
+
+    /// ws:// and wss://: binary messages instead of text.
+    #[arg(long)]
+    pub(crate) ws_binary: bool,
+
+    /// ws:// and wss://: offer permessage-deflate.
+    #[arg(long)]
+    pub(crate) ws_deflate: bool,
 }
 
 impl LoadArgs {
@@ -123,6 +135,9 @@ impl LoadArgs {
         o.tls_no_resume = self.tls_no_resume;
         o.no_keepalive = self.no_keepalive;
         o.no_progress = self.no_progress;
+        o.ws_size = self.ws_size;
+        o.ws_binary = self.ws_binary;
+        o.ws_deflate = self.ws_deflate;
         o
     }
 }

@@ -64,3 +64,48 @@ fn the_live_page_talks_to_the_echo_in_headless_chromium() {
     assert!(html.contains("open: permessage-deflate"), "{html}");
     assert!(html.contains("<li>hello from Mozilla/5.0 ("), "{html}");
 }
+
+/// `canter load ws://…` with `args`; its JSON report and stderr.
+fn load(url: &str, args: &[&str]) -> (serde_json::Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(["load", url, "--json", "--no-progress"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report = serde_json::from_slice(&out.stdout).unwrap();
+    (report, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn canter_load_drives_the_echo_closed_and_open_loop_with_and_without_deflate() {
+    let server = Server::start();
+    let url = format!("ws://127.0.0.1:{}/ws/echo", server.port);
+    for args in [
+        &["-c", "4", "-n", "4000", "--pipeline", "8"][..],
+        &["-c", "2", "-n", "400", "--ws-deflate", "--ws-size", "4096"],
+        &["-c", "2", "-n", "300", "--ws-binary", "--ws-size", "100000"],
+        &["-c", "2", "-n", "200", "--rate", "1000"],
+    ] {
+        let (report, stderr) = load(&url, args);
+        let want: u64 = args[args.iter().position(|a| *a == "-n").unwrap() + 1]
+            .parse()
+            .unwrap();
+        assert_eq!(report["protocol"], "websocket");
+        assert_eq!(report["requests"], want, "{args:?}: {report}\n{stderr}");
+        assert_eq!(report["status"]["101"], want, "{report}");
+        for (kind, n) in report["errors"].as_object().unwrap() {
+            assert_eq!(n, 0, "{args:?}: {kind} errors: {report}\n{stderr}");
+        }
+    }
+}
+
+#[test]
+fn canter_load_counts_a_route_that_does_not_upgrade_and_says_why() {
+    let server = Server::start();
+    let url = format!("ws://127.0.0.1:{}/plaintext", server.port);
+    let (report, stderr) = load(&url, &["-c", "1", "-d", "300ms"]);
+    assert_eq!(report["requests"], 0, "{report}");
+    assert!(report["errors"]["parse"].as_u64().unwrap() > 0, "{report}");
+    assert!(stderr.contains("not 101"), "{stderr}");
+}

@@ -30,6 +30,13 @@ pub(crate) fn timed_out(timeout: Duration) {
     ));
 }
 
+/// Says that the server did not switch to WebSocket, the first time.
+pub(crate) fn ws_refused(status_line: &str) {
+    once(format!(
+        "the server answered the WebSocket upgrade with {status_line:?}, not 101"
+    ));
+}
+
 fn once(line: String) {
     let mut said = SAID.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if said.len() < MOST && said.insert(line.clone()) {

@@ -50,6 +50,8 @@ pub struct ConnConfig {
     pub streams: usize,
     /// HTTP/2: the request as fields and body.
     pub h2: Option<crate::target::H2Request>,
+    /// WebSocket: the upgrade request and the message.
+    pub ws: Option<crate::ws::WsPlan>,
 }
 
 /// Mutable state shared by all connections of a thread (single-threaded).

@@ -57,6 +57,7 @@ pub mod parse;
 pub mod schedule;
 pub mod stats;
 pub mod target;
+mod ws;
 
 pub use duration::{parse_duration, DurationError};
 pub use error::LoadError;
@@ -146,6 +147,15 @@ pub struct LoadOptions {
 
     /// Do not print the once-per-second progress line on stderr.
     pub no_progress: bool,
+
+    /// WebSocket (`ws://`, `wss://`): bytes per message.
+    pub ws_size: usize,
+
+    /// WebSocket: binary messages instead of text.
+    pub ws_binary: bool,
+
+    /// WebSocket: offer permessage-deflate.
+    pub ws_deflate: bool,
 }
 
 impl LoadOptions {
@@ -173,6 +183,9 @@ impl LoadOptions {
             tls_no_resume: false,
             no_keepalive: false,
             no_progress: false,
+            ws_size: 32,
+            ws_binary: false,
+            ws_deflate: false,
         }
     }
 }
@@ -186,6 +199,8 @@ struct Plan {
     request: Vec<u8>,
     /// The request's HTTP/2 form, with `-m`.
     h2: Option<target::H2Request>,
+    /// What a WebSocket run sends.
+    ws: Option<ws::WsPlan>,
     streams: usize,
     head_only: bool,
     connections: usize,
@@ -247,6 +262,45 @@ fn plan(args: &LoadOptions) -> Result<Plan, LoadError> {
     if args.no_keepalive {
         headers.push("Connection: close".to_owned());
     }
+    let ws = if target.websocket {
+        if args.streams.is_some() || args.no_keepalive || !body.is_empty() {
+            return usage!("ws:// and wss:// take none of -m, --no-keepalive, --body");
+        }
+        if !args.method.eq_ignore_ascii_case("GET") {
+            return usage!("a WebSocket upgrade is a GET");
+        }
+        if args.ws_size > 16 << 20 {
+            return usage!("--ws-size must be at most 16 MiB");
+        }
+        headers.extend([
+            "Upgrade: websocket".to_owned(),
+            "Connection: Upgrade".to_owned(),
+            // The key need not be secret or fresh for a load test: the server only hashes it.
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==".to_owned(),
+            "Sec-WebSocket-Version: 13".to_owned(),
+        ]);
+        if args.ws_deflate {
+            headers.push(format!(
+                "Sec-WebSocket-Extensions: {}",
+                canter_ws::deflate::client_offer(canter_ws::deflate::DeflateConfig::default())
+            ));
+        }
+        let payload = if args.ws_binary {
+            (0..args.ws_size).map(|i| (i % 251) as u8).collect()
+        } else {
+            // Text that compresses as JSON does, about 4:1.
+            let pattern = b"{\"symbol\":\"ACME\",\"bid\":101.25,\"offer\":101.5,\"qty\":100}";
+            pattern.iter().copied().cycle().take(args.ws_size).collect()
+        };
+        Some(ws::WsPlan {
+            request: target::build_request("GET", &target, &headers, &[])?,
+            payload,
+            binary: args.ws_binary,
+            deflate: args.ws_deflate,
+        })
+    } else {
+        None
+    };
     let request = target::build_request(&args.method, &target, &headers, &body)?;
     let h2 = match args.streams {
         Some(_) => Some(target::build_h2_request(
@@ -285,13 +339,16 @@ fn plan(args: &LoadOptions) -> Result<Plan, LoadError> {
     Ok(Plan {
         addrs,
         tls,
-        protocol: if h2.is_some() {
+        protocol: if ws.is_some() {
+            Protocol::WebSocket
+        } else if h2.is_some() {
             Protocol::Http2
         } else {
             Protocol::Http1
         },
         request,
         h2,
+        ws,
         streams: args.streams.unwrap_or(1),
         head_only: args.method.eq_ignore_ascii_case("HEAD"),
         connections: args.connections,
@@ -371,6 +428,17 @@ pub fn run(args: LoadOptions) -> Result<Report, LoadError> {
         let depth = match p.protocol {
             Protocol::Http1 => format!("pipeline {}", p.pipeline),
             Protocol::Http2 => format!("HTTP/2, {} streams per connection", p.streams),
+            Protocol::WebSocket => format!(
+                "WebSocket echo of {} B {} messages, {} in flight{}",
+                args.ws_size,
+                if args.ws_binary { "binary" } else { "text" },
+                p.pipeline,
+                if args.ws_deflate {
+                    ", deflate offered"
+                } else {
+                    ""
+                }
+            ),
         };
         println!(
             "  {} threads and {} connections, {depth}, {mode}",
@@ -411,6 +479,7 @@ pub fn run(args: LoadOptions) -> Result<Report, LoadError> {
             rate: args.rate.map(|r| (r, p.connections)),
             streams: p.streams,
             h2: p.h2.clone(),
+            ws: p.ws.clone(),
         };
         let counter = counter.clone();
         let protocol = p.protocol;
@@ -472,6 +541,7 @@ pub fn run(args: LoadOptions) -> Result<Report, LoadError> {
             protocol: match p.protocol {
                 Protocol::Http1 => "http/1.1",
                 Protocol::Http2 => "h2",
+                Protocol::WebSocket => "websocket",
             },
             pipeline: p.pipeline,
             streams: args.streams,
@@ -520,9 +590,12 @@ fn worker(
             let cfg = cfg.clone();
             let shared = shared.clone();
             tasks.push(tokio::task::spawn_local(async move {
-                match protocol {
-                    Protocol::Http1 => h1::run_connection(&cfg, &shared, idx).await,
-                    Protocol::Http2 => h2::run_connection(&cfg, &shared, idx).await,
+                match (protocol, &cfg.ws) {
+                    (Protocol::WebSocket, Some(plan)) => {
+                        ws::run_connection(&cfg, plan, &shared, idx).await
+                    }
+                    (Protocol::Http2, _) => h2::run_connection(&cfg, &shared, idx).await,
+                    _ => h1::run_connection(&cfg, &shared, idx).await,
                 }
             }));
         }

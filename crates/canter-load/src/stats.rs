@@ -253,14 +253,21 @@ impl Report {
         use std::fmt::Write;
         let mut s = String::new();
         let secs = self.duration_s.max(1e-9);
+        // A WebSocket run counts echoed messages, all on upgraded (101) connections.
+        let ws = self.protocol == "websocket";
+        let (what, per) = if ws {
+            ("messages echoed", "Messages/sec:")
+        } else {
+            ("requests", "Requests/sec:")
+        };
         let _ = writeln!(
             s,
-            "  {} requests in {:.2}s, {} read",
+            "  {} {what} in {:.2}s, {} read",
             self.requests,
             self.duration_s,
             fmt_bytes(self.bytes_read as f64)
         );
-        let _ = writeln!(s, "Requests/sec: {:>12.2}", self.rps);
+        let _ = writeln!(s, "{per} {:>12.2}", self.rps);
         let _ = writeln!(
             s,
             "Transfer/sec: {:>12}",
@@ -292,7 +299,7 @@ impl Report {
             .filter(|(c, _)| !c.starts_with('2'))
             .map(|(_, n)| n)
             .sum();
-        if non2xx > 0 {
+        if non2xx > 0 && !ws {
             let _ = writeln!(s, "  Non-2xx responses: {non2xx}");
         }
         let e = &self.errors;

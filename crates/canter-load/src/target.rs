@@ -12,6 +12,8 @@ pub enum Protocol {
     /// HTTP/2 with `-m` concurrent streams per connection: prior knowledge on `http://` (h2c),
     /// ALPN `h2` on `https://`.
     Http2,
+    /// WebSocket on `ws://` and `wss://`: messages echoed, `--pipeline` in flight.
+    WebSocket,
 }
 
 /// A request as HTTP/2 fields: the pseudo-headers first, then the regular fields with
@@ -94,19 +96,26 @@ pub struct Target {
     pub port: u16,
     /// Path and query, starting with `/`.
     pub path: String,
-    /// `https://`: TLS to the server.
+    /// `https://` or `wss://`: TLS to the server.
     pub tls: bool,
+    /// `ws://` or `wss://`: WebSocket.
+    pub websocket: bool,
 }
 
 impl Target {
-    /// Parses an absolute `http://` or `https://` URL.
+    /// Parses an absolute `http://`, `https://`, `ws://` or `wss://` URL.
     pub fn parse(url: &str) -> Result<Target, LoadError> {
-        let (rest, tls) = if let Some(r) = strip_prefix_ci(url, "http://") {
-            (r, false)
-        } else if let Some(r) = strip_prefix_ci(url, "https://") {
-            (r, true)
-        } else {
-            return usage!("URL must start with http:// or https:// (got {url:?})");
+        let schemes = [
+            ("http://", false, false),
+            ("https://", true, false),
+            ("ws://", false, true),
+            ("wss://", true, true),
+        ];
+        let Some((rest, tls, websocket)) = schemes
+            .iter()
+            .find_map(|&(scheme, tls, ws)| strip_prefix_ci(url, scheme).map(|r| (r, tls, ws)))
+        else {
+            return usage!("URL must start with http://, https://, ws:// or wss:// (got {url:?})");
         };
         let default_port = if tls { 443 } else { 80 };
         let rest = rest.split('#').next().unwrap_or("");
@@ -155,6 +164,7 @@ impl Target {
             port,
             path,
             tls,
+            websocket,
         })
     }
 
