@@ -142,3 +142,134 @@ def test_plain_http_to_the_websocket_route_is_refused(demo):
     r = c.getresponse()
     assert r.status == 426
     assert r.getheader("Sec-WebSocket-Version") == "13"
+
+
+def h2_websocket(port, extensions="", tls=False):
+    """Opens WebSocket over HTTP/2 (RFC 8441) on h2c with prior knowledge: python-hyper's `h2`
+    sends the extended CONNECT; returns the h2 connection, the socket, the stream id and the
+    response headers."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    if tls:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.set_alpn_protocols(["h2"])
+        sock = ctx.wrap_socket(sock)
+        assert sock.selected_alpn_protocol() == "h2"
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    sock.sendall(conn.data_to_send())
+    # The server's SETTINGS must allow the extended CONNECT before it is sent.
+    allowed = None
+    while allowed is None:
+        for ev in conn.receive_data(sock.recv(65536)):
+            if isinstance(ev, h2.events.RemoteSettingsChanged):
+                setting = ev.changed_settings.get(h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL)
+                allowed = bool(setting and setting.new_value == 1)
+        sock.sendall(conn.data_to_send())
+    assert allowed, "the server did not send SETTINGS_ENABLE_CONNECT_PROTOCOL = 1"
+    stream = conn.get_next_available_stream_id()
+    headers = [(":method", "CONNECT"), (":protocol", "websocket"),
+               (":scheme", "https" if tls else "http"),
+               (":path", "/ws/echo"), (":authority", f"127.0.0.1:{port}"),
+               ("sec-websocket-version", "13")]
+    if extensions:
+        headers.append(("sec-websocket-extensions", extensions))
+    conn.send_headers(stream, headers)
+    sock.sendall(conn.data_to_send())
+    while True:
+        for ev in conn.receive_data(sock.recv(65536)):
+            if isinstance(ev, h2.events.ResponseReceived):
+                sock.sendall(conn.data_to_send())
+                return conn, sock, stream, dict(ev.headers)
+        sock.sendall(conn.data_to_send())
+
+
+import h2.settings  # noqa: E402
+
+
+@pytest.mark.parametrize("deflate,tls", [(False, False), (True, False), (True, True)])
+def test_websocket_over_http2_extended_connect(demo, deflate, tls):
+    import h2.events
+    from wsproto.connection import Connection, ConnectionType
+    from wsproto.extensions import PerMessageDeflate
+
+    offer = "permessage-deflate; client_max_window_bits" if deflate else ""
+    conn, sock, stream, headers = h2_websocket(demo.tls_port if tls else demo.port, offer, tls)
+    assert headers[b":status"] == b"200", headers
+    agreed = headers.get(b"sec-websocket-extensions", b"").decode()
+    assert agreed.startswith("permessage-deflate") == deflate, headers
+    exts = []
+    if deflate:
+        ext = PerMessageDeflate()
+        ext.finalize(agreed)
+        exts = [ext]
+    # The frames ride in DATA frames; wsproto is the WebSocket end (no handshake of its own).
+    ws = Connection(ConnectionType.CLIENT, extensions=exts)
+
+    pending = []
+    partial = []
+
+    def take(events):
+        """Whole messages from wsproto's pieces (it hands a long message over as it comes)."""
+        for ev in events:
+            if isinstance(ev, (TextMessage, BytesMessage)):
+                partial.append(ev)
+                if ev.message_finished:
+                    joined = ("" if isinstance(ev, TextMessage) else b"").join(
+                        p.data for p in partial)
+                    pending.append(type(ev)(data=joined))
+                    partial.clear()
+            else:
+                pending.append(ev)
+
+    def pump():
+        """Reads once: echoes go to `pending`; window updates let `send` go on."""
+        for ev in conn.receive_data(sock.recv(65536)):
+            if isinstance(ev, h2.events.DataReceived):
+                conn.acknowledge_received_data(ev.flow_controlled_length, stream)
+                ws.receive_data(ev.data)
+                take(ws.events())
+            elif isinstance(ev, h2.events.StreamEnded):
+                pending.append("END_STREAM")
+        sock.sendall(conn.data_to_send())
+
+    def send(event):
+        """Sends the event's frames within the stream's flow-control window."""
+        data = ws.send(event)
+        while data:
+            room = min(conn.local_flow_control_window(stream), conn.max_outbound_frame_size)
+            if room == 0:
+                pump()
+                continue
+            conn.send_data(stream, data[:room])
+            sock.sendall(conn.data_to_send())
+            data = data[room:]
+
+    def receive(want):
+        while len(pending) < want:
+            pump()
+        got = pending[:want]
+        del pending[:want]
+        return got
+
+    text = "over HTTP/2 " * 500
+    send(TextMessage(data=text))
+    send(BytesMessage(data=b"\x01\x02"))
+    got = receive(2)
+    assert isinstance(got[0], TextMessage) and got[0].data == text
+    assert isinstance(got[1], BytesMessage) and got[1].data == b"\x01\x02"
+    # More than the stream's flow-control window (256 KiB) in both directions.
+    big = b"z" * (600 * 1024)
+    send(BytesMessage(data=big))
+    [echo] = receive(1)
+    assert echo.data == big
+    send(CloseConnection(code=1000))
+    got = receive(2)
+    assert isinstance(got[0], CloseConnection) and got[0].code == 1000, got
+    assert got[1] == "END_STREAM", got
+    sock.close()

@@ -110,6 +110,7 @@ pub struct Settings {
     pub(crate) max_continuations: u32,
     pub(crate) reset_budget: u32,
     pub(crate) max_idle_frames: u32,
+    pub(crate) connect_protocol: bool,
 }
 
 impl Default for Settings {
@@ -125,6 +126,7 @@ impl Default for Settings {
             max_continuations: 64,
             reset_budget: 200,
             max_idle_frames: 10_000,
+            connect_protocol: false,
         }
     }
 }
@@ -195,6 +197,19 @@ impl Settings {
     /// DATA, unknown types) accepted in a row, before GOAWAY ENHANCE_YOUR_CALM.
     pub fn max_idle_frames(&self) -> u32 {
         self.max_idle_frames
+    }
+
+    /// SETTINGS_ENABLE_CONNECT_PROTOCOL (RFC 8441): the extended CONNECT, a request with a
+    /// `:protocol` pseudo-header (WebSocket over HTTP/2), is accepted. Off by default: without
+    /// it such a request is malformed.
+    pub fn connect_protocol(&self) -> bool {
+        self.connect_protocol
+    }
+
+    /// These settings with the extended CONNECT accepted or not ([`Settings::connect_protocol`]).
+    pub fn with_connect_protocol(mut self, on: bool) -> Settings {
+        self.connect_protocol = on;
+        self
     }
 
     /// These settings with [`Settings::max_header_list`] lowered to `bytes` if it is above
@@ -332,6 +347,8 @@ pub struct RequestHead {
     scheme: (u32, u32),
     authority: Option<(u32, u32)>,
     path: (u32, u32),
+    /// RFC 8441's `:protocol`, on an extended CONNECT.
+    protocol: Option<(u32, u32)>,
     fields: Vec<((u32, u32), (u32, u32))>,
     content_length: Option<u64>,
 }
@@ -355,6 +372,11 @@ impl RequestHead {
     /// `:path` (empty for CONNECT).
     pub fn path(&self) -> &[u8] {
         self.get(self.path)
+    }
+    /// `:protocol` of an extended CONNECT (RFC 8441), e.g. `websocket`: the stream becomes a
+    /// tunnel for that protocol once answered 2xx.
+    pub fn protocol(&self) -> Option<&[u8]> {
+        self.protocol.map(|r| self.get(r))
     }
     /// The regular fields, in order; names are lowercase.
     pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> + Clone + '_ {
@@ -560,20 +582,21 @@ impl Connection {
         // `Settings::builder` checked every value against the protocol's ranges.
         let s = settings;
         let buf = out.buf();
-        frame::put_settings(
-            buf,
-            &[
-                (
-                    frame::SETTINGS_MAX_CONCURRENT_STREAMS,
-                    s.max_concurrent_streams,
-                ),
-                (frame::SETTINGS_INITIAL_WINDOW_SIZE, s.stream_window),
-                (frame::SETTINGS_MAX_FRAME_SIZE, s.max_frame_size),
-                (frame::SETTINGS_MAX_HEADER_LIST_SIZE, s.max_header_list),
-                (frame::SETTINGS_HEADER_TABLE_SIZE, s.header_table_size),
-                (frame::SETTINGS_ENABLE_PUSH, 0),
-            ],
-        );
+        let all = [
+            (
+                frame::SETTINGS_MAX_CONCURRENT_STREAMS,
+                s.max_concurrent_streams,
+            ),
+            (frame::SETTINGS_INITIAL_WINDOW_SIZE, s.stream_window),
+            (frame::SETTINGS_MAX_FRAME_SIZE, s.max_frame_size),
+            (frame::SETTINGS_MAX_HEADER_LIST_SIZE, s.max_header_list),
+            (frame::SETTINGS_HEADER_TABLE_SIZE, s.header_table_size),
+            (frame::SETTINGS_ENABLE_PUSH, 0),
+            (frame::SETTINGS_ENABLE_CONNECT_PROTOCOL, 1),
+        ];
+        // The last is sent only when the extended CONNECT is on.
+        let n = all.len() - usize::from(!s.connect_protocol);
+        frame::put_settings(buf, &all[..n]);
         if s.connection_window > frame::DEFAULT_WINDOW {
             frame::put_window_update(buf, 0, s.connection_window - frame::DEFAULT_WINDOW);
         }
@@ -873,6 +896,12 @@ impl Connection {
                 frame::SETTINGS_ENABLE_PUSH if value > 1 => {
                     return conn_err(ErrorCode::PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH not 0 or 1");
                 }
+                frame::SETTINGS_ENABLE_CONNECT_PROTOCOL if value > 1 => {
+                    return conn_err(
+                        ErrorCode::PROTOCOL_ERROR,
+                        "SETTINGS_ENABLE_CONNECT_PROTOCOL not 0 or 1",
+                    );
+                }
                 frame::SETTINGS_INITIAL_WINDOW_SIZE => {
                     if value as i64 > frame::MAX_WINDOW {
                         return conn_err(
@@ -1097,7 +1126,7 @@ impl Connection {
     ) -> Res<()> {
         let existing = self.streams.contains_key(&id);
         let trailers = existing;
-        let mut v = Validator::new(trailers, block.len());
+        let mut v = Validator::new(trailers, block.len(), self.settings.connect_protocol);
         let decoded = self
             .decoder
             .decode(block, self.settings.max_header_list as usize, |n, val| {
@@ -1578,6 +1607,8 @@ fn strip_padding(head: Head, payload: &[u8]) -> Res<&[u8]> {
 /// Checks a header list as it is decoded (RFC 9113, Section 8.2 and 8.3).
 struct Validator {
     head: RequestHead,
+    /// `:protocol` is accepted (SETTINGS_ENABLE_CONNECT_PROTOCOL was sent).
+    connect_protocol: bool,
     trailers: bool,
     regular_seen: bool,
     has_method: bool,
@@ -1587,8 +1618,9 @@ struct Validator {
 }
 
 impl Validator {
-    fn new(trailers: bool, block_len: usize) -> Validator {
+    fn new(trailers: bool, block_len: usize, connect_protocol: bool) -> Validator {
         Validator {
+            connect_protocol,
             head: RequestHead {
                 // Decoded fields are rarely more than twice their encoding.
                 buf: Vec::with_capacity(block_len * 2 + 64),
@@ -1636,6 +1668,7 @@ impl Validator {
                     std::mem::replace(&mut self.has_path, true)
                 }
                 b"authority" => self.head.authority.replace(r).is_some(),
+                b"protocol" if self.connect_protocol => self.head.protocol.replace(r).is_some(),
                 _ => return self.fail("unknown pseudo-header"),
             };
             if seen {
@@ -1678,6 +1711,13 @@ impl Validator {
     fn finish_request(&self) -> bool {
         if !self.has_method {
             return false;
+        }
+        if self.head.protocol.is_some() {
+            // RFC 8441, Section 4: an extended CONNECT has all of them, and a path.
+            return self.head.method() == b"CONNECT"
+                && self.head.authority.is_some()
+                && self.has_scheme
+                && self.head.path().first() == Some(&b'/');
         }
         if self.head.method() == b"CONNECT" {
             return self.head.authority.is_some() && !self.has_scheme && !self.has_path;

@@ -44,6 +44,8 @@ pub(crate) const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
 pub(crate) const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
 pub(crate) const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
 pub(crate) const SETTINGS_MAX_HEADER_LIST_SIZE: u16 = 0x6;
+/// RFC 8441: the server accepts the extended CONNECT (`:protocol`).
+pub(crate) const SETTINGS_ENABLE_CONNECT_PROTOCOL: u16 = 0x8;
 
 /// An HTTP/2 error code (RFC 9113, Section 7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -815,3 +815,100 @@ fn settings_out_of_the_protocols_ranges_are_refused_by_name() {
         edges.max_header_list()
     );
 }
+
+/// The SETTINGS the server sent first, as (id, value) pairs.
+fn first_settings(settings: Settings) -> Vec<(u16, u32)> {
+    let mut out = BytesMut::new();
+    let _ = Connection::new(settings, &mut out);
+    let mut c = Client {
+        server: Connection::new(Settings::default(), &mut BytesMut::new()),
+        out,
+        input: BytesMut::new(),
+        enc: Encoder::new(4096),
+    };
+    c.frames()[0]
+        .payload
+        .chunks(6)
+        .map(|s| {
+            (
+                u16::from_be_bytes([s[0], s[1]]),
+                u32::from_be_bytes([s[2], s[3], s[4], s[5]]),
+            )
+        })
+        .collect()
+}
+
+fn extended_connect(
+    path: Option<&'static str>,
+    method: &'static str,
+) -> Vec<(&'static str, &'static str)> {
+    let mut fields = vec![
+        (":method", method),
+        (":protocol", "websocket"),
+        (":scheme", "https"),
+        (":authority", "x"),
+    ];
+    if let Some(p) = path {
+        fields.push((":path", p));
+    }
+    fields.push(("sec-websocket-version", "13"));
+    fields
+}
+
+#[test]
+fn the_extended_connect_is_announced_and_accepted_only_when_on() {
+    // RFC 8441, Section 3: SETTINGS_ENABLE_CONNECT_PROTOCOL (0x8) = 1 when on, absent when off.
+    assert!(!first_settings(Settings::default())
+        .iter()
+        .any(|(id, _)| *id == 8));
+    let on = Settings::default().with_connect_protocol(true);
+    assert!(first_settings(on).contains(&(8, 1)));
+    // On: a CONNECT with :protocol, :scheme and :path is a request, its :protocol kept.
+    let mut c = Client::new(on);
+    let b = c.block(&extended_connect(Some("/chat"), "CONNECT"));
+    c.send(&frame(HEADERS, END_HEADERS, 1, &b)).unwrap();
+    let ev = c.events();
+    let [Event::Request {
+        stream: 1,
+        head,
+        end_stream: false,
+    }] = &ev[..]
+    else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(head.method(), b"CONNECT");
+    assert_eq!(head.protocol(), Some(&b"websocket"[..]));
+    assert_eq!(head.path(), b"/chat");
+    // Malformed, reset: :protocol while off, without :path, or on a method other than CONNECT.
+    for (settings, fields) in [
+        (
+            Settings::default(),
+            extended_connect(Some("/chat"), "CONNECT"),
+        ),
+        (on, extended_connect(None, "CONNECT")),
+        (on, extended_connect(Some("/chat"), "GET")),
+    ] {
+        let mut c = Client::new(settings);
+        let b = c.block(&fields);
+        c.send(&frame(HEADERS, END_HEADERS, 1, &b)).unwrap();
+        assert_eq!(
+            rst_codes(&c.frames()),
+            vec![(1, ErrorCode::PROTOCOL_ERROR.0)],
+            "{fields:?}"
+        );
+        assert!(c.events().is_empty());
+    }
+}
+
+#[test]
+fn a_client_setting_enable_connect_protocol_above_one_is_a_connection_error() {
+    let mut out = BytesMut::new();
+    let mut server = Connection::new(Settings::default(), &mut out);
+    let mut first = PREFACE.to_vec();
+    let mut s = Vec::new();
+    s.extend_from_slice(&8u16.to_be_bytes());
+    s.extend_from_slice(&2u32.to_be_bytes());
+    first.extend(frame(SETTINGS, 0, 0, &s));
+    let mut input = BytesMut::from(&first[..]);
+    assert!(server.recv(&mut input, &mut out).is_err());
+}

@@ -74,7 +74,11 @@ enum Stop {
 /// The HTTP/2 settings a server built with `cfg` advertises.
 pub(crate) fn settings(cfg: &Config) -> Settings {
     let head = u32::try_from(cfg.limits.max_head()).unwrap_or(u32::MAX);
-    cfg.http2.unwrap_or_default().with_header_list_at_most(head)
+    cfg.http2
+        .unwrap_or_default()
+        .with_header_list_at_most(head)
+        // WebSocket over HTTP/2 (RFC 8441) is served where WebSocket is.
+        .with_connect_protocol(cfg!(feature = "ws"))
 }
 
 /// An HTTP/1.1 request that asked for `Upgrade: h2c`, answered 101.
@@ -113,7 +117,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     let mut h2 = H2::new(conn, io, peer, svc, cfg, link);
     if let Some(up) = upgraded {
         let head_only = up.head.method() == canter_http::Method::Head;
-        h2.dispatch(1, up.head, None, RequestBody::empty(), head_only);
+        h2.dispatch(1, up.head, None, RequestBody::empty(), head_only, None);
     }
     drive(h2, registration).await;
 }
@@ -165,7 +169,20 @@ struct Exchange {
     deadline: Instant,
     /// A HEAD request: the response has no body.
     head_only: bool,
+    /// A CONNECT request: answered 2xx, the stream is a tunnel (RFC 8441's WebSocket), whose
+    /// input is not a body under the body limit and whose silence is not a stall.
+    connect: bool,
+    /// The stream is such a tunnel.
+    tunnel: bool,
+    /// The body's source said Pending at the last pull: it wakes the task when it has more,
+    /// so it is not pulled again just because its stream has room (that spun the task while
+    /// a slow stream or a quiet tunnel waited).
+    source_waits: bool,
 }
+
+/// How long a tunnel may be silent as far as the stall timeout goes: its protocol has timeouts
+/// of its own.
+const TUNNEL_QUIET: std::time::Duration = std::time::Duration::from_secs(365 * 86400);
 
 enum State {
     Handler(Pin<Box<dyn Future<Output = Response>>>),
@@ -354,7 +371,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                     tracing::warn!(peer = %self.peer, stream = ex.stream, "handler timed out");
                     self.release(&ex, BodyError::Detached);
                     let res = Response::handler_timed_out();
-                    self.respond_and_track(ex.stream, res, ex.head_only, None);
+                    self.respond_and_track(ex.stream, res, ex.head_only, None, false);
                 }
                 State::Stream(_) | State::File { .. } => {
                     tracing::warn!(peer = %self.peer, stream = ex.stream, "response body stalled; stream reset");
@@ -417,7 +434,7 @@ impl<S: Service, T: Transport> H2<S, T> {
                     let res = Response::new(
                         StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
                     );
-                    self.respond_and_track(stream, res, false, None);
+                    self.respond_and_track(stream, res, false, None, false);
                 }
                 Event::GoAway { last_stream, code } => {
                     tracing::debug!(peer = %self.peer, last_stream, %code, "client sent GOAWAY");
@@ -441,7 +458,12 @@ impl<S: Service, T: Transport> H2<S, T> {
             return;
         };
         let mut p = pipe.borrow_mut();
-        let limit = p.restrict.map_or(max_body, |(b, _)| b.min(max_body));
+        // A tunnel's input is a stream of messages, bounded by flow control, not a body.
+        let limit = if ex.tunnel {
+            u64::MAX
+        } else {
+            p.restrict.map_or(max_body, |(b, _)| b.min(max_body))
+        };
         if p.state != PipeState::Open {
             drop(p);
             self.conn.consume(stream, len, &mut self.link.out);
@@ -486,14 +508,14 @@ impl<S: Service, T: Transport> H2<S, T> {
                     status.canonical_reason().unwrap_or("Bad Request")
                 ))
                 .with_status(status);
-                self.respond_and_track(stream, res, head_only, None);
+                self.respond_and_track(stream, res, head_only, None, false);
                 return;
             }
         };
         if declared.is_some_and(|n| n > self.cfg.limits.max_body()) {
             let res =
                 Response::text("Payload Too Large\n").with_status(StatusCode::PAYLOAD_TOO_LARGE);
-            self.respond_and_track(stream, res, head_only, None);
+            self.respond_and_track(stream, res, head_only, None, false);
             return;
         }
         let (pipe, body) = if end_stream {
@@ -502,7 +524,10 @@ impl<S: Service, T: Transport> H2<S, T> {
             let pipe = Rc::new(RefCell::new(Pipe::new()));
             (Some(pipe.clone()), RequestBody::piped(pipe, declared))
         };
-        self.dispatch(stream, rh, pipe, body, head_only);
+        let protocol = head
+            .protocol()
+            .map(|p| crate::service::ConnectProtocol(String::from_utf8_lossy(p).into_owned()));
+        self.dispatch(stream, rh, pipe, body, head_only, protocol);
     }
 
     /// Runs the service for a request; answers at once or keeps the pending handler.
@@ -513,9 +538,13 @@ impl<S: Service, T: Transport> H2<S, T> {
         pipe: Option<Rc<RefCell<Pipe>>>,
         body: RequestBody,
         head_only: bool,
+        protocol: Option<crate::service::ConnectProtocol>,
     ) {
-        #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
+        let connect = rh.method() == canter_http::Method::Connect;
         let mut req = Request::new(rh, body);
+        if let Some(protocol) = protocol {
+            req.extensions_mut().insert(protocol);
+        }
         #[cfg(feature = "tls")]
         if let Some(certs) = self.io.peer_certificates() {
             req.extensions_mut().insert(certs);
@@ -526,7 +555,7 @@ impl<S: Service, T: Transport> H2<S, T> {
             Err(_) => Reply::Ready(panicked(&self.peer)),
         };
         match reply {
-            Reply::Ready(res) => self.respond_and_track(stream, res, head_only, pipe),
+            Reply::Ready(res) => self.respond_and_track(stream, res, head_only, pipe, connect),
             Reply::Pending(fut) => self.exchanges.push(Exchange {
                 stream,
                 state: State::Handler(fut),
@@ -535,43 +564,99 @@ impl<S: Service, T: Transport> H2<S, T> {
                 received: 0,
                 deadline: later(self.link.worker.now(), self.cfg.handler_timeout),
                 head_only,
+                connect,
+                tunnel: false,
+                source_waits: false,
             }),
         }
     }
 
     /// Sends `res` on a stream that has no exchange (yet), and keeps one if its body is still
-    /// to be pulled.
+    /// to be pulled. `connect`: the request was a CONNECT (see [`Exchange::connect`]).
     fn respond_and_track(
         &mut self,
         stream: u32,
         res: Response,
         head_only: bool,
         pipe: Option<Rc<RefCell<Pipe>>>,
+        connect: bool,
     ) {
+        let (res, tunnel) = self.tunnel(res, connect, pipe.as_ref());
         let state = self.respond(stream, res, head_only);
         if matches!(state, State::Done) {
             detach(pipe.as_ref());
             return;
         }
+        let deadline = self.stall_deadline(tunnel);
         self.exchanges.push(Exchange {
             stream,
             state,
             pipe,
             consumed: 0,
             received: 0,
-            deadline: later(self.link.worker.now(), self.cfg.handler_timeout),
+            deadline,
             head_only,
+            connect,
+            tunnel,
+            source_waits: false,
         });
+    }
+
+    /// When a body that yields nothing more counts as stalled: never, for a tunnel.
+    fn stall_deadline(&self, tunnel: bool) -> Instant {
+        let quiet = if tunnel {
+            TUNNEL_QUIET
+        } else {
+            self.cfg.handler_timeout
+        };
+        later(self.link.worker.now(), quiet)
+    }
+
+    /// A response that switches the stream to another protocol (RFC 8441's WebSocket, a 200 to
+    /// an extended CONNECT) becomes the tunnel's body, fed by the request body; true then. A
+    /// switch answered to anything else is the handler's mistake: 500.
+    fn tunnel(
+        &self,
+        res: Response,
+        connect: bool,
+        pipe: Option<&Rc<RefCell<Pipe>>>,
+    ) -> (Response, bool) {
+        #[cfg(feature = "ws")]
+        if matches!(res.body, Body::Upgrade(_)) {
+            let Response {
+                status,
+                content_type,
+                headers,
+                body,
+            } = res;
+            return match (body, pipe) {
+                (Body::Upgrade(up), Some(pipe)) if connect && status == StatusCode::OK => {
+                    let input = RequestBody::piped(pipe.clone(), None);
+                    let tunnel = crate::ws_h2::H2Tunnel::new(up, input, self.link.worker.clone());
+                    let res = Response {
+                        status,
+                        content_type,
+                        headers,
+                        body: Body::stream(None, tunnel),
+                    };
+                    (res, true)
+                }
+                _ => {
+                    tracing::error!(peer = %self.peer, "a protocol switch answered to a request that cannot switch; answering 500");
+                    (Response::handler_panicked(), false)
+                }
+            };
+        }
+        let _ = (connect, pipe);
+        (res, false)
     }
 
     /// Sends `res` on `stream`: the head at once, a full body queued; returns what is left to
     /// do (a stream or file body to pull), or [`State::Done`].
     fn respond(&mut self, stream: u32, res: Response, head_only: bool) -> State {
-        // A switch of protocols is HTTP/1.1's (101 does not exist in HTTP/2; WebSocket here
-        // needs RFC 8441's extended CONNECT): a handler that answers one on HTTP/2 is wrong.
+        // A switch reaches here only unconverted (see `tunnel`): it cannot happen.
         #[cfg(feature = "ws")]
         let res = if matches!(res.body, Body::Upgrade(_)) {
-            tracing::error!(peer = %self.peer, "a protocol upgrade answered over HTTP/2; answering 500");
             Response::handler_panicked()
         } else {
             res
@@ -651,11 +736,14 @@ impl<S: Service, T: Transport> H2<S, T> {
                     Err(_) => Some(panicked(&self.peer)),
                 };
                 if let Some(res) = res {
-                    let head_only = ex.head_only;
+                    let (head_only, connect, pipe) = (ex.head_only, ex.connect, ex.pipe.clone());
+                    let (res, tunnel) = self.tunnel(res, connect, pipe.as_ref());
                     let state = self.respond(stream, res, head_only);
+                    let deadline = self.stall_deadline(tunnel);
                     let ex = &mut self.exchanges[i];
                     ex.state = state;
-                    ex.deadline = later(self.link.worker.now(), self.cfg.handler_timeout);
+                    ex.tunnel = tunnel;
+                    ex.deadline = deadline;
                 }
             }
             if matches!(
@@ -678,6 +766,7 @@ impl<S: Service, T: Transport> H2<S, T> {
     fn wants_pull(&self) -> bool {
         self.exchanges.iter().any(|e| {
             matches!(e.state, State::Stream(_) | State::File { .. })
+                && !e.source_waits
                 && self.conn.stream_queued(e.stream) < STREAM_AHEAD
                 && self.conn.can_send(e.stream)
         })
@@ -686,6 +775,7 @@ impl<S: Service, T: Transport> H2<S, T> {
     /// Pulls a response body from its source while the stream has little queued.
     fn pull_body(&mut self, i: usize, cx: &mut Context<'_>) {
         let stream = self.exchanges[i].stream;
+        self.exchanges[i].source_waits = false;
         loop {
             if self.conn.stream_queued(stream) >= STREAM_AHEAD
                 || self.link.out.len() >= self.cfg.high_water
@@ -702,7 +792,10 @@ impl<S: Service, T: Transport> H2<S, T> {
                     match catch_unwind(AssertUnwindSafe(|| s.as_mut().poll_next(cx))) {
                         Ok(Poll::Ready(Some(Ok(b)))) => {
                             self.pulled_in_turn += b.len();
-                            ex.deadline = later(self.link.worker.now(), self.cfg.handler_timeout);
+                            if !ex.tunnel {
+                                ex.deadline =
+                                    later(self.link.worker.now(), self.cfg.handler_timeout);
+                            }
                             let _ = self.conn.send_data(stream, b, false);
                         }
                         Ok(Poll::Ready(None)) => {
@@ -726,7 +819,10 @@ impl<S: Service, T: Transport> H2<S, T> {
                                 .reset(stream, ErrorCode::INTERNAL_ERROR, &mut self.link.out);
                             return;
                         }
-                        Ok(Poll::Pending) => return,
+                        Ok(Poll::Pending) => {
+                            ex.source_waits = true;
+                            return;
+                        }
                     }
                 }
                 State::File { file, pos, left } => {

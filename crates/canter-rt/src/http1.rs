@@ -149,7 +149,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
                 let Driver { io, link, cfg, .. } = driver;
                 let (timeout, budget) = (cfg.timeouts.write(), cfg.read_budget);
                 // Boxed: inline, the WebSocket's state would sit in every HTTP/1.1 task.
-                Box::pin(crate::ws_driver::serve(io, link, peer, up, timeout, budget)).await;
+                Box::pin(crate::ws_driver::serve(io, link, up, timeout, budget)).await;
                 drop(registration);
                 return None;
             }

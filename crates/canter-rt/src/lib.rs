@@ -53,6 +53,8 @@ mod worker;
 pub mod ws;
 #[cfg(feature = "ws")]
 mod ws_driver;
+#[cfg(all(feature = "ws", feature = "http2"))]
+mod ws_h2;
 #[cfg(feature = "ws")]
 mod ws_upgrade;
 
@@ -73,7 +75,7 @@ pub use server::{
     listen, on_signals, pin_to_cpu, run_here, shutdown_on_signals, spawn_worker, Server,
     ServerWorker, ShutdownHandle,
 };
-pub use service::{Reply, Request, Response, Service};
+pub use service::{ConnectProtocol, Reply, Request, Response, Service};
 pub use stats::{ClientFault, Stats};
 #[cfg(feature = "tls")]
 pub use tls::{reload_on_sighup, ClientTls, ServerTls, TlsAcceptor, TlsError};

@@ -108,6 +108,12 @@ impl fmt::Debug for Request {
     }
 }
 
+/// The `:protocol` of an HTTP/2 extended CONNECT (RFC 8441), e.g. `websocket`: in the
+/// request's [`Request::extensions`] when the client sent one. A 200 to such a request makes the
+/// stream a tunnel for that protocol ([`crate::WsUpgrade`] does this for WebSocket).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectProtocol(pub String);
+
 const TEXT: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 const HTML: HeaderValue = HeaderValue::from_static("text/html; charset=utf-8");
 const JSON: HeaderValue = HeaderValue::from_static("application/json");

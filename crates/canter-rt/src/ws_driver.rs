@@ -1,6 +1,8 @@
-//! The WebSocket driver: runs a connection after its upgrade (the 101 written) until it ends,
-//! on the connection's own task: the engine, the handler's future, and the bounds described in
-//! [`crate::ws`].
+//! The WebSocket session and its HTTP/1.1 driver: a connection after its upgrade (the 101
+//! written) runs on the connection's own task ([`serve`]). One over an HTTP/2 stream (RFC
+//! 8441's extended CONNECT) is the same [`Session`] as the stream's response body
+//! (`ws_h2.rs`): the engine, the handler's future and the bounds described in [`crate::ws`];
+//! only where the bytes come from and go to differs.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -13,24 +15,25 @@ use std::rc::Rc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use canter_ws::{close, Event};
 
 use crate::link::{Ending, Link, Timer};
 use crate::stats::ClientFault;
 use crate::transport::Transport;
-use crate::worker::{later, READ_BUF};
+use crate::worker::{later, Worker, READ_BUF};
 use crate::ws::{
     Accepted, CloseFrame, Message, State, Text, Upgrade, WebSocket, WsConfig, WsError,
 };
 
 /// How a WebSocket connection ended, for the log.
 #[derive(Debug)]
-enum End {
+pub(crate) enum End {
     /// Both closes were exchanged.
     Closed,
     /// The peer broke the protocol; our close was sent.
     Failed(canter_ws::Error),
-    /// The peer closed the TCP connection without a close handshake.
+    /// The peer closed its side without a close handshake.
     Eof,
     /// The peer did not answer our close in time.
     CloseTimeout,
@@ -41,113 +44,11 @@ enum End {
     Io(io::Error),
 }
 
-/// Runs a WebSocket connection on `io` after its upgrade (the 101 is written) until it ends:
-/// the engine, the handler's future, the bounds of the module doc.
-pub(crate) async fn serve<T: Transport>(
-    mut io: T,
-    mut link: Link,
-    peer: SocketAddr,
-    upgrade: Upgrade,
-    write_timeout: Duration,
-    read_budget: usize,
-) {
-    let Accepted {
-        engine,
-        config,
-        info,
-        handler,
-    } = *upgrade.0;
-    let state = Rc::new(RefCell::new(State {
-        engine,
-        out: Vec::new(),
-        queued: 0,
-        high_water: config.high_water.max(1),
-        inbound: VecDeque::new(),
-        inbound_bytes: 0,
-        read_buffer: config.read_buffer.max(1),
-        failure: None,
-        ended: false,
-        in_driver: false,
-        driver: None,
-        recv_waiter: None,
-        send_waiter: None,
-    }));
-    let socket = WebSocket {
-        state: state.clone(),
-        info,
-    };
-    let mut driver = Driver {
-        state,
-        handler: None,
-        config,
-        write_timeout,
-        read_budget,
-        timer: Timer::new(),
-        last_input: link.worker.now(),
-        ping_sent: false,
-        close_at: None,
-        failed: false,
-        eof: false,
-        early_input: true,
-    };
-    match catch_unwind(AssertUnwindSafe(|| handler(socket))) {
-        Ok(fut) => driver.handler = Some(fut),
-        Err(_) => driver.handler_panicked(),
-    }
-    let end = poll_fn(|cx| driver.poll(&mut io, &mut link, cx)).await;
-    // The handler sees the end: its sends fail, its `recv` returns what is left, then `None`.
-    {
-        let mut s = driver.state.borrow_mut();
-        s.ended = true;
-        if !matches!(end, End::Closed | End::Failed(_)) && s.failure.is_none() {
-            s.failure = Some(WsError::Abnormal);
-        }
-        for w in [s.recv_waiter.take(), s.send_waiter.take()]
-            .into_iter()
-            .flatten()
-        {
-            w.wake();
-        }
-    }
-    // A handler still running has nothing left to do on this connection.
-    drop(driver.handler.take());
-    match &end {
-        End::Closed => tracing::debug!(%peer, "WebSocket closed"),
-        End::Failed(e) => {
-            link.worker.fault(ClientFault::Protocol);
-            tracing::debug!(%peer, error = %e, "WebSocket failed");
-        }
-        End::Io(e) => tracing::debug!(%peer, error = %e, "WebSocket connection error"),
-        other => tracing::debug!(%peer, end = ?other, "WebSocket dropped"),
-    }
-    let ending = match end {
-        End::Closed | End::CloseTimeout | End::PingTimeout => Ending::Shutdown,
-        // Our close was queued while the peer may still be sending.
-        End::Failed(_) => Ending::Linger,
-        End::Eof | End::WriteTimeout | End::Io(_) => {
-            link.release_all();
-            return;
-        }
-    };
-    {
-        let mut s = driver.state.borrow_mut();
-        if !s.out.is_empty() {
-            link.prepare_output();
-            link.out.buf.extend_from_slice(&s.out);
-            s.out = Vec::new();
-        }
-    }
-    link.finish(&mut io, write_timeout, ending).await;
-    link.release_all();
-}
-
-struct Driver {
+/// One WebSocket's state apart from its transport.
+pub(crate) struct Session {
     state: Rc<RefCell<State>>,
     handler: Option<Pin<Box<dyn Future<Output = ()>>>>,
     config: WsConfig,
-    write_timeout: Duration,
-    read_budget: usize,
-    timer: Timer,
     /// When input last arrived (the keepalive's clock).
     last_input: Instant,
     /// A keepalive ping is out, unanswered by any input.
@@ -156,192 +57,171 @@ struct Driver {
     close_at: Option<Instant>,
     /// The peer broke the protocol: our close is queued, nothing more is read.
     failed: bool,
-    eof: bool,
-    /// The input may hold bytes read before the switch, not yet run through the engine.
-    early_input: bool,
+    /// The peer ended its side.
+    pub(crate) eof: bool,
+    pub(crate) peer: Option<SocketAddr>,
 }
 
-impl Driver {
-    fn handler_panicked(&mut self) {
-        tracing::error!("WebSocket handler panicked; closing with 1011");
-        let mut s = self.state.borrow_mut();
-        let State { engine, out, .. } = &mut *s;
-        engine.close(close::INTERNAL_ERROR, "", out);
+impl Session {
+    /// Starts the handler on the socket.
+    pub(crate) fn start(upgrade: Upgrade, now: Instant) -> Session {
+        let Accepted {
+            engine,
+            config,
+            info,
+            handler,
+        } = *upgrade.0;
+        let state = Rc::new(RefCell::new(State {
+            engine,
+            out: Vec::new(),
+            queued: 0,
+            high_water: config.high_water.max(1),
+            inbound: VecDeque::new(),
+            inbound_bytes: 0,
+            read_buffer: config.read_buffer.max(1),
+            failure: None,
+            ended: false,
+            in_driver: false,
+            driver: None,
+            recv_waiter: None,
+            send_waiter: None,
+        }));
+        let peer = info.peer;
+        let socket = WebSocket {
+            state: state.clone(),
+            info,
+        };
+        let mut session = Session {
+            state,
+            handler: None,
+            config,
+            last_input: now,
+            ping_sent: false,
+            close_at: None,
+            failed: false,
+            eof: false,
+            peer,
+        };
+        match catch_unwind(AssertUnwindSafe(|| handler(socket))) {
+            Ok(fut) => session.handler = Some(fut),
+            Err(_) => session.handler_panicked(),
+        }
+        session
     }
 
-    fn poll<T: Transport>(
-        &mut self,
-        io: &mut T,
-        link: &mut Link,
-        cx: &mut Context<'_>,
-    ) -> Poll<End> {
-        loop {
-            // The handler: it takes what was read and sends.
-            if let Some(handler) = self.handler.as_mut() {
-                self.state.borrow_mut().in_driver = true;
-                let polled = catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx)));
-                let mut s = self.state.borrow_mut();
-                s.in_driver = false;
-                match polled {
-                    Ok(Poll::Pending) => {}
-                    Ok(Poll::Ready(())) => {
-                        drop(s);
-                        self.handler = None;
-                        // A handler that returns without closing closes normally.
-                        let mut s = self.state.borrow_mut();
-                        let State { engine, out, .. } = &mut *s;
-                        engine.close(close::NORMAL, "", out);
-                    }
-                    Err(_) => {
-                        drop(s);
-                        self.handler = None;
-                        self.handler_panicked();
-                    }
-                }
-            }
-            let mut s = self.state.borrow_mut();
-            if link.worker.draining() && !s.engine.close_sent() {
-                let State { engine, out, .. } = &mut *s;
-                engine.close(close::GOING_AWAY, "server shutting down", out);
-            }
-            if s.engine.close_sent() && self.close_at.is_none() {
-                self.close_at = Some(later(link.worker.now(), self.config.close_timeout));
-            }
-            // What the handler (and the engine: pongs, the close's answer) sent goes out.
-            if !s.out.is_empty() {
-                link.prepare_output();
-                link.out.buf.extend_from_slice(&s.out);
-                s.out.clear();
-                if s.out.capacity() > 4 * READ_BUF {
-                    s.out = Vec::new();
-                }
-            }
-            if let Err(e) = link.poll_send(io, cx) {
-                return Poll::Ready(End::Io(e));
-            }
-            s.queued = link.out.len();
-            if s.queued <= s.high_water / 4 {
-                if let Some(w) = s.send_waiter.take() {
-                    if !w.will_wake(cx.waker()) {
-                        w.wake();
-                    } else if self.handler.is_some() {
-                        // The waiter is the handler, polled by this loop: again, now.
-                        continue;
-                    }
-                }
-            }
-            let flushed = !link.has_output(io);
-            if flushed {
-                link.release_idle();
-            }
-            if s.engine.close_sent() && flushed {
-                if s.engine.close_received() {
-                    return Poll::Ready(End::Closed);
-                }
-                if self.failed {
-                    let e = match s.failure {
-                        Some(WsError::Protocol(e)) => e,
-                        _ => canter_ws::Error::Protocol("failed"),
-                    };
-                    return Poll::Ready(End::Failed(e));
-                }
-            }
-            if self.eof {
-                return Poll::Ready(if s.engine.close_received() {
-                    End::Closed
-                } else {
-                    End::Eof
-                });
-            }
-            if std::mem::take(&mut self.early_input) && !link.input.is_empty() {
-                // What the client sent right behind its upgrade request.
-                drop(s);
-                self.take_input(link, cx);
-                continue;
-            }
-            // Read, unless the handler is behind, the output is, or nothing more may come.
-            let reading = !self.failed
-                && !s.engine.close_received()
-                && s.inbound_bytes < s.read_buffer
-                && link.out.len() < s.high_water;
-            drop(s);
-            if reading {
-                if link.budget_spent(self.read_budget) {
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
-                }
-                let read = link.poll_read(io, cx, READ_BUF, |input| {
-                    if input.capacity() - input.len() < READ_BUF / 2 {
-                        input.reserve(READ_BUF);
-                    }
-                });
-                match read {
-                    Poll::Ready(Ok(0)) => {
-                        self.eof = true;
-                        continue;
-                    }
-                    Poll::Ready(Ok(_)) => {
-                        self.last_input = link.worker.now();
-                        self.ping_sent = false;
-                        self.take_input(link, cx);
-                        continue;
-                    }
-                    Poll::Ready(Err(e)) => return Poll::Ready(End::Io(e)),
-                    Poll::Pending => {}
-                }
-            }
-            // Timers: the write timeout, the close's answer, the keepalive.
-            let now = link.worker.now();
-            let write_deadline = link.write_deadline(self.write_timeout);
-            let keepalive = self.config.ping_interval.map(|every| {
-                if self.ping_sent {
-                    later(self.last_input, every + self.config.ping_timeout)
-                } else {
-                    later(self.last_input, every)
-                }
-            });
-            let next = [write_deadline, self.close_at, keepalive]
-                .into_iter()
-                .flatten()
-                .min();
-            let Some(next) = next else {
-                break;
-            };
-            if next > now && !self.timer.poll_expired(cx, next) {
-                break;
-            }
-            if write_deadline.is_some_and(|d| d <= now) && link.write_timed_out(io) {
-                return Poll::Ready(End::WriteTimeout);
-            }
-            if self.close_at.is_some_and(|d| d <= now) {
-                return Poll::Ready(End::CloseTimeout);
-            }
-            if keepalive.is_some_and(|d| d <= now) {
-                if self.ping_sent {
-                    return Poll::Ready(End::PingTimeout);
-                }
-                self.ping_sent = true;
-                let mut s = self.state.borrow_mut();
-                let State { engine, out, .. } = &mut *s;
-                // Sent only while this end has not closed (its close timeout governs then).
-                let _ = engine.send_ping(b"", out);
-            }
-        }
+    fn handler_panicked(&mut self) {
+        tracing::error!(peer = ?self.peer, "WebSocket handler panicked; closing with 1011");
+        self.close(close::INTERNAL_ERROR, "");
+    }
+
+    /// Queues this end's close (once).
+    fn close(&mut self, code: u16, reason: &str) {
         let mut s = self.state.borrow_mut();
-        if !s.driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-            s.driver = Some(cx.waker().clone());
+        let State { engine, out, .. } = &mut *s;
+        engine.close(code, reason, out);
+    }
+
+    /// Polls the handler (it takes what was read and sends); a handler that returns without
+    /// closing closes normally, one that panics with 1011. Then starts the close timeout once
+    /// our close is out, and closes with 1001 when the server drains.
+    pub(crate) fn turn(&mut self, cx: &mut Context<'_>, now: Instant, draining: bool) {
+        if let Some(handler) = self.handler.as_mut() {
+            self.state.borrow_mut().in_driver = true;
+            let polled = catch_unwind(AssertUnwindSafe(|| handler.as_mut().poll(cx)));
+            self.state.borrow_mut().in_driver = false;
+            match polled {
+                Ok(Poll::Pending) => {}
+                Ok(Poll::Ready(())) => {
+                    self.handler = None;
+                    self.close(close::NORMAL, "");
+                }
+                Err(_) => {
+                    self.handler = None;
+                    self.handler_panicked();
+                }
+            }
         }
-        Poll::Pending
+        if draining {
+            self.close(close::GOING_AWAY, "server shutting down");
+        }
+        if self.close_at.is_none() && self.state.borrow().engine.close_sent() {
+            self.close_at = Some(later(now, self.config.close_timeout));
+        }
+    }
+
+    /// Hands what was sent (by the handler, and by the engine: pongs, the close's answer) to
+    /// `put`, if anything.
+    pub(crate) fn take_output(&mut self, put: impl FnOnce(&[u8])) {
+        let mut s = self.state.borrow_mut();
+        if s.out.is_empty() {
+            return;
+        }
+        put(&s.out);
+        s.out.clear();
+        if s.out.capacity() > 4 * READ_BUF {
+            s.out = Vec::new();
+        }
+    }
+
+    /// Records what the transport still holds; below the low-water mark a waiting sender may
+    /// go on. True when that sender is the handler polled by `cx`'s task (poll it again).
+    pub(crate) fn set_queued(&mut self, queued: usize, cx: &Context<'_>) -> bool {
+        let mut s = self.state.borrow_mut();
+        s.queued = queued;
+        if s.queued > s.high_water / 4 {
+            return false;
+        }
+        match s.send_waiter.take() {
+            Some(w) if !w.will_wake(cx.waker()) => {
+                w.wake();
+                false
+            }
+            Some(_) => self.handler.is_some(),
+            None => false,
+        }
+    }
+
+    /// How the session is over, once `flushed` (nothing of ours left to write), if it is.
+    pub(crate) fn finished(&self, flushed: bool) -> Option<End> {
+        let s = self.state.borrow();
+        if s.engine.close_sent() && flushed {
+            if s.engine.close_received() {
+                return Some(End::Closed);
+            }
+            if self.failed {
+                let e = match s.failure {
+                    Some(WsError::Protocol(e)) => e,
+                    _ => canter_ws::Error::Protocol("failed"),
+                };
+                return Some(End::Failed(e));
+            }
+        }
+        if self.eof {
+            return Some(if s.engine.close_received() {
+                End::Closed
+            } else {
+                End::Eof
+            });
+        }
+        None
+    }
+
+    /// Whether to read: not while the handler is behind, after a failure or the peer's close.
+    pub(crate) fn wants_input(&self) -> bool {
+        let s = self.state.borrow();
+        !self.failed && !self.eof && !s.engine.close_received() && s.inbound_bytes < s.read_buffer
     }
 
     /// Runs what was read through the engine: messages for the handler, pongs and the close's
     /// answer into the output, a protocol error into our close.
-    fn take_input(&mut self, link: &mut Link, cx: &Context<'_>) {
+    pub(crate) fn take_input(&mut self, input: &mut BytesMut, now: Instant, cx: &Context<'_>) {
+        self.last_input = now;
+        self.ping_sent = false;
         let mut s = self.state.borrow_mut();
         let mut woke = false;
         loop {
             let State { engine, out, .. } = &mut *s;
-            match engine.poll(&mut link.input, out) {
+            match engine.poll(input, out) {
                 Ok(Some(event)) => {
                     let msg = match event {
                         Event::Text(b) => Message::Text(Text::validated(b)),
@@ -368,7 +248,7 @@ impl Driver {
                     engine.close(e.close_code(), "", out);
                     s.failure = Some(WsError::Protocol(e));
                     self.failed = true;
-                    link.input.clear();
+                    input.clear();
                     woke = true;
                     break;
                 }
@@ -382,5 +262,211 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// The next time a timer of the session is due: the close's answer, the keepalive.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let keepalive = self.config.ping_interval.map(|every| {
+            if self.ping_sent {
+                later(self.last_input, every + self.config.ping_timeout)
+            } else {
+                later(self.last_input, every)
+            }
+        });
+        [self.close_at, keepalive].into_iter().flatten().min()
+    }
+
+    /// At `now`, after [`Session::next_deadline`]: how the session ends, if a timer says so;
+    /// else a keepalive ping may have been queued.
+    pub(crate) fn on_timer(&mut self, now: Instant) -> Option<End> {
+        if self.close_at.is_some_and(|d| d <= now) {
+            return Some(End::CloseTimeout);
+        }
+        let every = self.config.ping_interval?;
+        if self.ping_sent {
+            if later(self.last_input, every + self.config.ping_timeout) <= now {
+                return Some(End::PingTimeout);
+            }
+        } else if later(self.last_input, every) <= now {
+            self.ping_sent = true;
+            let mut s = self.state.borrow_mut();
+            let State { engine, out, .. } = &mut *s;
+            // Sent only while this end has not closed (its close timeout governs then).
+            let _ = engine.send_ping(b"", out);
+        }
+        None
+    }
+
+    /// Registers `cx` as the one to wake when a half in another task sends or takes.
+    pub(crate) fn park(&self, cx: &Context<'_>) {
+        let mut s = self.state.borrow_mut();
+        if !s.driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            s.driver = Some(cx.waker().clone());
+        }
+    }
+
+    /// The end: the handler's sends fail and its `recv` returns what is left, then `None` (an
+    /// error first when the end was abnormal); a handler still running is dropped. Logged.
+    pub(crate) fn end(&mut self, end: &End, worker: Option<&Worker>) {
+        {
+            let mut s = self.state.borrow_mut();
+            if s.ended {
+                return;
+            }
+            s.ended = true;
+            if !matches!(end, End::Closed | End::Failed(_)) && s.failure.is_none() {
+                s.failure = Some(WsError::Abnormal);
+            }
+            for w in [s.recv_waiter.take(), s.send_waiter.take()]
+                .into_iter()
+                .flatten()
+            {
+                w.wake();
+            }
+        }
+        drop(self.handler.take());
+        let peer = self.peer;
+        match end {
+            End::Closed => tracing::debug!(?peer, "WebSocket closed"),
+            End::Failed(e) => {
+                if let Some(worker) = worker {
+                    worker.fault(ClientFault::Protocol);
+                }
+                tracing::debug!(?peer, error = %e, "WebSocket failed");
+            }
+            End::Io(e) => tracing::debug!(?peer, error = %e, "WebSocket connection error"),
+            other => tracing::debug!(?peer, end = ?other, "WebSocket dropped"),
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // An HTTP/2 stream reset, or a connection that went: the handler sees an abnormal end.
+        self.end(&End::Eof, None);
+    }
+}
+
+/// Runs a WebSocket connection on `io` after its upgrade (the 101 is written) until it ends.
+pub(crate) async fn serve<T: Transport>(
+    mut io: T,
+    mut link: Link,
+    upgrade: Upgrade,
+    write_timeout: Duration,
+    read_budget: usize,
+) {
+    let mut driver = Driver {
+        session: Session::start(upgrade, link.worker.now()),
+        write_timeout,
+        read_budget,
+        timer: Timer::new(),
+        early_input: true,
+    };
+    let end = poll_fn(|cx| driver.poll(&mut io, &mut link, cx)).await;
+    driver.session.end(&end, Some(&link.worker));
+    let ending = match end {
+        End::Closed | End::CloseTimeout | End::PingTimeout => Ending::Shutdown,
+        // Our close was queued while the peer may still be sending.
+        End::Failed(_) => Ending::Linger,
+        End::Eof | End::WriteTimeout | End::Io(_) => {
+            link.release_all();
+            return;
+        }
+    };
+    driver.session.take_output(|out| {
+        link.prepare_output();
+        link.out.buf.extend_from_slice(out);
+    });
+    link.finish(&mut io, write_timeout, ending).await;
+    link.release_all();
+}
+
+/// The HTTP/1.1 upgrade's driver: the session on the connection's transport and link.
+struct Driver {
+    session: Session,
+    write_timeout: Duration,
+    read_budget: usize,
+    timer: Timer,
+    /// The input may hold bytes read before the switch, not yet run through the engine.
+    early_input: bool,
+}
+
+impl Driver {
+    fn poll<T: Transport>(
+        &mut self,
+        io: &mut T,
+        link: &mut Link,
+        cx: &mut Context<'_>,
+    ) -> Poll<End> {
+        loop {
+            let now = link.worker.now();
+            self.session.turn(cx, now, link.worker.draining());
+            self.session.take_output(|out| {
+                link.prepare_output();
+                link.out.buf.extend_from_slice(out);
+            });
+            if let Err(e) = link.poll_send(io, cx) {
+                return Poll::Ready(End::Io(e));
+            }
+            if self.session.set_queued(link.out.len(), cx) {
+                continue;
+            }
+            let flushed = !link.has_output(io);
+            if flushed {
+                link.release_idle();
+            }
+            if let Some(end) = self.session.finished(flushed) {
+                return Poll::Ready(end);
+            }
+            if std::mem::take(&mut self.early_input) && !link.input.is_empty() {
+                // What the client sent right behind its upgrade request.
+                self.session.take_input(&mut link.input, now, cx);
+                continue;
+            }
+            // Read, unless the handler is behind, the output is, or nothing more may come.
+            if self.session.wants_input() && link.out.len() < self.session.config.high_water {
+                if link.budget_spent(self.read_budget) {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                let read = link.poll_read(io, cx, READ_BUF, |input| {
+                    if input.capacity() - input.len() < READ_BUF / 2 {
+                        input.reserve(READ_BUF);
+                    }
+                });
+                match read {
+                    Poll::Ready(Ok(0)) => {
+                        self.session.eof = true;
+                        continue;
+                    }
+                    Poll::Ready(Ok(_)) => {
+                        self.session.take_input(&mut link.input, now, cx);
+                        continue;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(End::Io(e)),
+                    Poll::Pending => {}
+                }
+            }
+            // Timers: the write timeout, the session's.
+            let write_deadline = link.write_deadline(self.write_timeout);
+            let Some(next) = [write_deadline, self.session.next_deadline()]
+                .into_iter()
+                .flatten()
+                .min()
+            else {
+                break;
+            };
+            if next > now && !self.timer.poll_expired(cx, next) {
+                break;
+            }
+            if write_deadline.is_some_and(|d| d <= now) && link.write_timed_out(io) {
+                return Poll::Ready(End::WriteTimeout);
+            }
+            if let Some(end) = self.session.on_timer(now) {
+                return Poll::Ready(end);
+            }
+        }
+        self.session.park(cx);
+        Poll::Pending
     }
 }

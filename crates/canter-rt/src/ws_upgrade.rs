@@ -10,7 +10,7 @@ use canter_ws::{deflate, Connection, Role};
 use http::{header, HeaderValue, StatusCode};
 
 use crate::body::Body;
-use crate::service::{Request, Response};
+use crate::service::{ConnectProtocol, Request, Response};
 use crate::ws::{Accepted, Info, Upgrade, WebSocket, WsConfig};
 
 /// A checked WebSocket upgrade request, to answer with [`WsUpgrade::on_upgrade`].
@@ -36,7 +36,8 @@ use crate::ws::{Accepted, Info, Upgrade, WebSocket, WsConfig};
 /// ```
 #[derive(Debug)]
 pub struct WsUpgrade {
-    accept: String,
+    /// `Sec-WebSocket-Accept`, over HTTP/1.1; `None` over HTTP/2, which has no key.
+    accept: Option<String>,
     offered_protocols: Vec<String>,
     offered_extensions: Vec<String>,
     protocol: Option<String>,
@@ -44,26 +45,42 @@ pub struct WsUpgrade {
 }
 
 impl WsUpgrade {
-    /// Checks `req` as an upgrade to WebSocket over HTTP/1.1: a GET without a body, with
-    /// `Upgrade: websocket`, `Connection: upgrade`, `Sec-WebSocket-Version: 13` and a valid
-    /// `Sec-WebSocket-Key`. A refusal says its status (400, or 426 for another version) and
-    /// converts into the response to answer with.
+    /// Checks `req` as an opening handshake: over HTTP/1.1 (RFC 6455, Section 4.2.1) a GET
+    /// without a body, with `Upgrade: websocket`, `Connection: upgrade`,
+    /// `Sec-WebSocket-Version: 13` and a valid `Sec-WebSocket-Key`; over HTTP/2 (RFC 8441) an
+    /// extended CONNECT with `:protocol` `websocket` and `Sec-WebSocket-Version: 13`. A refusal
+    /// says its status (400, or 426 for another version) and converts into the response to
+    /// answer with.
     pub fn from_request(req: &Request) -> Result<WsUpgrade, WsRefused> {
         let head = req.head();
-        if head.version() != canter_http::Version::Http11 {
-            return Err(WsRefused::new(400, "a WebSocket upgrade needs HTTP/1.1"));
-        }
-        if !matches!(head.body_kind(), canter_http::BodyKind::Length(0)) {
-            return Err(WsRefused::new(400, "a WebSocket upgrade has no body"));
-        }
-        let checked =
-            handshake::check(req.method().as_str(), head.headers()).map_err(|e| WsRefused {
-                status: e.status(),
-                reason: e.to_string(),
-                version: e == HandshakeError::Version,
-            })?;
+        let checked = match head.version() {
+            canter_http::Version::Http11 => {
+                if !matches!(head.body_kind(), canter_http::BodyKind::Length(0)) {
+                    return Err(WsRefused::new(400, "a WebSocket upgrade has no body"));
+                }
+                handshake::check(req.method().as_str(), head.headers())
+            }
+            canter_http::Version::Http2 => {
+                let protocol = req.extensions().get::<ConnectProtocol>();
+                if !protocol.is_some_and(|p| p.0.eq_ignore_ascii_case("websocket")) {
+                    return Err(WsRefused::new(
+                        400,
+                        "WebSocket over HTTP/2 is an extended CONNECT with :protocol websocket",
+                    ));
+                }
+                handshake::check_h2(head.headers())
+            }
+            canter_http::Version::Http10 => {
+                return Err(WsRefused::new(400, "a WebSocket upgrade needs HTTP/1.1"))
+            }
+        };
+        let checked = checked.map_err(|e| WsRefused {
+            status: e.status(),
+            reason: e.to_string(),
+            version: e == HandshakeError::Version,
+        })?;
         Ok(WsUpgrade {
-            accept: checked.accept,
+            accept: (!checked.accept.is_empty()).then_some(checked.accept),
             offered_protocols: checked.protocols,
             offered_extensions: checked.extensions,
             protocol: None,
@@ -94,8 +111,8 @@ impl WsUpgrade {
         self
     }
 
-    /// The 101 that switches the connection to WebSocket, then runs `handler` with the socket
-    /// on the connection's own task.
+    /// The answer that switches to WebSocket (a 101 over HTTP/1.1, a 200 that opens the tunnel
+    /// over HTTP/2), then runs `handler` with the socket on the connection's own task.
     pub fn on_upgrade<F, Fut>(self, handler: F) -> Response
     where
         F: FnOnce(WebSocket) -> Fut + 'static,
@@ -116,13 +133,16 @@ impl WsUpgrade {
                 extensions = Some(answer);
             }
         }
-        let mut res = Response::new(StatusCode::SWITCHING_PROTOCOLS)
-            .with_header(header::UPGRADE, HeaderValue::from_static("websocket"))
-            .with_header(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        let mut res = match accept {
+            Some(_) => Response::new(StatusCode::SWITCHING_PROTOCOLS)
+                .with_header(header::UPGRADE, HeaderValue::from_static("websocket"))
+                .with_header(header::CONNECTION, HeaderValue::from_static("Upgrade")),
+            None => Response::new(StatusCode::OK),
+        };
         // The accept key is base64; a chosen protocol was offered as a header value; the
         // extension answer is built of tokens: each makes a valid header value.
         for (name, value) in [
-            (header::SEC_WEBSOCKET_ACCEPT, Some(&accept)),
+            (header::SEC_WEBSOCKET_ACCEPT, accept.as_ref()),
             (header::SEC_WEBSOCKET_PROTOCOL, protocol.as_ref()),
             (header::SEC_WEBSOCKET_EXTENSIONS, extensions.as_ref()),
         ] {

@@ -85,3 +85,70 @@ fn reset_streams_give_back_the_window_of_unread_bodies() {
     sock.write_all(&frame(6, 0, 0, &[2; 8])).unwrap();
     until_ping_ack(&mut sock, &mut buf, 8);
 }
+
+/// A body that yields a line every 200 ms, five times.
+struct Ticks {
+    left: u32,
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl canter_rt::BodyStream for Ticks {
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::io::Result<bytes::Bytes>>> {
+        use std::future::Future;
+        if self.left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        std::task::ready!(self.sleep.as_mut().poll(cx));
+        self.left -= 1;
+        let next = tokio::time::Instant::now() + Duration::from_millis(200);
+        self.sleep.as_mut().reset(next);
+        std::task::Poll::Ready(Some(Ok(bytes::Bytes::from_static(b"tick\n"))))
+    }
+}
+
+#[test]
+fn a_slow_response_stream_does_not_keep_the_worker_busy() {
+    // One worker. While an HTTP/2 stream waits on its slow body, the worker must go on serving
+    // others: a stream whose source said Pending was pulled again and again, spinning the task
+    // and starving every other connection of the worker.
+    let server = TestServer::start(test_config(), |_| {
+        |req: Request| -> Reply {
+            if req.path() == "/slow" {
+                let ticks = Ticks {
+                    left: 5,
+                    sleep: Box::pin(tokio::time::sleep(Duration::from_millis(200))),
+                };
+                return Response::new(canter_rt::http::StatusCode::OK)
+                    .with_body(canter_rt::Body::stream(None, ticks))
+                    .into();
+            }
+            Response::text("fast").into()
+        }
+    });
+    let mut h2 = TcpStream::connect(server.addr).unwrap();
+    h2.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(4, 0, 0, &[]));
+    // GET /slow: :method GET, :scheme http (indexed), :path and :authority as literals.
+    let mut block = vec![0x82, 0x86, 0x04, 5];
+    block.extend_from_slice(b"/slow");
+    block.extend_from_slice(&[0x01, 1, b'x']);
+    out.extend(frame(1, 0x4 | 0x1, 1, &block));
+    h2.write_all(&out).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    // A starved worker never answers: the client's read times out and the test fails.
+    let mut c = server.client();
+    c.set_read_timeout(Duration::from_secs(3));
+    assert_eq!(c.get("/fast").status, 200);
+    // And the slow stream completes: its five lines, then END_STREAM.
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !got.windows(5).filter(|w| w == b"tick\n").count().eq(&5) {
+        let n = h2.read(&mut chunk).unwrap();
+        assert!(n > 0, "closed early");
+        got.extend_from_slice(&chunk[..n]);
+    }
+}

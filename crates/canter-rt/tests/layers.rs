@@ -22,6 +22,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "custom protocols; HTTP state; WebSocket's handshake and driver",
         &["proto", "http_state", "ws_upgrade", "ws_driver"],
     ),
+    ("WebSocket over HTTP/2", &["ws_h2"]),
     ("protocol drivers", &["http1", "h2", "framing"]),
     ("choosing HTTP/1.1 or HTTP/2", &["http_serve"]),
 ];

@@ -1,4 +1,5 @@
-//! The opening handshake's checks and its key (RFC 6455, Section 4), over HTTP/1.1's Upgrade.
+//! The opening handshake's checks and its key (RFC 6455, Section 4), over HTTP/1.1's Upgrade,
+//! and over HTTP/2's extended CONNECT (RFC 8441), which has no key.
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -18,7 +19,7 @@ pub fn accept_key(key: &[u8]) -> String {
 /// What a valid upgrade request asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upgrade {
-    /// The value for `Sec-WebSocket-Accept`.
+    /// The value for `Sec-WebSocket-Accept` (empty over HTTP/2).
     pub accept: String,
     /// The subprotocols offered, in the client's order of preference.
     pub protocols: Vec<String>,
@@ -104,6 +105,34 @@ pub fn check<'a>(
     }
     Ok(Upgrade {
         accept: accept_key(key),
+        protocols,
+        extensions,
+    })
+}
+
+/// Checks the header fields of an HTTP/2 extended CONNECT for WebSocket (RFC 8441, Section 5:
+/// the method and `:protocol` are the caller's to check): `Sec-WebSocket-Version: 13`, and the
+/// offered subprotocols and extensions. There is no key, so [`Upgrade::accept`] is empty.
+pub fn check_h2<'a>(
+    headers: impl Iterator<Item = (&'a str, &'a [u8])>,
+) -> Result<Upgrade, HandshakeError> {
+    let mut version = None;
+    let (mut protocols, mut extensions) = (Vec::new(), Vec::new());
+    for (name, value) in headers {
+        let list = || value.split(|&b| b == b',').map(trim);
+        if name.eq_ignore_ascii_case("sec-websocket-version") {
+            version = Some(trim(value) == b"13");
+        } else if name.eq_ignore_ascii_case("sec-websocket-protocol") {
+            protocols.extend(list().filter(|t| !t.is_empty()).map(lossy));
+        } else if name.eq_ignore_ascii_case("sec-websocket-extensions") {
+            extensions.extend(list().filter(|t| !t.is_empty()).map(lossy));
+        }
+    }
+    if version != Some(true) {
+        return Err(HandshakeError::Version);
+    }
+    Ok(Upgrade {
+        accept: String::new(),
         protocols,
         extensions,
     })

@@ -796,7 +796,18 @@ impl Router {
             }
             (route, spans)
         };
-        let Some(endpoint) = route.methods.find(req.method()) else {
+        let found = route.methods.find(req.method()).or_else(|| {
+            // HTTP/2's extended CONNECT (RFC 8441) is how a WebSocket opens there: the GET
+            // route that upgrades over HTTP/1.1 serves it too.
+            (*req.method() == Method::CONNECT
+                && req
+                    .extensions()
+                    .get::<canter_rt::ConnectProtocol>()
+                    .is_some())
+            .then(|| route.methods.find(&Method::GET))
+            .flatten()
+        });
+        let Some(endpoint) = found else {
             return Reply::Ready(
                 Response::text("method not allowed\n")
                     .with_status(StatusCode::METHOD_NOT_ALLOWED)
