@@ -204,7 +204,14 @@ impl Response {
     /// Sets the body.
     #[inline]
     pub fn with_body(mut self, body: impl Into<Body>) -> Response {
-        self.body = body.into();
+        let old = std::mem::replace(&mut self.body, body.into());
+        // Most responses come from `new` and get their body once. The drop of a `Body` is out
+        // of line (one variant holds a protocol upgrade): an empty one is let go without it.
+        if matches!(old, Body::Empty) {
+            std::mem::forget(old);
+        } else {
+            drop(old);
+        }
         self
     }
 
