@@ -129,7 +129,7 @@ impl Exchange {
     }
 }
 
-fn is_done(py: Python<'_>, fut: &Py<PyAny>) -> bool {
+pub(crate) fn is_done(py: Python<'_>, fut: &Py<PyAny>) -> bool {
     fut.bind(py)
         .call_method0(pyo3::intern!(py, "done"))
         .and_then(|d| d.is_truthy())
@@ -137,7 +137,7 @@ fn is_done(py: Python<'_>, fut: &Py<PyAny>) -> bool {
 }
 
 /// Sets an asyncio future's result unless it is already done (cancelled, say).
-fn resolve(py: Python<'_>, fut: &Py<PyAny>, value: Bound<'_, PyAny>) {
+pub(crate) fn resolve(py: Python<'_>, fut: &Py<PyAny>, value: Bound<'_, PyAny>) {
     if !is_done(py, fut) {
         if let Err(e) = fut.bind(py).call_method1("set_result", (value,)) {
             crate::log_exception(py, &e);
@@ -189,7 +189,10 @@ impl Ready {
     }
 }
 
-fn ready<'py>(py: Python<'py>, value: Option<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn ready<'py>(
+    py: Python<'py>,
+    value: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
     Ok(Bound::new(
         py,
         Ready {
@@ -324,7 +327,7 @@ impl Send {
 
 /// An optional key of an ASGI message, without raising (and clearing) a KeyError when the
 /// message is a dict, as it always is in practice.
-fn field<'py>(
+pub(crate) fn field<'py>(
     message: &Bound<'py, PyAny>,
     key: &Bound<'py, PyString>,
 ) -> PyResult<Option<Bound<'py, PyAny>>> {
@@ -393,15 +396,16 @@ impl Asgi {
     pub fn call(&self, req: Request) -> Reply {
         // The exchanges of earlier requests whose `receive` or `send` another thread freed.
         on_worker::drop_returned();
-        if req
+        let upgrade = req
             .header("upgrade")
             .is_some_and(|u| u.eq_ignore_ascii_case(b"websocket"))
-        {
-            // The engine does not speak WebSocket to ASGI apps yet: an upgrade must not reach
-            // the app as an `http` scope (where an app that ignores the scope type would answer
-            // 200), but be refused as an app refuses a websocket it does not accept.
-            tracing::debug!("WebSocket upgrade refused (403): not served to ASGI apps");
-            return Reply::Ready(RtResponse::new(StatusCode::FORBIDDEN));
+            || req
+                .extensions()
+                .get::<canter_rt::ConnectProtocol>()
+                .is_some();
+        if upgrade {
+            // Never an `http` scope (where an app that ignores the scope type would answer 200).
+            return self.websocket(req);
         }
         let peer = canter_rt::peer_addr();
         let (head, body, _) = req.into_parts();
@@ -439,7 +443,7 @@ impl Asgi {
         })
     }
 
-    fn scope<'py>(
+    pub(crate) fn scope<'py>(
         &self,
         py: Python<'py>,
         head: &canter_rt::RequestHead,

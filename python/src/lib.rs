@@ -23,6 +23,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 
 mod aio;
 mod asgi;
+mod asgi_ws;
 mod json;
 mod on_worker;
 mod request;

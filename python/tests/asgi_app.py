@@ -5,13 +5,13 @@ import contextlib
 import os
 from typing import List, Optional
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, WebSocket, WebSocketDisconnect
 from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from firehose import PRODUCED, pieces
 
@@ -122,8 +122,31 @@ async def background(request):
     return PlainTextResponse("queued", background=BackgroundTask(after))
 
 
+async def ws_echo(websocket):
+    """Echoes text and bytes until the client closes; logs the close code it was told."""
+    await websocket.accept()
+    try:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                print("ws disconnect", message["code"], flush=True)
+                return
+            if message.get("text") is not None:
+                await websocket.send_text(message["text"])
+            else:
+                await websocket.send_bytes(message["bytes"])
+    finally:
+        print("ws echo done", flush=True)
+
+
+async def ws_refuse(websocket):
+    await websocket.close(code=1008)
+
+
 app = Starlette(
     routes=[
+        WebSocketRoute("/ws", ws_echo),
+        WebSocketRoute("/ws/refuse", ws_refuse),
         Route("/", plaintext),
         Route("/json", json_endpoint),
         Route("/echo", echo, methods=["POST"]),
@@ -166,3 +189,22 @@ def read_item(item_id: int, q: Optional[str] = None):
 @api.get("/plaintext")
 async def api_plaintext():
     return PlainTextResponse("Hello, World!")
+
+
+@api.websocket("/ws/{room}")
+async def chat(websocket: WebSocket, room: str):
+    """Chooses the `chat.v2` subprotocol when offered, greets, echoes JSON with the room, and
+    closes with 4001 when told "bye"."""
+    subprotocol = "chat.v2" if "chat.v2" in websocket.scope["subprotocols"] else None
+    await websocket.accept(subprotocol=subprotocol)
+    await websocket.send_json({"room": room, "scope": websocket.scope["type"],
+                               "scheme": websocket.scope["scheme"]})
+    try:
+        while True:
+            data = await websocket.receive_json()
+            if data.get("say") == "bye":
+                await websocket.close(code=4001, reason="bye to you too")
+                return
+            await websocket.send_json({"room": room, "echo": data})
+    except WebSocketDisconnect as e:
+        print("chat disconnect", e.code, flush=True)

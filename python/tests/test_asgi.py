@@ -333,9 +333,10 @@ def test_receive_and_send_freed_on_another_thread(start_server, tmp_path):
     assert s.proc.poll() is None
 
 
-def test_a_websocket_upgrade_to_an_http_only_app_gets_403(starlette_app):
-    """Until WebSocket reaches ASGI apps, an upgrade never reaches the app as an `http` scope
-    (where an app that ignores the scope type answers 200): 403, as uvicorn answers."""
+def test_a_websocket_upgrade_to_a_path_without_a_websocket_route_gets_403(starlette_app):
+    """An upgrade reaches the app as a `websocket` scope, never as an `http` one (where an app
+    that ignores the scope type answers 200); Starlette closes a scope no route takes before
+    accepting: 403, as uvicorn answers."""
     with socket.create_connection(("127.0.0.1", starlette_app.port), timeout=10) as c:
         c.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                   b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")

@@ -144,10 +144,10 @@ def test_plain_http_to_the_websocket_route_is_refused(demo):
     assert r.getheader("Sec-WebSocket-Version") == "13"
 
 
-def h2_websocket(port, extensions="", tls=False):
+def h2_websocket(port, extensions="", tls=False, path="/ws/echo"):
     """Opens WebSocket over HTTP/2 (RFC 8441) on h2c with prior knowledge: python-hyper's `h2`
-    sends the extended CONNECT; returns the h2 connection, the socket, the stream id and the
-    response headers."""
+    sends the extended CONNECT; returns the h2 connection, the socket, the stream id, the
+    response headers and the events that came after them in the same read."""
     import h2.config
     import h2.connection
     import h2.events
@@ -175,17 +175,19 @@ def h2_websocket(port, extensions="", tls=False):
     stream = conn.get_next_available_stream_id()
     headers = [(":method", "CONNECT"), (":protocol", "websocket"),
                (":scheme", "https" if tls else "http"),
-               (":path", "/ws/echo"), (":authority", f"127.0.0.1:{port}"),
+               (":path", path), (":authority", f"127.0.0.1:{port}"),
                ("sec-websocket-version", "13")]
     if extensions:
         headers.append(("sec-websocket-extensions", extensions))
     conn.send_headers(stream, headers)
     sock.sendall(conn.data_to_send())
     while True:
-        for ev in conn.receive_data(sock.recv(65536)):
+        events = conn.receive_data(sock.recv(65536))
+        for i, ev in enumerate(events):
             if isinstance(ev, h2.events.ResponseReceived):
                 sock.sendall(conn.data_to_send())
-                return conn, sock, stream, dict(ev.headers)
+                # What came in the same read (the server may speak first) is the caller's.
+                return conn, sock, stream, dict(ev.headers), events[i + 1:]
         sock.sendall(conn.data_to_send())
 
 
@@ -199,7 +201,9 @@ def test_websocket_over_http2_extended_connect(demo, deflate, tls):
     from wsproto.extensions import PerMessageDeflate
 
     offer = "permessage-deflate; client_max_window_bits" if deflate else ""
-    conn, sock, stream, headers = h2_websocket(demo.tls_port if tls else demo.port, offer, tls)
+    conn, sock, stream, headers, early = h2_websocket(demo.tls_port if tls else demo.port, offer,
+                                                      tls)
+    assert not early, early  # the echo speaks only when spoken to
     assert headers[b":status"] == b"200", headers
     agreed = headers.get(b"sec-websocket-extensions", b"").decode()
     assert agreed.startswith("permessage-deflate") == deflate, headers
