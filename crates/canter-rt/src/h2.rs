@@ -180,6 +180,18 @@ struct Exchange {
     source_waits: bool,
 }
 
+/// Whether `res` switches its stream to another protocol (see `H2::tunnel`).
+#[inline]
+fn switches(res: &Response) -> bool {
+    #[cfg(feature = "ws")]
+    return matches!(res.body, Body::Upgrade(_));
+    #[cfg(not(feature = "ws"))]
+    {
+        let _ = res;
+        false
+    }
+}
+
 /// How long a tunnel may be silent as far as the stall timeout goes: its protocol has timeouts
 /// of its own.
 const TUNNEL_QUIET: std::time::Duration = std::time::Duration::from_secs(365 * 86400);
@@ -581,7 +593,8 @@ impl<S: Service, T: Transport> H2<S, T> {
         pipe: Option<Rc<RefCell<Pipe>>>,
         connect: bool,
     ) {
-        let (res, tunnel) = self.tunnel(res, connect, pipe.as_ref());
+        let mut res = res;
+        let tunnel = self.tunnel(&mut res, connect, pipe.as_ref());
         let state = self.respond(stream, res, head_only);
         if matches!(state, State::Done) {
             detach(pipe.as_ref());
@@ -614,41 +627,41 @@ impl<S: Service, T: Transport> H2<S, T> {
 
     /// A response that switches the stream to another protocol (RFC 8441's WebSocket, a 200 to
     /// an extended CONNECT) becomes the tunnel's body, fed by the request body; true then. A
-    /// switch answered to anything else is the handler's mistake: 500.
-    fn tunnel(
+    /// switch answered to anything else is the handler's mistake: 500. Every other response
+    /// passes untouched (one test of its body's kind).
+    #[inline]
+    fn tunnel(&self, res: &mut Response, connect: bool, pipe: Option<&Rc<RefCell<Pipe>>>) -> bool {
+        #[cfg(feature = "ws")]
+        if switches(res) {
+            return self.open_tunnel(res, connect, pipe);
+        }
+        let _ = (res, connect, pipe);
+        false
+    }
+
+    #[cfg(feature = "ws")]
+    #[cold]
+    #[inline(never)]
+    fn open_tunnel(
         &self,
-        res: Response,
+        res: &mut Response,
         connect: bool,
         pipe: Option<&Rc<RefCell<Pipe>>>,
-    ) -> (Response, bool) {
-        #[cfg(feature = "ws")]
-        if matches!(res.body, Body::Upgrade(_)) {
-            let Response {
-                status,
-                content_type,
-                headers,
-                body,
-            } = res;
-            return match (body, pipe) {
-                (Body::Upgrade(up), Some(pipe)) if connect && status == StatusCode::OK => {
-                    let input = RequestBody::piped(pipe.clone(), None);
-                    let tunnel = crate::ws_h2::H2Tunnel::new(up, input, self.link.worker.clone());
-                    let res = Response {
-                        status,
-                        content_type,
-                        headers,
-                        body: Body::stream(None, tunnel),
-                    };
-                    (res, true)
-                }
-                _ => {
-                    tracing::error!(peer = %self.peer, "a protocol switch answered to a request that cannot switch; answering 500");
-                    (Response::handler_panicked(), false)
-                }
-            };
+    ) -> bool {
+        let body = std::mem::replace(&mut res.body, Body::Empty);
+        match (body, pipe) {
+            (Body::Upgrade(up), Some(pipe)) if connect && res.status == StatusCode::OK => {
+                let input = RequestBody::piped(pipe.clone(), None);
+                let tunnel = crate::ws_h2::H2Tunnel::new(up, input, self.link.worker.clone());
+                res.body = Body::stream(None, tunnel);
+                true
+            }
+            _ => {
+                tracing::error!(peer = %self.peer, "a protocol switch answered to a request that cannot switch; answering 500");
+                *res = Response::handler_panicked();
+                false
+            }
         }
-        let _ = (connect, pipe);
-        (res, false)
     }
 
     /// Sends `res` on `stream`: the head at once, a full body queued; returns what is left to
@@ -735,9 +748,11 @@ impl<S: Service, T: Transport> H2<S, T> {
                     Ok(Poll::Pending) => None,
                     Err(_) => Some(panicked(&self.peer)),
                 };
-                if let Some(res) = res {
-                    let (head_only, connect, pipe) = (ex.head_only, ex.connect, ex.pipe.clone());
-                    let (res, tunnel) = self.tunnel(res, connect, pipe.as_ref());
+                if let Some(mut res) = res {
+                    let (head_only, connect) = (ex.head_only, ex.connect);
+                    // The request body's pipe, only for a response that may become a tunnel.
+                    let pipe = switches(&res).then(|| ex.pipe.clone()).flatten();
+                    let tunnel = self.tunnel(&mut res, connect, pipe.as_ref());
                     let state = self.respond(stream, res, head_only);
                     let deadline = self.stall_deadline(tunnel);
                     let ex = &mut self.exchanges[i];
