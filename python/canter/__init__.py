@@ -15,7 +15,7 @@ cores; see `App.run`.
 """
 
 from ._native import HTTPError, Headers, Request, Response
-from ._app import App
+from ._app import App, WebSocket, WebSocketClosed
 
-__all__ = ["App", "HTTPError", "Headers", "Request", "Response"]
+__all__ = ["App", "HTTPError", "Headers", "Request", "Response", "WebSocket", "WebSocketClosed"]
 __version__ = "0.1.0"

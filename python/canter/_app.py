@@ -1,5 +1,6 @@
 """The application object and the process supervisor behind `App.run`."""
 
+import asyncio
 import inspect
 import logging
 import os
@@ -84,6 +85,37 @@ class App:
 
     def patch(self, pattern):
         return self.route(pattern, ("PATCH",))
+
+    def websocket(self, pattern, subprotocols=()):
+        """Registers the decorated coroutine function as the WebSocket endpoint at `pattern`:
+        the upgrade is accepted (choosing the first of the client's offered subprotocols that
+        is in `subprotocols`), then the function runs with a `WebSocket` and the pattern's
+        parameters. Text messages arrive as `str`, binary ones as `bytes`; the connection
+        closes normally (1000) when the function returns, with 1011 if it raises.
+
+            @app.websocket("/ws/echo")
+            async def echo(ws):
+                async for message in ws:
+                    await ws.send(message)
+        """
+        names = _PARAM.findall(pattern)
+
+        def register(func):
+            if not inspect.iscoroutinefunction(func):
+                raise TypeError(f"{func.__qualname__} must be an async function (async def)")
+            params = list(inspect.signature(func).parameters.values())
+            if not params:
+                raise TypeError(f"{func.__qualname__} must take the WebSocket as its first argument")
+            args = [p.name for p in params[1:]]
+            for a in args:
+                if a not in names:
+                    raise TypeError(
+                        f"{func.__qualname__}: argument {a!r} is not a parameter of {pattern!r}")
+            func._canter_subprotocols = tuple(subprotocols)
+            self.routes.append(("WEBSOCKET", pattern, func, True, args))
+            return func
+
+        return register
 
     def run(self, host="127.0.0.1", port=8080, workers=1, **options):
         """Serves until SIGINT or SIGTERM with `workers` processes sharing the port
@@ -289,3 +321,83 @@ def _describe(status):
     if os.WIFSIGNALED(status):
         return f"was killed by signal {os.WTERMSIG(status)}"
     return f"exited with status {os.WEXITSTATUS(status)}"
+
+
+class WebSocketClosed(Exception):
+    """Raised by `WebSocket.recv` once the connection has closed: `code` is the close code the
+    peer sent (1005 if none, 1006 if the connection ended without a close)."""
+
+    def __init__(self, code, reason=""):
+        super().__init__(f"WebSocket closed with {code}{': ' + reason if reason else ''}")
+        self.code = code
+        self.reason = reason
+
+
+class WebSocket:
+    """A WebSocket as a native handler (`App.websocket`) holds it: `recv`, `send`, `close`,
+    and `async for` over the messages until the peer closes."""
+
+    def __init__(self, receive, send, subprotocol, offered):
+        self._receive = receive
+        self._send = send
+        self.subprotocol = subprotocol
+        """The subprotocol chosen, or None."""
+        self.offered = offered
+        """The subprotocols the client offered."""
+        self.close_code = None
+        """The peer's close code, once it closed."""
+
+    async def recv(self):
+        """The next message: `str` (text) or `bytes` (binary). Raises `WebSocketClosed` once
+        the connection has closed."""
+        message = await self._receive()
+        if message["type"] == "websocket.receive":
+            text = message.get("text")
+            return text if text is not None else message["bytes"]
+        self.close_code = message.get("code", 1005)
+        raise WebSocketClosed(self.close_code, message.get("reason", ""))
+
+    async def send(self, data):
+        """Sends `data`: `str` as text, `bytes` (or bytearray, memoryview) as binary. Waits while
+        the peer is slow (more than 64 KiB queued)."""
+        if isinstance(data, str):
+            await self._send({"type": "websocket.send", "text": data})
+        else:
+            await self._send({"type": "websocket.send", "bytes": bytes(data)})
+
+    async def close(self, code=1000, reason=""):
+        """Sends this end's close; the connection ends when the peer answers."""
+        await self._send({"type": "websocket.close", "code": code, "reason": reason})
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        try:
+            return await self.recv()
+        except WebSocketClosed:
+            raise StopAsyncIteration from None
+
+
+async def _run_websocket(func, receive, send, args, offered):
+    """Accepts the upgrade, runs the native handler, and tells the engine when it ended (an
+    exception is logged and closes the connection with 1011)."""
+    from . import _native
+    from ._runtime import log_exception
+
+    try:
+        await receive()  # websocket.connect
+        wanted = getattr(func, "_canter_subprotocols", ())
+        chosen = next((p for p in offered if p in wanted), None)
+        await send({"type": "websocket.accept", "subprotocol": chosen})
+        await func(WebSocket(receive, send, chosen, list(offered)), *args)
+    except (asyncio.CancelledError, WebSocketClosed, _native.ClientDisconnected):
+        pass
+    except Exception as e:  # noqa: BLE001 - the handler's failure, logged with its traceback
+        log_exception(e)
+        try:
+            await send({"type": "websocket.close", "code": 1011, "reason": ""})
+        except Exception:  # noqa: BLE001 - the connection is gone already
+            pass
+    finally:
+        send.ended()

@@ -28,6 +28,8 @@ thread_local! {
 struct WorkerLoop {
     /// `start(awaitable) -> asyncio.Task`.
     start: Py<PyAny>,
+    /// The asyncio loop itself.
+    event_loop: Py<PyAny>,
     wake: Rc<Notify>,
 }
 
@@ -46,6 +48,7 @@ pub fn install(wl: &Bound<'_, PyAny>) -> PyResult<()> {
     LOOP.with(|l| {
         *l.borrow_mut() = Some(Rc::new(WorkerLoop {
             start: wl.getattr("start")?.unbind(),
+            event_loop: event_loop.clone().unbind(),
             wake: wake.clone(),
         }));
         Ok::<_, PyErr>(())
@@ -157,6 +160,12 @@ impl Done {
             waker.wake();
         }
     }
+}
+
+/// The worker's asyncio loop.
+pub fn event_loop(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    LOOP.with(|l| l.borrow().as_ref().map(|wl| wl.event_loop.clone_ref(py)))
+        .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("no worker loop"))
 }
 
 /// Starts `awaitable` as a task on the worker's loop and lets it run on its own.

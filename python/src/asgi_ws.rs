@@ -300,15 +300,9 @@ impl WsSend {
 impl Asgi {
     /// Starts the app on a WebSocket upgrade; the reply waits for its accept or close.
     pub(crate) fn websocket(&self, req: Request) -> Reply {
-        let upgrade = match WsUpgrade::from_request(&req) {
-            Ok(u) => u,
-            Err(refused) => return Reply::Ready(RtResponse::from(refused)),
-        };
         let peer = canter_rt::peer_addr();
-        let ex: Shared = Rc::default();
-        let started = Python::attach(|py| -> PyResult<()> {
-            let (head, _, _) = req.into_parts();
-            let scope = self.scope(py, &head, peer)?;
+        start(req, &self.loop_, |py, head, upgrade, receive, send| {
+            let scope = self.scope(py, head, peer)?;
             scope.set_item(pyo3::intern!(py, "type"), pyo3::intern!(py, "websocket"))?;
             let scheme = if canter_rt::peer_is_tls() {
                 "wss"
@@ -319,35 +313,59 @@ impl Asgi {
             scope.del_item(pyo3::intern!(py, "method"))?;
             let offered = PyList::new(py, upgrade.offered_protocols())?;
             scope.set_item(pyo3::intern!(py, "subprotocols"), offered)?;
-            let receive = Bound::new(
-                py,
-                WsReceive {
-                    ex: OnWorker::new(ex.clone()),
-                    loop_: self.loop_.clone_ref(py),
-                },
-            )?;
-            let send = Bound::new(
-                py,
-                WsSend {
-                    ex: OnWorker::new(ex.clone()),
-                    loop_: self.loop_.clone_ref(py),
-                },
-            )?;
-            let coro = self
-                .run
+            self.run
                 .bind(py)
-                .call1((self.app.bind(py), scope, receive, send))?;
-            aio::start(py, &coro)
-        });
-        if let Err(e) = started {
-            return Reply::Ready(Python::attach(|py| crate::error_response(py, &e)));
-        }
-        on_worker::drop_returned();
-        Reply::future(Accepting {
-            ex: Some(ex),
-            upgrade: Some(upgrade),
+                .call1((self.app.bind(py), scope, receive, send))
         })
     }
+}
+
+/// Starts the coroutine `coro` makes (given the request's head, the checked upgrade, and the
+/// `receive` and `send` callables) on the worker's loop `loop_`; the reply waits for its accept
+/// or close. A request that is no valid upgrade is refused (400, 426) without Python.
+pub(crate) fn start(
+    req: Request,
+    loop_: &Py<PyAny>,
+    coro: impl for<'py> FnOnce(
+        Python<'py>,
+        &canter_rt::RequestHead,
+        &WsUpgrade,
+        Bound<'py, WsReceive>,
+        Bound<'py, WsSend>,
+    ) -> PyResult<Bound<'py, PyAny>>,
+) -> Reply {
+    let upgrade = match WsUpgrade::from_request(&req) {
+        Ok(u) => u,
+        Err(refused) => return Reply::Ready(RtResponse::from(refused)),
+    };
+    let ex: Shared = Rc::default();
+    let started = Python::attach(|py| -> PyResult<()> {
+        let (head, _, _) = req.into_parts();
+        let receive = Bound::new(
+            py,
+            WsReceive {
+                ex: OnWorker::new(ex.clone()),
+                loop_: loop_.clone_ref(py),
+            },
+        )?;
+        let send = Bound::new(
+            py,
+            WsSend {
+                ex: OnWorker::new(ex.clone()),
+                loop_: loop_.clone_ref(py),
+            },
+        )?;
+        let coro = coro(py, &head, &upgrade, receive, send)?;
+        aio::start(py, &coro)
+    });
+    if let Err(e) = started {
+        return Reply::Ready(Python::attach(|py| crate::error_response(py, &e)));
+    }
+    on_worker::drop_returned();
+    Reply::future(Accepting {
+        ex: Some(ex),
+        upgrade: Some(upgrade),
+    })
 }
 
 /// Waits for the app to accept or refuse.

@@ -115,6 +115,42 @@ impl canter::Handler<Python_> for PyHandler {
     }
 }
 
+/// The canter handler of a native WebSocket route (`App.websocket`): the upgrade is accepted by
+/// `canter._app._run_websocket`, which then calls the function with the socket.
+#[derive(Clone)]
+struct PyWebSocket(std::rc::Rc<Route>);
+
+impl canter::Handler<Python_> for PyWebSocket {
+    fn call(&self, parts: Parts) -> Reply {
+        let params: Vec<String> = {
+            let all: Vec<String> = parts
+                .params()
+                .map(|(_, v)| request::decode(v).into_owned())
+                .collect();
+            self.0
+                .order
+                .iter()
+                .map(|&i| all.get(i).cloned().unwrap_or_default())
+                .collect()
+        };
+        let loop_ = match Python::attach(aio::event_loop) {
+            Ok(l) => l,
+            Err(e) => return Reply::Ready(Python::attach(|py| error_response(py, &e))),
+        };
+        let route = self.0.clone();
+        asgi_ws::start(
+            parts.into_request(),
+            &loop_,
+            move |py, _head, upgrade, receive, send| {
+                let run = py.import("canter._app")?.getattr("_run_websocket")?;
+                let offered = PyTuple::new(py, upgrade.offered_protocols())?;
+                let args = PyTuple::new(py, params)?;
+                run.call1((route.func.bind(py), receive, send, args, offered))
+            },
+        )
+    }
+}
+
 impl Route {
     /// Calls the function; converts what it returns, or starts the coroutine it returns.
     fn run(&self, req: Request) -> Reply {
@@ -277,17 +313,21 @@ fn pattern_params(pattern: &str) -> Vec<String> {
 fn build_router(py: Python<'_>, routes: &[RouteSpec], body_limit: usize) -> Router {
     let mut router = Router::new();
     for r in routes {
-        let handler = PyHandler(std::rc::Rc::new(Route {
+        let route = std::rc::Rc::new(Route {
             func: r.func.clone_ref(py),
             is_async: r.is_async,
             order: r.order.clone(),
             names: r.names.clone(),
             body_limit,
-        }));
-        router = router.route(
-            &r.pattern,
-            MethodRouter::new().on(r.method.clone(), handler),
-        );
+        });
+        // A WebSocket route answers the GET that upgrades (and HTTP/2's extended CONNECT,
+        // which the router takes to the GET route).
+        let methods = if r.method.as_str() == "WEBSOCKET" {
+            MethodRouter::new().on(Method::GET, PyWebSocket(route))
+        } else {
+            MethodRouter::new().on(r.method.clone(), PyHandler(route))
+        };
+        router = router.route(&r.pattern, methods);
     }
     router
 }

@@ -76,6 +76,22 @@ def inspect(req):
     }
 
 
+@app.websocket("/ws/echo")
+async def ws_echo(ws):
+    async for message in ws:
+        await ws.send(message)
+    print("native ws closed", ws.close_code, flush=True)
+
+
+@app.websocket("/ws/room/{name}", subprotocols=["chat.v2"])
+async def ws_room(ws, name):
+    await ws.send(f"welcome to {name} ({ws.subprotocol})")
+    message = await ws.recv()
+    if message == "boom":
+        raise RuntimeError("boom from a WebSocket handler")
+    await ws.close(4002, "enough")
+
+
 @app.get("/sleep")
 async def sleep(req):
     await asyncio.sleep(float(req.query.get("s", "0.05")))

@@ -422,3 +422,38 @@ def test_call_soon_on_the_driven_loop(native):
     native.wait_for(r"Exception in callback .*_soon_boom")
     native.wait_for(r"RuntimeError: soon-boom")
     assert get(native, "/").text == "Hello, World!"
+
+
+def test_native_websocket_routes(native):
+    """`App.websocket`: echo with `async for`, path parameters, the subprotocol choice, a close
+    from the handler with its code, and a handler that raises (logged; closed with 1011)."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{native.port}/ws/echo") as ws:
+        ws.send("héllo")
+        assert ws.recv() == "héllo"
+        ws.send(b"\x01\x02")
+        assert ws.recv() == b"\x01\x02"
+        ws.close(code=4100)
+    native.wait_for(r"native ws closed 4100")
+    with connect(f"ws://127.0.0.1:{native.port}/ws/room/lobby",
+                 subprotocols=["chat.v1", "chat.v2"]) as ws:
+        assert ws.subprotocol == "chat.v2"
+        assert ws.recv() == "welcome to lobby (chat.v2)"
+        ws.send("hi")
+        with pytest.raises(ConnectionClosed):
+            ws.recv()
+    assert ws.protocol.close_rcvd.code == 4002
+    with connect(f"ws://127.0.0.1:{native.port}/ws/room/x") as ws:
+        assert ws.subprotocol is None
+        ws.recv()
+        ws.send("boom")
+        with pytest.raises(ConnectionClosed):
+            ws.recv()
+    assert ws.protocol.close_rcvd.code == 1011
+    native.wait_for(r"boom from a WebSocket handler")
+    # A plain GET to a WebSocket route is refused with 400, the worker unharmed.
+    r = requests.get(native.base + "/ws/echo", timeout=10)
+    assert r.status_code == 400
+    assert requests.get(native.base + "/", timeout=10).status_code == 200
