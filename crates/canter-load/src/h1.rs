@@ -51,7 +51,7 @@ pub struct ConnConfig {
     /// HTTP/2: the request as fields and body.
     pub h2: Option<crate::target::H2Request>,
     /// WebSocket: the upgrade request and the message.
-    pub ws: Option<crate::ws::WsPlan>,
+    pub ws: Option<crate::target::WsPlan>,
 }
 
 /// Mutable state shared by all connections of a thread (single-threaded).

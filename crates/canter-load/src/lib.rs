@@ -200,7 +200,7 @@ struct Plan {
     /// The request's HTTP/2 form, with `-m`.
     h2: Option<target::H2Request>,
     /// What a WebSocket run sends.
-    ws: Option<ws::WsPlan>,
+    ws: Option<target::WsPlan>,
     streams: usize,
     head_only: bool,
     connections: usize,
@@ -292,7 +292,7 @@ fn plan(args: &LoadOptions) -> Result<Plan, LoadError> {
             let pattern = b"{\"symbol\":\"ACME\",\"bid\":101.25,\"offer\":101.5,\"qty\":100}";
             pattern.iter().copied().cycle().take(args.ws_size).collect()
         };
-        Some(ws::WsPlan {
+        Some(target::WsPlan {
             request: target::build_request("GET", &target, &headers, &[])?,
             payload,
             binary: args.ws_binary,

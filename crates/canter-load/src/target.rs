@@ -351,3 +351,16 @@ mod tests {
         assert_eq!(r.fields[1].1, b"https");
     }
 }
+
+/// What a WebSocket run sends: the upgrade request, and the message every send repeats.
+#[derive(Debug, Clone)]
+pub struct WsPlan {
+    /// The upgrade request's bytes.
+    pub request: Vec<u8>,
+    /// The message payload.
+    pub payload: Vec<u8>,
+    /// Binary messages (text otherwise; the payload is then UTF-8).
+    pub binary: bool,
+    /// Offer permessage-deflate.
+    pub deflate: bool,
+}

@@ -19,24 +19,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::h1::{ConnConfig, ThreadShared, CONNECT_BACKOFF};
 use crate::schedule::{corrected_latency, RateSchedule};
 use crate::stats::ErrorKind;
+use crate::target::WsPlan;
 
 /// Room made for each read.
 const READ_BUF: usize = 64 * 1024;
 /// Largest handshake response head.
 const MAX_HEAD: usize = 16 * 1024;
-
-/// What a WebSocket run sends: the upgrade request, and the message every send repeats.
-#[derive(Debug, Clone)]
-pub struct WsPlan {
-    /// The upgrade request's bytes.
-    pub request: Vec<u8>,
-    /// The message payload.
-    pub payload: Vec<u8>,
-    /// Binary messages (text otherwise; the payload is then UTF-8).
-    pub binary: bool,
-    /// Offer permessage-deflate.
-    pub deflate: bool,
-}
 
 /// How waiting for echoes ended.
 enum Outcome {
