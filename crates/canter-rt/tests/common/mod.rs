@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub mod ws_client;
+
 use canter_rt::{
     Config, ConfigBuilder, ParkHooks, Server, Service, ShutdownHandle, Stats, Timeouts,
     TimeoutsBuilder,
