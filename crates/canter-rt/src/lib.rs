@@ -56,6 +56,8 @@ mod ws_driver;
 #[cfg(all(feature = "ws", feature = "http2"))]
 mod ws_h2;
 #[cfg(feature = "ws")]
+mod ws_hub;
+#[cfg(feature = "ws")]
 mod ws_upgrade;
 
 pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
@@ -82,6 +84,8 @@ pub use tls::{reload_on_sighup, ClientTls, ServerTls, TlsAcceptor, TlsError};
 #[cfg(feature = "tls")]
 pub use transport::{PeerCertificates, TlsStream};
 pub use transport::{Stream, Transport};
+#[cfg(feature = "ws")]
+pub use ws_hub::Hub as WsHub;
 #[cfg(feature = "ws")]
 pub use ws_upgrade::{WsRefused, WsUpgrade};
 

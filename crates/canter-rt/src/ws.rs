@@ -34,7 +34,8 @@ use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use canter_ws::deflate::DeflateConfig;
+use canter_ws::deflate::{DeflateConfig, Deflater};
+use canter_ws::frame::{self, Opcode};
 use canter_ws::{close, Connection, Limits};
 
 /// Text of a WebSocket message: UTF-8, checked once (as it arrived, or when it was made).
@@ -91,6 +92,95 @@ impl TryFrom<Bytes> for Text {
     fn try_from(b: Bytes) -> Result<Text, Self::Error> {
         std::str::from_utf8(&b)?;
         Ok(Text(b))
+    }
+}
+
+/// Shared frames at least this large are queued by reference; smaller ones are copied.
+pub(crate) const SHARE_MIN: usize = 16 * 1024;
+
+/// A message encoded once for many connections (a broadcast): the server's frame, and, if asked
+/// for, the same message compressed alone (its own deflate stream), which goes to the
+/// connections whose permessage-deflate resets the server's context per message
+/// (`server_no_context_takeover`) under a window no smaller; the others get the plain frame.
+/// Cloning shares the bytes.
+///
+/// ```
+/// use canter_rt::ws::Prepared;
+///
+/// let tick = Prepared::text("{\"price\": 101.25}");
+/// let news = Prepared::text(&"{\"headline\": \"…\"}".repeat(100)).compressed(6);
+/// # let _ = (tick, news);
+/// ```
+#[derive(Clone)]
+pub struct Prepared {
+    plain: Bytes,
+    compressed: Option<(u8, Bytes)>,
+    text: bool,
+    payload: Bytes,
+}
+
+impl fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Prepared")
+            .field("text", &self.text)
+            .field("len", &self.payload.len())
+            .field(
+                "compressed",
+                &self.compressed.as_ref().map(|(_, c)| c.len()),
+            )
+            .finish()
+    }
+}
+
+impl Prepared {
+    /// A text message.
+    pub fn text(text: &str) -> Prepared {
+        Prepared::frame(true, Bytes::copy_from_slice(text.as_bytes()))
+    }
+
+    /// A binary message.
+    pub fn binary(data: impl Into<Bytes>) -> Prepared {
+        Prepared::frame(false, data.into())
+    }
+
+    fn frame(text: bool, payload: Bytes) -> Prepared {
+        let opcode = if text { Opcode::Text } else { Opcode::Binary };
+        let mut plain = Vec::with_capacity(payload.len() + 10);
+        frame::put_header(&mut plain, true, false, opcode, payload.len() as u64, None);
+        plain.extend_from_slice(&payload);
+        Prepared {
+            plain: plain.into(),
+            compressed: None,
+            text,
+            payload,
+        }
+    }
+
+    /// Adds the compressed form (deflate at `level`, 0–9, with a 32 KiB window).
+    pub fn compressed(mut self, level: u32) -> Prepared {
+        const BITS: u8 = 15;
+        let mut body = Vec::with_capacity(self.payload.len() / 2 + 16);
+        Deflater::new(level, BITS, true).compress(&self.payload, &mut body);
+        let opcode = if self.text {
+            Opcode::Text
+        } else {
+            Opcode::Binary
+        };
+        let mut frame = Vec::with_capacity(body.len() + 10);
+        frame::put_header(&mut frame, true, true, opcode, body.len() as u64, None);
+        frame.extend_from_slice(&body);
+        self.compressed = Some((BITS, frame.into()));
+        self
+    }
+
+    /// The payload's length in bytes.
+    pub fn len(&self) -> usize {
+        self.payload.len()
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.payload.is_empty()
     }
 }
 
@@ -266,6 +356,11 @@ pub(crate) struct Info {
 /// thread).
 pub(crate) struct State {
     pub(crate) engine: Connection,
+    /// Frames shared with other connections (a broadcast's, at least [`SHARE_MIN`] bytes),
+    /// queued as they are, and their bytes; they go out before `out`, which was moved here
+    /// whenever one was queued, so the order of sends holds.
+    pub(crate) pieces: VecDeque<Bytes>,
+    pub(crate) pieces_bytes: usize,
     /// Frames encoded by sends, not yet moved to the connection's output.
     pub(crate) out: Vec<u8>,
     /// What the connection's output held after its last write.
@@ -296,7 +391,33 @@ impl State {
     }
 
     fn room(&self) -> bool {
-        self.out.len() + self.queued < self.high_water
+        self.out.len() + self.pieces_bytes + self.queued < self.high_water
+    }
+
+    fn encode_prepared(&mut self, p: &Prepared) -> Result<(), WsError> {
+        if self.ended || self.engine.close_sent() {
+            return Err(WsError::Closed);
+        }
+        let frame = match &p.compressed {
+            Some((bits, frame)) if self.engine.accepts_shared(*bits) => frame,
+            _ => &p.plain,
+        };
+        if frame.len() < SHARE_MIN {
+            // Small: copied, as the connection's output would copy it anyway.
+            self.engine
+                .send_encoded(frame, &mut self.out)
+                .map_err(|_| WsError::Closed)?;
+        } else {
+            if !self.out.is_empty() {
+                let before = Bytes::from(std::mem::take(&mut self.out));
+                self.pieces_bytes += before.len();
+                self.pieces.push_back(before);
+            }
+            self.pieces_bytes += frame.len();
+            self.pieces.push_back(frame.clone());
+        }
+        self.wake_driver();
+        Ok(())
     }
 
     fn encode(&mut self, msg: Message) -> Result<(), WsError> {
@@ -375,6 +496,12 @@ impl WebSocket {
         try_send(&self.state, msg.into())
     }
 
+    /// Sends a message encoded once for many connections, waiting as [`WebSocket::send`] does.
+    pub async fn send_prepared(&self, msg: &Prepared) -> Result<(), WsError> {
+        wait_room(&self.state).await?;
+        self.state.borrow_mut().encode_prepared(msg)
+    }
+
     /// Sends this end's close with `code` and `reason` (once; later sends fail). The
     /// connection ends when the peer answers, or after the close timeout.
     pub fn close(&self, code: u16, reason: &str) -> Result<(), WsError> {
@@ -439,6 +566,22 @@ impl WsSender {
     /// As [`WebSocket::try_send`].
     pub fn try_send(&self, msg: impl Into<Message>) -> Result<(), TrySendError> {
         try_send(&self.state, msg.into())
+    }
+
+    /// As [`WebSocket::send_prepared`].
+    pub async fn send_prepared(&self, msg: &Prepared) -> Result<(), WsError> {
+        wait_room(&self.state).await?;
+        self.state.borrow_mut().encode_prepared(msg)
+    }
+
+    /// Sends a prepared message without waiting: `Ok(false)` when the output is at its
+    /// high-water mark (the message is not sent; a broadcast skips a slow peer).
+    pub fn try_send_prepared(&self, msg: &Prepared) -> Result<bool, WsError> {
+        let mut s = self.state.borrow_mut();
+        if !s.ended && !s.room() {
+            return Ok(false);
+        }
+        s.encode_prepared(msg).map(|()| true)
     }
 
     /// Whether the connection has ended.
@@ -512,6 +655,12 @@ fn try_send(state: &RefCell<State>, msg: Message) -> Result<(), TrySendError> {
 }
 
 async fn send(state: &RefCell<State>, msg: Message) -> Result<(), WsError> {
+    wait_room(state).await?;
+    state.borrow_mut().encode(msg)
+}
+
+/// Waits until the output is below its high-water mark; fails once the connection ended.
+async fn wait_room(state: &RefCell<State>) -> Result<(), WsError> {
     poll_fn(|cx| {
         let mut s = state.borrow_mut();
         if s.ended {
@@ -529,6 +678,5 @@ async fn send(state: &RefCell<State>, msg: Message) -> Result<(), WsError> {
         }
         Poll::Pending
     })
-    .await?;
-    state.borrow_mut().encode(msg)
+    .await
 }

@@ -44,6 +44,14 @@ pub(crate) enum End {
     Io(io::Error),
 }
 
+/// A piece of output ([`Session::take_output`]).
+pub(crate) enum Piece<'a> {
+    /// A frame shared with other connections.
+    Shared(bytes::Bytes),
+    /// Frames encoded for this connection.
+    Copy(&'a [u8]),
+}
+
 /// One WebSocket's state apart from its transport.
 pub(crate) struct Session {
     state: Rc<RefCell<State>>,
@@ -73,6 +81,8 @@ impl Session {
         } = *upgrade.0;
         let state = Rc::new(RefCell::new(State {
             engine,
+            pieces: VecDeque::new(),
+            pieces_bytes: 0,
             out: Vec::new(),
             queued: 0,
             high_water: config.high_water.max(1),
@@ -150,13 +160,17 @@ impl Session {
     }
 
     /// Hands what was sent (by the handler, and by the engine: pongs, the close's answer) to
-    /// `put`, if anything.
-    pub(crate) fn take_output(&mut self, put: impl FnOnce(&[u8])) {
+    /// `put`, in order: shared frames as they are, then the encoded ones.
+    pub(crate) fn take_output(&mut self, mut put: impl FnMut(Piece<'_>)) {
         let mut s = self.state.borrow_mut();
+        while let Some(piece) = s.pieces.pop_front() {
+            put(Piece::Shared(piece));
+        }
+        s.pieces_bytes = 0;
         if s.out.is_empty() {
             return;
         }
-        put(&s.out);
+        put(Piece::Copy(&s.out));
         s.out.clear();
         if s.out.capacity() > 4 * READ_BUF {
             s.out = Vec::new();
@@ -373,9 +387,12 @@ pub(crate) async fn serve<T: Transport>(
             return;
         }
     };
-    driver.session.take_output(|out| {
+    driver.session.take_output(|piece| {
         link.prepare_output();
-        link.out.buf.extend_from_slice(out);
+        match piece {
+            Piece::Shared(frame) => link.out.push(frame),
+            Piece::Copy(out) => link.out.buf.extend_from_slice(out),
+        }
     });
     link.finish(&mut io, write_timeout, ending).await;
     link.release_all();
@@ -401,9 +418,12 @@ impl Driver {
         loop {
             let now = link.worker.now();
             self.session.turn(cx, now, link.worker.draining());
-            self.session.take_output(|out| {
+            self.session.take_output(|piece| {
                 link.prepare_output();
-                link.out.buf.extend_from_slice(out);
+                match piece {
+                    Piece::Shared(frame) => link.out.push(frame),
+                    Piece::Copy(out) => link.out.buf.extend_from_slice(out),
+                }
             });
             if let Err(e) = link.poll_send(io, cx) {
                 return Poll::Ready(End::Io(e));

@@ -13,7 +13,7 @@ use tokio::time::Sleep;
 use crate::body::{BodyStream, RequestBody};
 use crate::worker::{clock, Worker};
 use crate::ws::Upgrade;
-use crate::ws_driver::Session;
+use crate::ws_driver::{Piece, Session};
 
 /// A WebSocket over an HTTP/2 stream (RFC 8441): the stream's request body brings the
 /// client's frames, and this, the response body, takes ours. The HTTP/2 driver pulls it only
@@ -47,9 +47,26 @@ impl BodyStream for H2Tunnel {
             let now = clock();
             let draining = this.worker.draining();
             this.session.turn(cx, now, draining);
-            let mut frames = None;
-            this.session
-                .take_output(|out| frames = Some(Bytes::copy_from_slice(out)));
+            // One shared frame goes as it is; anything more is joined.
+            let mut frames: Option<Bytes> = None;
+            let mut joined = BytesMut::new();
+            this.session.take_output(|piece| {
+                let data: &[u8] = match &piece {
+                    Piece::Shared(frame) if frames.is_none() && joined.is_empty() => {
+                        frames = Some(frame.clone());
+                        return;
+                    }
+                    Piece::Shared(frame) => frame,
+                    Piece::Copy(out) => out,
+                };
+                if let Some(first) = frames.take() {
+                    joined.extend_from_slice(&first);
+                }
+                joined.extend_from_slice(data);
+            });
+            if !joined.is_empty() {
+                frames = Some(joined.freeze());
+            }
             // Pulled: the stream has room, and what it holds is the HTTP/2 engine's to send.
             if this.session.set_queued(0, cx) && frames.is_none() {
                 continue;

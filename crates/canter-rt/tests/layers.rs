@@ -11,7 +11,10 @@ use std::path::Path;
 /// Lowest first. A module may import from any layer below its own, never from its own or above.
 const LAYERS: &[(&str, &[&str])] = &[
     ("leaf data", &["stats", "transport", "ws"]),
-    ("worker state, TLS", &["worker", "tls"]),
+    (
+        "worker state, TLS, WebSocket broadcast",
+        &["worker", "tls", "ws_hub"],
+    ),
     ("connection parts", &["proxy", "output", "body", "outbound"]),
     (
         "settings, the link, services",

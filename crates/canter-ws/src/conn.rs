@@ -126,6 +126,9 @@ struct Deflate {
     deflater: Deflater,
     inflater: Inflater,
     min_size: usize,
+    /// This end resets its compressor after each message, with this window: a message
+    /// compressed alone under a window no larger is valid here too ([`Connection::accepts_shared`]).
+    own_reset: Option<u8>,
 }
 
 impl Connection {
@@ -163,6 +166,7 @@ impl Connection {
             deflater: Deflater::new(agreed.config.level, bits, own_reset),
             inflater: Inflater::new(peer_reset),
             min_size: agreed.config.min_size,
+            own_reset: own_reset.then_some(bits),
         });
         self
     }
@@ -332,6 +336,32 @@ impl Connection {
             m.utf8.feed(piece).map_err(|_| Error::InvalidUtf8)?;
         }
         Ok(())
+    }
+
+    /// Appends a frame encoded elsewhere, once for many connections (a broadcast): checked only
+    /// for this end's close. The caller chose a frame this connection may send: unmasked on a
+    /// server, compressed only where [`Connection::accepts_shared`] says so.
+    pub fn send_encoded(&mut self, frame: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
+        if self.close_sent {
+            return Err(Error::Closed);
+        }
+        out.extend_from_slice(frame);
+        Ok(())
+    }
+
+    /// Whether a message compressed alone (its own deflate stream, no context before it) under
+    /// a window of `window_bits` may be sent on this connection as it is: permessage-deflate
+    /// is on, this end resets its context after each message, and its window is no smaller.
+    pub fn accepts_shared(&self, window_bits: u8) -> bool {
+        self.deflate
+            .as_ref()
+            .and_then(|d| d.own_reset)
+            .is_some_and(|bits| bits >= window_bits)
+    }
+
+    /// Whether this end is a server (frames sent unmasked).
+    pub fn is_server(&self) -> bool {
+        matches!(self.role, Role::Server)
     }
 
     /// Appends a text message in one frame.
