@@ -277,3 +277,31 @@ def test_websocket_over_http2_extended_connect(demo, deflate, tls):
     assert isinstance(got[0], CloseConnection) and got[0].code == 1000, got
     assert got[1] == "END_STREAM", got
     sock.close()
+
+
+def test_our_client_against_the_websockets_server():
+    """`canter load ws://` (canter-ws's engine as a client) against Python's `websockets`
+    server: every message echoed, with and without permessage-deflate (which that server agrees
+    to with context takeover on both sides)."""
+    import json
+    import subprocess
+    import threading
+
+    from websockets.sync.server import serve
+
+    def echo(ws):
+        for message in ws:
+            ws.send(message)
+
+    with serve(echo, "127.0.0.1", 0) as server:
+        port = server.socket.getsockname()[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        for extra in ([], ["--ws-deflate", "--ws-size", "4096"], ["--ws-binary", "--pipeline", "8"]):
+            out = subprocess.run([canter_bin(), "load", f"ws://127.0.0.1:{port}/", "-c", "4",
+                                  "-n", "2000", "--json", "--no-progress", *extra],
+                                 capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0, out.stderr
+            report = json.loads(out.stdout)
+            assert report["requests"] == 2000, (extra, report, out.stderr)
+            assert sum(report["errors"].values()) == 0, (extra, report, out.stderr)
+        server.shutdown()
