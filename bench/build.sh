@@ -5,6 +5,7 @@
 # Installs (if missing): wrk nginx-light h2o nghttp2-client gcc liburing-dev postgresql (apt-get), Go (needed for
 # the Go peers; not installed here if absent: those peers are then reported and skipped).
 # Builds: bench/build/ceiling, bench/build/ceiling-uring, bench/build/go-nethttp, bench/build/fasthttp,
+#         bench/build/go-ws, bench/peers/node-ws/node_modules (ws, bun), peer-ws-{axum,fast},
 #         bench/target/release/peer-{hyper,actix,actix-pg,xitca-pg,may-minihttp,may-pg}, pg-clients,
 #         target/release/canter.
 # peer-may-pg needs may_postgres, which is not on crates.io: cargo fetches it from GitHub at the
@@ -68,7 +69,7 @@ fi
 
 # --- Go peers --------------------------------------------------------------------------
 if command -v go >/dev/null; then
-  for p in go-nethttp fasthttp; do
+  for p in go-nethttp fasthttp go-ws; do
     if (cd "$BENCH/peers/$p" && go mod download && go build -trimpath -o "$BUILD/$p" .) \
          >"$BUILD/logs/$p.log" 2>&1; then
       ok "$p -> bench/build/$p"
@@ -81,9 +82,23 @@ else
   fail fasthttp "go not found"
 fi
 
+# --- Node.js peers: Node's ws and Bun (both from the npm registry) -----------------------
+if command -v npm >/dev/null; then
+  if (cd "$BENCH/peers/node-ws" && npm install --no-audit --no-fund) \
+       >"$BUILD/logs/node-ws.log" 2>&1 \
+     && [ -x "$BENCH/peers/node-ws/node_modules/bun/bin/bun.exe" ]; then
+    ok "node-ws, bun -> bench/peers/node-ws/node_modules"
+  else
+    fail node-ws "npm install: $(tail -3 "$BUILD/logs/node-ws.log" | tr '\n' ' ')"
+  fi
+else
+  fail node-ws "npm not found"
+fi
+
 # --- Rust peers (own workspace, own target dir) ----------------------------------------
 if command -v cargo >/dev/null; then
-  for p in peer-hyper peer-actix peer-may-minihttp peer-actix-pg peer-xitca-pg pg-clients; do
+  for p in peer-hyper peer-actix peer-may-minihttp peer-actix-pg peer-xitca-pg pg-clients \
+           peer-ws-axum peer-ws-fast; do
     if cargo build --release --manifest-path "$BENCH/peers/rust/Cargo.toml" \
          --target-dir "$BENCH/target" -p "$p" >"$BUILD/logs/rust-$p.log" 2>&1; then
       ok "$p -> bench/target/release/$p"

@@ -30,6 +30,7 @@ AREAS = [
     ("tls", "TLS", "bench/tls.py"),
     ("churn", "A new connection per request", "bench/churn.py"),
     ("static", "Static files under compression", "bench/static_compress.py"),
+    ("websocket", "WebSocket", "bench/ws.py"),
     ("techempower", "TechEmpower's database tests (PostgreSQL)", "bench/techempower.py"),
     ("market-spread", "Stream pipelines: Market Spread", "bench/market_spread.py"),
     ("python", "The Python front end", "bench/python.py"),
