@@ -111,6 +111,12 @@ pub(crate) struct LoadArgs {
     /// ws:// and wss://: offer permessage-deflate.
     #[arg(long)]
     pub(crate) ws_deflate: bool,
+
+    /// ws:// and wss://: broadcast mode: every connection listens; the first also publishes
+    /// --rate messages a second (1,000 by default) stamped with their send time, which the
+    /// server's route must send to every connection. Each delivery counts, with its latency.
+    #[arg(long)]
+    pub(crate) ws_broadcast: bool,
 }
 
 impl LoadArgs {
@@ -138,6 +144,7 @@ impl LoadArgs {
         o.ws_size = self.ws_size;
         o.ws_binary = self.ws_binary;
         o.ws_deflate = self.ws_deflate;
+        o.ws_broadcast = self.ws_broadcast;
         o
     }
 }

@@ -11,6 +11,7 @@
 //! | `GET /api/items/{id}` | the stored item, or 404 |
 //! | `GET /page?name=...` | an HTML page built per request (maud, escaped) |
 //! | `GET /ws/echo` | WebSocket: text and binary messages echoed as they came (permessage-deflate when offered) |
+//! | `GET /ws/broadcast` | WebSocket: a room, every message to every member, across workers |
 //! | `GET /ws` | a live page that talks to `/ws/echo` |
 //! | `GET /` | an index page |
 //! | `GET /static/{*path}` | files of the `--static` directory ([`app_with_static`], [`ServeDir`]) |
@@ -35,6 +36,7 @@ use canter::app::{
     ServeDir, State,
 };
 use canter::WebSocketUpgrade;
+use canter_rt::ws::Prepared;
 
 const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain");
 const OCTET_STREAM: HeaderValue = HeaderValue::from_static("application/octet-stream");
@@ -105,6 +107,24 @@ async fn ws_echo(ws: WebSocketUpgrade) -> Response {
     })
 }
 
+/// `/ws/broadcast`: a room; every message any member sends goes to every member (itself
+/// included), encoded once, across workers. A member whose output is full misses messages
+/// rather than holding the room back.
+async fn ws_broadcast(State(store): State<Arc<Store>>, ws: WebSocketUpgrade) -> Response {
+    let room = store.room.clone();
+    ws.on_upgrade(move |socket| async move {
+        let (tx, rx) = socket.split();
+        room.subscribe(tx);
+        while let Some(Ok(msg)) = rx.recv().await {
+            match msg {
+                canter_rt::ws::Message::Text(t) => room.publish(&Prepared::text(&t)),
+                canter_rt::ws::Message::Binary(b) => room.publish(&Prepared::binary(b)),
+                _ => break,
+            }
+        }
+    })
+}
+
 /// The demo router over `store` (shared by every worker that gets a clone of it): what
 /// `canter serve` runs, built per worker in the service factory.
 pub fn app(store: Arc<Store>) -> Router {
@@ -122,6 +142,7 @@ pub fn app(store: Arc<Store>) -> Router {
         .route("/page", get(page))
         .route("/tls/client-cert", get(client_cert))
         .route("/ws/echo", get(ws_echo))
+        .route("/ws/broadcast", get(ws_broadcast))
         .route("/ws", get(|| Html(WS_PAGE)))
         .nest("/api", api)
         .fallback(|| error(StatusCode::NOT_FOUND, "no such endpoint"))
@@ -216,6 +237,8 @@ fn page(Query(q): Query<PageQuery>) -> Markup {
 pub struct Store {
     next_id: AtomicU64,
     items: RwLock<HashMap<u64, Item>>,
+    /// The `/ws/broadcast` room, shared by every worker.
+    room: canter_rt::WsHub,
 }
 
 /// An item as posted.

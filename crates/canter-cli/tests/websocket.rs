@@ -109,3 +109,43 @@ fn canter_load_counts_a_route_that_does_not_upgrade_and_says_why() {
     assert!(report["errors"]["parse"].as_u64().unwrap() > 0, "{report}");
     assert!(stderr.contains("not 101"), "{stderr}");
 }
+
+#[test]
+fn canter_load_broadcast_mode_counts_every_delivery_of_the_demo_room() {
+    let server = Server::start();
+    let url = format!("ws://127.0.0.1:{}/ws/broadcast", server.port);
+    let (report, stderr) = load(
+        &url,
+        &[
+            "--ws-broadcast",
+            "-c",
+            "20",
+            "--rate",
+            "100",
+            "-d",
+            "1s",
+            "--ws-size",
+            "64",
+        ],
+    );
+    // 100 messages a second from one member to all 20, over the two workers' hub.
+    let got = report["requests"].as_u64().unwrap();
+    assert!(
+        (1500..=2200).contains(&got),
+        "{got} deliveries: {report}\n{stderr}"
+    );
+    for (kind, n) in report["errors"].as_object().unwrap() {
+        assert_eq!(n, 0, "{kind} errors: {report}\n{stderr}");
+    }
+}
+
+#[test]
+fn canter_load_speaks_wss() {
+    let server = Server::start_with(&["--tls-addr", "127.0.0.1:0", "--tls-self-signed"]);
+    let url = format!("wss://127.0.0.1:{}/ws/echo", server.tls_port());
+    let (report, stderr) = load(&url, &["-k", "-c", "4", "-n", "1000", "--ws-deflate"]);
+    assert_eq!(report["requests"], 1000, "{report}\n{stderr}");
+    for (kind, n) in report["errors"].as_object().unwrap() {
+        assert_eq!(n, 0, "{kind} errors: {report}\n{stderr}");
+    }
+}

@@ -156,6 +156,12 @@ pub struct LoadOptions {
 
     /// WebSocket: offer permessage-deflate.
     pub ws_deflate: bool,
+
+    /// WebSocket: broadcast mode. Every connection only listens, except the first, which also
+    /// publishes `--rate` messages a second (1,000 by default) carrying their send time; each
+    /// delivery to each connection is a "request", its latency from the publish. The server's
+    /// route must send every message it receives to every connection.
+    pub ws_broadcast: bool,
 }
 
 impl LoadOptions {
@@ -186,6 +192,7 @@ impl LoadOptions {
             ws_size: 32,
             ws_binary: false,
             ws_deflate: false,
+            ws_broadcast: false,
         }
     }
 }
@@ -292,11 +299,15 @@ fn plan(args: &LoadOptions) -> Result<Plan, LoadError> {
             let pattern = b"{\"symbol\":\"ACME\",\"bid\":101.25,\"offer\":101.5,\"qty\":100}";
             pattern.iter().copied().cycle().take(args.ws_size).collect()
         };
+        if args.ws_broadcast && args.pipeline > 1 {
+            return usage!("--ws-broadcast publishes at --rate; --pipeline does not apply");
+        }
         Some(target::WsPlan {
             request: target::build_request("GET", &target, &headers, &[])?,
             payload,
-            binary: args.ws_binary,
+            binary: args.ws_binary || args.ws_broadcast,
             deflate: args.ws_deflate,
+            broadcast: args.ws_broadcast,
         })
     } else {
         None
@@ -428,6 +439,11 @@ pub fn run(args: LoadOptions) -> Result<Report, LoadError> {
         let depth = match p.protocol {
             Protocol::Http1 => format!("pipeline {}", p.pipeline),
             Protocol::Http2 => format!("HTTP/2, {} streams per connection", p.streams),
+            Protocol::WebSocket if args.ws_broadcast => format!(
+                "WebSocket broadcast of {} B messages at {}/s from one connection to all",
+                args.ws_size.max(8),
+                args.rate.unwrap_or(1000.0)
+            ),
             Protocol::WebSocket => format!(
                 "WebSocket echo of {} B {} messages, {} in flight{}",
                 args.ws_size,

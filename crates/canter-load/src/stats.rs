@@ -256,7 +256,7 @@ impl Report {
         // A WebSocket run counts echoed messages, all on upgraded (101) connections.
         let ws = self.protocol == "websocket";
         let (what, per) = if ws {
-            ("messages echoed", "Messages/sec:")
+            ("messages received", "Messages/sec:")
         } else {
             ("requests", "Requests/sec:")
         };

@@ -363,4 +363,6 @@ pub struct WsPlan {
     pub binary: bool,
     /// Offer permessage-deflate.
     pub deflate: bool,
+    /// Broadcast mode (see `LoadOptions::ws_broadcast`).
+    pub broadcast: bool,
 }

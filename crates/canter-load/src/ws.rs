@@ -61,6 +61,10 @@ pub async fn run_connection(cfg: &ConnConfig, plan: &WsPlan, shared: &ThreadShar
         seed: 0x9e37_79b9 ^ (index as u32).wrapping_mul(0x85eb_ca6b) | 1,
     };
     match cfg.rate {
+        _ if plan.broadcast => {
+            let rate = cfg.rate.map_or(1000.0, |(r, _)| r);
+            c.broadcast((index == 0).then_some(rate)).await
+        }
         None => c.closed_loop().await,
         Some((rate, conns)) => c.open_loop(RateSchedule::new(rate, conns, index)).await,
     }
@@ -321,6 +325,108 @@ impl Conn<'_> {
                 .await;
             if !self.finish(outcome) {
                 return;
+            }
+        }
+    }
+
+    /// Broadcast mode: listens until the run ends, recording each delivery with its latency
+    /// from the publish (the send time travels in the message's first 8 bytes, nanoseconds
+    /// since the run's start); with `publish`, also sends that many messages a second.
+    async fn broadcast(&mut self, publish: Option<f64>) {
+        let origin = self.cfg.start;
+        let every = publish.map(|r| Duration::from_secs_f64(1.0 / r.max(1e-3)));
+        let mut sent: u64 = 0;
+        let mut pong = Vec::new();
+        let mut pacer = Box::pin(tokio::time::sleep_until(origin.into()));
+        loop {
+            if self.stopped(Instant::now()) {
+                return;
+            }
+            if !self.ensure_open().await {
+                continue;
+            }
+            // What is due: the publisher's next message, or the end of the run.
+            let next_send = every.map(|e| origin + e * (sent as u32));
+            let wake = match (next_send, self.cfg.end) {
+                (Some(s), Some(e)) => s.min(e),
+                (Some(s), None) => s,
+                (None, Some(e)) => e,
+                (None, None) => Instant::now() + Duration::from_secs(3600),
+            };
+            pacer.as_mut().reset(wake.into());
+            let (Some(stream), Some(engine)) = (self.stream.as_mut(), self.engine.as_mut()) else {
+                continue;
+            };
+            if self.input.capacity() - self.input.len() < READ_BUF / 2 {
+                self.input.reserve(READ_BUF);
+            }
+            tokio::select! {
+                biased;
+                read = stream.read_buf(&mut self.input) => match read {
+                    Ok(0) | Err(_) => {
+                        self.error(ErrorKind::Read, 1);
+                        self.drop_connection();
+                        continue;
+                    }
+                    Ok(n) => {
+                        self.now = Instant::now();
+                        let measuring = self.now >= self.cfg.measure_start;
+                        if measuring {
+                            self.shared.stats.borrow_mut().bytes_read += n as u64;
+                        }
+                        let mut delivered = 0;
+                        loop {
+                            match engine.poll(&mut self.input, &mut pong) {
+                                Ok(Some(Event::Binary(b) | Event::Text(b))) => {
+                                    delivered += 1;
+                                    if measuring && b.len() >= 8 {
+                                        let mut ns = [0u8; 8];
+                                        ns.copy_from_slice(&b[..8]);
+                                        let at = origin + Duration::from_nanos(u64::from_be_bytes(ns));
+                                        let lat = self.now.saturating_duration_since(at);
+                                        self.shared.stats.borrow_mut().record(101, lat);
+                                    }
+                                }
+                                Ok(Some(Event::Close(_))) | Err(_) => {
+                                    self.error(ErrorKind::Read, 1);
+                                    self.drop_connection();
+                                    break;
+                                }
+                                Ok(Some(_)) => {}
+                                Ok(None) => break,
+                            }
+                        }
+                        if !pong.is_empty() {
+                            if let Some(stream) = self.stream.as_mut() {
+                                let _ = stream.write_all(&pong).await;
+                            }
+                            pong.clear();
+                        }
+                        self.shared.progress.fetch_add(delivered, std::sync::atomic::Ordering::Relaxed);
+                    }
+                },
+                () = pacer.as_mut() => {
+                    let Some(at) = next_send else { continue };
+                    if Instant::now() < at {
+                        continue;
+                    }
+                    // The payload: the send time, then the message's padding.
+                    let mut payload = self.plan.payload.clone();
+                    if payload.len() < 8 {
+                        payload.resize(8, 0);
+                    }
+                    let ns = u64::try_from(Instant::now().duration_since(origin).as_nanos())
+                        .unwrap_or(u64::MAX);
+                    payload[..8].copy_from_slice(&ns.to_be_bytes());
+                    self.out.clear();
+                    if engine.send_binary(&payload, &mut self.out).is_err()
+                        || stream.write_all(&self.out).await.is_err()
+                    {
+                        self.error(ErrorKind::Write, 1);
+                        self.drop_connection();
+                    }
+                    sent += 1;
+                }
             }
         }
     }
