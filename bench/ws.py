@@ -12,10 +12,14 @@ runtime, GOMAXPROCS=1, Node's and Bun's single JavaScript thread); the load gene
   echo-32B-c100      100 connections, 32-byte text messages, one in flight per connection
   echo-32B-c100-p16  the same, 16 in flight per connection
   deflate-4KiB-c16   16 connections, 4 KiB JSON-like text, permessage-deflate offered
+  broadcast-64B-c1000  1,000 connections in the room of `/ws/broadcast`; one of them publishes
+                     100 messages of 64 bytes a second, each delivered to all 1,000 (the server
+                     sends every message it receives to every member; fastwebsockets has no
+                     room here and is left out)
   idle-memory        RSS growth per idle WebSocket connection (after the upgrade; no deflate)
 
 CPU per message is the server's utime+stime (the whole process tree) over the measured run
-divided by the messages echoed; wire bytes per message is what the server sent per message
+divided by the messages echoed (delivered, for the broadcast); wire bytes per message is what the server sent per message
 (the client's bytes read). Every round starts each server in turn (the order rotating), and the
 tables give medians over the rounds. Results go to bench/results/ws-<time>.json.
 """
@@ -60,7 +64,11 @@ SCENARIOS = {
     "echo-32B-c100": dict(conns=100, size=32, pipeline=1, deflate=False),
     "echo-32B-c100-p16": dict(conns=100, size=32, pipeline=16, deflate=False),
     "deflate-4KiB-c16": dict(conns=16, size=4096, pipeline=1, deflate=True),
+    "broadcast-64B-c1000": dict(conns=1000, size=64, pipeline=1, deflate=False, broadcast=100),
 }
+
+# The servers with a broadcast room at /ws/broadcast.
+ROOMS = {"canter", "bun", "axum (tungstenite)", "go (gorilla)", "node ws"}
 
 UPGRADE = (b"GET /ws/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -94,11 +102,14 @@ def start(name, spec, port):
 
 
 def load(port, sc, duration):
-    argv = ["taskset", "-c", "1", CANTER, "load", f"ws://127.0.0.1:{port}/ws/echo",
+    path = "/ws/broadcast" if sc.get("broadcast") else "/ws/echo"
+    argv = ["taskset", "-c", "1", CANTER, "load", f"ws://127.0.0.1:{port}{path}",
             "-c", str(sc["conns"]), "-d", duration, "--warmup", "1s", "--pipeline",
             str(sc["pipeline"]), "--ws-size", str(sc["size"]), "--json", "--no-progress"]
     if sc["deflate"]:
         argv.append("--ws-deflate")
+    if sc.get("broadcast"):
+        argv += ["--ws-broadcast", "--rate", str(sc["broadcast"])]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise RuntimeError(out.stderr)
@@ -113,7 +124,9 @@ def measure(proc, port, sc, duration):
     measured = rep["duration_s"] / max(t1 - t0, 1e-9)
     msgs = max(rep["requests"], 1)
     errors = sum(rep["errors"].values())
+    want = sc["broadcast"] * sc["conns"] if sc.get("broadcast") else None
     return dict(rps=rep["rps"], messages=rep["requests"], errors=errors,
+                delivered_pct=(100.0 * rep["rps"] / want) if want else 100.0,
                 cpu_us_per_msg=(c1 - c0) * measured / msgs * 1e6,
                 wire_bytes_per_msg=rep["bytes_read"] / msgs,
                 p50_us=rep["latency_us"]["p50"], p99_us=rep["latency_us"]["p99"])
@@ -157,9 +170,9 @@ def markdown(results):
              f"(median of {results['rounds']} rounds)", ""]
     for sc in SCENARIOS:
         lines += [f"#### {sc}", "",
-                  "| server | messages/s | CPU µs/message | × canter's CPU | wire B/message "
-                  "| p50 | p99 | errors |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| server | messages/s | delivered | CPU µs/message | × canter's CPU "
+                  "| wire B/message | p50 | p99 | errors |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         cells = {}
         for name in names:
             rs = [r for r in runs if r["server"] == name and r["scenario"] == sc]
@@ -169,7 +182,8 @@ def markdown(results):
         base = cells.get("canter", {}).get("cpu_us_per_msg")
         for name, c in cells.items():
             ratio = f"{c['cpu_us_per_msg'] / base:.2f}" if base else "–"
-            lines.append(f"| {name} | {c['rps']:,.0f} | {c['cpu_us_per_msg']:.2f} | {ratio} | "
+            lines.append(f"| {name} | {c['rps']:,.0f} | {c['delivered_pct']:.1f}% | "
+                         f"{c['cpu_us_per_msg']:.2f} | {ratio} | "
                          f"{c['wire_bytes_per_msg']:.0f} | {c['p50_us']:.0f} µs | "
                          f"{c['p99_us']:.0f} µs | {c['errors']:.0f} |")
         lines.append("")
@@ -210,6 +224,8 @@ def main():
             proc = start(name, all_servers[name], port)
             try:
                 for sc_name, sc in SCENARIOS.items():
+                    if sc.get("broadcast") and name not in ROOMS:
+                        continue
                     r = measure(proc, port, sc, args.duration)
                     results["runs"].append(dict(server=name, scenario=sc_name, round=rnd, **r))
                     print(f"{sc_name} {name}: {r['rps']:.0f} msg/s, "
