@@ -148,9 +148,20 @@ pub(crate) async fn serve<S: Service, T: Transport>(
                 // request is the WebSocket's first input.
                 let Driver { io, link, cfg, .. } = driver;
                 let (timeout, budget) = (cfg.timeouts.write(), cfg.read_budget);
-                // Boxed: inline, the WebSocket's state would sit in every HTTP/1.1 task.
-                Box::pin(crate::ws_driver::serve(io, link, up, timeout, budget)).await;
-                drop(registration);
+                let socket = async move {
+                    // Draining wakes the connection through its registration: this task now.
+                    let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+                    link.worker.set_waker(registration.id, waker);
+                    crate::ws_driver::serve(io, link, up, timeout, budget).await;
+                    drop(registration);
+                };
+                if worker.spawns() {
+                    // A task of its own, sized for the WebSocket: this one's HTTP/1.1 state
+                    // (the largest part of an idle connection) is freed as it returns.
+                    tokio::task::spawn_local(socket);
+                } else {
+                    Box::pin(socket).await;
+                }
                 return None;
             }
         };

@@ -501,6 +501,7 @@ where
     };
     crate::worker::count_faults_into(stats.clone());
     let worker = Rc::new(Worker::new(stats));
+    worker.allow_spawns();
     let mut accept = factory(index);
     let cfg = Rc::new(config);
     // One summary of the client faults for the whole server, from the first worker.

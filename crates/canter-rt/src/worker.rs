@@ -102,6 +102,9 @@ pub(crate) struct Worker {
     pool: RefCell<Vec<BytesMut>>,
     draining: Cell<bool>,
     conns: RefCell<Slab>,
+    /// The worker runs on a server's event loop (a `LocalSet`): a connection may hand its
+    /// transport to a task of its own ([`Worker::spawns`]).
+    spawns: Cell<bool>,
 }
 
 /// Wakers of live connections, so draining can wake the idle ones. A slot per connection,
@@ -135,9 +138,21 @@ impl Worker {
             pool: RefCell::new(Vec::new()),
             draining: Cell::new(false),
             conns: RefCell::new(Slab::default()),
+            spawns: Cell::new(false),
         };
         w.tick();
         w
+    }
+
+    /// Marks the worker as a server's, whose event loop runs local tasks.
+    pub(crate) fn allow_spawns(&self) {
+        self.spawns.set(true);
+    }
+
+    /// Whether a connection may move to a task of its own (`tokio::task::spawn_local`): on a
+    /// server's worker, not on the caller's task of [`crate::serve_connection`].
+    pub(crate) fn spawns(&self) -> bool {
+        self.spawns.get()
     }
 
     /// Refreshes the clock, and the Date header when the second changed; called every
