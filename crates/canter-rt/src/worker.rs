@@ -151,6 +151,7 @@ impl Worker {
 
     /// Whether a connection may move to a task of its own (`tokio::task::spawn_local`): on a
     /// server's worker, not on the caller's task of [`crate::serve_connection`].
+    #[cfg_attr(not(feature = "ws"), allow(dead_code))]
     pub(crate) fn spawns(&self) -> bool {
         self.spawns.get()
     }
