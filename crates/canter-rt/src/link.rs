@@ -168,7 +168,8 @@ impl Link {
         fresh: usize,
         grow: impl FnOnce(&mut BytesMut),
     ) -> Poll<io::Result<usize>> {
-        if self.input.capacity() == 0 {
+        let took = self.input.capacity() == 0;
+        if took {
             ready!(io.poll_read_ready(cx))?;
             self.input = if fresh <= READ_BUF {
                 self.worker.take_buf()
@@ -185,6 +186,12 @@ impl Link {
             if let Poll::Ready(Err(e)) = io.poll_flush(cx) {
                 return Poll::Ready(Err(e));
             }
+        }
+        if took && read.is_pending() && self.input.is_empty() {
+            // Readiness was a guess (a socket not yet in the event loop, or readiness left from
+            // the last read) and nothing came: the buffer goes back while the connection waits,
+            // or every idle connection would keep one.
+            self.worker.give_buf(std::mem::take(&mut self.input));
         }
         let n = ready!(read)?;
         self.read_in_turn += n;
