@@ -6,24 +6,11 @@
 #[path = "../../../fuzz/harness.rs"]
 mod harness;
 
-use std::path::{Path, PathBuf};
-
-fn corpus(target: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
-        .join(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "empty corpus {}", dir.display());
-    files
-}
+#[path = "../../../fuzz/corpus.rs"]
+mod corpus;
 
 fn replay(target: &str, check: fn(&[u8])) {
-    for path in corpus(target) {
+    for path in corpus::files(target) {
         let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let result = std::panic::catch_unwind(|| check(&data));
         if let Err(panic) = result {

@@ -9,21 +9,8 @@
 #[path = "../../../fuzz/ws_harness.rs"]
 mod ws_harness;
 
-use std::path::{Path, PathBuf};
-
-fn corpus(target: &str) -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
-        .join(target);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "empty corpus {}", dir.display());
-    files
-}
+#[path = "../../../fuzz/corpus.rs"]
+mod corpus;
 
 /// xorshift32: mutations that are the same on every run.
 fn next(seed: &mut u32) -> u32 {
@@ -56,7 +43,7 @@ fn mutate(data: &[u8], seed: &mut u32, keep: usize) -> Vec<u8> {
 
 fn replay(target: &str, check: fn(&[u8]), keep: usize) {
     let mut seed = 0x2545_f491;
-    for path in corpus(target) {
+    for path in corpus::files(target) {
         let data = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let inputs = std::iter::once(data.clone())
             .chain((0..200).map(|_| mutate(&data, &mut seed, keep)))
