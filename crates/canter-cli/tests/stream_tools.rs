@@ -662,7 +662,6 @@ fn market_spread_pipeline_produces_the_reference_results() {
 /// charts of every pipeline with the seconds of history the pipeline has so far.
 #[test]
 fn metrics_page_draws_in_headless_chromium() {
-    let browser = common::chromium();
     let (rx, rx_addr) = receive(&["--duration", "30s"]);
     let (pipe, nbbo_addr, orders_addr, metrics_addr) = pipeline(&["--out", &rx_addr.to_string()]);
     let sent = Command::new(env!("CARGO_BIN_EXE_canter"))
@@ -679,21 +678,7 @@ fn metrics_page_draws_in_headless_chromium() {
         .output()
         .unwrap();
     assert!(sent.status.success(), "{sent:?}");
-    let profile = std::env::temp_dir().join(format!("canter-chromium-{}", std::process::id()));
-    let dom = Command::new(&browser)
-        .args([
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(["--virtual-time-budget=3000", "--dump-dom"])
-        .arg(format!("http://{metrics_addr}/"))
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&profile);
-    let html = String::from_utf8_lossy(&dom.stdout);
+    let (dom, html) = common::chromium_dom(&format!("http://{metrics_addr}/"), 3000);
     assert!(dom.status.success(), "{dom:?}");
     // Four charts (throughput and latency of two pipelines), every series with points.
     let charts = html.matches("<svg").count();

@@ -39,26 +39,8 @@ fn node_builtin_websocket_client() {
 
 #[test]
 fn the_live_page_talks_to_the_echo_in_headless_chromium() {
-    let browser = common::chromium();
     let server = Server::start();
-    let profile = std::env::temp_dir().join(format!("canter-chromium-ws-{}", std::process::id()));
-    let dom = Command::new(&browser)
-        .args([
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(["--virtual-time-budget=5000", "--dump-dom"])
-        .arg(server.url("/ws"))
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&profile);
-    let html = String::from_utf8_lossy(&dom.stdout);
+    let (dom, html) = common::chromium_dom(&server.url("/ws"), 5000);
     assert!(dom.status.success(), "{dom:?}");
     // Chromium offers permessage-deflate; the echo came back through it.
     assert!(html.contains("open: permessage-deflate"), "{html}");

@@ -619,3 +619,32 @@ pub fn chromium() -> std::path::PathBuf {
         "Chromium is needed by this test and could not be installed (apt-get install chromium)",
     )
 }
+
+/// `url` rendered by headless Chromium, scripts run for `budget_ms` of virtual time: the process
+/// output and the DOM it dumped.
+pub fn chromium_dom(url: &str, budget_ms: u32) -> (std::process::Output, String) {
+    let profile = std::env::temp_dir().join(format!(
+        "canter-chromium-{}-{}",
+        std::process::id(),
+        budget_ms
+    ));
+    let out = Command::new(chromium())
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(format!("--virtual-time-budget={budget_ms}"))
+        .arg("--dump-dom")
+        .arg(url)
+        .output()
+        .expect("running Chromium");
+    let _ = std::fs::remove_dir_all(&profile);
+    let html = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out, html)
+}
