@@ -21,7 +21,7 @@ use canter_ws::{close, Event};
 use crate::link::{Ending, Link, Timer};
 use crate::stats::ClientFault;
 use crate::transport::Transport;
-use crate::worker::{later, Worker, READ_BUF};
+use crate::worker::{clock, later, Worker, READ_BUF};
 use crate::ws::{
     Accepted, CloseFrame, Message, State, Text, Upgrade, WebSocket, WsConfig, WsError,
 };
@@ -479,6 +479,10 @@ impl Driver {
             if next > now && !self.timer.poll_expired(cx, next) {
                 break;
             }
+            // Due, judged by the real clock: the timer fires a tick past the deadline, when the
+            // worker's coarse clock may not have moved yet, and it would not move while this
+            // loop ran (the loop would spin on a deadline the coarse clock calls future).
+            let now = clock();
             if write_deadline.is_some_and(|d| d <= now) && link.write_timed_out(io) {
                 return Poll::Ready(End::WriteTimeout);
             }
