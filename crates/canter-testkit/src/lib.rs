@@ -1,6 +1,7 @@
 //! Test-only helpers shared by the integration tests of `canter-rt` and `canter`: a small,
 //! strict raw HTTP/1.1 client ([`Client`], [`Response`], [`chunked`]), probes of processes
-//! ([`rss_kib`], [`open_files_limit`]) and test data ([`random_bytes`]).
+//! ([`rss_kib`], [`open_files_limit`]), test data ([`random_bytes`]) and a real Kafka cluster
+//! ([`KafkaCluster`]).
 //!
 //! Every socket operation has a timeout ([`IO_TIMEOUT`]) so a hung server fails a test instead
 //! of hanging the suite.
@@ -11,10 +12,12 @@
 
 mod client;
 mod data;
+mod kafka;
 mod pki;
 mod process;
 
 pub use client::{chunked, connect_stream, Client, Response, IO_TIMEOUT};
 pub use data::random_bytes;
+pub use kafka::KafkaCluster;
 pub use pki::{fingerprint, CertFiles, Pki};
 pub use process::{open_files_limit, rss_kib};

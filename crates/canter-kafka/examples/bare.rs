@@ -1,0 +1,95 @@
+//! The bare client's ceiling: consume or produce N records with no processing, and report
+//! wall time and the process's CPU time per record (user + system, from getrusage).
+//!
+//! ```text
+//! cargo run --release -p canter-kafka --example bare -- consume 127.0.0.1:9092 TOPIC N
+//! cargo run --release -p canter-kafka --example bare -- produce 127.0.0.1:9092 TOPIC N [SIZE]
+//! ```
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Instant;
+
+use canter_kafka::{
+    partition_for, Cluster, Config, FetchConfig, Fetcher, Producer, ProducerConfig,
+};
+
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // utime and stime are fields 14 and 15, after the command in parentheses.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 5 {
+        eprintln!("usage: bare consume|produce BOOTSTRAP TOPIC N [SIZE]");
+        std::process::exit(2);
+    }
+    let (mode, bootstrap, topic) = (&args[1], &args[2], &args[3]);
+    let n: u64 = args[4].parse().unwrap();
+    let size: usize = args.get(5).map_or(50, |s| s.parse().unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut cluster = Cluster::connect(Config::new(bootstrap.clone())).await.unwrap();
+        cluster.refresh(&[topic]).await.unwrap();
+        let parts = cluster.topic(topic).unwrap().partitions.len() as i32;
+        let (c0, t0) = (cpu_seconds(), Instant::now());
+        let mut bytes = 0u64;
+        if mode == "consume" {
+            let mut f = Fetcher::new(cluster, FetchConfig::default());
+            for p in 0..parts {
+                f.assign(topic, p, None).await.unwrap();
+            }
+            let (mut got, mut scratch) = (0u64, Vec::new());
+            while got < n {
+                for batch in f.fetch().await.unwrap() {
+                    got += batch
+                        .for_each(&mut scratch, |r| bytes += r.value.map_or(0, <[u8]>::len) as u64)
+                        .unwrap();
+                }
+            }
+        } else {
+            let mut p = Producer::new(cluster, ProducerConfig::default()).await.unwrap();
+            let (t, parts) = p.topic(topic).await.unwrap();
+            let value = vec![7u8; size];
+            let mut key = itoa_buf();
+            for i in 0..n {
+                let k = key.format(i % 1000);
+                let part = partition_for(k.as_bytes(), parts);
+                p.send(t, part, Some(k.as_bytes()), &value, 0).unwrap();
+                bytes += size as u64;
+                if p.due() {
+                    p.flush().await.unwrap();
+                }
+            }
+            p.flush().await.unwrap();
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - c0;
+        println!(
+            "{mode} {n} records {bytes} bytes: wall {wall:.2}s ({:.0} rec/s), cpu {cpu:.2}s = {:.0} ns/record",
+            n as f64 / wall,
+            cpu * 1e9 / n as f64
+        );
+    });
+}
+
+struct KeyBuf(String);
+fn itoa_buf() -> KeyBuf {
+    KeyBuf(String::with_capacity(8))
+}
+impl KeyBuf {
+    fn format(&mut self, v: u64) -> &str {
+        use std::fmt::Write;
+        self.0.clear();
+        let _ = write!(self.0, "{v}");
+        &self.0
+    }
+}

@@ -1,0 +1,390 @@
+//! What the client knows of the cluster (brokers, topics, partitions, leaders) and the
+//! requests that are not a producer's or a consumer's: metadata, topic creation, offsets by
+//! time. One `Cluster` per worker: nothing here is shared between threads.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::{
+    BrokerId, CreateTopicsRequest, ListOffsetsRequest, MetadataRequest, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::conn::Conn;
+use crate::error::Error;
+
+/// How to reach a cluster.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `host:port` of one or more brokers, comma-separated.
+    pub bootstrap: String,
+    /// The client id brokers log.
+    pub client_id: String,
+    /// How long a connection may take.
+    pub connect_timeout: Duration,
+    /// How long a request may wait for its answer (a fetch adds its own wait).
+    pub request_timeout: Duration,
+    /// How long [`Cluster::connect`] tries the bootstrap brokers before it gives up.
+    pub bootstrap_timeout: Duration,
+}
+
+impl Config {
+    /// Defaults for `bootstrap`: 5 s connects, 30 s requests, 30 s to find a broker at start.
+    pub fn new(bootstrap: impl Into<String>) -> Config {
+        Config {
+            bootstrap: bootstrap.into(),
+            client_id: "canter".into(),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            bootstrap_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A partition's leader as the last metadata said.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionInfo {
+    /// The broker that leads it (-1: none right now).
+    pub leader: i32,
+    /// The leader's epoch.
+    pub leader_epoch: i32,
+}
+
+/// A topic as the last metadata said.
+#[derive(Debug, Clone)]
+pub struct TopicInfo {
+    /// Its name.
+    pub name: String,
+    /// Its id (the consumer-group protocol names topics by id).
+    pub id: uuid::Uuid,
+    /// Its partitions, by index.
+    pub partitions: Vec<PartitionInfo>,
+}
+
+/// Offsets [`Cluster::list_offsets`] can ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetSpec {
+    /// The first offset still in the log.
+    Earliest,
+    /// The offset the next record will get.
+    Latest,
+}
+
+/// Brokers, topics and a control connection.
+pub struct Cluster {
+    config: Config,
+    brokers: HashMap<i32, SocketAddr>,
+    topics: HashMap<String, TopicInfo>,
+    control: Option<Conn>,
+}
+
+impl Cluster {
+    /// Connects to the first bootstrap broker that answers, retrying the list with backoff
+    /// until `bootstrap_timeout`; then an [`Error::Unreachable`] names what was tried.
+    pub async fn connect(config: Config) -> Result<Cluster, Error> {
+        let mut cluster = Cluster {
+            config,
+            brokers: HashMap::new(),
+            topics: HashMap::new(),
+            control: None,
+        };
+        let deadline = tokio::time::Instant::now() + cluster.config.bootstrap_timeout;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let last = match cluster.bootstrap_once().await {
+                Ok(conn) => {
+                    cluster.control = Some(conn);
+                    cluster.refresh(&[]).await?;
+                    return Ok(cluster);
+                }
+                Err(e) => e.to_string(),
+            };
+            if tokio::time::Instant::now() + backoff > deadline {
+                return Err(Error::Unreachable(format!(
+                    "{} for {:?}: {last}",
+                    cluster.config.bootstrap, cluster.config.bootstrap_timeout
+                )));
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn bootstrap_once(&self) -> Result<Conn, Error> {
+        let mut last = Error::Unreachable(self.config.bootstrap.clone());
+        for host in self.config.bootstrap.split(',').map(str::trim) {
+            let addrs = match tokio::net::lookup_host(host).await {
+                Ok(a) => a,
+                Err(e) => {
+                    last = e.into();
+                    continue;
+                }
+            };
+            for addr in addrs {
+                match self.open(addr).await {
+                    Ok(c) => return Ok(c),
+                    Err(e) => last = e,
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Opens a new connection to `addr` (each producer, fetcher and group member keeps its
+    /// own, so a fetch waiting at the broker holds up nothing else).
+    pub async fn open(&self, addr: SocketAddr) -> Result<Conn, Error> {
+        let mut c =
+            Conn::connect(addr, &self.config.client_id, self.config.connect_timeout).await?;
+        c.set_timeout(self.config.request_timeout);
+        Ok(c)
+    }
+
+    /// A broker's address.
+    pub fn broker(&self, id: i32) -> Option<SocketAddr> {
+        self.brokers.get(&id).copied()
+    }
+
+    /// Some broker's address (the lowest id).
+    pub fn any_broker(&self) -> Option<SocketAddr> {
+        self.brokers
+            .iter()
+            .min_by_key(|(id, _)| **id)
+            .map(|(_, a)| *a)
+    }
+
+    /// A topic, if the last metadata had it.
+    pub fn topic(&self, name: &str) -> Option<&TopicInfo> {
+        self.topics.get(name)
+    }
+
+    /// A topic's name by id.
+    pub fn topic_by_id(&self, id: uuid::Uuid) -> Option<&TopicInfo> {
+        self.topics.values().find(|t| t.id == id)
+    }
+
+    async fn control(&mut self) -> Result<&mut Conn, Error> {
+        if self.control.is_none() {
+            let any = self.brokers.values().copied().collect::<Vec<_>>();
+            let mut last = Error::Unreachable(self.config.bootstrap.clone());
+            for addr in any {
+                match self.open(addr).await {
+                    Ok(c) => {
+                        self.control = Some(c);
+                        break;
+                    }
+                    Err(e) => last = e,
+                }
+            }
+            if self.control.is_none() {
+                self.control = Some(self.bootstrap_once().await.map_err(|_| last)?);
+            }
+        }
+        self.control
+            .as_mut()
+            .ok_or(Error::Unreachable(String::new()))
+    }
+
+    /// Runs `f` on the control connection; a connection that fails is dropped, so the next
+    /// call opens another (to any broker).
+    async fn on_control<T>(
+        &mut self,
+        f: impl AsyncFnOnce(&mut Conn) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let conn = self.control().await?;
+        let r = f(conn).await;
+        if matches!(r, Err(Error::Io(_) | Error::Timeout(_) | Error::Corrupt(_))) {
+            self.control = None;
+        }
+        r
+    }
+
+    /// Asks for the brokers and for `topics` (all of the cluster's topics if empty) and
+    /// replaces what was known of them.
+    pub async fn refresh(&mut self, topics: &[&str]) -> Result<(), Error> {
+        let req = MetadataRequest::default().with_topics(if topics.is_empty() {
+            None
+        } else {
+            Some(
+                topics
+                    .iter()
+                    .map(|t| {
+                        MetadataRequestTopic::default()
+                            .with_name(Some(TopicName(StrBytes::from_string((*t).to_owned()))))
+                    })
+                    .collect(),
+            )
+        });
+        let resp = self.on_control(async |c| c.call(req, 12, 12).await).await?;
+        self.brokers = resp
+            .brokers
+            .iter()
+            .filter_map(|b| {
+                let ip = if b.host.as_str() == "localhost" {
+                    "127.0.0.1"
+                } else {
+                    b.host.as_str()
+                };
+                format!("{ip}:{}", b.port)
+                    .parse()
+                    .ok()
+                    .map(|a| (b.node_id.0, a))
+            })
+            .collect();
+        for t in resp.topics {
+            let Some(name) = t.name else { continue };
+            let name = name.0.to_string();
+            if t.error_code != 0 {
+                self.topics.remove(&name);
+                continue;
+            }
+            let mut parts = vec![
+                PartitionInfo {
+                    leader: -1,
+                    leader_epoch: -1
+                };
+                t.partitions.len()
+            ];
+            for p in &t.partitions {
+                if let Some(slot) = usize::try_from(p.partition_index)
+                    .ok()
+                    .and_then(|i| parts.get_mut(i))
+                {
+                    *slot = PartitionInfo {
+                        leader: if p.error_code == 0 { p.leader_id.0 } else { -1 },
+                        leader_epoch: p.leader_epoch,
+                    };
+                }
+            }
+            self.topics.insert(
+                name.clone(),
+                TopicInfo {
+                    name,
+                    id: t.topic_id,
+                    partitions: parts,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Creates a topic (an existing one is fine). `configs` are topic settings such as
+    /// `("cleanup.policy", "compact")`.
+    pub async fn create_topic(
+        &mut self,
+        name: &str,
+        partitions: i32,
+        replication: i16,
+        configs: &[(&str, &str)],
+    ) -> Result<(), Error> {
+        let topic = CreatableTopic::default()
+            .with_name(TopicName(StrBytes::from_string(name.to_owned())))
+            .with_num_partitions(partitions)
+            .with_replication_factor(replication)
+            .with_configs(
+                configs
+                    .iter()
+                    .map(|(k, v)| {
+                        CreatableTopicConfig::default()
+                            .with_name(StrBytes::from_string((*k).to_owned()))
+                            .with_value(Some(StrBytes::from_string((*v).to_owned())))
+                    })
+                    .collect(),
+            );
+        let req = CreateTopicsRequest::default()
+            .with_topics(vec![topic])
+            .with_timeout_ms(30_000);
+        let resp = self.on_control(async |c| c.call(req, 5, 7).await).await?;
+        for t in resp.topics {
+            // 36: TOPIC_ALREADY_EXISTS
+            if t.error_code != 0 && t.error_code != 36 {
+                return Err(Error::broker(
+                    "CreateTopics",
+                    t.error_code,
+                    t.error_message.as_deref(),
+                ));
+            }
+        }
+        // The new topic's leaders take a moment to be known everywhere.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            self.refresh(&[name]).await?;
+            if let Some(t) = self.topics.get(name) {
+                if t.partitions.iter().all(|p| p.leader >= 0) {
+                    return Ok(());
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::Timeout("topic creation"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The earliest or latest offset of each partition of `topic` in `partitions`.
+    pub async fn list_offsets(
+        &mut self,
+        topic: &str,
+        partitions: &[i32],
+        spec: OffsetSpec,
+    ) -> Result<Vec<(i32, i64)>, Error> {
+        let info = self
+            .topics
+            .get(topic)
+            .ok_or_else(|| Error::UnknownTopic(topic.to_owned()))?
+            .clone();
+        let mut by_leader: HashMap<i32, Vec<i32>> = HashMap::new();
+        for &p in partitions {
+            let leader = usize::try_from(p)
+                .ok()
+                .and_then(|i| info.partitions.get(i))
+                .map_or(-1, |p| p.leader);
+            by_leader.entry(leader).or_default().push(p);
+        }
+        let ts = match spec {
+            OffsetSpec::Earliest => -2,
+            OffsetSpec::Latest => -1,
+        };
+        let mut out = Vec::new();
+        for (leader, parts) in by_leader {
+            let addr = self
+                .broker(leader)
+                .ok_or(Error::broker("ListOffsets", 5, None))?;
+            let mut conn = self.open(addr).await?;
+            let req = ListOffsetsRequest::default()
+                .with_replica_id(BrokerId(-1))
+                .with_topics(vec![ListOffsetsTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
+                    .with_partitions(
+                        parts
+                            .iter()
+                            .map(|&p| {
+                                ListOffsetsPartition::default()
+                                    .with_partition_index(p)
+                                    .with_current_leader_epoch(-1)
+                                    .with_timestamp(ts)
+                            })
+                            .collect(),
+                    )]);
+            let resp = conn.call(req, 6, 9).await?;
+            for t in resp.topics {
+                for p in t.partitions {
+                    if p.error_code != 0 {
+                        return Err(Error::broker("ListOffsets", p.error_code, None));
+                    }
+                    out.push((p.partition_index, p.offset));
+                }
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+}

@@ -1,0 +1,33 @@
+//! A Kafka client made for canter's thread-per-core workers: every piece is owned by one
+//! worker and driven by its event loop (no threads of its own, no locks, no channel per
+//! record), and records are read in place from the fetched bytes.
+//!
+//! - [`Cluster`]: brokers, topics, leaders; metadata, topic creation, offsets by time.
+//! - [`Producer`]: one open batch per partition, a Produce per leader per flush, idempotent
+//!   (KIP-98) by default, gzip, lz4 or zstd if asked; [`partition_for`] is Kafka's own
+//!   partitioner (murmur2), so keys land where Java producers put them.
+//! - [`Fetcher`]: the partitions a worker owns and their positions, one fetch in flight per
+//!   leader; [`records::Batches`] walks what a fetch returned without copying.
+//! - [`Member`]: consumer-group membership by KIP-848 (the broker assigns partitions),
+//!   committed offsets under the member's epoch.
+//!
+//! Request and response messages are encoded by the `kafka-protocol` crate (generated from
+//! Kafka's schemas); the record batch format, the connection and everything above are here.
+//!
+//! `tools/kafka/kafka.sh` starts a real broker (or three) for tests and for your own use.
+
+mod cluster;
+mod conn;
+mod error;
+mod fetch;
+mod group;
+mod producer;
+pub mod records;
+
+pub use cluster::{Cluster, Config, OffsetSpec, PartitionInfo, TopicInfo};
+pub use conn::Conn;
+pub use error::Error;
+pub use fetch::{FetchConfig, Fetched, Fetcher};
+pub use group::{Change, Member, Tp};
+pub use producer::{murmur2, partition_for, Producer, ProducerConfig, ProducerStats, TopicHandle};
+pub use records::Compression;

@@ -1,0 +1,456 @@
+//! The producer: records appended to one open batch per partition, sent per leader in one
+//! Produce request when the caller flushes (size or linger reached), idempotent by default
+//! (KIP-98: a producer id and a sequence per partition, so a batch resent after a lost answer
+//! is written once).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{InitProducerIdRequest, ProduceRequest, ProducerId, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use tokio::time::Instant;
+
+use crate::cluster::Cluster;
+use crate::conn::Conn;
+use crate::error::{retriable_code, Error};
+use crate::records::{BatchBuilder, Compression};
+
+/// How the producer batches and sends.
+#[derive(Debug, Clone)]
+pub struct ProducerConfig {
+    /// How long the first record of a batch may wait for more ([`Producer::due`]).
+    pub linger: Duration,
+    /// Bytes of records buffered (all partitions) that make a flush due.
+    pub batch_bytes: usize,
+    /// The largest record (key and value); a bigger one is refused with [`Error::TooLarge`].
+    pub max_record: usize,
+    /// Compression of each batch.
+    pub compression: Compression,
+    /// KIP-98 idempotence (acks must then be all).
+    pub idempotent: bool,
+    /// How long a flush retries retriable errors before it fails.
+    pub delivery_timeout: Duration,
+}
+
+impl Default for ProducerConfig {
+    fn default() -> Self {
+        ProducerConfig {
+            linger: Duration::from_millis(5),
+            batch_bytes: 1 << 20,
+            max_record: 1 << 20,
+            compression: Compression::None,
+            idempotent: true,
+            delivery_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// A topic the producer writes, by index (see [`Producer::topic`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopicHandle(usize);
+
+struct PartState {
+    open: BatchBuilder,
+    sequence: i32,
+}
+
+struct TopicState {
+    name: String,
+    parts: Vec<PartState>,
+}
+
+/// A batch on its way: encoded once (its sequence inside), resent as is until acknowledged.
+struct Outgoing {
+    topic: usize,
+    partition: i32,
+    bytes: bytes::Bytes,
+    records: u32,
+}
+
+/// Counts since the producer started.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ProducerStats {
+    /// Records acknowledged.
+    pub records: u64,
+    /// Produce requests sent (retries included).
+    pub requests: u64,
+    /// Batches sent again after a retriable error.
+    pub retries: u64,
+}
+
+/// An idempotent producer; one per worker.
+pub struct Producer {
+    cluster: Cluster,
+    config: ProducerConfig,
+    conns: HashMap<i32, Conn>,
+    id: (i64, i16),
+    topics: Vec<TopicState>,
+    buffered: usize,
+    oldest: Option<Instant>,
+    stats: ProducerStats,
+}
+
+impl Producer {
+    /// A producer on `cluster` (its own connections); asks for a producer id when idempotent.
+    pub async fn new(mut cluster: Cluster, config: ProducerConfig) -> Result<Producer, Error> {
+        let id = if config.idempotent {
+            init_producer_id(&mut cluster).await?
+        } else {
+            (-1, -1)
+        };
+        Ok(Producer {
+            cluster,
+            config,
+            conns: HashMap::new(),
+            id,
+            topics: Vec::new(),
+            buffered: 0,
+            oldest: None,
+            stats: ProducerStats::default(),
+        })
+    }
+
+    /// The producer's id and epoch ((-1, -1) if not idempotent).
+    pub fn producer_id(&self) -> (i64, i16) {
+        self.id
+    }
+
+    /// The cluster view.
+    pub fn cluster(&mut self) -> &mut Cluster {
+        &mut self.cluster
+    }
+
+    /// Counts so far.
+    pub fn stats(&self) -> ProducerStats {
+        self.stats
+    }
+
+    /// A handle for `topic` and its partition count; an unknown topic is an error.
+    pub async fn topic(&mut self, name: &str) -> Result<(TopicHandle, i32), Error> {
+        if let Some(i) = self.topics.iter().position(|t| t.name == name) {
+            return Ok((TopicHandle(i), self.topics[i].parts.len() as i32));
+        }
+        if self.cluster.topic(name).is_none() {
+            self.cluster.refresh(&[name]).await?;
+        }
+        let n = self
+            .cluster
+            .topic(name)
+            .ok_or_else(|| Error::UnknownTopic(name.to_owned()))?
+            .partitions
+            .len();
+        self.topics.push(TopicState {
+            name: name.to_owned(),
+            parts: (0..n)
+                .map(|_| PartState {
+                    open: BatchBuilder::new(),
+                    sequence: 0,
+                })
+                .collect(),
+        });
+        Ok((TopicHandle(self.topics.len() - 1), n as i32))
+    }
+
+    /// Appends a record to `partition`'s open batch (sent by the next [`Producer::flush`]).
+    pub fn send(
+        &mut self,
+        topic: TopicHandle,
+        partition: i32,
+        key: Option<&[u8]>,
+        value: &[u8],
+        timestamp: i64,
+    ) -> Result<(), Error> {
+        let size = key.map_or(0, <[u8]>::len) + value.len();
+        if size > self.config.max_record {
+            return Err(Error::TooLarge {
+                size,
+                max: self.config.max_record,
+            });
+        }
+        let part = self
+            .topics
+            .get_mut(topic.0)
+            .and_then(|t| {
+                usize::try_from(partition)
+                    .ok()
+                    .and_then(|p| t.parts.get_mut(p))
+            })
+            .ok_or_else(|| Error::UnknownTopic(format!("partition {partition}")))?;
+        part.open.push(timestamp, key, Some(value));
+        self.buffered += size + 8;
+        if self.oldest.is_none() {
+            self.oldest = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Bytes waiting for a flush.
+    pub fn buffered(&self) -> usize {
+        self.buffered
+    }
+
+    /// A flush is due: the batches are full or the oldest record has lingered long enough.
+    pub fn due(&self) -> bool {
+        self.buffered >= self.config.batch_bytes
+            || self
+                .oldest
+                .is_some_and(|t| t.elapsed() >= self.config.linger)
+    }
+
+    /// When the oldest waiting record's linger ends (`None`: nothing waits).
+    pub fn linger_deadline(&self) -> Option<Instant> {
+        self.oldest.map(|t| t + self.config.linger)
+    }
+
+    /// Sends every open batch and waits until each is acknowledged by all in-sync replicas,
+    /// retrying retriable errors (a leader moved, a broker restarting) with backoff up to the
+    /// delivery timeout. Returns the records acknowledged.
+    pub async fn flush(&mut self) -> Result<u64, Error> {
+        let mut out = Vec::new();
+        for (ti, t) in self.topics.iter_mut().enumerate() {
+            for (pi, p) in t.parts.iter_mut().enumerate() {
+                if p.open.is_empty() {
+                    continue;
+                }
+                let n = p.open.len();
+                let seq = if self.id.0 >= 0 { p.sequence } else { -1 };
+                let mut bytes = Vec::with_capacity(p.open.bytes() + 64);
+                p.open
+                    .finish(&mut bytes, self.config.compression, self.id, seq, false)?;
+                p.sequence = p.sequence.wrapping_add(n as i32) & i32::MAX;
+                out.push(Outgoing {
+                    topic: ti,
+                    partition: pi as i32,
+                    bytes: bytes.into(),
+                    records: n,
+                });
+            }
+        }
+        self.buffered = 0;
+        self.oldest = None;
+        let total: u64 = out.iter().map(|o| u64::from(o.records)).sum();
+        let deadline = Instant::now() + self.config.delivery_timeout;
+        let mut backoff = Duration::from_millis(50);
+        while !out.is_empty() {
+            let before = out.len();
+            let failed = self.send_round(&mut out).await;
+            if out.is_empty() {
+                break;
+            }
+            let err = match failed {
+                Some(e) if !e.is_retriable() => return Err(e),
+                Some(e) => e,
+                None => Error::Timeout("produce"),
+            };
+            if Instant::now() + backoff > deadline {
+                return Err(err);
+            }
+            tracing::debug!(waiting = out.len(), of = before, error = %err, "kafka produce: retrying");
+            self.stats.retries += out.len() as u64;
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+            let names: Vec<String> = self.topics.iter().map(|t| t.name.clone()).collect();
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            if let Err(e) = self.cluster.refresh(&names).await {
+                tracing::debug!(error = %e, "kafka metadata refresh failed");
+            }
+        }
+        self.stats.records += total;
+        Ok(total)
+    }
+
+    /// One Produce request per leader; batches acknowledged leave `out`. Returns the last
+    /// error seen (the batches it concerned stay in `out`).
+    async fn send_round(&mut self, out: &mut Vec<Outgoing>) -> Option<Error> {
+        let mut by_leader: HashMap<i32, Vec<usize>> = HashMap::new();
+        for (i, o) in out.iter().enumerate() {
+            let leader = self
+                .cluster
+                .topic(&self.topics[o.topic].name)
+                .and_then(|t| t.partitions.get(o.partition as usize))
+                .map_or(-1, |p| p.leader);
+            by_leader.entry(leader).or_default().push(i);
+        }
+        let mut done = vec![false; out.len()];
+        let mut last = None;
+        for (leader, idx) in by_leader {
+            if leader < 0 {
+                last = Some(Error::broker("Produce", 5, None));
+                continue;
+            }
+            match self.produce_to(leader, out, &idx).await {
+                Ok(results) => {
+                    for (i, code, msg) in results {
+                        match code {
+                            // 46: DUPLICATE_SEQUENCE_NUMBER: written before, by an attempt
+                            // whose answer was lost.
+                            0 | 46 => done[i] = true,
+                            c if retriable_code(c) => {
+                                last = Some(Error::broker("Produce", c, msg.as_deref()))
+                            }
+                            10 => {
+                                return Some(Error::TooLarge {
+                                    size: out[i].bytes.len(),
+                                    max: self.config.batch_bytes,
+                                })
+                            }
+                            c => return Some(Error::broker("Produce", c, msg.as_deref())),
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.conns.remove(&leader);
+                    last = Some(e);
+                }
+            }
+        }
+        let mut i = 0;
+        out.retain(|_| {
+            let keep = !done[i];
+            i += 1;
+            keep
+        });
+        last
+    }
+
+    async fn produce_to(
+        &mut self,
+        leader: i32,
+        out: &[Outgoing],
+        idx: &[usize],
+    ) -> Result<Vec<(usize, i16, Option<String>)>, Error> {
+        if !self.conns.contains_key(&leader) {
+            let addr = self
+                .cluster
+                .broker(leader)
+                .ok_or(Error::broker("Produce", 5, None))?;
+            let c = self.cluster.open(addr).await?;
+            self.conns.insert(leader, c);
+        }
+        let conn = self
+            .conns
+            .get_mut(&leader)
+            .ok_or(Error::Unreachable(String::new()))?;
+        let mut topics: Vec<TopicProduceData> = Vec::new();
+        let mut order: Vec<(usize, i32, usize)> = Vec::new(); // (topic, partition, out index)
+        for &i in idx {
+            let o = &out[i];
+            let name = &self.topics[o.topic].name;
+            let data = PartitionProduceData::default()
+                .with_index(o.partition)
+                .with_records(Some(o.bytes.clone()));
+            match topics.iter_mut().find(|t| t.name.0.as_str() == name) {
+                Some(t) => t.partition_data.push(data),
+                None => topics.push(
+                    TopicProduceData::default()
+                        .with_name(TopicName(StrBytes::from_string(name.clone())))
+                        .with_partition_data(vec![data]),
+                ),
+            }
+            order.push((o.topic, o.partition, i));
+        }
+        let req = ProduceRequest::default()
+            .with_acks(-1)
+            .with_timeout_ms(30_000)
+            .with_topic_data(topics);
+        self.stats.requests += 1;
+        let resp = conn.call(req, 9, 11).await?;
+        let mut results = Vec::new();
+        for t in resp.responses {
+            for p in t.partition_responses {
+                let found = order.iter().find(|(ti, pi, _)| {
+                    *pi == p.index && self.topics[*ti].name == t.name.0.as_str()
+                });
+                if let Some(&(_, _, i)) = found {
+                    results.push((i, p.error_code, p.error_message.map(|m| m.to_string())));
+                }
+            }
+        }
+        Ok(results)
+    }
+}
+
+async fn init_producer_id(cluster: &mut Cluster) -> Result<(i64, i16), Error> {
+    let deadline = Instant::now() + cluster.config().request_timeout;
+    loop {
+        let addr = cluster
+            .any_broker()
+            .ok_or(Error::Unreachable("no broker in metadata".into()))?;
+        let mut conn = cluster.open(addr).await?;
+        let req = InitProducerIdRequest::default()
+            .with_transactional_id(None)
+            .with_transaction_timeout_ms(60_000)
+            .with_producer_id(ProducerId(-1))
+            .with_producer_epoch(-1);
+        let resp = conn.call(req, 2, 4).await?;
+        match resp.error_code {
+            0 => return Ok((resp.producer_id.0, resp.producer_epoch)),
+            c if retriable_code(c) && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            c => return Err(Error::broker("InitProducerId", c, None)),
+        }
+    }
+}
+
+/// The partition Kafka's default partitioner gives `key` among `partitions`: murmur2 of the
+/// key's bytes, sign bit cleared, modulo the count. Java, librdkafka (`murmur2_random`) and
+/// Kafka Streams agree on it, so topics keyed here are co-partitioned with theirs.
+pub fn partition_for(key: &[u8], partitions: i32) -> i32 {
+    ((murmur2(key) & 0x7fff_ffff) as i32) % partitions.max(1)
+}
+
+/// Kafka's murmur2 (`org.apache.kafka.common.utils.Utils.murmur2`).
+pub fn murmur2(data: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ data.len() as u32;
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        if rest.len() >= 3 {
+            h ^= u32::from(rest[2]) << 16;
+        }
+        if rest.len() >= 2 {
+            h ^= u32::from(rest[1]) << 8;
+        }
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn murmur2_matches_kafkas_test_vectors() {
+        // org.apache.kafka.common.utils.UtilsTest#testMurmur2
+        let cases: [(&str, i32); 6] = [
+            ("21", -973_932_308),
+            ("foobar", -790_332_482),
+            ("a-little-bit-long-string", -985_981_536),
+            ("a-little-bit-longer-string", -1_486_304_829),
+            (
+                "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58_897_971,
+            ),
+            ("abc", 479_470_107),
+        ];
+        for (s, want) in cases {
+            assert_eq!(murmur2(s.as_bytes()) as i32, want, "{s}");
+        }
+    }
+}

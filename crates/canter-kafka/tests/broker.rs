@@ -1,0 +1,236 @@
+//! The client against a real Kafka broker (tools/kafka/kafka.sh, one per test binary).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use canter_kafka::{
+    partition_for, Cluster, Compression, Config, Error, FetchConfig, Fetcher, Member, Producer,
+    ProducerConfig,
+};
+use canter_testkit::KafkaCluster;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn cluster() -> Cluster {
+    Cluster::connect(Config::new(KafkaCluster::shared().bootstrap()))
+        .await
+        .unwrap()
+}
+
+/// Reads every record of `topic` from the beginning until `want` arrived (or 30 s passed):
+/// (partition, key, value) in offset order per partition.
+async fn read_all(topic: &str, want: usize) -> Vec<(i32, Vec<u8>, Vec<u8>)> {
+    let mut c = cluster().await;
+    c.refresh(&[topic]).await.unwrap();
+    let n = c.topic(topic).unwrap().partitions.len() as i32;
+    let mut f = Fetcher::new(c, FetchConfig::default());
+    for p in 0..n {
+        f.assign(topic, p, None).await.unwrap();
+    }
+    let mut out = Vec::new();
+    let mut scratch = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while out.len() < want && Instant::now() < deadline {
+        for got in f.fetch().await.unwrap() {
+            got.for_each(&mut scratch, |r| {
+                out.push((
+                    got.partition,
+                    r.key.unwrap_or_default().to_vec(),
+                    r.value.unwrap_or_default().to_vec(),
+                ))
+            })
+            .unwrap();
+        }
+    }
+    out
+}
+
+#[test]
+fn records_go_to_their_keys_partition_and_come_back_in_every_codec() {
+    rt().block_on(async {
+        for (i, codec) in [
+            Compression::None,
+            Compression::Gzip,
+            Compression::Lz4,
+            Compression::Zstd,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let topic = format!("roundtrip-{i}");
+            let mut c = cluster().await;
+            c.create_topic(&topic, 3, 1, &[]).await.unwrap();
+            let config = ProducerConfig {
+                compression: codec,
+                ..ProducerConfig::default()
+            };
+            let mut p = Producer::new(c, config).await.unwrap();
+            assert!(p.producer_id().0 >= 0, "an idempotent producer has an id");
+            let (t, n) = p.topic(&topic).await.unwrap();
+            assert_eq!(n, 3);
+            // Three flushes: the sequence numbers carry on from one batch to the next (a gap
+            // would be refused with OUT_OF_ORDER_SEQUENCE_NUMBER).
+            for round in 0..3 {
+                for k in 0..100 {
+                    let key = format!("key-{k}");
+                    let value = format!("{round}:{k}");
+                    let part = partition_for(key.as_bytes(), n);
+                    p.send(
+                        t,
+                        part,
+                        Some(key.as_bytes()),
+                        value.as_bytes(),
+                        1_700_000_000_000,
+                    )
+                    .unwrap();
+                }
+                assert_eq!(p.flush().await.unwrap(), 100);
+            }
+            let got = read_all(&topic, 300).await;
+            assert_eq!(got.len(), 300, "{codec:?}");
+            let mut per_key: BTreeMap<Vec<u8>, Vec<String>> = BTreeMap::new();
+            for (part, key, value) in got {
+                assert_eq!(
+                    part,
+                    partition_for(&key, 3),
+                    "a key's records share its partition"
+                );
+                per_key
+                    .entry(key)
+                    .or_default()
+                    .push(String::from_utf8(value).unwrap());
+            }
+            assert_eq!(per_key.len(), 100);
+            for (key, values) in per_key {
+                let k = std::str::from_utf8(&key)
+                    .unwrap()
+                    .trim_start_matches("key-")
+                    .to_owned();
+                // Per key, in the order they were sent.
+                assert_eq!(
+                    values,
+                    vec![format!("0:{k}"), format!("1:{k}"), format!("2:{k}")]
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn a_record_over_the_maximum_is_refused_with_an_error() {
+    rt().block_on(async {
+        let mut c = cluster().await;
+        c.create_topic("too-large", 1, 1, &[]).await.unwrap();
+        let config = ProducerConfig {
+            max_record: 1024,
+            ..ProducerConfig::default()
+        };
+        let mut p = Producer::new(c, config).await.unwrap();
+        let (t, _) = p.topic("too-large").await.unwrap();
+        let e = p.send(t, 0, None, &[0u8; 2000], 0).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::TooLarge {
+                    size: 2000,
+                    max: 1024
+                }
+            ),
+            "{e}"
+        );
+        // The producer still works.
+        p.send(t, 0, None, b"small", 0).unwrap();
+        assert_eq!(p.flush().await.unwrap(), 1);
+    });
+}
+
+#[test]
+fn an_unreachable_broker_is_a_clear_error_after_a_bounded_wait() {
+    rt().block_on(async {
+        // A port nothing listens on.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut config = Config::new(format!("127.0.0.1:{port}"));
+        config.bootstrap_timeout = Duration::from_secs(2);
+        let t0 = Instant::now();
+        let e = Cluster::connect(config).await.err().unwrap();
+        let took = t0.elapsed();
+        assert!(matches!(e, Error::Unreachable(_)), "{e}");
+        assert!(
+            e.to_string().contains(&port.to_string()),
+            "names the address: {e}"
+        );
+        assert!(
+            took >= Duration::from_secs(1) && took < Duration::from_secs(10),
+            "{took:?}"
+        );
+    });
+}
+
+#[test]
+fn group_members_share_partitions_and_a_leaver_hands_them_over() {
+    rt().block_on(async {
+        let topic = "group-share";
+        let mut c1 = cluster().await;
+        c1.create_topic(topic, 4, 1, &[]).await.unwrap();
+        let mut c2 = cluster().await;
+        let mut a = Member::new("g-share", &[topic]);
+        let mut b = Member::new("g-share", &[topic]);
+        let mut owned_a = std::collections::BTreeSet::new();
+        let mut owned_b = std::collections::BTreeSet::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // Heartbeat both until each owns two partitions.
+        while !(owned_a.len() == 2 && owned_b.len() == 2) {
+            assert!(Instant::now() < deadline, "a={owned_a:?} b={owned_b:?}");
+            for (m, c, owned) in [
+                (&mut a, &mut c1, &mut owned_a),
+                (&mut b, &mut c2, &mut owned_b),
+            ] {
+                let ch = m.heartbeat(c).await.unwrap();
+                for tp in ch.revoked {
+                    owned.remove(&tp);
+                }
+                for tp in ch.assigned {
+                    owned.insert(tp);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(owned_a.is_disjoint(&owned_b), "a={owned_a:?} b={owned_b:?}");
+
+        // Offsets committed by a member are what the group reads back.
+        let commits: Vec<_> = owned_a.iter().map(|tp| (tp.clone(), 42)).collect();
+        a.commit(&mut c1, &commits).await.unwrap();
+        let parts: Vec<_> = owned_a.iter().cloned().collect();
+        let got = a.committed(&mut c1, &parts).await.unwrap();
+        assert!(got.iter().all(|(_, o)| *o == Some(42)), "{got:?}");
+        let parts_b: Vec<_> = owned_b.iter().cloned().collect();
+        let got = b.committed(&mut c2, &parts_b).await.unwrap();
+        assert!(
+            got.iter().all(|(_, o)| o.is_none()),
+            "nothing committed yet: {got:?}"
+        );
+
+        // A leaves: B gets all four.
+        a.leave(&mut c1).await.unwrap();
+        while owned_b.len() < 4 {
+            assert!(Instant::now() < deadline, "b={owned_b:?}");
+            let ch = b.heartbeat(&mut c2).await.unwrap();
+            owned_b.extend(ch.assigned);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // And the offsets A committed are there for B.
+        let got = b.committed(&mut c2, &parts).await.unwrap();
+        assert!(got.iter().all(|(_, o)| *o == Some(42)), "{got:?}");
+    });
+}

@@ -1,0 +1,122 @@
+//! A real Apache Kafka cluster for the tests, started by `tools/kafka/kafka.sh` (Kafka's jars
+//! from Maven Central, a Java runtime from Debian's packages, KRaft mode, loopback only).
+//!
+//! A JVM broker takes seconds to start, so a test binary starts one cluster and its tests
+//! share it ([`KafkaCluster::shared`]), each on topics of its own. The script watches the
+//! test process and stops the cluster when it exits, however it ends.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// A running cluster; stopped when dropped (or when the test process exits).
+#[derive(Debug)]
+pub struct KafkaCluster {
+    dir: PathBuf,
+    bootstrap: String,
+    brokers: usize,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/kafka/kafka.sh")
+}
+
+impl KafkaCluster {
+    /// Starts a cluster of `brokers` nodes (each broker and controller). Panics, with the
+    /// script's output, if it cannot: the tests that need Kafka fail rather than skip.
+    pub fn start(brokers: usize) -> KafkaCluster {
+        let dir = std::env::temp_dir().join(format!(
+            "canter-kafka-{}-{}",
+            std::process::id(),
+            crate::random_bytes(
+                6,
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            )
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+        ));
+        let out = Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .arg(&dir)
+            .args(["--brokers", &brokers.to_string()])
+            .args(["--watch", &std::process::id().to_string()])
+            .output()
+            .expect("run tools/kafka/kafka.sh");
+        assert!(
+            out.status.success(),
+            "tools/kafka/kafka.sh start failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bootstrap = std::fs::read_to_string(dir.join("bootstrap"))
+            .expect("the cluster's bootstrap file")
+            .trim()
+            .to_owned();
+        KafkaCluster {
+            dir,
+            bootstrap,
+            brokers,
+        }
+    }
+
+    /// One single-broker cluster for the whole test binary, started at the first call.
+    pub fn shared() -> &'static KafkaCluster {
+        static SHARED: OnceLock<KafkaCluster> = OnceLock::new();
+        SHARED.get_or_init(|| KafkaCluster::start(1))
+    }
+
+    /// `host:port,...` of the brokers.
+    pub fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// How many nodes.
+    pub fn brokers(&self) -> usize {
+        self.brokers
+    }
+
+    /// Sends `signal` (`KILL`, `STOP`, `CONT`, `TERM`) to node `node` (1-based).
+    pub fn signal(&self, node: usize, signal: &str) {
+        let st = Command::new("bash")
+            .arg(script())
+            .args(["kill"])
+            .arg(&self.dir)
+            .args([&node.to_string(), signal])
+            .status()
+            .expect("kafka.sh kill");
+        assert!(st.success(), "kafka.sh kill {node} {signal} failed");
+    }
+
+    /// Starts node `node` again after [`KafkaCluster::signal`] killed it, and waits until
+    /// it serves.
+    pub fn restart(&self, node: usize) {
+        let st = Command::new("bash")
+            .arg(script())
+            .args(["restart"])
+            .arg(&self.dir)
+            .arg(node.to_string())
+            .status()
+            .expect("kafka.sh restart");
+        assert!(st.success(), "kafka.sh restart {node} failed");
+    }
+
+    /// The directory of the cluster's files (logs in `node-N/log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for KafkaCluster {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

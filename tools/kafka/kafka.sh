@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# A throwaway Apache Kafka cluster (KRaft, no ZooKeeper) on loopback, from Kafka's own jars on
+# Maven Central and a Java runtime (Debian's openjdk-17-jre-headless is enough).
+#
+#   kafka.sh fetch                      the jars, once, into $CANTER_KAFKA_JARS
+#   kafka.sh start DIR [options]        format and start a cluster whose files live in DIR;
+#                                       prints its bootstrap address when every broker serves
+#       --brokers N     nodes, each broker and controller (default 1; 3 for failover tests)
+#       --port P        the first broker's port (default: free ones); node i listens on P+i-1
+#       --watch PID     stop the cluster when process PID exits (a test binary that dies)
+#       --heap SIZE     each node's JVM heap (default 512m)
+#   kafka.sh stop DIR                   stop every node of DIR's cluster (SIGTERM, then SIGKILL)
+#   kafka.sh kill DIR NODE [SIGNAL]     signal one node (default KILL): failover tests
+#   kafka.sh restart DIR NODE           start one node again (after kill), same storage
+#   kafka.sh run DIR CLASS ARGS...      run one of Kafka's tools (kafka-producer-perf-test is
+#                                       org.apache.kafka.tools.ProducerPerformance) on the jars
+#
+# Node i's files: DIR/node-i/{server.properties,data,log}; DIR/bootstrap holds the address.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+jars="${CANTER_KAFKA_JARS:-${XDG_CACHE_HOME:-$HOME/.cache}/canter/kafka-jars}"
+
+die() { echo "kafka.sh: $*" >&2; exit 1; }
+
+java_bin() {
+  if [ -n "${JAVA_HOME:-}" ] && [ -x "$JAVA_HOME/bin/java" ]; then echo "$JAVA_HOME/bin/java"; return; fi
+  if command -v java >/dev/null 2>&1; then command -v java; return; fi
+  export DEBIAN_FRONTEND=noninteractive
+  { apt-get install -y -q openjdk-17-jre-headless >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q openjdk-17-jre-headless >/dev/null 2>&1; }; } \
+    || die "no java, and apt-get could not install openjdk-17-jre-headless"
+  command -v java || die "no java after installing openjdk-17-jre-headless"
+}
+
+fetch() {
+  local stamp="$jars/.complete-$(sha1sum "$here/pom.xml" | cut -c1-12)"
+  [ -f "$stamp" ] && return 0
+  command -v mvn >/dev/null 2>&1 || {
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -q maven >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q maven >/dev/null 2>&1; } \
+      || die "no mvn, and apt-get could not install maven"
+  }
+  rm -rf "$jars.tmp"
+  mvn -q -B -f "$here/pom.xml" dependency:copy-dependencies \
+    -DoutputDirectory="$jars.tmp" -DincludeScope=runtime >&2 \
+    || die "mvn could not fetch Kafka's jars from Maven Central (tools/kafka/pom.xml)"
+  rm -rf "$jars"
+  mv "$jars.tmp" "$jars"
+  touch "$stamp"
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Two consecutive free ports per node would be luck; take each one separately.
+start_node() {
+  local dir="$1" i="$2"
+  local node="$dir/node-$i"
+  (
+    cd "$node"
+    # shellcheck disable=SC2086
+    exec "$(java_bin)" -Xms"$heap" -Xmx"$heap" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+      -Djava.awt.headless=true -Dlog4j2.configurationFile="$dir/log4j2.properties" \
+      -cp "$jars/*" kafka.Kafka "$node/server.properties"
+  ) >>"$node/log" 2>&1 &
+  echo $! >"$node/pid"
+}
+
+wait_ready() {
+  local dir="$1" n="$2" deadline=$((SECONDS + ${CANTER_KAFKA_START_TIMEOUT:-90}))
+  for ((i = 1; i <= n; i++)); do
+    local node="$dir/node-$i"
+    until grep -q "Kafka Server started" "$node/log" 2>/dev/null; do
+      if ! kill -0 "$(cat "$node/pid")" 2>/dev/null; then
+        tail -30 "$node/log" >&2
+        die "node $i exited before it served (log above: $node/log)"
+      fi
+      if ((SECONDS > deadline)); then
+        tail -30 "$node/log" >&2
+        die "node $i did not serve within ${CANTER_KAFKA_START_TIMEOUT:-90} s (log: $node/log)"
+      fi
+      sleep 0.2
+    done
+  done
+}
+
+start() {
+  local dir="" n=1 port="" watch="" 
+  heap=512m
+  dir="$1"; shift
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --brokers) n="$2"; shift 2 ;;
+      --port) port="$2"; shift 2 ;;
+      --watch) watch="$2"; shift 2 ;;
+      --heap) heap="$2"; shift 2 ;;
+      *) die "unknown option $1" ;;
+    esac
+  done
+  fetch
+  java_bin >/dev/null
+  mkdir -p "$dir"
+  dir="$(cd "$dir" && pwd)"
+  cat >"$dir/log4j2.properties" <<'EOF'
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+appender.stdout.type = Console
+appender.stdout.name = STDOUT
+appender.stdout.layout.type = PatternLayout
+appender.stdout.layout.pattern = [%d] %p %m (%c)%n
+logger.kafka.name = kafka
+logger.kafka.level = WARN
+logger.org.name = org.apache.kafka
+logger.org.level = WARN
+logger.started.name = kafka.server.KafkaRaftServer
+logger.started.level = INFO
+EOF
+  local voters="" bports=() cports=()
+  for ((i = 1; i <= n; i++)); do
+    if [ -n "$port" ]; then bports[i]=$((port + i - 1)); else bports[i]=$(free_port); fi
+    cports[i]=$(free_port)
+    voters+="${voters:+,}$i@127.0.0.1:${cports[i]}"
+  done
+  local rf=$((n < 3 ? n : 3)) isr=$((n < 3 ? 1 : 2)) bootstrap=""
+  for ((i = 1; i <= n; i++)); do
+    local node="$dir/node-$i"
+    mkdir -p "$node/data"
+    : >"$node/log"
+    bootstrap+="${bootstrap:+,}127.0.0.1:${bports[i]}"
+    cat >"$node/server.properties" <<EOF
+process.roles=broker,controller
+node.id=$i
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:${bports[i]},CONTROLLER://127.0.0.1:${cports[i]}
+advertised.listeners=PLAINTEXT://127.0.0.1:${bports[i]}
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$node/data
+num.partitions=4
+default.replication.factor=$rf
+min.insync.replicas=$isr
+offsets.topic.replication.factor=$rf
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
+transaction.state.log.num.partitions=8
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
+group.initial.rebalance.delay.ms=0
+group.consumer.heartbeat.interval.ms=500
+group.consumer.min.heartbeat.interval.ms=500
+group.consumer.session.timeout.ms=6000
+group.consumer.min.session.timeout.ms=3000
+auto.create.topics.enable=false
+log.segment.bytes=67108864
+log.retention.check.interval.ms=60000
+log.cleaner.backoff.ms=1000
+log.cleaner.dedupe.buffer.size=16777216
+num.network.threads=2
+num.io.threads=4
+EOF
+  done
+  local cluster
+  cluster="$("$(java_bin)" -cp "$jars/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
+  for ((i = 1; i <= n; i++)); do
+    "$(java_bin)" -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$jars/*" \
+      kafka.tools.StorageTool format -t "$cluster" -c "$dir/node-$i/server.properties" \
+      --ignore-formatted >>"$dir/node-$i/log" 2>&1 || { tail -20 "$dir/node-$i/log" >&2; die "format of node $i failed"; }
+  done
+  echo "$heap" >"$dir/heap"
+  for ((i = 1; i <= n; i++)); do start_node "$dir" "$i"; done
+  echo "$bootstrap" >"$dir/bootstrap"
+  echo "$n" >"$dir/nodes"
+  if [ -n "$watch" ]; then
+    # Stops the cluster when the process that asked for it is gone, however it ended.
+    ( trap '' HUP; while kill -0 "$watch" 2>/dev/null; do sleep 1; done; "$0" stop "$dir"; rm -rf "$dir" ) \
+      </dev/null >/dev/null 2>&1 &
+  fi
+  wait_ready "$dir" "$n"
+  echo "$bootstrap"
+}
+
+stop() {
+  local dir="$1" pids=()
+  for pidfile in "$dir"/node-*/pid; do
+    [ -f "$pidfile" ] || continue
+    local pid; pid="$(cat "$pidfile")"
+    kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+  done
+  local deadline=$((SECONDS + 10))
+  for pid in "${pids[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+}
+
+case "${1:-}" in
+  fetch) fetch; echo "$jars" ;;
+  start) shift; [ $# -ge 1 ] || die "start DIR [options]"; start "$@" ;;
+  stop) [ $# -ge 2 ] || die "stop DIR"; stop "$2" ;;
+  kill) [ $# -ge 3 ] || die "kill DIR NODE [SIGNAL]"; kill -"${4:-KILL}" "$(cat "$2/node-$3/pid")" ;;
+  restart)
+    [ $# -ge 3 ] || die "restart DIR NODE"
+    heap="$(cat "$2/heap")"
+    sed -i '/Kafka Server started/d' "$2/node-$3/log"
+    start_node "$2" "$3"
+    node="$2/node-$3"
+    deadline=$((SECONDS + ${CANTER_KAFKA_START_TIMEOUT:-90}))
+    until grep -q "Kafka Server started" "$node/log"; do
+      ((SECONDS > deadline)) && die "node $3 did not serve again"
+      sleep 0.2
+    done
+    ;;
+  run) [ $# -ge 3 ] || die "run DIR CLASS ARGS..."; shift 2; fetch; exec "$(java_bin)" -Dlog4j2.configurationFile=/dev/null -cp "$jars/*" "$@" ;;
+  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
