@@ -4,3 +4,4 @@
 //! topology). The demo and TechEmpower apps of `canter serve` are modules of the binary.
 
 pub mod market_spread;
+pub mod market_spread_kafka;

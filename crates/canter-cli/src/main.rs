@@ -48,22 +48,49 @@ enum Command {
 /// The stream pipeline applications.
 #[derive(Subcommand)]
 enum PipelineApp {
-    /// Market Spread: NBBO quotes and orders in (framed TCP listeners), a result record for
-    /// every order rejected by its symbol's spread out (a TCP connection to --out).
+    /// Market Spread: NBBO quotes and orders in (framed TCP listeners, or Kafka topics with
+    /// --kafka), a result record for every order rejected by its symbol's spread out (a TCP
+    /// connection to --out, or a Kafka topic).
     MarketSpread(MarketSpreadPipelineArgs),
 }
 
 #[derive(clap::Args)]
 struct MarketSpreadPipelineArgs {
     /// Where the NBBO source listens.
-    #[arg(long, value_name = "ADDR")]
-    nbbo: SocketAddr,
+    #[arg(long, value_name = "ADDR", required_unless_present = "kafka")]
+    nbbo: Option<SocketAddr>,
     /// Where the orders source listens.
-    #[arg(long, value_name = "ADDR")]
-    orders: SocketAddr,
+    #[arg(long, value_name = "ADDR", required_unless_present = "kafka")]
+    orders: Option<SocketAddr>,
     /// The receiver the results sink connects to (one connection per worker).
-    #[arg(long, value_name = "ADDR")]
-    out: SocketAddr,
+    #[arg(long, value_name = "ADDR", required_unless_present = "kafka")]
+    out: Option<SocketAddr>,
+    /// Read and write Kafka topics instead (brokers `host:port,...`): each worker is a member
+    /// of the consumer group --group, and processes that share the group share the partitions.
+    #[arg(long, value_name = "BOOTSTRAP", conflicts_with_all = ["nbbo", "orders", "out"], requires = "group")]
+    kafka: Option<String>,
+    /// The consumer group (with --kafka); also names the state's changelog topic
+    /// (`GROUP-symbols-changelog`).
+    #[arg(long, value_name = "ID")]
+    group: Option<String>,
+    /// The NBBO topic (with --kafka).
+    #[arg(long, default_value = "nbbo")]
+    nbbo_topic: String,
+    /// The orders topic (with --kafka; as many partitions as the NBBO topic).
+    #[arg(long, default_value = "orders")]
+    orders_topic: String,
+    /// The results topic (with --kafka).
+    #[arg(long, default_value = "results")]
+    results_topic: String,
+    /// How often state, results and input offsets are committed (with --kafka).
+    #[arg(long, value_parser = canter_load::parse_duration, default_value = "100ms")]
+    commit_interval: std::time::Duration,
+    /// How long a result may wait for more to fill its batch (with --kafka).
+    #[arg(long, value_parser = canter_load::parse_duration, default_value = "5ms")]
+    linger: std::time::Duration,
+    /// Compression of the results and changelog batches (with --kafka): none, gzip, lz4, zstd.
+    #[arg(long, default_value = "none")]
+    compression: canter_kafka::Compression,
     /// Serve the live metrics page (/), /metrics (Prometheus) and /metrics.json here.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
@@ -361,6 +388,12 @@ impl fmt::Display for ServeError {
 /// `canter send`: the report on stdout (JSON with --json).
 fn send(args: &SendArgs) -> Result<(), CliError> {
     if let Some(Generate::MarketSpread(ms)) = &args.generate {
+        if let Some(bootstrap) = &ms.kafka {
+            if ms.write_dir.is_some() {
+                market_spread::send(ms).map_err(|e| CliError::Send("send market-spread", e))?;
+            }
+            return send_market_spread_kafka(ms, bootstrap);
+        }
         let report =
             market_spread::send(ms).map_err(|e| CliError::Send("send market-spread", e))?;
         match ms.json {
@@ -423,14 +456,119 @@ fn receive(args: &ReceiveArgs) -> Result<(), CliError> {
     }
 }
 
+/// `canter send market-spread --kafka`: produces the generated inputs to their topics.
+fn send_market_spread_kafka(
+    ms: &canter_cli::market_spread::SendArgs,
+    bootstrap: &str,
+) -> Result<(), CliError> {
+    use canter_cli::market_spread_kafka::{send, KafkaSend};
+    let job = KafkaSend {
+        bootstrap: bootstrap.to_owned(),
+        nbbo_topic: ms.nbbo_topic.clone(),
+        orders_topic: ms.orders_topic.clone(),
+        results_topic: ms.results_topic.clone(),
+        partitions: ms.create_topics,
+        replication: ms.replication,
+        symbols: ms.symbols,
+        reject_share: ms.reject_share,
+        count: ms.count,
+        rate: ms.rate,
+        seed: ms.seed,
+    };
+    let kafka = |e: canter_kafka::Error| {
+        CliError::Pipeline(
+            "send market-spread --kafka",
+            io::Error::other(e.to_string()),
+        )
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Pipeline("runtime", e))?;
+    let report = rt.block_on(send(&job)).map_err(kafka)?;
+    match ms.json {
+        true => println!("{}", serde_json::json!(report)),
+        false => println!(
+            "produced {} NBBO and {} order records in {:.2} s; {} results expected",
+            report.nbbo, report.orders, report.seconds, report.expected_results
+        ),
+    }
+    Ok(())
+}
+
+/// `canter pipeline market-spread --kafka`: runs Market Spread on Kafka topics until SIGINT or
+/// SIGTERM.
+fn market_spread_kafka(args: &MarketSpreadPipelineArgs, bootstrap: &str) -> Result<(), CliError> {
+    use canter_stream::kafka::{start, KafkaJob, Stats};
+    let fail =
+        |what, e: canter_kafka::Error| CliError::Pipeline(what, io::Error::other(e.to_string()));
+    let Some(group) = args.group.as_deref() else {
+        return Err(CliError::Pipeline(
+            "usage",
+            io::Error::other("--kafka needs --group"),
+        ));
+    };
+    let mut job = KafkaJob::new(
+        bootstrap,
+        group,
+        &[&args.nbbo_topic, &args.orders_topic],
+        &args.results_topic,
+    );
+    job.state_name = "symbols".into();
+    job.workers = args.workers;
+    job.pin = args.pin;
+    job.commit_interval = args.commit_interval;
+    job.linger = args.linger;
+    job.compression = args.compression;
+    let running = start(job, canter_cli::market_spread_kafka::MarketSpreadTask)
+        .map_err(|e| fail("start", e))?;
+    let stats = running.stats();
+    let stop = running.stopper();
+    canter_rt::on_signals(move || {
+        tracing::info!("shutting down: committing and leaving the group");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    })
+    .map_err(|e| CliError::Pipeline("signals", e))?;
+    // Tests wait for this line.
+    tracing::info!(
+        workers = args.workers,
+        group,
+        "canter pipeline market-spread: Kafka {bootstrap}, {} and {} in, {} out",
+        args.nbbo_topic,
+        args.orders_topic,
+        args.results_topic
+    );
+    let result = running.wait();
+    tracing::info!(
+        records_in = Stats::get(&stats.records_in),
+        records_out = Stats::get(&stats.records_out),
+        refused = Stats::get(&stats.refused),
+        commits = Stats::get(&stats.commits),
+        changelog_out = Stats::get(&stats.changelog_out),
+        restored = Stats::get(&stats.restored),
+        broker_errors = Stats::get(&stats.broker_errors),
+        "pipeline stopped"
+    );
+    result.map_err(|e| CliError::Pipeline("workers", e))
+}
+
 /// `canter pipeline market-spread`: runs the Market Spread topology until SIGINT or SIGTERM.
 fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
     use canter_stream::pipeline::{RunOptions, Source, METRICS_PAGE};
+    if let Some(bootstrap) = &args.kafka {
+        return market_spread_kafka(args, bootstrap);
+    }
     let fail = CliError::Pipeline;
+    let (Some(nbbo), Some(orders), Some(out)) = (args.nbbo, args.orders, args.out) else {
+        return Err(fail(
+            "usage",
+            io::Error::other("give --nbbo, --orders and --out, or --kafka"),
+        ));
+    };
     let topology = market_spread::topology(
-        Source::tcp(args.nbbo),
-        Source::tcp(args.orders),
-        market_spread::tcp_results(args.out),
+        Source::tcp(nbbo),
+        Source::tcp(orders),
+        market_spread::tcp_results(out),
     );
     let running = topology
         .start(
@@ -522,7 +660,7 @@ fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
         running
             .source_addr("orders")
             .map_or("?".into(), |a| a.to_string()),
-        args.out
+        out
     );
     let result = running.wait();
     if let Some((handle, thread)) = http {

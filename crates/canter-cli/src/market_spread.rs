@@ -499,6 +499,25 @@ pub struct SendArgs {
     /// Print the report as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Produce to Kafka instead (brokers `host:port,...`): values are the records without
+    /// their length prefix, keyed by symbol.
+    #[arg(long, value_name = "BOOTSTRAP", conflicts_with_all = ["nbbo", "orders"])]
+    pub kafka: Option<String>,
+    /// The NBBO topic (with --kafka).
+    #[arg(long, default_value = "nbbo", requires = "kafka")]
+    pub nbbo_topic: String,
+    /// The orders topic (with --kafka).
+    #[arg(long, default_value = "orders", requires = "kafka")]
+    pub orders_topic: String,
+    /// The results topic (with --kafka; created with the others by --create-topics).
+    #[arg(long, default_value = "results", requires = "kafka")]
+    pub results_topic: String,
+    /// With --kafka: create the three topics with this many partitions where missing.
+    #[arg(long, value_name = "PARTITIONS", requires = "kafka")]
+    pub create_topics: Option<i32>,
+    /// Replication of the topics --create-topics creates.
+    #[arg(long, default_value_t = 1, requires = "create_topics")]
+    pub replication: i16,
 }
 
 /// What `canter send market-spread` did.
@@ -517,7 +536,7 @@ pub struct SendReport {
 pub fn send(args: &SendArgs) -> Result<SendReport, SendError> {
     if args.write_dir.is_none() && args.nbbo.is_none() {
         return Err(SendError::Usage(
-            "give --nbbo and --orders, or --write-dir, or both",
+            "give --nbbo and --orders, --kafka, or --write-dir",
         ));
     }
     if !(0.0..=1.0).contains(&args.reject_share) {

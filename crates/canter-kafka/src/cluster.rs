@@ -153,6 +153,11 @@ impl Cluster {
         self.brokers.get(&id).copied()
     }
 
+    /// How many brokers the last metadata listed.
+    pub fn broker_count(&self) -> usize {
+        self.brokers.len()
+    }
+
     /// Some broker's address (the lowest id).
     pub fn any_broker(&self) -> Option<SocketAddr> {
         self.brokers

@@ -92,6 +92,8 @@ impl Fetched {
 struct Owned {
     position: i64,
     leader_epoch: i32,
+    /// The partition's high watermark at the last answer (-1: none yet).
+    high_watermark: i64,
 }
 
 /// Fetches the partitions it is given.
@@ -142,6 +144,7 @@ impl Fetcher {
             Owned {
                 position,
                 leader_epoch: -1,
+                high_watermark: -1,
             },
         );
         Ok(())
@@ -173,6 +176,21 @@ impl Fetcher {
             .collect();
         v.sort();
         v
+    }
+
+    /// The partition's position has reached its high watermark as of the last answer: every
+    /// record written to it so far has been returned. `false` before any answer.
+    pub fn caught_up(&self, topic: &str, partition: i32) -> bool {
+        self.owned
+            .get(&(topic.to_owned(), partition))
+            .is_some_and(|o| o.high_watermark >= 0 && o.position >= o.high_watermark)
+    }
+
+    /// A partition's position.
+    pub fn position(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.owned
+            .get(&(topic.to_owned(), partition))
+            .map(|o| o.position)
     }
 
     /// Moves a partition's position (a rewind after recovery).
@@ -394,6 +412,7 @@ impl Fetcher {
                     }
                     c => return Err(Error::broker("Fetch", c, None)),
                 }
+                owned.high_watermark = p.high_watermark;
                 let Some(records) = p.records else { continue };
                 let mut to = from;
                 for b in Batches::new(&records) {

@@ -52,6 +52,7 @@ pub struct Member {
     interval: Duration,
     next: Instant,
     rebalance_timeout: Duration,
+    assignor: Option<String>,
 }
 
 impl Member {
@@ -68,7 +69,16 @@ impl Member {
             interval: Duration::from_millis(500),
             next: Instant::now(),
             rebalance_timeout: Duration::from_secs(30),
+            assignor: None,
         }
+    }
+
+    /// Asks the coordinator for one of its assignors: `range` gives every member the same
+    /// partitions of each topic with the same partition count (what co-partitioned inputs
+    /// need), `uniform` (the broker's default) spreads partitions evenly.
+    pub fn with_assignor(mut self, name: &str) -> Member {
+        self.assignor = Some(name.to_owned());
+        self
     }
 
     /// The member's id (made here, as KIP-1082 asks).
@@ -159,6 +169,7 @@ impl Member {
                     .map(|t| TopicName(StrBytes::from_string(t.clone())))
                     .collect(),
             ))
+            .with_server_assignor(self.assignor.clone().map(StrBytes::from_string))
             .with_topic_partitions(Some(owned));
         let r = {
             let conn = self.coordinator(cluster).await?;

@@ -185,6 +185,31 @@ impl Producer {
         Ok(())
     }
 
+    /// Appends a tombstone (a null value: the key's end in a compacted topic).
+    pub fn send_tombstone(
+        &mut self,
+        topic: TopicHandle,
+        partition: i32,
+        key: &[u8],
+        timestamp: i64,
+    ) -> Result<(), Error> {
+        let part = self
+            .topics
+            .get_mut(topic.0)
+            .and_then(|t| {
+                usize::try_from(partition)
+                    .ok()
+                    .and_then(|p| t.parts.get_mut(p))
+            })
+            .ok_or_else(|| Error::UnknownTopic(format!("partition {partition}")))?;
+        part.open.push(timestamp, Some(key), None);
+        self.buffered += key.len() + 8;
+        if self.oldest.is_none() {
+            self.oldest = Some(Instant::now());
+        }
+        Ok(())
+    }
+
     /// Bytes waiting for a flush.
     pub fn buffered(&self) -> usize {
         self.buffered

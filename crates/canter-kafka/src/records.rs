@@ -120,6 +120,25 @@ impl<'a> Batch<'a> {
     }
 }
 
+impl Batch<'_> {
+    /// Inflates a compressed batch's records into `out` (appended); read them with
+    /// [`Batch::records_in`]. Keeps the inflated bytes for as long as the caller wants.
+    pub fn inflate(&self, out: &mut Vec<u8>) -> Result<(), Error> {
+        inflate(self.compression, self.body, out)
+    }
+
+    /// The records of this batch in `inflated` (what [`Batch::inflate`] wrote; the batch's own
+    /// bytes if it is not compressed).
+    pub fn records_in<'s>(&self, inflated: &'s [u8]) -> Records<'s> {
+        Records {
+            rest: inflated,
+            left: self.count,
+            base_offset: self.base_offset,
+            base_timestamp: self.base_timestamp,
+        }
+    }
+}
+
 /// Walks the batches of a fetch response's record bytes. A batch cut off at the end (the
 /// broker sends whole segments up to a byte limit) ends the walk; a batch whose CRC or header
 /// is wrong is an error.

@@ -6,6 +6,7 @@
 //! reports count, throughput over time and end-to-end latency from each record's timestamp.
 
 pub mod frame;
+pub mod kafka;
 // The builder's types name every fused step's type: that is how steps fuse into one call.
 #[allow(clippy::type_complexity)]
 pub mod pipeline;

@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 use canter::rt::{Config, ConfigBuilder, ShutdownHandle};
 
+pub mod kafka;
+pub mod market_spread;
 mod postgres;
 #[allow(unused_imports)]
 pub use postgres::Postgres;

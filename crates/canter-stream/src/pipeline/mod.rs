@@ -42,7 +42,7 @@
 
 mod metrics;
 mod run;
-mod state;
+pub(crate) mod state;
 mod step;
 
 use std::fmt::Display;

@@ -1,0 +1,279 @@
+//! Market Spread on Kafka, driven from the tests: the `canter pipeline market-spread --kafka`
+//! process ([`KafkaPipeline`]), topics filled from generated files ([`produce_file`]) and the
+//! results read back ([`read_values`]).
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use canter_kafka::{
+    partition_for, Cluster, Config, FetchConfig, Fetcher, Producer, ProducerConfig,
+};
+
+use super::market_spread::unframe;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Three topics of one test: `<prefix>-nbbo`, `<prefix>-orders`, `<prefix>-results`.
+#[derive(Debug, Clone)]
+pub struct Topics {
+    pub nbbo: String,
+    pub orders: String,
+    pub results: String,
+}
+
+impl Topics {
+    pub fn new(prefix: &str) -> Topics {
+        Topics {
+            nbbo: format!("{prefix}-nbbo"),
+            orders: format!("{prefix}-orders"),
+            results: format!("{prefix}-results"),
+        }
+    }
+
+    /// Creates the three with `partitions` each.
+    pub fn create(&self, bootstrap: &str, partitions: i32, replication: i16) {
+        rt().block_on(async {
+            let mut c = Cluster::connect(Config::new(bootstrap)).await.unwrap();
+            for t in [&self.nbbo, &self.orders, &self.results] {
+                c.create_topic(t, partitions, replication, &[])
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+
+    /// The `--nbbo-topic`, `--orders-topic` and `--results-topic` flags.
+    pub fn flags(&self) -> Vec<String> {
+        vec![
+            "--nbbo-topic".into(),
+            self.nbbo.clone(),
+            "--orders-topic".into(),
+            self.orders.clone(),
+            "--results-topic".into(),
+            self.results.clone(),
+        ]
+    }
+}
+
+/// Produces the framed records of `file` to `topic`, keyed by the 4 bytes at `key_at` (the
+/// symbol), each value the record without its length prefix.
+pub fn produce_file(bootstrap: &str, topic: &str, file: &Path, key_at: usize) -> u64 {
+    let data = std::fs::read(file).unwrap();
+    produce(
+        bootstrap,
+        topic,
+        unframe(&data)
+            .into_iter()
+            .map(|r| (r[key_at..key_at + 4].to_vec(), r.to_vec())),
+    )
+}
+
+/// Produces `(key, value)` records to `topic`, each to its key's partition.
+pub fn produce(
+    bootstrap: &str,
+    topic: &str,
+    records: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
+) -> u64 {
+    rt().block_on(async {
+        let c = Cluster::connect(Config::new(bootstrap)).await.unwrap();
+        let mut p = Producer::new(c, ProducerConfig::default()).await.unwrap();
+        let (t, n) = p.topic(topic).await.unwrap();
+        let mut count = 0;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        for (k, v) in records {
+            p.send(t, partition_for(&k, n), Some(&k), &v, now).unwrap();
+            count += 1;
+            if p.due() {
+                p.flush().await.unwrap();
+            }
+        }
+        p.flush().await.unwrap();
+        count
+    })
+}
+
+/// Every value of `topic`, read from the beginning until `want` arrived and nothing more came
+/// for `quiet`, or `limit` passed.
+pub fn read_values(
+    bootstrap: &str,
+    topic: &str,
+    want: usize,
+    quiet: Duration,
+    limit: Duration,
+) -> Vec<Vec<u8>> {
+    rt().block_on(async {
+        let mut c = Cluster::connect(Config::new(bootstrap)).await.unwrap();
+        c.refresh(&[topic]).await.unwrap();
+        let n = c.topic(topic).unwrap().partitions.len() as i32;
+        let mut f = Fetcher::new(c, FetchConfig::default());
+        for p in 0..n {
+            f.assign(topic, p, None).await.unwrap();
+        }
+        let (mut out, mut scratch) = (Vec::new(), Vec::new());
+        let started = Instant::now();
+        let mut last = Instant::now();
+        loop {
+            for got in f.fetch().await.unwrap() {
+                got.for_each(&mut scratch, |r| {
+                    out.push(r.value.unwrap_or_default().to_vec())
+                })
+                .unwrap();
+                last = Instant::now();
+            }
+            if (out.len() >= want && last.elapsed() >= quiet) || started.elapsed() > limit {
+                return out;
+            }
+        }
+    })
+}
+
+/// Market Spread results as a sorted list with their timestamps zeroed, for comparing with the
+/// reference.
+pub fn normalized(results: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let mut v: Vec<Vec<u8>> = results
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            let n = r.len();
+            if n == 55 {
+                r[n - 8..].fill(0);
+            }
+            r
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// A `canter pipeline market-spread --kafka` process; killed when dropped.
+pub struct KafkaPipeline {
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+    done: mpsc::Receiver<()>,
+}
+
+impl KafkaPipeline {
+    /// Starts it with `args` after `--kafka BOOTSTRAP --group GROUP`, and waits for its start
+    /// line.
+    pub fn start(bootstrap: &str, group: &str, args: &[String]) -> KafkaPipeline {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
+            .args([
+                "pipeline",
+                "market-spread",
+                "--kafka",
+                bootstrap,
+                "--group",
+                group,
+            ])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (started_tx, started_rx) = mpsc::channel();
+        let (done_tx, done) = mpsc::channel();
+        let lines = log.clone();
+        let tag = format!("{group}/{}", child.id());
+        thread::spawn(move || {
+            let mut started = Some(started_tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("pipeline {tag}: {line}");
+                if line.contains("canter pipeline market-spread: Kafka") {
+                    if let Some(tx) = started.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                lines.lock().unwrap().push(line);
+            }
+            let _ = done_tx.send(());
+        });
+        started_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the Kafka pipeline did not start");
+        KafkaPipeline { child, log, done }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lines logged so far.
+    pub fn log(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits until a logged line contains `text` (or panics after `limit`).
+    pub fn wait_for(&self, text: &str, limit: Duration) {
+        let t0 = Instant::now();
+        while !self.log().iter().any(|l| l.contains(text)) {
+            assert!(
+                t0.elapsed() < limit,
+                "no log line with {text:?} within {limit:?}"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGINT, then waits for it to commit, leave and exit; its final counters
+    /// (`records_in=...` of the "pipeline stopped" line) by name.
+    pub fn stop(mut self) -> Vec<(String, u64)> {
+        // SAFETY: kill(2) on the child's pid, which this struct owns and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().unwrap();
+        let _ = self.done.recv_timeout(Duration::from_secs(10));
+        assert!(
+            status.success(),
+            "the pipeline exited with {status}: {:#?}",
+            self.log()
+        );
+        let log = self.log();
+        let line = log
+            .iter()
+            .find(|l| l.contains("pipeline stopped"))
+            .expect("a 'pipeline stopped' line");
+        line.split_whitespace()
+            .filter_map(|w| {
+                let (k, v) = w.split_once('=')?;
+                Some((k.to_owned(), v.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// SIGKILL: no commit, no leave.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for KafkaPipeline {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A counter of a stopped pipeline's final line.
+pub fn counter(counters: &[(String, u64)], name: &str) -> u64 {
+    counters
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no {name} in {counters:?}"))
+}

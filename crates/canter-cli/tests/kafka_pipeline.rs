@@ -1,0 +1,250 @@
+//! `canter pipeline market-spread --kafka` against a real Kafka broker (tools/kafka/kafka.sh,
+//! one for this test binary): results compared with the independent reference record by
+//! record; two processes sharing a group, one killed with SIGKILL mid-stream; state restored
+//! from the changelog after a restart; bad records counted and skipped.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::thread;
+use std::time::Duration;
+
+mod common;
+use common::kafka::{
+    counter, normalized, produce, produce_file, read_values, KafkaPipeline, Topics,
+};
+use common::market_spread::{reference, unframe};
+
+use canter_testkit::KafkaCluster;
+
+fn bootstrap() -> String {
+    KafkaCluster::shared().bootstrap().to_owned()
+}
+
+/// A fresh directory for a test's generated files.
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("canter-kafka-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `canter send market-spread` writing its streams to `dir` (and producing them to `topics`
+/// with `--kafka` if asked, with `extra` flags).
+fn send(dir: &std::path::Path, count: u64, kafka: Option<&Topics>, extra: &[&str]) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_canter"));
+    cmd.args([
+        "send",
+        "market-spread",
+        "--symbols",
+        "500",
+        "--reject-share",
+        "0.1",
+    ])
+    .args([
+        "--count",
+        &count.to_string(),
+        "--write-dir",
+        dir.to_str().unwrap(),
+    ])
+    .args(extra);
+    if let Some(t) = kafka {
+        cmd.args(["--kafka", &bootstrap()]).args(t.flags());
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The reference results of the streams in `dir`, as sorted 55-byte records (timestamps 0).
+fn expected(dir: &std::path::Path) -> Vec<Vec<u8>> {
+    let nbbo = std::fs::read(dir.join("nbbo.bin")).unwrap();
+    let orders = std::fs::read(dir.join("orders.bin")).unwrap();
+    let r = reference(&nbbo, &orders);
+    let mut v: Vec<Vec<u8>> = unframe(&r).into_iter().map(<[u8]>::to_vec).collect();
+    v.sort();
+    v
+}
+
+/// Results against the reference: every expected one present, nothing else; returns how many
+/// arrived more than once.
+fn check(got: &[Vec<u8>], want: &[Vec<u8>]) -> usize {
+    let got = normalized(got);
+    let mut distinct = got.clone();
+    distinct.dedup();
+    let missing = want
+        .iter()
+        .filter(|w| distinct.binary_search(w).is_err())
+        .count();
+    let wrong = distinct
+        .iter()
+        .filter(|g| want.binary_search(g).is_err())
+        .count();
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of {} expected results missing",
+        want.len()
+    );
+    assert_eq!(wrong, 0, "{wrong} results not in the reference");
+    got.len() - distinct.len()
+}
+
+#[test]
+fn market_spread_from_kafka_to_kafka_matches_the_reference() {
+    let t = Topics::new("ms-ref");
+    let d = dir("ref");
+    t.create(&bootstrap(), 4, 1);
+    send(&d, 100_000, Some(&t), &[]);
+    let want = expected(&d);
+    let p = KafkaPipeline::start(
+        &bootstrap(),
+        "ms-ref",
+        &[t.flags(), vec!["--workers".into(), "2".into()]].concat(),
+    );
+    let got = read_values(
+        &bootstrap(),
+        &t.results,
+        want.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    );
+    let counters = p.stop();
+    let dups = check(&got, &want);
+    assert_eq!(dups, 0, "no failure, no repeats");
+    assert_eq!(counter(&counters, "records_in"), 100_000);
+    assert_eq!(counter(&counters, "records_out"), want.len() as u64);
+    assert_eq!(counter(&counters, "refused"), 0);
+    // Every symbol's state went to the changelog.
+    assert!(counter(&counters, "changelog_out") >= 500, "{counters:?}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn bad_records_are_counted_and_skipped() {
+    let t = Topics::new("ms-bad");
+    let d = dir("bad");
+    t.create(&bootstrap(), 2, 1);
+    // Garbage first: a short record, a wrong type byte, an order with side 9.
+    let mut order = vec![1u8, 9];
+    order.resize(53, b'x');
+    produce(
+        &bootstrap(),
+        &t.nbbo,
+        [
+            (b"   A".to_vec(), b"short".to_vec()),
+            (b"   A".to_vec(), vec![7u8; 42]),
+        ],
+    );
+    produce(&bootstrap(), &t.orders, [(b"   A".to_vec(), order)]);
+    send(&d, 20_000, Some(&t), &[]);
+    let want = expected(&d);
+    let p = KafkaPipeline::start(&bootstrap(), "ms-bad", &t.flags());
+    let got = read_values(
+        &bootstrap(),
+        &t.results,
+        want.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    );
+    let counters = p.stop();
+    assert_eq!(check(&got, &want), 0);
+    assert_eq!(counter(&counters, "refused"), 3, "{counters:?}");
+    assert_eq!(counter(&counters, "records_in"), 20_003);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn state_is_restored_from_the_changelog_after_a_restart() {
+    let t = Topics::new("ms-restore");
+    let d = dir("restore");
+    t.create(&bootstrap(), 3, 1);
+    // Quotes only, processed by a first process that then stops.
+    send(&d, 20_000, None, &[]);
+    let quotes = produce_file(&bootstrap(), &t.nbbo, &d.join("nbbo.bin"), 1);
+    let p = KafkaPipeline::start(&bootstrap(), "ms-restore", &t.flags());
+    // Wait until the quotes are processed: each commit writes the symbols changed since the
+    // last one to the changelog, so once it holds every symbol and has been quiet for 1.5 s,
+    // nothing is left to process.
+    let changelog = read_values(
+        &bootstrap(),
+        "ms-restore-symbols-changelog",
+        500,
+        Duration::from_millis(1_500),
+        Duration::from_secs(60),
+    );
+    assert!(changelog.len() >= 500, "changelog has {}", changelog.len());
+    let counters = p.stop();
+    assert_eq!(counter(&counters, "records_in"), quotes);
+    assert_eq!(counter(&counters, "records_out"), 0);
+    // Orders only, for a second process: without the first one's state every order would be
+    // rejected (a symbol's initial state rejects).
+    produce_file(&bootstrap(), &t.orders, &d.join("orders.bin"), 12);
+    let want = expected(&d);
+    let p = KafkaPipeline::start(&bootstrap(), "ms-restore", &t.flags());
+    let got = read_values(
+        &bootstrap(),
+        &t.results,
+        want.len(),
+        Duration::from_secs(1),
+        Duration::from_secs(60),
+    );
+    let log = p.log();
+    let counters = p.stop();
+    assert_eq!(check(&got, &want), 0);
+    assert!(counter(&counters, "restored") >= 500, "{counters:?}");
+    // It read only the orders: the quotes' offsets were committed.
+    assert_eq!(
+        counter(&counters, "records_in"),
+        20_000 - quotes,
+        "{log:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn two_processes_share_the_group_and_a_killed_ones_partitions_move_with_their_state() {
+    let t = Topics::new("ms-share");
+    let d = dir("share");
+    t.create(&bootstrap(), 4, 1);
+    let a = KafkaPipeline::start(&bootstrap(), "ms-share", &t.flags());
+    let b = KafkaPipeline::start(&bootstrap(), "ms-share", &t.flags());
+    // Both own tasks before the data flows.
+    a.wait_for("task started", Duration::from_secs(30));
+    b.wait_for("task started", Duration::from_secs(30));
+    // 150,000 records over about 3 s; A is killed a second in.
+    let sender = {
+        let (d, t) = (d.clone(), t.clone());
+        thread::spawn(move || send(&d, 150_000, Some(&t), &["--rate", "50000"]))
+    };
+    thread::sleep(Duration::from_millis(1_000));
+    let a_pid = a.pid();
+    a.kill();
+    sender.join().unwrap();
+    let want = expected(&d);
+    let got = read_values(
+        &bootstrap(),
+        &t.results,
+        want.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(90),
+    );
+    let b_log = b.log();
+    let counters = b.stop();
+    let dups = check(&got, &want);
+    // B took all four tasks, restoring the ones A had from the changelog.
+    let started = b_log.iter().filter(|l| l.contains("task started")).count();
+    assert!(started >= 4, "B started {started} tasks: {b_log:#?}");
+    assert!(counter(&counters, "restored") > 0, "{counters:?}");
+    // Repeats only inside the at-least-once window: what A processed after its last commit.
+    eprintln!(
+        "A (pid {a_pid}) killed: {dups} results repeated of {}",
+        want.len()
+    );
+    assert!(dups < want.len() / 4, "{dups} repeats");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -1,0 +1,197 @@
+//! Pipelines on Kafka: input topics in, an output topic out, keyed state that lives with its
+//! partition and moves with it.
+//!
+//! A topic partition is the unit of work, as in Kafka Streams: partition `p` of every input
+//! topic (they must have the same partition count: co-partitioned, checked at start) is one
+//! *task*, with the state of the keys whose records come from it. Each worker thread is a
+//! member of the consumer group (KIP-848, the broker's `range` assignor, which gives a member
+//! the same partitions of every topic): processes that run the same job with the same group id
+//! share the tasks; one that joins takes some, one that leaves or dies loses them to the rest.
+//!
+//! - **On the worker's loop.** A worker owns its fetcher, producer and group membership
+//!   (`canter-kafka`): records are read in place from the fetched bytes, processed, and their
+//!   results appended to the producer's batch for their partition, with no thread hop.
+//! - **Order across inputs.** Within a task, the record with the lowest timestamp across its
+//!   inputs goes first; an input with nothing buffered holds the others back unless it is
+//!   caught up with its log (what Kafka Streams does with `max.task.idle.ms` = 0).
+//! - **State.** Every change is marked; at each commit the changed keys' latest values go to
+//!   the task's partition of a compacted changelog topic (`<group>-<state>-changelog`), one
+//!   record per changed key per commit, not one per change. A task given to a worker is
+//!   restored from its changelog partition before it reads its inputs.
+//! - **At least once.** Every `commit_interval`: changelog records written, the producer
+//!   flushed (results and changelog acknowledged by the brokers), then the input offsets
+//!   committed. A crash repeats at most what was processed since the last commit.
+//! - **Bad input.** A record the task refuses is counted and skipped (a log line at most once
+//!   a second per worker); a broker that goes away pauses the worker (its requests retry with
+//!   backoff, [`Stats::broker_errors`] counts) and it resumes where it was.
+
+mod state;
+mod task;
+mod worker;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use canter_kafka::{Compression, Error as KafkaError};
+pub use state::Keyed;
+pub use task::{KeyedTask, Out, Refused};
+
+/// A pipeline on Kafka.
+#[derive(Debug, Clone)]
+pub struct KafkaJob {
+    /// `host:port,...` of the brokers.
+    pub bootstrap: String,
+    /// The consumer group (also the prefix of the changelog topic).
+    pub group: String,
+    /// The input topics, co-partitioned; [`KeyedTask::process`] is told which by its index.
+    pub inputs: Vec<String>,
+    /// The output topic.
+    pub output: String,
+    /// The name of the task's state (the changelog topic is `<group>-<name>-changelog`).
+    pub state_name: String,
+    /// Worker threads, each a member of the group.
+    pub workers: usize,
+    /// Pin worker i to CPU i.
+    pub pin: bool,
+    /// How often state, results and offsets are committed.
+    pub commit_interval: Duration,
+    /// The producer's linger.
+    pub linger: Duration,
+    /// Compression of the output and changelog batches.
+    pub compression: Compression,
+    /// The largest output record.
+    pub max_record: usize,
+    /// How long the brokers may be unreachable at start before the job fails.
+    pub bootstrap_timeout: Duration,
+    /// Replication of the changelog topic (capped by the brokers there are).
+    pub changelog_replication: i16,
+}
+
+impl KafkaJob {
+    /// A job with defaults: one worker, commits every 100 ms, 5 ms linger, no compression.
+    pub fn new(bootstrap: &str, group: &str, inputs: &[&str], output: &str) -> KafkaJob {
+        KafkaJob {
+            bootstrap: bootstrap.to_owned(),
+            group: group.to_owned(),
+            inputs: inputs.iter().map(|s| (*s).to_owned()).collect(),
+            output: output.to_owned(),
+            state_name: "state".into(),
+            workers: 1,
+            pin: false,
+            commit_interval: Duration::from_millis(100),
+            linger: Duration::from_millis(5),
+            compression: Compression::None,
+            max_record: 1 << 20,
+            bootstrap_timeout: Duration::from_secs(30),
+            changelog_replication: 3,
+        }
+    }
+
+    /// The changelog topic's name.
+    pub fn changelog(&self) -> String {
+        format!("{}-{}-changelog", self.group, self.state_name)
+    }
+}
+
+/// Counts across the job's workers.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Input records processed.
+    pub records_in: AtomicU64,
+    /// Output records handed to the producer.
+    pub records_out: AtomicU64,
+    /// Input records the task refused.
+    pub refused: AtomicU64,
+    /// Commits done.
+    pub commits: AtomicU64,
+    /// Changelog records written.
+    pub changelog_out: AtomicU64,
+    /// State records read back from changelogs.
+    pub restored: AtomicU64,
+    /// Tasks (partitions) taken on, restores included.
+    pub tasks_assigned: AtomicU64,
+    /// Tasks given up (handed over or lost).
+    pub tasks_revoked: AtomicU64,
+    /// Requests that failed and were retried (a broker away, a leader moving).
+    pub broker_errors: AtomicU64,
+    /// Workers paused on an unreachable broker right now.
+    pub paused: AtomicU64,
+    /// Tasks owned right now, summed over the workers.
+    pub tasks_owned: AtomicU64,
+}
+
+impl Stats {
+    fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A counter's value.
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+}
+
+/// A running job.
+pub struct KafkaRunning {
+    threads: Vec<JoinHandle<std::io::Result<()>>>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<Stats>,
+}
+
+impl KafkaRunning {
+    /// The job's counters.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    /// A handle that stops the job: workers commit what they processed, leave the group and
+    /// end.
+    pub fn stopper(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Waits for the workers; the first error any of them ended with.
+    pub fn wait(self) -> std::io::Result<()> {
+        let mut first = Ok(());
+        for t in self.threads {
+            let r = t
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("a pipeline worker panicked")));
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    }
+}
+
+/// Starts `job` with `task` on its workers. Fails at once if the brokers cannot be reached
+/// within `bootstrap_timeout`, an input or the output topic does not exist, or the inputs are
+/// not co-partitioned.
+pub fn start<T: KeyedTask>(job: KafkaJob, task: T) -> Result<KafkaRunning, KafkaError> {
+    worker::prepare(&job)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stats = Arc::new(Stats::default());
+    let task = Arc::new(task);
+    let config = canter_rt::Config::builder()
+        .workers(job.workers)
+        .pin_workers(job.pin)
+        .build()
+        .map_err(|e| KafkaError::Corrupt(format!("worker settings: {e}")))?;
+    let mut threads = Vec::new();
+    for me in 0..job.workers.max(1) {
+        let (job, task, stop, stats) = (job.clone(), task.clone(), stop.clone(), stats.clone());
+        let t = canter_rt::spawn_worker(me, &config, format!("canter-kafka-{me}"), move || {
+            worker::run(me, job, task, stop, stats)
+        })
+        .map_err(KafkaError::Io)?;
+        threads.push(t);
+    }
+    Ok(KafkaRunning {
+        threads,
+        stop,
+        stats,
+    })
+}

@@ -1,0 +1,574 @@
+//! One worker of a Kafka job: a group member with its own fetcher and producer, the tasks
+//! (partitions) it owns, their state and the commit cycle.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use canter_kafka::records::{Batches, Compression as Codec};
+use canter_kafka::{
+    Change, Cluster, Config, Error, FetchConfig, Fetched, Fetcher, Member, OffsetSpec, Producer,
+    ProducerConfig, TopicHandle, Tp,
+};
+use tokio::time::Instant;
+
+use super::state::Keyed;
+use super::task::{KeyedTask, Out};
+use super::{KafkaJob, Stats};
+
+fn config(job: &KafkaJob) -> Config {
+    let mut c = Config::new(job.bootstrap.clone());
+    c.client_id = format!("canter-{}", job.group);
+    c.bootstrap_timeout = job.bootstrap_timeout;
+    c
+}
+
+/// Checks the topics (inputs and output exist, inputs co-partitioned) and creates the
+/// changelog topic if it is missing (as many partitions as the inputs).
+pub(super) fn prepare(job: &KafkaJob) -> Result<(), Error> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let mut cluster = Cluster::connect(config(job)).await?;
+        let mut names: Vec<&str> = job.inputs.iter().map(String::as_str).collect();
+        names.push(&job.output);
+        cluster.refresh(&names).await?;
+        let mut counts = Vec::new();
+        for t in &names {
+            let info = cluster
+                .topic(t)
+                .ok_or_else(|| Error::UnknownTopic((*t).to_owned()))?;
+            counts.push((*t, info.partitions.len() as i32));
+        }
+        let n = counts[0].1;
+        if let Some((t, m)) = counts[..job.inputs.len()].iter().find(|(_, m)| *m != n) {
+            return Err(Error::Corrupt(format!(
+                "input topics are not co-partitioned: {} has {n} partitions, {t} has {m}",
+                counts[0].0
+            )));
+        }
+        let replication = (job.changelog_replication as usize)
+            .min(cluster.broker_count())
+            .max(1) as i16;
+        let changelog = job.changelog();
+        cluster
+            .create_topic(
+                &changelog,
+                n,
+                replication,
+                &[
+                    ("cleanup.policy", "compact"),
+                    ("min.compaction.lag.ms", "0"),
+                ],
+            )
+            .await?;
+        let have = cluster
+            .topic(&changelog)
+            .map_or(0, |t| t.partitions.len() as i32);
+        if have != n {
+            return Err(Error::Corrupt(format!(
+                "changelog topic {changelog} has {have} partitions, the inputs {n}"
+            )));
+        }
+        Ok(())
+    })
+}
+
+/// A record waiting in a task's input queue: where its key and value lie in `buf`.
+struct Entry {
+    timestamp: i64,
+    offset: i64,
+    key: Option<(u32, u32)>,
+    value: (u32, u32),
+}
+
+struct Chunk {
+    buf: Bytes,
+    entries: Vec<Entry>,
+    next: usize,
+    read_ns: u64,
+}
+
+struct Input {
+    chunks: VecDeque<Chunk>,
+    /// The offset after the last record processed (`None`: nothing yet).
+    processed: Option<i64>,
+}
+
+impl Input {
+    fn head(&self) -> Option<&Entry> {
+        self.chunks.front().map(|c| &c.entries[c.next])
+    }
+}
+
+struct TaskState<K, S> {
+    state: Keyed<K, S>,
+    inputs: Vec<Input>,
+}
+
+struct Worker<T: KeyedTask> {
+    me: usize,
+    job: KafkaJob,
+    task: Arc<T>,
+    stats: Arc<Stats>,
+    fetcher: Fetcher,
+    producer: Producer,
+    member: Member,
+    group_cluster: Cluster,
+    output: (TopicHandle, i32),
+    changelog: TopicHandle,
+    owned: BTreeSet<Tp>,
+    tasks: HashMap<i32, TaskState<T::Key, T::State>>,
+    scratch: Vec<u8>,
+    key_buf: Vec<u8>,
+    value_buf: Vec<u8>,
+    last_refusal_log: Option<Instant>,
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+fn now_ms() -> i64 {
+    (now_ns() / 1_000_000) as i64
+}
+
+/// The worker's life: join, then fetch, process, commit, heartbeat until `stop`; then commit
+/// and leave.
+pub(super) async fn run<T: KeyedTask>(
+    me: usize,
+    job: KafkaJob,
+    task: Arc<T>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<Stats>,
+) -> std::io::Result<()> {
+    let io = |e: Error| std::io::Error::other(e.to_string());
+    let cfg = config(&job);
+    let fetch_cluster = Cluster::connect(cfg.clone()).await.map_err(io)?;
+    let producer_cluster = Cluster::connect(cfg.clone()).await.map_err(io)?;
+    let group_cluster = Cluster::connect(cfg).await.map_err(io)?;
+    let mut producer = Producer::new(
+        producer_cluster,
+        ProducerConfig {
+            linger: job.linger,
+            compression: job.compression,
+            max_record: job.max_record,
+            ..ProducerConfig::default()
+        },
+    )
+    .await
+    .map_err(io)?;
+    let output = producer.topic(&job.output).await.map_err(io)?;
+    let (changelog, _) = producer.topic(&job.changelog()).await.map_err(io)?;
+    let inputs: Vec<&str> = job.inputs.iter().map(String::as_str).collect();
+    let member = Member::new(&job.group, &inputs).with_assignor("range");
+    let mut w = Worker {
+        me,
+        task,
+        stats,
+        fetcher: Fetcher::new(fetch_cluster, FetchConfig::default()),
+        producer,
+        member,
+        group_cluster,
+        output,
+        changelog,
+        owned: BTreeSet::new(),
+        tasks: HashMap::new(),
+        scratch: Vec::new(),
+        key_buf: Vec::new(),
+        value_buf: Vec::new(),
+        last_refusal_log: None,
+        job,
+    };
+    let r = w.main_loop(&stop).await;
+    w.stats
+        .tasks_owned
+        .fetch_sub(w.tasks.len() as u64, Ordering::Relaxed);
+    r.map_err(io)
+}
+
+impl<T: KeyedTask> Worker<T> {
+    async fn main_loop(&mut self, stop: &AtomicBool) -> Result<(), Error> {
+        let mut next_commit = Instant::now() + self.job.commit_interval;
+        let mut backoff = Duration::from_millis(100);
+        let mut paused = false;
+        while !stop.load(Ordering::Relaxed) {
+            let step = self.step(&mut next_commit).await;
+            match step {
+                Ok(()) => {
+                    if paused {
+                        paused = false;
+                        self.stats.paused.fetch_sub(1, Ordering::Relaxed);
+                        tracing::info!(
+                            worker = self.me,
+                            "kafka: brokers reachable again; resuming"
+                        );
+                    }
+                    backoff = Duration::from_millis(100);
+                }
+                Err(e) if e.is_retriable() => {
+                    Stats::add(&self.stats.broker_errors, 1);
+                    if !paused {
+                        paused = true;
+                        self.stats.paused.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(worker = self.me, error = %e, "kafka: pausing until the brokers answer");
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        // Finish: commit what was processed, then leave so the others take over at once.
+        self.commit().await?;
+        if let Err(e) = self.member.leave(&mut self.group_cluster).await {
+            tracing::debug!(worker = self.me, error = %e, "kafka: leaving the group failed");
+        }
+        if paused {
+            self.stats.paused.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    async fn step(&mut self, next_commit: &mut Instant) -> Result<(), Error> {
+        if Instant::now() >= self.member.next_heartbeat() {
+            let change = self.member.heartbeat(&mut self.group_cluster).await?;
+            self.apply(change).await?;
+        }
+        let got = self.fetcher.fetch().await?;
+        if !got.is_empty() {
+            let read_ns = now_ns();
+            for f in got {
+                self.enqueue(f, read_ns)?;
+            }
+        }
+        self.process_ready();
+        if self.producer.due() {
+            self.producer.flush().await?;
+        }
+        if Instant::now() >= *next_commit {
+            self.commit().await?;
+            *next_commit = Instant::now() + self.job.commit_interval;
+        }
+        Ok(())
+    }
+
+    fn input_index(&self, topic: &str) -> Option<usize> {
+        self.job.inputs.iter().position(|t| t == topic)
+    }
+
+    /// Cuts a fetch into queue entries (keys and values stay in the fetched bytes, or in the
+    /// batch's inflated bytes).
+    fn enqueue(&mut self, f: Fetched, read_ns: u64) -> Result<(), Error> {
+        let Some(input) = self.input_index(&f.topic) else {
+            return Ok(());
+        };
+        let Some(task) = self.tasks.get_mut(&f.partition) else {
+            return Ok(());
+        };
+        // Chunks in offset order: runs of plain batches point into the fetched bytes; each
+        // compressed batch is inflated into a buffer of its own.
+        let queue = &mut task.inputs[input].chunks;
+        let mut plain = Vec::new();
+        let base = f.records.as_ptr() as usize;
+        for b in Batches::new(&f.records) {
+            let b = b?;
+            if b.control || b.next_offset <= f.from {
+                continue;
+            }
+            if b.compression == Codec::None {
+                for r in b.records(&mut self.scratch)? {
+                    let r = r?;
+                    if r.offset >= f.from {
+                        plain.push(entry(&r, base));
+                    }
+                }
+                continue;
+            }
+            if !plain.is_empty() {
+                queue.push_back(Chunk {
+                    buf: f.records.clone(),
+                    entries: std::mem::take(&mut plain),
+                    next: 0,
+                    read_ns,
+                });
+            }
+            let mut buf = Vec::new();
+            b.inflate(&mut buf)?;
+            let inflated = buf.as_ptr() as usize;
+            let mut entries = Vec::with_capacity(b.count as usize);
+            for r in b.records_in(&buf) {
+                let r = r?;
+                if r.offset >= f.from {
+                    entries.push(entry(&r, inflated));
+                }
+            }
+            if !entries.is_empty() {
+                queue.push_back(Chunk {
+                    buf: buf.into(),
+                    entries,
+                    next: 0,
+                    read_ns,
+                });
+            }
+        }
+        if !plain.is_empty() {
+            queue.push_back(Chunk {
+                buf: f.records.clone(),
+                entries: plain,
+                next: 0,
+                read_ns,
+            });
+        }
+        Ok(())
+    }
+
+    /// Processes what every task can: per task, the lowest timestamp first across its inputs;
+    /// an input with nothing queued holds the others back unless it has caught up with its log.
+    fn process_ready(&mut self) {
+        let partitions: Vec<i32> = self.tasks.keys().copied().collect();
+        for p in partitions {
+            let caught: Vec<bool> = self
+                .job
+                .inputs
+                .iter()
+                .map(|t| self.fetcher.caught_up(t, p))
+                .collect();
+            let Some(task) = self.tasks.get_mut(&p) else {
+                continue;
+            };
+            let mut out = Out {
+                producer: &mut self.producer,
+                topic: self.output.0,
+                partitions: self.output.1,
+                timestamp: 0,
+                read_ns: 0,
+                emitted: 0,
+                refused: None,
+                scratch: &mut self.value_buf,
+            };
+            let (mut n, mut refused) = (0u64, 0u64);
+            loop {
+                let mut pick: Option<(usize, i64)> = None;
+                let mut blocked = false;
+                for (i, input) in task.inputs.iter().enumerate() {
+                    match input.head() {
+                        Some(e) if pick.is_none_or(|(_, ts)| e.timestamp < ts) => {
+                            pick = Some((i, e.timestamp));
+                        }
+                        Some(_) => {}
+                        None if !caught[i] => blocked = true,
+                        None => {}
+                    }
+                }
+                let Some((i, _)) = pick else { break };
+                if blocked {
+                    break;
+                }
+                let input = &mut task.inputs[i];
+                let Some(chunk) = input.chunks.front_mut() else {
+                    break;
+                };
+                let e = &chunk.entries[chunk.next];
+                let key = e.key.map(|(a, l)| &chunk.buf[a as usize..(a + l) as usize]);
+                let value = &chunk.buf[e.value.0 as usize..(e.value.0 + e.value.1) as usize];
+                out.timestamp = e.timestamp;
+                out.read_ns = chunk.read_ns;
+                let offset = e.offset;
+                if let Err(why) = self.task.process(i, key, value, &mut task.state, &mut out) {
+                    refused += 1;
+                    let now = Instant::now();
+                    if self
+                        .last_refusal_log
+                        .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+                    {
+                        self.last_refusal_log = Some(now);
+                        tracing::warn!(worker = self.me, topic = %self.job.inputs[i], partition = p,
+                            offset, reason = %why.0, "kafka pipeline: record refused (skipped; more are counted, not logged, for a second)");
+                    }
+                }
+                if let Some(e) = out.refused.take() {
+                    Stats::add(&self.stats.refused, 1);
+                    tracing::error!(worker = self.me, error = %e, "kafka pipeline: the output refused a result");
+                }
+                n += 1;
+                input.processed = Some(offset + 1);
+                chunk.next += 1;
+                if chunk.next == chunk.entries.len() {
+                    input.chunks.pop_front();
+                }
+            }
+            Stats::add(&self.stats.records_in, n);
+            Stats::add(&self.stats.records_out, out.emitted);
+            Stats::add(&self.stats.refused, refused);
+        }
+    }
+
+    /// Writes changed state, flushes the producer, then commits the processed offsets.
+    async fn commit(&mut self) -> Result<(), Error> {
+        let mut changes = 0u64;
+        let ts = now_ms();
+        for (&p, t) in self.tasks.iter_mut() {
+            let (task, producer, changelog) = (&self.task, &mut self.producer, self.changelog);
+            let (kb, vb) = (&mut self.key_buf, &mut self.value_buf);
+            let mut err = None;
+            t.state.drain_changes(|k, s| {
+                kb.clear();
+                task.encode_key(k, kb);
+                let r = match s {
+                    Some(s) => {
+                        vb.clear();
+                        task.encode_state(s, vb);
+                        producer.send(changelog, p, Some(kb), vb, ts)
+                    }
+                    None => producer.send_tombstone(changelog, p, kb, ts),
+                };
+                if let Err(e) = r {
+                    err = Some(e);
+                }
+                changes += 1;
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+        }
+        self.producer.flush().await?;
+        Stats::add(&self.stats.changelog_out, changes);
+        let offsets = self.processed_offsets();
+        if !offsets.is_empty() {
+            self.member
+                .commit(&mut self.group_cluster, &offsets)
+                .await?;
+        }
+        Stats::add(&self.stats.commits, 1);
+        Ok(())
+    }
+
+    fn processed_offsets(&self) -> Vec<(Tp, i64)> {
+        let mut out = Vec::new();
+        for (&p, t) in &self.tasks {
+            for (i, input) in t.inputs.iter().enumerate() {
+                if let Some(o) = input.processed {
+                    out.push(((self.job.inputs[i].clone(), p), o));
+                }
+            }
+        }
+        out
+    }
+
+    /// Applies an assignment change: revoked tasks are committed and dropped (lost ones just
+    /// dropped); tasks whose every input partition is now owned are restored and started.
+    async fn apply(&mut self, change: Change) -> Result<(), Error> {
+        if change.assigned.is_empty() && change.revoked.is_empty() {
+            return Ok(());
+        }
+        let revoked_tasks: BTreeSet<i32> = change.revoked.iter().map(|(_, p)| *p).collect();
+        if !revoked_tasks.is_empty() {
+            if !change.lost {
+                self.commit().await?;
+            }
+            for p in &revoked_tasks {
+                if self.tasks.remove(p).is_some() {
+                    Stats::add(&self.stats.tasks_revoked, 1);
+                    self.stats.tasks_owned.fetch_sub(1, Ordering::Relaxed);
+                    for t in &self.job.inputs {
+                        self.fetcher.unassign(t, *p);
+                    }
+                }
+            }
+            tracing::info!(worker = self.me, tasks = ?revoked_tasks, lost = change.lost,
+                "kafka pipeline: tasks given up");
+        }
+        for tp in &change.revoked {
+            self.owned.remove(tp);
+        }
+        self.owned.extend(change.assigned.iter().cloned());
+        let candidates: BTreeSet<i32> = change.assigned.iter().map(|(_, p)| *p).collect();
+        for p in candidates {
+            let complete = self
+                .job
+                .inputs
+                .iter()
+                .all(|t| self.owned.contains(&(t.clone(), p)));
+            if complete && !self.tasks.contains_key(&p) {
+                self.start_task(p).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Restores task `p`'s state from its changelog partition, then starts fetching its inputs
+    /// from the group's committed offsets (the earliest where none).
+    async fn start_task(&mut self, p: i32) -> Result<(), Error> {
+        let started = Instant::now();
+        let mut state = Keyed::default();
+        let restored = self.restore(p, &mut state).await?;
+        let parts: Vec<Tp> = self.job.inputs.iter().map(|t| (t.clone(), p)).collect();
+        let committed = self
+            .member
+            .committed(&mut self.group_cluster, &parts)
+            .await?;
+        for ((t, part), off) in &committed {
+            self.fetcher.assign(t, *part, *off).await?;
+        }
+        let inputs = self
+            .job
+            .inputs
+            .iter()
+            .map(|_| Input {
+                chunks: VecDeque::new(),
+                processed: None,
+            })
+            .collect();
+        self.tasks.insert(p, TaskState { state, inputs });
+        Stats::add(&self.stats.tasks_assigned, 1);
+        self.stats.tasks_owned.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(worker = self.me, task = p, restored, took_ms = started.elapsed().as_millis() as u64,
+            committed = ?committed, "kafka pipeline: task started");
+        Ok(())
+    }
+
+    async fn restore(&mut self, p: i32, state: &mut Keyed<T::Key, T::State>) -> Result<u64, Error> {
+        let topic = self.job.changelog();
+        let mut cluster = Cluster::connect(config(&self.job)).await?;
+        cluster.refresh(&[&topic]).await?;
+        let end = cluster
+            .list_offsets(&topic, &[p], OffsetSpec::Latest)
+            .await?
+            .first()
+            .map_or(0, |(_, o)| *o);
+        let mut f = Fetcher::new(cluster, FetchConfig::default());
+        f.assign(&topic, p, None).await?;
+        let mut n = 0u64;
+        let mut scratch = Vec::new();
+        while f.position(&topic, p).is_some_and(|pos| pos < end) {
+            for got in f.fetch().await? {
+                got.for_each(&mut scratch, |r| {
+                    let Some(k) = r.key.and_then(|k| self.task.decode_key(k)) else {
+                        return;
+                    };
+                    let s = r.value.and_then(|v| self.task.decode_state(v));
+                    state.restore(k, s);
+                    n += 1;
+                })?;
+            }
+        }
+        Stats::add(&self.stats.restored, n);
+        Ok(n)
+    }
+}
+
+fn entry(r: &canter_kafka::records::Record<'_>, base: usize) -> Entry {
+    let at = |s: &[u8]| ((s.as_ptr() as usize - base) as u32, s.len() as u32);
+    Entry {
+        timestamp: r.timestamp,
+        offset: r.offset,
+        key: r.key.map(at),
+        value: r.value.map_or((0, 0), at),
+    }
+}
