@@ -10,7 +10,8 @@ use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableT
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
-    BrokerId, CreateTopicsRequest, ListOffsetsRequest, MetadataRequest, TopicName,
+    BrokerId, CreateTopicsRequest, FindCoordinatorRequest, ListOffsetsRequest, MetadataRequest,
+    TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 
@@ -158,14 +159,6 @@ impl Cluster {
         self.brokers.len()
     }
 
-    /// Some broker's address (the lowest id).
-    pub fn any_broker(&self) -> Option<SocketAddr> {
-        self.brokers
-            .iter()
-            .min_by_key(|(id, _)| **id)
-            .map(|(_, a)| *a)
-    }
-
     /// A topic, if the last metadata had it.
     pub fn topic(&self, name: &str) -> Option<&TopicInfo> {
         self.topics.get(name)
@@ -210,6 +203,62 @@ impl Cluster {
             self.control = None;
         }
         r
+    }
+
+    /// Sends `req` to any broker (the control connection; a broker that fails is dropped for
+    /// the next one).
+    pub async fn call_any<R: kafka_protocol::protocol::Request>(
+        &mut self,
+        req: R,
+        lo: i16,
+        hi: i16,
+    ) -> Result<R::Response, Error> {
+        self.on_control(async |c| c.call(req, lo, hi).await).await
+    }
+
+    /// The address of `group`'s coordinator, retrying while it moves or loads (up to the
+    /// request timeout).
+    pub async fn find_coordinator(&mut self, group: &str) -> Result<SocketAddr, Error> {
+        let deadline = tokio::time::Instant::now() + self.config.request_timeout;
+        let mut last;
+        loop {
+            let req = FindCoordinatorRequest::default()
+                .with_key_type(0)
+                .with_coordinator_keys(vec![StrBytes::from_string(group.to_owned())]);
+            match self.call_any(req, 4, 6).await {
+                Ok(resp) => match resp.coordinators.into_iter().next() {
+                    Some(c) if c.error_code == 0 => {
+                        if let Some(a) = self
+                            .broker(c.node_id.0)
+                            .or_else(|| format!("{}:{}", c.host.as_str(), c.port).parse().ok())
+                        {
+                            return Ok(a);
+                        }
+                        last = Error::broker("FindCoordinator", 15, None);
+                    }
+                    Some(c) => {
+                        last = Error::broker(
+                            "FindCoordinator",
+                            c.error_code,
+                            c.error_message.as_deref(),
+                        );
+                        if !last.is_retriable() {
+                            return Err(last);
+                        }
+                    }
+                    None => {
+                        last = Error::Corrupt("FindCoordinator: no answer for the group".into())
+                    }
+                },
+                Err(e) if e.is_retriable() => last = e,
+                Err(e) => return Err(e),
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(last);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = self.refresh(&[]).await;
+        }
     }
 
     /// Asks for the brokers and for `topics` (all of the cluster's topics if empty) and
@@ -334,8 +383,27 @@ impl Cluster {
         }
     }
 
-    /// The earliest or latest offset of each partition of `topic` in `partitions`.
+    /// The earliest or latest offset of each partition of `topic` in `partitions`, retrying
+    /// while leaders move (up to the request timeout).
     pub async fn list_offsets(
+        &mut self,
+        topic: &str,
+        partitions: &[i32],
+        spec: OffsetSpec,
+    ) -> Result<Vec<(i32, i64)>, Error> {
+        let deadline = tokio::time::Instant::now() + self.config.request_timeout;
+        loop {
+            match self.list_offsets_once(topic, partitions, spec).await {
+                Err(e) if e.is_retriable() && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let _ = self.refresh(&[topic]).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn list_offsets_once(
         &mut self,
         topic: &str,
         partitions: &[i32],

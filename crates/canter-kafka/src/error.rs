@@ -48,6 +48,12 @@ impl Error {
         }
     }
 
+    /// The group no longer knows this member (its session expired, or the coordinator lost
+    /// it): what it owned is lost, and it must join again ([`crate::Member::reset`]).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Error::Broker { code: 25 | 110, .. })
+    }
+
     pub(crate) fn broker(api: &'static str, code: i16, message: Option<&str>) -> Error {
         Error::Broker {
             api,
@@ -67,8 +73,9 @@ pub(crate) fn retriable_code(code: i16) -> bool {
         // request timed out, network exception, coordinator load in progress,
         // coordinator not available, not coordinator, not enough replicas (after append too),
         // kafka storage error, fenced leader epoch, unknown leader epoch, offset not available,
-        // rebalance in progress, unstable offset commit, concurrent transactions
-        2 | 3 | 5 | 6 | 7 | 13 | 14 | 15 | 16 | 19 | 20 | 56 | 74 | 75 | 78 | 27 | 88 | 51
+        // rebalance in progress, unstable offset commit, concurrent transactions,
+        // stale member epoch (a heartbeat brings the new one)
+        2 | 3 | 5 | 6 | 7 | 13 | 14 | 15 | 16 | 19 | 20 | 56 | 74 | 75 | 78 | 27 | 88 | 51 | 113
     )
 }
 

@@ -14,8 +14,7 @@ use kafka_protocol::messages::offset_fetch_request::{
     OffsetFetchRequestGroup, OffsetFetchRequestTopics,
 };
 use kafka_protocol::messages::{
-    ConsumerGroupHeartbeatRequest, FindCoordinatorRequest, GroupId, OffsetCommitRequest,
-    OffsetFetchRequest, TopicName,
+    ConsumerGroupHeartbeatRequest, GroupId, OffsetCommitRequest, OffsetFetchRequest, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 use tokio::time::Instant;
@@ -96,6 +95,14 @@ impl Member {
         self.owned.iter()
     }
 
+    /// Forgets the membership after the group fenced it ([`Error::is_fenced`]): what it owned
+    /// is dropped, and the next heartbeat (due now) joins again as new.
+    pub fn reset(&mut self) {
+        self.owned.clear();
+        self.epoch = 0;
+        self.next = Instant::now();
+    }
+
     /// When the next heartbeat is due.
     pub fn next_heartbeat(&self) -> Instant {
         self.next
@@ -103,43 +110,8 @@ impl Member {
 
     async fn coordinator(&mut self, cluster: &mut Cluster) -> Result<&mut Conn, Error> {
         if self.coordinator.is_none() {
-            let deadline = Instant::now() + cluster.config().request_timeout;
-            loop {
-                let addr = cluster
-                    .any_broker()
-                    .ok_or(Error::Unreachable("no broker in metadata".into()))?;
-                let mut conn = cluster.open(addr).await?;
-                let req = FindCoordinatorRequest::default()
-                    .with_key_type(0)
-                    .with_coordinator_keys(vec![StrBytes::from_string(self.group.clone())]);
-                let resp = conn.call(req, 4, 6).await?;
-                let c = resp
-                    .coordinators
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| Error::Corrupt("FindCoordinator: no coordinator".into()))?;
-                match c.error_code {
-                    0 => {
-                        let addr = cluster
-                            .broker(c.node_id.0)
-                            .or_else(|| format!("{}:{}", c.host.as_str(), c.port).parse().ok());
-                        let addr = addr.ok_or(Error::broker("FindCoordinator", 15, None))?;
-                        self.coordinator = Some(cluster.open(addr).await?);
-                        break;
-                    }
-                    code if retriable_code(code) && Instant::now() < deadline => {
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                        cluster.refresh(&[]).await?;
-                    }
-                    code => {
-                        return Err(Error::broker(
-                            "FindCoordinator",
-                            code,
-                            c.error_message.as_deref(),
-                        ))
-                    }
-                }
-            }
+            let addr = cluster.find_coordinator(&self.group).await?;
+            self.coordinator = Some(cluster.open(addr).await?);
         }
         self.coordinator
             .as_mut()
@@ -384,6 +356,10 @@ impl Member {
                 if p.error_code != 0 {
                     if matches!(p.error_code, 15 | 16) {
                         self.coordinator = None;
+                    }
+                    if p.error_code == 113 {
+                        // STALE_MEMBER_EPOCH: heartbeat now for the current epoch.
+                        self.next = Instant::now();
                     }
                     return Err(Error::broker("OffsetCommit", p.error_code, None));
                 }

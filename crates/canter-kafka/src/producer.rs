@@ -399,23 +399,22 @@ impl Producer {
 async fn init_producer_id(cluster: &mut Cluster) -> Result<(i64, i16), Error> {
     let deadline = Instant::now() + cluster.config().request_timeout;
     loop {
-        let addr = cluster
-            .any_broker()
-            .ok_or(Error::Unreachable("no broker in metadata".into()))?;
-        let mut conn = cluster.open(addr).await?;
         let req = InitProducerIdRequest::default()
             .with_transactional_id(None)
             .with_transaction_timeout_ms(60_000)
             .with_producer_id(ProducerId(-1))
             .with_producer_epoch(-1);
-        let resp = conn.call(req, 2, 4).await?;
-        match resp.error_code {
-            0 => return Ok((resp.producer_id.0, resp.producer_epoch)),
-            c if retriable_code(c) && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        let code = match cluster.call_any(req, 2, 4).await {
+            Ok(resp) if resp.error_code == 0 => {
+                return Ok((resp.producer_id.0, resp.producer_epoch))
             }
-            c => return Err(Error::broker("InitProducerId", c, None)),
+            Ok(resp) => Error::broker("InitProducerId", resp.error_code, None),
+            Err(e) => e,
+        };
+        if !code.is_retriable() || Instant::now() > deadline {
+            return Err(code);
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

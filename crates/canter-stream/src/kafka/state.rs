@@ -99,3 +99,39 @@ impl<K: Hash + Eq + Clone, S> Keyed<K, S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes(k: &mut Keyed<u32, u64>) -> Vec<(u32, Option<u64>)> {
+        let mut v = Vec::new();
+        k.drain_changes(|key, s| v.push((*key, s.copied())));
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn each_changed_key_goes_to_the_changelog_once_per_commit_with_its_last_value() {
+        let mut k: Keyed<u32, u64> = Keyed::default();
+        *k.update(1, || 0) += 1;
+        *k.update(1, || 0) += 1;
+        *k.update(2, || 10) += 1;
+        assert_eq!(k.get(&1), Some(&2));
+        assert_eq!(changes(&mut k), vec![(1, Some(2)), (2, Some(11))]);
+        // Nothing changed since: nothing to write.
+        assert_eq!(changes(&mut k), vec![]);
+        // Reads don't mark; a removed key is a tombstone; a restored key is not marked.
+        let _ = k.get(&2);
+        k.remove(&1);
+        k.restore(3, Some(30));
+        assert_eq!(changes(&mut k), vec![(1, None)]);
+        assert_eq!(k.get(&3), Some(&30));
+        // Removed, then made again before the commit: its value, not a tombstone.
+        k.remove(&2);
+        *k.update(2, || 5) += 0;
+        assert_eq!(changes(&mut k), vec![(2, Some(5))]);
+        k.restore(3, None);
+        assert_eq!((k.get(&3), k.len()), (None, 1));
+    }
+}

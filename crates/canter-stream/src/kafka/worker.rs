@@ -122,6 +122,9 @@ struct Worker<T: KeyedTask> {
     changelog: TopicHandle,
     owned: BTreeSet<Tp>,
     tasks: HashMap<i32, TaskState<T::Key, T::State>>,
+    /// Tasks whose every input partition is owned but which have not started (their restore
+    /// failed on a broker error): tried again at every step.
+    pending: BTreeSet<i32>,
     scratch: Vec<u8>,
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
@@ -179,6 +182,7 @@ pub(super) async fn run<T: KeyedTask>(
         changelog,
         owned: BTreeSet::new(),
         tasks: HashMap::new(),
+        pending: BTreeSet::new(),
         scratch: Vec::new(),
         key_buf: Vec::new(),
         value_buf: Vec::new(),
@@ -211,6 +215,11 @@ impl<T: KeyedTask> Worker<T> {
                     }
                     backoff = Duration::from_millis(100);
                 }
+                Err(e) if e.is_fenced() => {
+                    tracing::warn!(worker = self.me, error = %e,
+                        "kafka pipeline: the group dropped this member; its tasks are lost (their next owner repeats the uncommitted records); joining again");
+                    self.lose_all();
+                }
                 Err(e) if e.is_retriable() => {
                     Stats::add(&self.stats.broker_errors, 1);
                     if !paused {
@@ -240,6 +249,7 @@ impl<T: KeyedTask> Worker<T> {
             let change = self.member.heartbeat(&mut self.group_cluster).await?;
             self.apply(change).await?;
         }
+        self.start_pending().await?;
         let got = self.fetcher.fetch().await?;
         if !got.is_empty() {
             let read_ns = now_ns();
@@ -409,6 +419,20 @@ impl<T: KeyedTask> Worker<T> {
         }
     }
 
+    /// Drops every task without a commit (the member was fenced) and forgets the membership.
+    fn lose_all(&mut self) {
+        self.member.reset();
+        for (p, _) in self.tasks.drain() {
+            Stats::add(&self.stats.tasks_revoked, 1);
+            self.stats.tasks_owned.fetch_sub(1, Ordering::Relaxed);
+            for t in &self.job.inputs {
+                self.fetcher.unassign(t, p);
+            }
+        }
+        self.pending.clear();
+        self.owned.clear();
+    }
+
     /// Writes changed state, flushes the producer, then commits the processed offsets.
     async fn commit(&mut self) -> Result<(), Error> {
         let mut changes = 0u64;
@@ -469,8 +493,13 @@ impl<T: KeyedTask> Worker<T> {
         }
         let revoked_tasks: BTreeSet<i32> = change.revoked.iter().map(|(_, p)| *p).collect();
         if !revoked_tasks.is_empty() {
+            // Hand over what was processed. If the brokers refuse (a coordinator moving), the
+            // tasks go anyway: their next owner repeats the uncommitted part (at least once).
             if !change.lost {
-                self.commit().await?;
+                if let Err(e) = self.commit().await {
+                    tracing::warn!(worker = self.me, error = %e,
+                        "kafka pipeline: commit before a hand-over failed; the next owner repeats the uncommitted records");
+                }
             }
             for p in &revoked_tasks {
                 if self.tasks.remove(p).is_some() {
@@ -488,15 +517,37 @@ impl<T: KeyedTask> Worker<T> {
             self.owned.remove(tp);
         }
         self.owned.extend(change.assigned.iter().cloned());
-        let candidates: BTreeSet<i32> = change.assigned.iter().map(|(_, p)| *p).collect();
-        for p in candidates {
+        for p in &revoked_tasks {
+            self.pending.remove(p);
+        }
+        for (_, p) in &change.assigned {
             let complete = self
                 .job
                 .inputs
                 .iter()
-                .all(|t| self.owned.contains(&(t.clone(), p)));
-            if complete && !self.tasks.contains_key(&p) {
-                self.start_task(p).await?;
+                .all(|t| self.owned.contains(&(t.clone(), *p)));
+            if complete && !self.tasks.contains_key(p) {
+                self.pending.insert(*p);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts the pending tasks; one that fails on a broker error stays pending (with the
+    /// ones after it) for the next step.
+    async fn start_pending(&mut self) -> Result<(), Error> {
+        while let Some(&p) = self.pending.first() {
+            match self.start_task(p).await {
+                Ok(()) => {
+                    self.pending.remove(&p);
+                }
+                Err(e) if e.is_retriable() => {
+                    for t in &self.job.inputs {
+                        self.fetcher.unassign(t, p);
+                    }
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(())
