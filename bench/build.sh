@@ -6,7 +6,8 @@
 # the Go peers; not installed here if absent: those peers are then reported and skipped).
 # Builds: bench/build/ceiling, bench/build/ceiling-uring, bench/build/go-nethttp, bench/build/fasthttp,
 #         bench/build/go-ws, bench/peers/node-ws/node_modules (ws, bun), peer-ws-{axum,fast},
-#         bench/target/release/peer-{hyper,actix,actix-pg,xitca-pg,may-minihttp,may-pg}, pg-clients,
+#         bench/target/release/peer-{hyper,actix,actix-pg,xitca-pg,may-minihttp,may-pg,kafka-rdkafka},
+#         pg-clients, bench/peers/kafka-streams/target (Kafka Streams), Kafka's jars (tools/kafka),
 #         target/release/canter.
 # peer-may-pg needs may_postgres, which is not on crates.io: cargo fetches it from GitHub at the
 # commit bench/peers/may-pg/Cargo.toml pins. Without GitHub, MAY_POSTGRES_GIT=/path/to/a/clone
@@ -33,6 +34,10 @@ command -v gcc    >/dev/null || need+=(gcc)
 command -v taskset >/dev/null || need+=(util-linux)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 [ -e /usr/include/liburing.h ] || need+=(liburing-dev)
+# librdkafka (built by peer-kafka-rdkafka) includes curl's headers; its build runs cmake.
+[ -e /usr/include/x86_64-linux-gnu/curl/curl.h ] || [ -e /usr/include/curl/curl.h ] || need+=(libcurl4-openssl-dev)
+command -v cmake  >/dev/null || need+=(cmake)
+command -v mvn    >/dev/null || need+=(maven)
 if [ ${#need[@]} -gt 0 ] && [ -z "${SKIP_APT:-}" ]; then
   echo "== apt-get install ${need[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -95,10 +100,23 @@ else
   fail node-ws "npm not found"
 fi
 
+# --- Kafka: the broker's jars, Market Spread on Kafka Streams (Maven Central) ------------
+if "$ROOT/tools/kafka/kafka.sh" fetch >"$BUILD/logs/kafka-jars.log" 2>&1; then
+  ok "kafka jars -> $(tail -1 "$BUILD/logs/kafka-jars.log")"
+else
+  fail kafka-jars "$(tail -2 "$BUILD/logs/kafka-jars.log" | tr '\n' ' ')"
+fi
+if (cd "$BENCH/peers/kafka-streams" && mvn -q -B package -DskipTests) \
+     >"$BUILD/logs/kafka-streams.log" 2>&1; then
+  ok "kafka-streams -> bench/peers/kafka-streams/target"
+else
+  fail kafka-streams "mvn: $(grep -m1 ERROR "$BUILD/logs/kafka-streams.log")"
+fi
+
 # --- Rust peers (own workspace, own target dir) ----------------------------------------
 if command -v cargo >/dev/null; then
   for p in peer-hyper peer-actix peer-may-minihttp peer-actix-pg peer-xitca-pg pg-clients \
-           peer-ws-axum peer-ws-fast; do
+           peer-ws-axum peer-ws-fast peer-kafka-rdkafka; do
     if cargo build --release --manifest-path "$BENCH/peers/rust/Cargo.toml" \
          --target-dir "$BENCH/target" -p "$p" >"$BUILD/logs/rust-$p.log" 2>&1; then
       ok "$p -> bench/target/release/$p"
@@ -120,8 +138,9 @@ if command -v cargo >/dev/null; then
     fail peer-may-pg "cargo: $(grep -m1 -A3 '^error' "$BUILD/logs/rust-peer-may-pg.log" | tr '\n' ' ')"
   fi
   # --- canter itself ---------------------------------------------------------------------
-  if (cd "$ROOT" && cargo build --release -p canter-cli) >"$BUILD/logs/canter.log" 2>&1; then
-    ok "canter -> target/release/canter"
+  if (cd "$ROOT" && cargo build --release -p canter-cli \
+        && cargo build --release -p canter-kafka --example bare) >"$BUILD/logs/canter.log" 2>&1; then
+    ok "canter -> target/release/canter (and canter-kafka's bare client, target/release/examples/bare)"
     if "$ROOT/target/release/canter" serve --help >/dev/null 2>&1; then ok "canter serve"; \
       else fail "canter serve" "\`canter serve --help\` fails: run.py will skip canter"; fi
     if "$ROOT/target/release/canter" load --help >/dev/null 2>&1; then ok "canter load"; \

@@ -33,6 +33,7 @@ AREAS = [
     ("websocket", "WebSocket", "bench/ws.py"),
     ("techempower", "TechEmpower's database tests (PostgreSQL)", "bench/techempower.py"),
     ("market-spread", "Stream pipelines: Market Spread", "bench/market_spread.py"),
+    ("kafka", "Stream pipelines on Kafka: Market Spread", "bench/kafka.py"),
     ("python", "The Python front end", "bench/python.py"),
 ]
 

@@ -91,6 +91,15 @@ struct MarketSpreadPipelineArgs {
     /// Compression of the results and changelog batches (with --kafka): none, gzip, lz4, zstd.
     #[arg(long, default_value = "none")]
     compression: canter_kafka::Compression,
+    /// The group's session timeout (with --kafka): how long after a process dies its
+    /// partitions move to the others (set on the group at start, within the brokers'
+    /// group.consumer.min/max.session.timeout.ms; default: the brokers' own).
+    #[arg(long, value_parser = canter_load::parse_duration)]
+    session_timeout: Option<std::time::Duration>,
+    /// How long the brokers may be unreachable at start before the pipeline gives up (with
+    /// --kafka).
+    #[arg(long, value_parser = canter_load::parse_duration, default_value = "30s")]
+    bootstrap_timeout: std::time::Duration,
     /// Serve the live metrics page (/), /metrics (Prometheus) and /metrics.json here.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
@@ -520,6 +529,8 @@ fn market_spread_kafka(args: &MarketSpreadPipelineArgs, bootstrap: &str) -> Resu
     job.commit_interval = args.commit_interval;
     job.linger = args.linger;
     job.compression = args.compression;
+    job.bootstrap_timeout = args.bootstrap_timeout;
+    job.session_timeout = args.session_timeout;
     let running = start(job, canter_cli::market_spread_kafka::MarketSpreadTask)
         .map_err(|e| fail("start", e))?;
     let stats = running.stats();

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod common;
 use common::kafka::{
@@ -211,8 +211,10 @@ fn two_processes_share_the_group_and_a_killed_ones_partitions_move_with_their_st
     let t = Topics::new("ms-share");
     let d = dir("share");
     t.create(&bootstrap(), 4, 1);
-    let a = KafkaPipeline::start(&bootstrap(), "ms-share", &t.flags());
-    let b = KafkaPipeline::start(&bootstrap(), "ms-share", &t.flags());
+    // A 2 s session (set on the group): A's tasks move to B 2 s after it dies.
+    let flags = [t.flags(), vec!["--session-timeout".into(), "2s".into()]].concat();
+    let a = KafkaPipeline::start(&bootstrap(), "ms-share", &flags);
+    let b = KafkaPipeline::start(&bootstrap(), "ms-share", &flags);
     // Both own tasks before the data flows.
     a.wait_for("task started", Duration::from_secs(30));
     b.wait_for("task started", Duration::from_secs(30));
@@ -247,4 +249,84 @@ fn two_processes_share_the_group_and_a_killed_ones_partitions_move_with_their_st
     );
     assert!(dups < want.len() / 4, "{dups} repeats");
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `canter pipeline market-spread --kafka ARGS` run to its end: (success, stderr, seconds).
+fn run_pipeline(args: &[&str]) -> (bool, String, Duration) {
+    let t0 = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(["pipeline", "market-spread"])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        t0.elapsed(),
+    )
+}
+
+#[test]
+fn an_unreachable_broker_at_start_is_a_clear_error_after_the_bootstrap_timeout() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let (ok, err, took) = run_pipeline(&[
+        "--kafka",
+        &addr,
+        "--group",
+        "g",
+        "--bootstrap-timeout",
+        "2s",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("no broker reachable") && err.contains(&addr),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(15), "{took:?}");
+}
+
+#[test]
+fn inputs_that_are_not_co_partitioned_are_refused_at_start() {
+    let t = Topics::new("ms-copart");
+    t.create(&bootstrap(), 2, 1);
+    // The orders topic again, with another partition count.
+    let orders = "ms-copart-orders3";
+    common::kafka::create_topic(&bootstrap(), orders, 3);
+    let (ok, err, _) = run_pipeline(&[
+        "--kafka",
+        &bootstrap(),
+        "--group",
+        "ms-copart",
+        "--nbbo-topic",
+        &t.nbbo,
+        "--orders-topic",
+        orders,
+        "--results-topic",
+        &t.results,
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("not co-partitioned") && err.contains(orders),
+        "{err}"
+    );
+    // A topic that does not exist is named.
+    let (ok, err, _) = run_pipeline(&[
+        "--kafka",
+        &bootstrap(),
+        "--group",
+        "ms-copart",
+        "--nbbo-topic",
+        "no-such-topic",
+        "--orders-topic",
+        &t.orders,
+        "--results-topic",
+        &t.results,
+    ]);
+    assert!(!ok);
+    assert!(err.contains("unknown topic no-such-topic"), "{err}");
 }

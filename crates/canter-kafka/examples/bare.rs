@@ -4,7 +4,14 @@
 //! ```text
 //! cargo run --release -p canter-kafka --example bare -- consume 127.0.0.1:9092 TOPIC N
 //! cargo run --release -p canter-kafka --example bare -- produce 127.0.0.1:9092 TOPIC N [SIZE]
+//! cargo run --release -p canter-kafka --example bare -- end 127.0.0.1:9092 TOPIC
+//!
+//! cargo run --release -p canter-kafka --example bare -- pipe 127.0.0.1:9092 IN,IN2 N OUT
 //! ```
+//!
+//! `end` prints the sum of the topic's latest offsets (how many records it holds); `pipe`
+//! consumes N records from the input topics and produces each, key and value unchanged, to
+//! OUT's partition for its key: a pipeline that does nothing, the ceiling of one that does.
 
 #![allow(clippy::unwrap_used)]
 
@@ -25,24 +32,70 @@ fn cpu_seconds() -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() < 5 {
-        eprintln!("usage: bare consume|produce BOOTSTRAP TOPIC N [SIZE]");
+    if args.len() < 4 || (args[1] != "end" && args.len() < 5) {
+        eprintln!(
+            "usage: bare consume|produce BOOTSTRAP TOPIC N [SIZE] | end BOOTSTRAP TOPIC \
+             | pipe BOOTSTRAP IN[,IN2] N OUT"
+        );
         std::process::exit(2);
     }
     let (mode, bootstrap, topic) = (&args[1], &args[2], &args[3]);
-    let n: u64 = args[4].parse().unwrap();
-    let size: usize = args.get(5).map_or(50, |s| s.parse().unwrap());
+    let n: u64 = args.get(4).map_or(0, |s| s.parse().unwrap());
+    let size: usize = match mode.as_str() {
+        "produce" => args.get(5).map_or(50, |s| s.parse().unwrap()),
+        _ => 50,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
         let mut cluster = Cluster::connect(Config::new(bootstrap.clone())).await.unwrap();
-        cluster.refresh(&[topic]).await.unwrap();
-        let parts = cluster.topic(topic).unwrap().partitions.len() as i32;
+        let topics: Vec<&str> = topic.split(',').collect();
+        cluster.refresh(&topics).await.unwrap();
+        let parts = cluster.topic(topics[0]).unwrap().partitions.len() as i32;
+        if mode == "end" {
+            let all: Vec<i32> = (0..parts).collect();
+            let ends = cluster
+                .list_offsets(topic, &all, canter_kafka::OffsetSpec::Latest)
+                .await
+                .unwrap();
+            println!("{}", ends.iter().map(|(_, o)| o).sum::<i64>());
+            return;
+        }
         let (c0, t0) = (cpu_seconds(), Instant::now());
         let mut bytes = 0u64;
-        if mode == "consume" {
+        if mode == "pipe" {
+            let out_topic = args.get(5).expect("pipe needs OUT").clone();
+            let mut pc = Cluster::connect(Config::new(bootstrap.clone())).await.unwrap();
+            pc.refresh(&[&out_topic]).await.unwrap();
+            let mut p = Producer::new(pc, ProducerConfig::default()).await.unwrap();
+            let (ot, on) = p.topic(&out_topic).await.unwrap();
+            let mut f = Fetcher::new(cluster, FetchConfig::default());
+            for t in &topics {
+                for part in 0..parts {
+                    f.assign(t, part, None).await.unwrap();
+                }
+            }
+            let (mut got, mut scratch) = (0u64, Vec::new());
+            while got < n {
+                for batch in f.fetch().await.unwrap() {
+                    got += batch
+                        .for_each(&mut scratch, |r| {
+                            let key = r.key.unwrap_or_default();
+                            let value = r.value.unwrap_or_default();
+                            bytes += value.len() as u64;
+                            p.send(ot, partition_for(key, on), Some(key), value, r.timestamp)
+                                .unwrap();
+                        })
+                        .unwrap();
+                }
+                if p.due() {
+                    p.flush().await.unwrap();
+                }
+            }
+            p.flush().await.unwrap();
+        } else if mode == "consume" {
             let mut f = Fetcher::new(cluster, FetchConfig::default());
             for p in 0..parts {
                 f.assign(topic, p, None).await.unwrap();

@@ -383,6 +383,46 @@ impl Cluster {
         }
     }
 
+    /// Sets a consumer group's own settings (KIP-848's group configs, such as
+    /// `consumer.session.timeout.ms`), within the bounds the brokers allow.
+    pub async fn set_group_config(
+        &mut self,
+        group: &str,
+        configs: &[(&str, &str)],
+    ) -> Result<(), Error> {
+        use kafka_protocol::messages::incremental_alter_configs_request::{
+            AlterConfigsResource, AlterableConfig,
+        };
+        use kafka_protocol::messages::IncrementalAlterConfigsRequest;
+        let resource = AlterConfigsResource::default()
+            // ConfigResource.Type.GROUP
+            .with_resource_type(32)
+            .with_resource_name(StrBytes::from_string(group.to_owned()))
+            .with_configs(
+                configs
+                    .iter()
+                    .map(|(k, v)| {
+                        AlterableConfig::default()
+                            .with_name(StrBytes::from_string((*k).to_owned()))
+                            .with_config_operation(0)
+                            .with_value(Some(StrBytes::from_string((*v).to_owned())))
+                    })
+                    .collect(),
+            );
+        let req = IncrementalAlterConfigsRequest::default().with_resources(vec![resource]);
+        let resp = self.call_any(req, 0, 1).await?;
+        for r in resp.responses {
+            if r.error_code != 0 {
+                return Err(Error::broker(
+                    "IncrementalAlterConfigs",
+                    r.error_code,
+                    r.error_message.as_deref(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The earliest or latest offset of each partition of `topic` in `partitions`, retrying
     /// while leaders move (up to the request timeout).
     pub async fn list_offsets(

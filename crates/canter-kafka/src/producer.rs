@@ -25,6 +25,9 @@ pub struct ProducerConfig {
     pub batch_bytes: usize,
     /// The largest record (key and value); a bigger one is refused with [`Error::TooLarge`].
     pub max_record: usize,
+    /// Bytes of records in one partition's batch before it is closed and a new one opened
+    /// (a broker refuses a batch over its `message.max.bytes`, 1 MiB by default).
+    pub max_batch: usize,
     /// Compression of each batch.
     pub compression: Compression,
     /// KIP-98 idempotence (acks must then be all).
@@ -38,7 +41,8 @@ impl Default for ProducerConfig {
         ProducerConfig {
             linger: Duration::from_millis(5),
             batch_bytes: 1 << 20,
-            max_record: 1 << 20,
+            max_record: 1_000_000,
+            max_batch: 256 << 10,
             compression: Compression::None,
             idempotent: true,
             delivery_timeout: Duration::from_secs(120),
@@ -52,7 +56,27 @@ pub struct TopicHandle(usize);
 
 struct PartState {
     open: BatchBuilder,
+    /// Batches closed at `max_batch` and not sent yet, oldest first (a Produce request takes
+    /// one batch per partition, so they go one per round).
+    sealed: std::collections::VecDeque<(bytes::Bytes, u32)>,
     sequence: i32,
+}
+
+impl PartState {
+    /// Closes the open batch (its sequence assigned) into `sealed`.
+    fn seal(&mut self, config: &ProducerConfig, id: (i64, i16)) -> Result<(), Error> {
+        if self.open.is_empty() {
+            return Ok(());
+        }
+        let n = self.open.len();
+        let seq = if id.0 >= 0 { self.sequence } else { -1 };
+        let mut bytes = Vec::with_capacity(self.open.bytes() + 64);
+        self.open
+            .finish(&mut bytes, config.compression, id, seq, false)?;
+        self.sequence = self.sequence.wrapping_add(n as i32) & i32::MAX;
+        self.sealed.push_back((bytes.into(), n));
+        Ok(())
+    }
 }
 
 struct TopicState {
@@ -145,6 +169,7 @@ impl Producer {
             parts: (0..n)
                 .map(|_| PartState {
                     open: BatchBuilder::new(),
+                    sealed: std::collections::VecDeque::new(),
                     sequence: 0,
                 })
                 .collect(),
@@ -177,6 +202,9 @@ impl Producer {
                     .and_then(|p| t.parts.get_mut(p))
             })
             .ok_or_else(|| Error::UnknownTopic(format!("partition {partition}")))?;
+        if part.open.bytes() + size > self.config.max_batch {
+            part.seal(&self.config, self.id)?;
+        }
         part.open.push(timestamp, key, Some(value));
         self.buffered += size + 8;
         if self.oldest.is_none() {
@@ -202,6 +230,9 @@ impl Producer {
                     .and_then(|p| t.parts.get_mut(p))
             })
             .ok_or_else(|| Error::UnknownTopic(format!("partition {partition}")))?;
+        if part.open.bytes() + key.len() > self.config.max_batch {
+            part.seal(&self.config, self.id)?;
+        }
         part.open.push(timestamp, Some(key), None);
         self.buffered += key.len() + 8;
         if self.oldest.is_none() {
@@ -232,28 +263,42 @@ impl Producer {
     /// retrying retriable errors (a leader moved, a broker restarting) with backoff up to the
     /// delivery timeout. Returns the records acknowledged.
     pub async fn flush(&mut self) -> Result<u64, Error> {
-        let mut out = Vec::new();
-        for (ti, t) in self.topics.iter_mut().enumerate() {
-            for (pi, p) in t.parts.iter_mut().enumerate() {
-                if p.open.is_empty() {
-                    continue;
-                }
-                let n = p.open.len();
-                let seq = if self.id.0 >= 0 { p.sequence } else { -1 };
-                let mut bytes = Vec::with_capacity(p.open.bytes() + 64);
-                p.open
-                    .finish(&mut bytes, self.config.compression, self.id, seq, false)?;
-                p.sequence = p.sequence.wrapping_add(n as i32) & i32::MAX;
-                out.push(Outgoing {
-                    topic: ti,
-                    partition: pi as i32,
-                    bytes: bytes.into(),
-                    records: n,
-                });
+        for t in self.topics.iter_mut() {
+            for p in t.parts.iter_mut() {
+                p.seal(&self.config, self.id)?;
             }
         }
         self.buffered = 0;
         self.oldest = None;
+        let mut total = 0u64;
+        // One batch per partition per round, oldest first, each round acknowledged before
+        // the next (so a partition's sequence numbers reach the broker in order).
+        loop {
+            let mut out = Vec::new();
+            for (ti, t) in self.topics.iter_mut().enumerate() {
+                for (pi, p) in t.parts.iter_mut().enumerate() {
+                    if let Some((bytes, records)) = p.sealed.pop_front() {
+                        out.push(Outgoing {
+                            topic: ti,
+                            partition: pi as i32,
+                            bytes,
+                            records,
+                        });
+                    }
+                }
+            }
+            if out.is_empty() {
+                break;
+            }
+            total += self.deliver(out).await?;
+        }
+        self.stats.records += total;
+        Ok(total)
+    }
+
+    /// Sends `out` until every batch is acknowledged, retrying retriable errors with backoff
+    /// up to the delivery timeout.
+    async fn deliver(&mut self, mut out: Vec<Outgoing>) -> Result<u64, Error> {
         let total: u64 = out.iter().map(|o| u64::from(o.records)).sum();
         let deadline = Instant::now() + self.config.delivery_timeout;
         let mut backoff = Duration::from_millis(50);
@@ -281,7 +326,6 @@ impl Producer {
                 tracing::debug!(error = %e, "kafka metadata refresh failed");
             }
         }
-        self.stats.records += total;
         Ok(total)
     }
 
@@ -314,10 +358,11 @@ impl Producer {
                             c if retriable_code(c) => {
                                 last = Some(Error::broker("Produce", c, msg.as_deref()))
                             }
+                            // MESSAGE_TOO_LARGE: the batch is over the broker's limit.
                             10 => {
                                 return Some(Error::TooLarge {
                                     size: out[i].bytes.len(),
-                                    max: self.config.batch_bytes,
+                                    max: self.config.max_batch,
                                 })
                             }
                             c => return Some(Error::broker("Produce", c, msg.as_deref())),

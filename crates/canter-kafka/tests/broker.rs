@@ -234,3 +234,25 @@ fn group_members_share_partitions_and_a_leaver_hands_them_over() {
         assert!(got.iter().all(|(_, o)| *o == Some(42)), "{got:?}");
     });
 }
+
+#[test]
+fn a_flush_bigger_than_a_batch_goes_out_as_several_in_order() {
+    rt().block_on(async {
+        let mut c = cluster().await;
+        c.create_topic("big-flush", 1, 1, &[]).await.unwrap();
+        // 3 MiB to one partition in one flush: over the broker's 1 MiB per batch unless the
+        // producer splits it.
+        let mut p = Producer::new(c, ProducerConfig::default()).await.unwrap();
+        let (t, _) = p.topic("big-flush").await.unwrap();
+        let value = vec![b'v'; 1_000];
+        for i in 0..3_000u32 {
+            p.send(t, 0, Some(&i.to_be_bytes()), &value, 0).unwrap();
+        }
+        assert_eq!(p.flush().await.unwrap(), 3_000);
+        let got = read_all("big-flush", 3_000).await;
+        assert_eq!(got.len(), 3_000);
+        for (i, (_, key, _)) in got.iter().enumerate() {
+            assert_eq!(key.as_slice(), (i as u32).to_be_bytes(), "in order");
+        }
+    });
+}

@@ -64,6 +64,14 @@ impl Topics {
     }
 }
 
+/// Creates one topic with `partitions`.
+pub fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
+    rt().block_on(async {
+        let mut c = Cluster::connect(Config::new(bootstrap)).await.unwrap();
+        c.create_topic(name, partitions, 1, &[]).await.unwrap();
+    });
+}
+
 /// Produces the framed records of `file` to `topic`, keyed by the 4 bytes at `key_at` (the
 /// symbol), each value the record without its length prefix.
 pub fn produce_file(bootstrap: &str, topic: &str, file: &Path, key_at: usize) -> u64 {

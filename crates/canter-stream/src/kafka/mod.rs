@@ -67,6 +67,10 @@ pub struct KafkaJob {
     pub bootstrap_timeout: Duration,
     /// Replication of the changelog topic (capped by the brokers there are).
     pub changelog_replication: i16,
+    /// The group's session timeout, set on the group at start (`None`: the brokers' default,
+    /// 45 s unless configured): how long after a process dies its tasks move to the others.
+    /// The heartbeat interval is set to a third of it.
+    pub session_timeout: Option<Duration>,
 }
 
 impl KafkaJob {
@@ -86,6 +90,7 @@ impl KafkaJob {
             max_record: 1 << 20,
             bootstrap_timeout: Duration::from_secs(30),
             changelog_replication: 3,
+            session_timeout: None,
         }
     }
 

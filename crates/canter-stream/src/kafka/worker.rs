@@ -50,6 +50,19 @@ pub(super) fn prepare(job: &KafkaJob) -> Result<(), Error> {
                 counts[0].0
             )));
         }
+        if let Some(t) = job.session_timeout {
+            let session = t.as_millis().to_string();
+            let heartbeat = (t.as_millis() / 3).max(1).to_string();
+            cluster
+                .set_group_config(
+                    &job.group,
+                    &[
+                        ("consumer.session.timeout.ms", &session),
+                        ("consumer.heartbeat.interval.ms", &heartbeat),
+                    ],
+                )
+                .await?;
+        }
         let replication = (job.changelog_replication as usize)
             .min(cluster.broker_count())
             .max(1) as i16;

@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""Market Spread from Kafka to Kafka: `canter pipeline market-spread --kafka` against the same
+job on Kafka Streams 4.1 (bench/peers/kafka-streams: the NBBO topic as a table, orders
+left-joined to it), and the bare clients' ceiling, all on one broker.
+
+    bench/build.sh && python3 bench/kafka.py [--records 4000000] [--rounds 3]
+
+Placement: the broker (tools/kafka/kafka.sh, one KRaft node, 2 GiB heap) and the input
+producer on CPU 1; the pipeline under test alone on CPU 0 (canter: one worker; Kafka Streams:
+one stream thread, its JVM pinned to CPU 0 with every thread it starts). The broker's CPU for
+each run is reported beside it (it serves fetches, produces and commits of the one under test).
+
+Per round: fresh topics (4 partitions each) filled with --records Market Spread records (half
+NBBO, half orders, 1,000 symbols, about 10% of the orders rejected, `canter send market-spread
+--kafka` on CPU 1); then each pipeline, with its own group and results topic, reads them from
+the beginning. From the moment it is ready (canter: every task started; Kafka Streams: state
+RUNNING) to the moment the last expected result is in the results topic (polled every 20 ms),
+the script takes the pipeline process's CPU time (utime + stime of all its threads) and the
+wall time: CPU per input record and input records/s (startup, the JVM's and the group join,
+left out for both). Every run checks that the results topic holds exactly the expected number
+of results.
+
+Ceiling: canter-kafka's `bare pipe` (consume the inputs, produce every record unchanged to
+its key's partition: a pipeline doing nothing) and the bare consume and produce loops of
+canter-kafka and of librdkafka (bench/peers/rust/kafka-rdkafka), on CPU 0.
+
+Results: bench/results/kafka-<time>.json and Markdown on standard output (medians of the rounds).
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+CANTER = os.path.join(ROOT, "target", "release", "canter")
+BARE = os.path.join(ROOT, "target", "release", "examples", "bare")
+RDKAFKA = os.path.join(BENCH, "target", "release", "peer-kafka-rdkafka")
+KAFKA_SH = os.path.join(ROOT, "tools", "kafka", "kafka.sh")
+STREAMS = os.path.join(BENCH, "peers", "kafka-streams", "target")
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process and all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def end(bootstrap, topic):
+    # On CPU 1, beside the broker: CPU 0 is the pipeline's alone.
+    out = subprocess.run(["taskset", "-c", "1", BARE, "end", bootstrap, topic],
+                         capture_output=True, text=True)
+    return int(out.stdout.strip() or 0) if out.returncode == 0 else 0
+
+
+def kafka(*args, cpu=None, check=True, capture=True):
+    cmd = ([] if cpu is None else ["taskset", "-c", str(cpu)]) + [KAFKA_SH, *args]
+    return subprocess.run(cmd, check=check, capture_output=capture, text=True)
+
+
+def topic(bootstrap, name, partitions=4, cpu=1):
+    kafka("run", "-", "org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap,
+          "--create", "--if-not-exists", "--topic", name, "--partitions", str(partitions), cpu=cpu)
+
+
+def bare(mode, bootstrap, *args):
+    """A bare-client run on CPU 0; (records/s, CPU ns per record) from its report line."""
+    exe = RDKAFKA if mode.startswith("rd-") else BARE
+    m = mode[3:] if mode.startswith("rd-") else mode
+    out = subprocess.run(["taskset", "-c", "0", exe, m, bootstrap, *args],
+                         capture_output=True, text=True, check=True).stdout
+    # "... wall 0.23s (857059 rec/s), cpu 0.04s = 200 ns/record"
+    rate = float(out.split("(")[1].split(" rec/s")[0])
+    ns = float(out.split("= ")[1].split(" ns/record")[0])
+    return rate, ns
+
+
+def pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected, records, broker_pid):
+    group = f"{kind}-{rnd}-{int(time.time())}"
+    if kind == "canter":
+        cmd = ["taskset", "-c", "0", CANTER, "pipeline", "market-spread", "--kafka", bootstrap,
+               "--group", group, "--nbbo-topic", nbbo, "--orders-topic", orders,
+               "--results-topic", results, "--workers", "1"]
+    else:
+        cp = os.path.join(STREAMS, "classes") + ":" + os.path.join(STREAMS, "dependency", "*")
+        cmd = ["taskset", "-c", "0", "java", "-Xms1g", "-Xmx1g", "-cp", cp, "bench.MarketSpread",
+               bootstrap, group, "1", "100", nbbo, orders, results]
+    env = dict(os.environ, RUST_LOG="info")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    # Ready: every task started (canter logs one line per task; 4 partitions, one worker) or
+    # the Kafka Streams instance RUNNING. CPU and time are taken at that moment, so startup
+    # (the JVM's, the group join) is left out for both.
+    ready = {}
+    marker = "task started" if kind == "canter" else "RUNNING"
+    need = 4 if kind == "canter" else 1
+
+    def watch():
+        seen = 0
+        for line in proc.stderr:
+            if marker in line:
+                seen += 1
+                if seen == need and not ready:
+                    ready.update(t=time.time(), cpu=cpu_seconds(proc.pid),
+                                 broker=cpu_seconds(broker_pid))
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        deadline = time.time() + 600
+        count = 0
+        while time.time() < deadline:
+            count = end(bootstrap, results)
+            now, cpu, bcpu = time.time(), cpu_seconds(proc.pid), cpu_seconds(broker_pid)
+            if count >= expected:
+                break
+            if proc.poll() is not None:
+                raise RuntimeError(f"{kind} exited with {proc.returncode}")
+            time.sleep(0.02)
+        # Nothing more may come: exactly the expected results.
+        time.sleep(1.0)
+        final = end(bootstrap, results)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if not ready or count < expected:
+        raise RuntimeError(f"{kind}: {count} of {expected} results, ready: {bool(ready)}")
+    wall = max(now - ready["t"], 1e-3)
+    return {
+        "pipeline": kind, "round": rnd, "results": final, "expected": expected,
+        "seconds": wall, "input_rate": records / wall,
+        "cpu_ns_per_record": (cpu - ready["cpu"]) * 1e9 / records,
+        "cpu_share": (cpu - ready["cpu"]) / wall,
+        "broker_cpu_share": (bcpu - ready["broker"]) / wall,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=4_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pipelines", default="canter,kafka-streams")
+    ap.add_argument("--no-summary", action="store_true")
+    args = ap.parse_args()
+    for path in (CANTER, BARE):
+        if not os.path.exists(path):
+            sys.exit(f"{path} missing: run bench/build.sh")
+    kinds = args.pipelines.split(",")
+    if "kafka-streams" in kinds and not os.path.isdir(os.path.join(STREAMS, "classes")):
+        sys.exit("bench/peers/kafka-streams is not built: run bench/build.sh")
+    work = tempfile.mkdtemp(prefix="canter-bench-kafka-")
+    cluster = os.path.join(work, "cluster")
+    bootstrap = kafka("start", cluster, "--heap", "2g", cpu=1).stdout.strip().splitlines()[-1]
+    broker_pid = int(open(os.path.join(cluster, "node-1", "pid")).read())
+    runs, ceiling = [], []
+    try:
+        for rnd in range(args.rounds):
+            nbbo, orders = f"nbbo-{rnd}", f"orders-{rnd}"
+            for t in (nbbo, orders):
+                topic(bootstrap, t)
+            sent = subprocess.run(
+                ["taskset", "-c", "1", CANTER, "send", "market-spread", "--kafka", bootstrap,
+                 "--nbbo-topic", nbbo, "--orders-topic", orders, "--symbols", "1000",
+                 "--reject-share", "0.1", "--count", str(args.records), "--json"],
+                check=True, capture_output=True, text=True).stdout
+            expected = json.loads(sent)["expected_results"]
+            order = kinds if rnd % 2 == 0 else list(reversed(kinds))
+            for kind in order:
+                results = f"results-{kind}-{rnd}"
+                topic(bootstrap, results)
+                r = pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected,
+                             args.records, broker_pid)
+                print(f"round {rnd} {kind}: {r['input_rate']:,.0f} records/s, "
+                      f"{r['cpu_ns_per_record']:.0f} ns/record, broker {r['broker_cpu_share']:.0%}",
+                      flush=True)
+                runs.append(r)
+            # The ceilings on the same inputs.
+            out = f"pipe-{rnd}"
+            topic(bootstrap, out)
+            rate, ns = bare("pipe", bootstrap, f"{nbbo},{orders}", str(args.records), out)
+            ceiling.append({"client": "canter-kafka pipe", "round": rnd, "rate": rate, "ns": ns})
+            rate, ns = bare("consume", bootstrap, orders, str(args.records // 2))
+            ceiling.append({"client": "canter-kafka consume", "round": rnd, "rate": rate, "ns": ns})
+            if os.path.exists(RDKAFKA):
+                rate, ns = bare("rd-consume", bootstrap, orders, str(args.records // 2))
+                ceiling.append({"client": "librdkafka consume", "round": rnd, "rate": rate, "ns": ns})
+            prod = f"produce-{rnd}"
+            topic(bootstrap, prod)
+            rate, ns = bare("produce", bootstrap, prod, str(args.records // 2), "53")
+            ceiling.append({"client": "canter-kafka produce", "round": rnd, "rate": rate, "ns": ns})
+            if os.path.exists(RDKAFKA):
+                topic(bootstrap, prod + "-rd")
+                rate, ns = bare("rd-produce", bootstrap, prod + "-rd", str(args.records // 2))
+                ceiling.append({"client": "librdkafka produce", "round": rnd, "rate": rate, "ns": ns})
+    finally:
+        kafka("stop", cluster, check=False)
+        shutil.rmtree(work, ignore_errors=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
+    out = os.path.join(BENCH, "results", f"kafka-{stamp}.json")
+    with open(out, "w") as f:
+        json.dump({"records": args.records, "runs": runs, "ceiling": ceiling}, f, indent=1)
+    table = report(runs, ceiling, args.records)
+    table += f"\nraw: {os.path.relpath(out, ROOT)}\n"
+    print(table)
+    if not args.no_summary:
+        import summary  # noqa: E402
+        summary.record("kafka", " ".join(["python3", "bench/kafka.py"] + sys.argv[1:]), table)
+
+
+def report(runs, ceiling, records):
+    lines = [f"Market Spread, {records:,} input records per round from 4-partition topics, "
+             f"medians of {len({r['round'] for r in runs})} rounds; pipeline alone on CPU 0, "
+             "broker and producer on CPU 1.", "",
+             "| pipeline | input records/s | CPU ns/record | pipeline CPU | broker CPU | results |",
+             "|---|---:|---:|---:|---:|---:|"]
+    med = {}
+    for kind in dict.fromkeys(r["pipeline"] for r in runs):
+        rs = [r for r in runs if r["pipeline"] == kind]
+        m = {k: statistics.median(r[k] for r in rs)
+             for k in ("input_rate", "cpu_ns_per_record", "cpu_share", "broker_cpu_share")}
+        ok = all(r["results"] == r["expected"] for r in rs)
+        med[kind] = m
+        lines.append(f"| {kind} | {m['input_rate']:,.0f} | {m['cpu_ns_per_record']:,.0f} | "
+                     f"{m['cpu_share']:.0%} | {m['broker_cpu_share']:.0%} | "
+                     f"{'all, exactly' if ok else 'MISMATCH'} |")
+    lines += ["", "| bare client (CPU 0) | records/s | CPU ns/record |", "|---|---:|---:|"]
+    for client in dict.fromkeys(c["client"] for c in ceiling):
+        cs = [c for c in ceiling if c["client"] == client]
+        lines.append(f"| {client} | {statistics.median(c['rate'] for c in cs):,.0f} | "
+                     f"{statistics.median(c['ns'] for c in cs):,.0f} |")
+    if "canter" in med and "kafka-streams" in med:
+        c, k = med["canter"], med["kafka-streams"]
+        lines.append("")
+        lines.append(f"canter ÷ Kafka Streams: CPU per record "
+                     f"{c['cpu_ns_per_record'] / k['cpu_ns_per_record']:.3f}x (target ≤ 0.1x), "
+                     f"throughput {c['input_rate'] / k['input_rate']:.1f}x.")
+    pipe = [c["rate"] for c in ceiling if c["client"] == "canter-kafka pipe"]
+    if "canter" in med and pipe:
+        lines.append(f"canter ÷ bare pipe ceiling: throughput "
+                     f"{med['canter']['input_rate'] / statistics.median(pipe):.2f}x (target ≥ 0.8x).")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
