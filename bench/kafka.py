@@ -144,12 +144,156 @@ def pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected, records, bro
     }
 
 
+def ends(bootstrap, topic):
+    out = subprocess.run(["taskset", "-c", "1", BARE, "ends", bootstrap, topic],
+                         capture_output=True, text=True, check=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def owned_tasks(lines):
+    """The tasks a canter process owns, from its log: started minus given up."""
+    owned = set()
+    for line in lines:
+        if "task started" in line:
+            owned.add(int(line.split(" task=")[1].split()[0]))
+        elif "tasks given up" in line:
+            given = line.split("tasks={")[1].split("}")[0]
+            owned -= {int(x) for x in given.split(",") if x.strip()}
+    return owned
+
+
+def start_canter(bootstrap, group, topics, extra=()):
+    cmd = ["taskset", "-c", "0", CANTER, "pipeline", "market-spread", "--kafka", bootstrap,
+           "--group", group, "--nbbo-topic", topics[0], "--orders-topic", topics[1],
+           "--results-topic", topics[2], *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, RUST_LOG="info"))
+    lines = []
+    threading.Thread(target=lambda: [lines.append((time.time(), l)) for l in proc.stderr],
+                     daemon=True).start()
+    return proc, lines
+
+
+def failover(bootstrap, symbols, session):
+    """Two canter processes share a group; one is killed with SIGKILL while records flow.
+    Time from the kill to the first new result from its partitions (written by the other),
+    and the other's restore of their state."""
+    topics = (f"fo-nbbo-{symbols}", f"fo-orders-{symbols}", f"fo-results-{symbols}")
+    for t in topics:
+        topic(bootstrap, t)
+    # The state: every symbol's quote, processed by both before the kill.
+    sent = subprocess.run(
+        ["taskset", "-c", "1", CANTER, "send", "market-spread", "--kafka", bootstrap,
+         "--nbbo-topic", topics[0], "--orders-topic", topics[1], "--symbols", str(symbols),
+         "--count", str(4 * symbols), "--json"], check=True, capture_output=True, text=True).stdout
+    expected = json.loads(sent)["expected_results"]
+    group = f"fo-{symbols}-{int(time.time())}"
+    extra = ("--session-timeout", session)
+    a, a_log = start_canter(bootstrap, group, topics, extra)
+    b, b_log = start_canter(bootstrap, group, topics, extra)
+    try:
+        deadline = time.time() + 120
+        while end(bootstrap, topics[2]) < expected or not owned_tasks(l for _, l in a_log) \
+                or not owned_tasks(l for _, l in b_log):
+            if time.time() > deadline:
+                raise RuntimeError("failover: the two processes did not settle")
+            time.sleep(0.2)
+        time.sleep(1.0)
+        lost = owned_tasks(l for _, l in a_log)
+        # Records keep flowing (20,000/s), then A dies.
+        feeder = subprocess.Popen(
+            ["taskset", "-c", "1", CANTER, "send", "market-spread", "--kafka", bootstrap,
+             "--nbbo-topic", topics[0], "--orders-topic", topics[1], "--symbols", str(symbols),
+             "--count", "2000000", "--rate", "20000", "--seed", "2"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(2.0)
+        a.kill()
+        killed = time.time()
+        a.wait()
+        time.sleep(0.05)  # a Produce of A's already on the wire lands within this
+        base = ends(bootstrap, topics[2])
+        first = None
+        while time.time() < killed + 60:
+            now_ends = ends(bootstrap, topics[2])
+            if any(now_ends[p] > base[p] for p in lost):
+                first = time.time() - killed
+                break
+            time.sleep(0.01)
+        feeder.kill()
+        feeder.wait()
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    restored = took = 0
+    for t, line in b_log:
+        if "task started" in line and t > killed:
+            restored += int(line.split(" restored=")[1].split()[0])
+            took += int(line.split(" took_ms=")[1].split()[0])
+    return {"symbols": symbols, "session_timeout": session, "tasks_moved": sorted(lost),
+            "first_result_s": first, "restored": restored, "restore_ms": took,
+            "restore_per_s": restored * 1000 / took if took else None}
+
+
+def latency(kind, bootstrap, rnd, rate, seconds, broker_pid):
+    """End-to-end latency at `rate` input records/s: producer timestamp to the result's
+    arrival in a consumer (both on CPU 1), while the pipeline runs alone on CPU 0."""
+    topics = (f"lat-nbbo-{kind}-{rnd}", f"lat-orders-{kind}-{rnd}", f"lat-results-{kind}-{rnd}")
+    for t in topics:
+        topic(bootstrap, t)
+    group = f"lat-{kind}-{rnd}-{int(time.time())}"
+    if kind == "canter":
+        proc, log = start_canter(bootstrap, group, topics, ("--workers", "1"))
+        marker, need = "task started", 4
+    else:
+        cp = os.path.join(STREAMS, "classes") + ":" + os.path.join(STREAMS, "dependency", "*")
+        proc = subprocess.Popen(
+            ["taskset", "-c", "0", "java", "-Xms1g", "-Xmx1g", "-cp", cp, "bench.MarketSpread",
+             bootstrap, group, "1", "100", *topics],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        log = []
+        threading.Thread(target=lambda: [log.append((time.time(), l)) for l in proc.stderr],
+                         daemon=True).start()
+        marker, need = "RUNNING", 1
+    try:
+        deadline = time.time() + 120
+        while sum(marker in l for _, l in log) < need:
+            if time.time() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{kind} did not start for the latency run")
+            time.sleep(0.1)
+        consumer = subprocess.Popen(["taskset", "-c", "1", BARE, "latency", bootstrap, topics[2],
+                                     str(seconds + 2)], stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        subprocess.run(["taskset", "-c", "1", CANTER, "send", "market-spread", "--kafka",
+                        bootstrap, "--nbbo-topic", topics[0], "--orders-topic", topics[1],
+                        "--symbols", "1000", "--count", str(int(rate * seconds)),
+                        "--rate", str(rate)], check=True, capture_output=True)
+        out, _ = consumer.communicate(timeout=seconds + 60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    r = json.loads(out)
+    r.update(pipeline=kind, round=rnd, rate=rate)
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=4_000_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pipelines", default="canter,kafka-streams")
     ap.add_argument("--no-summary", action="store_true")
+    ap.add_argument("--latency-seconds", type=int, default=10)
+    ap.add_argument("--failover-symbols", default="1000,100000",
+                    help="state sizes (symbols) of the failover runs; empty: none")
+    ap.add_argument("--session-timeout", default="1s")
     args = ap.parse_args()
     for path in (CANTER, BARE):
         if not os.path.exists(path):
@@ -161,7 +305,7 @@ def main():
     cluster = os.path.join(work, "cluster")
     bootstrap = kafka("start", cluster, "--heap", "2g", cpu=1).stdout.strip().splitlines()[-1]
     broker_pid = int(open(os.path.join(cluster, "node-1", "pid")).read())
-    runs, ceiling = [], []
+    runs, ceiling, lat, fo = [], [], [], []
     try:
         for rnd in range(args.rounds):
             nbbo, orders = f"nbbo-{rnd}", f"orders-{rnd}"
@@ -201,6 +345,28 @@ def main():
                 topic(bootstrap, prod + "-rd")
                 rate, ns = bare("rd-produce", bootstrap, prod + "-rd", str(args.records // 2))
                 ceiling.append({"client": "librdkafka produce", "round": rnd, "rate": rate, "ns": ns})
+        # Latency at half of Kafka Streams' peak for both (the load generator shares CPU 1
+        # with the broker and cannot offer half of canter's own peak), and, for canter, at
+        # the most that generator sustains.
+        peak = {k: statistics.median(r["input_rate"] for r in runs if r["pipeline"] == k)
+                for k in kinds}
+        half = round(peak.get("kafka-streams", peak.get("canter")) / 2, -3)
+        for rnd in range(args.rounds):
+            for kind in kinds:
+                r = latency(kind, bootstrap, rnd, half, args.latency_seconds, broker_pid)
+                print(f"latency {kind} at {half:,.0f}/s: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms",
+                      flush=True)
+                lat.append(r)
+            if "canter" in kinds:
+                r = latency("canter", bootstrap, f"{rnd}-hi", 400_000, args.latency_seconds, broker_pid)
+                print(f"latency canter at 400,000/s: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms",
+                      flush=True)
+                lat.append(r)
+        for s in filter(None, args.failover_symbols.split(",")):
+            r = failover(bootstrap, int(s), args.session_timeout)
+            print(f"failover, {s} symbols: first result {r['first_result_s']} s after the kill, "
+                  f"{r['restored']} state records restored in {r['restore_ms']} ms", flush=True)
+            fo.append(r)
     finally:
         kafka("stop", cluster, check=False)
         shutil.rmtree(work, ignore_errors=True)
@@ -208,8 +374,9 @@ def main():
     os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
     out = os.path.join(BENCH, "results", f"kafka-{stamp}.json")
     with open(out, "w") as f:
-        json.dump({"records": args.records, "runs": runs, "ceiling": ceiling}, f, indent=1)
-    table = report(runs, ceiling, args.records)
+        json.dump({"records": args.records, "runs": runs, "ceiling": ceiling, "latency": lat,
+                   "failover": fo}, f, indent=1)
+    table = report(runs, ceiling, args.records, lat, fo)
     table += f"\nraw: {os.path.relpath(out, ROOT)}\n"
     print(table)
     if not args.no_summary:
@@ -217,7 +384,7 @@ def main():
         summary.record("kafka", " ".join(["python3", "bench/kafka.py"] + sys.argv[1:]), table)
 
 
-def report(runs, ceiling, records):
+def report(runs, ceiling, records, lat=(), fo=()):
     lines = [f"Market Spread, {records:,} input records per round from 4-partition topics, "
              f"medians of {len({r['round'] for r in runs})} rounds; pipeline alone on CPU 0, "
              "broker and producer on CPU 1.", "",
@@ -248,6 +415,26 @@ def report(runs, ceiling, records):
     if "canter" in med and pipe:
         lines.append(f"canter ÷ bare pipe ceiling: throughput "
                      f"{med['canter']['input_rate'] / statistics.median(pipe):.2f}x (target ≥ 0.8x).")
+    if lat:
+        lines += ["", "End-to-end latency (producer timestamp to the result's arrival in a consumer, "
+                  "ms resolution; medians of the rounds):", "",
+                  "| pipeline | input records/s | results | p50 ms | p99 ms | p99.9 ms |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for key in dict.fromkeys((r["pipeline"], r["rate"]) for r in lat):
+            rs = [r for r in lat if (r["pipeline"], r["rate"]) == key]
+            m = {k: statistics.median(r[k] for r in rs) for k in ("records", "p50_ms", "p99_ms", "p999_ms")}
+            lines.append(f"| {key[0]} | {key[1]:,.0f} | {m['records']:,.0f} | {m['p50_ms']:.1f} | "
+                         f"{m['p99_ms']:.1f} | {m['p999_ms']:.1f} |")
+    if fo:
+        lines += ["", "Failover (two canter processes, SIGKILL to one while 20,000 records/s flow; "
+                  "group session timeout set to " + fo[0]["session_timeout"] + "):", "",
+                  "| state (symbols) | tasks moved | kill to first new result | state restored | restore time | restore rate |",
+                  "|---:|---:|---:|---:|---:|---:|"]
+        for r in fo:
+            first = f"{r['first_result_s']:.2f} s" if r["first_result_s"] is not None else "none in 60 s"
+            rate = f"{r['restore_per_s']:,.0f}/s" if r["restore_per_s"] else "-"
+            lines.append(f"| {r['symbols']:,} | {len(r['tasks_moved'])} | {first} | "
+                         f"{r['restored']:,} records | {r['restore_ms']} ms | {rate} |")
     return "\n".join(lines) + "\n"
 
 

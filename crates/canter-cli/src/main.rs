@@ -554,6 +554,7 @@ fn market_spread_kafka(args: &MarketSpreadPipelineArgs, bootstrap: &str) -> Resu
         records_in = Stats::get(&stats.records_in),
         records_out = Stats::get(&stats.records_out),
         refused = Stats::get(&stats.refused),
+        sink_refused = Stats::get(&stats.sink_refused),
         commits = Stats::get(&stats.commits),
         changelog_out = Stats::get(&stats.changelog_out),
         restored = Stats::get(&stats.restored),

@@ -9,7 +9,9 @@
 //! cargo run --release -p canter-kafka --example bare -- pipe 127.0.0.1:9092 IN,IN2 N OUT
 //! ```
 //!
-//! `end` prints the sum of the topic's latest offsets (how many records it holds); `pipe`
+//! `end` prints the sum of the topic's latest offsets (how many records it holds), `ends`
+//! each partition's; `latency BOOTSTRAP TOPIC SECONDS` reads what arrives for that long and
+//! prints the percentiles of arrival time less record timestamp (JSON, ms); `pipe`
 //! consumes N records from the input topics and produces each, key and value unchanged, to
 //! OUT's partition for its key: a pipeline that does nothing, the ceiling of one that does.
 
@@ -32,7 +34,7 @@ fn cpu_seconds() -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() < 4 || (args[1] != "end" && args.len() < 5) {
+    if args.len() < 4 || (!args[1].starts_with("end") && args.len() < 5) {
         eprintln!(
             "usage: bare consume|produce BOOTSTRAP TOPIC N [SIZE] | end BOOTSTRAP TOPIC \
              | pipe BOOTSTRAP IN[,IN2] N OUT"
@@ -54,6 +56,49 @@ fn main() {
         let topics: Vec<&str> = topic.split(',').collect();
         cluster.refresh(&topics).await.unwrap();
         let parts = cluster.topic(topics[0]).unwrap().partitions.len() as i32;
+        if mode == "ends" {
+            let all: Vec<i32> = (0..parts).collect();
+            let ends = cluster
+                .list_offsets(topic, &all, canter_kafka::OffsetSpec::Latest)
+                .await
+                .unwrap();
+            let line: Vec<String> = ends.iter().map(|(_, o)| o.to_string()).collect();
+            println!("{}", line.join(" "));
+            return;
+        }
+        if mode == "latency" {
+            // Reads what arrives from now on for N seconds; each record's latency is its
+            // arrival time less its timestamp (the producer's, carried through the pipeline).
+            let all: Vec<i32> = (0..parts).collect();
+            let ends = cluster
+                .list_offsets(topic, &all, canter_kafka::OffsetSpec::Latest)
+                .await
+                .unwrap();
+            let mut f = Fetcher::new(cluster, FetchConfig { max_wait: std::time::Duration::from_millis(10), ..FetchConfig::default() });
+            for (p, o) in ends {
+                f.assign(topic, p, Some(o)).await.unwrap();
+            }
+            let stop = Instant::now() + std::time::Duration::from_secs(n);
+            let (mut lat, mut scratch) = (Vec::new(), Vec::new());
+            while Instant::now() < stop {
+                for batch in f.fetch().await.unwrap() {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_micros() as i64;
+                    batch
+                        .for_each(&mut scratch, |r| lat.push(now - r.timestamp * 1000))
+                        .unwrap();
+                }
+            }
+            lat.sort_unstable();
+            let q = |x: f64| lat.get(((lat.len() as f64 - 1.0) * x) as usize).copied().unwrap_or(0) as f64 / 1000.0;
+            println!(
+                "{{\"records\": {}, \"p50_ms\": {:.1}, \"p99_ms\": {:.1}, \"p999_ms\": {:.1}, \"max_ms\": {:.1}}}",
+                lat.len(), q(0.5), q(0.99), q(0.999), q(1.0)
+            );
+            return;
+        }
         if mode == "end" {
             let all: Vec<i32> = (0..parts).collect();
             let ends = cluster

@@ -109,6 +109,8 @@ pub struct Stats {
     pub records_out: AtomicU64,
     /// Input records the task refused.
     pub refused: AtomicU64,
+    /// Results the output refused (over the producer's maximum record size).
+    pub sink_refused: AtomicU64,
     /// Commits done.
     pub commits: AtomicU64,
     /// Changelog records written.

@@ -142,6 +142,7 @@ struct Worker<T: KeyedTask> {
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
     last_refusal_log: Option<Instant>,
+    last_sink_log: Option<Instant>,
 }
 
 fn now_ns() -> u64 {
@@ -200,6 +201,7 @@ pub(super) async fn run<T: KeyedTask>(
         key_buf: Vec::new(),
         value_buf: Vec::new(),
         last_refusal_log: None,
+        last_sink_log: None,
         job,
     };
     let r = w.main_loop(&stop).await;
@@ -416,8 +418,16 @@ impl<T: KeyedTask> Worker<T> {
                     }
                 }
                 if let Some(e) = out.refused.take() {
-                    Stats::add(&self.stats.refused, 1);
-                    tracing::error!(worker = self.me, error = %e, "kafka pipeline: the output refused a result");
+                    Stats::add(&self.stats.sink_refused, 1);
+                    let now = Instant::now();
+                    if self
+                        .last_sink_log
+                        .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+                    {
+                        self.last_sink_log = Some(now);
+                        tracing::error!(worker = self.me, topic = %self.job.output, error = %e,
+                            "kafka pipeline: the output refused a result (more are counted, not logged, for a second)");
+                    }
                 }
                 n += 1;
                 input.processed = Some(offset + 1);
