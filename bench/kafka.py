@@ -377,11 +377,57 @@ def main():
         json.dump({"records": args.records, "runs": runs, "ceiling": ceiling, "latency": lat,
                    "failover": fo}, f, indent=1)
     table = report(runs, ceiling, args.records, lat, fo)
+    table += plots(runs, ceiling, lat)
     table += f"\nraw: {os.path.relpath(out, ROOT)}\n"
     print(table)
     if not args.no_summary:
         import summary  # noqa: E402
         summary.record("kafka", " ".join(["python3", "bench/kafka.py"] + sys.argv[1:]), table)
+
+
+COLORS = {"canter": "#d9480f", "kafka-streams": "#1c7ed6", "canter-kafka pipe": "#f08c00",
+          "canter-kafka consume": "#f08c00", "librdkafka consume": "#5c7cfa",
+          "canter-kafka produce": "#f08c00", "librdkafka produce": "#5c7cfa"}
+
+
+def plots(runs, ceiling, lat):
+    """Bar charts of throughput and CPU per record, and the latency percentiles, into
+    bench/plots/; returns the Markdown lines that name them."""
+    sys.path.insert(0, BENCH)
+    import run  # noqa: E402  (the suite's SVG helpers)
+    kinds = list(dict.fromkeys(r["pipeline"] for r in runs))
+    clients = list(dict.fromkeys(c["client"] for c in ceiling))
+    med = lambda rs, k: statistics.median(r[k] for r in rs)  # noqa: E731
+    pipes = lambda key: [(k, med([r for r in runs if r["pipeline"] == k], key),  # noqa: E731
+                          COLORS.get(k, run.PEER_COLOR)) for k in kinds]
+    bare = lambda key: [(c, med([x for x in ceiling if x["client"] == c], key),  # noqa: E731
+                         COLORS.get(c, run.PEER_COLOR)) for c in clients]
+    out = []
+    os.makedirs(run.PLOTS, exist_ok=True)
+    charts = [
+        ("kafka-throughput.svg", run.svg_bar_panels(
+            "Market Spread on Kafka: input records per second (median)",
+            [("pipeline", pipes("input_rate")), ("bare client", bare("rate"))], "")),
+        ("kafka-cpu-per-record.svg", run.svg_bar_panels(
+            "Market Spread on Kafka: CPU per input record (median, ns)",
+            [("pipeline", pipes("cpu_ns_per_record")), ("bare client", bare("ns"))], " ns",
+            lower_is_better=True)),
+    ]
+    if lat:
+        keys = list(dict.fromkeys((r["pipeline"], r["rate"]) for r in lat))
+        panels = [(f"{k} at {rate:,.0f}/s", [(k, {
+            "p50": med([r for r in lat if (r["pipeline"], r["rate"]) == (k, rate)], "p50_ms") * 1000,
+            "p99": med([r for r in lat if (r["pipeline"], r["rate"]) == (k, rate)], "p99_ms") * 1000,
+            "p99_9": med([r for r in lat if (r["pipeline"], r["rate"]) == (k, rate)], "p999_ms") * 1000,
+            "p99_99": None})]) for k, rate in keys]
+        charts.append(("kafka-latency.svg", run.svg_latency(
+            "Market Spread on Kafka: producer timestamp to result received (median)", panels)))
+    for name, svg in charts:
+        if svg:
+            with open(os.path.join(run.PLOTS, name), "w") as f:
+                f.write(svg)
+            out.append(f"![{name[:-4]}](bench/plots/{name})")
+    return "\n" + "\n\n".join(out) + "\n" if out else ""
 
 
 def report(runs, ceiling, records, lat=(), fo=()):
