@@ -100,7 +100,8 @@ struct MarketSpreadPipelineArgs {
     /// --kafka).
     #[arg(long, value_parser = canter_load::parse_duration, default_value = "30s")]
     bootstrap_timeout: std::time::Duration,
-    /// Serve the live metrics page (/), /metrics (Prometheus) and /metrics.json here.
+    /// Serve the live metrics page (/), /metrics (Prometheus) and /metrics.json here (with
+    /// --kafka: /metrics and /metrics.json of the Kafka job's counters).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
     /// Worker threads (symbols are spread over them by a hash).
@@ -465,6 +466,63 @@ fn receive(args: &ReceiveArgs) -> Result<(), CliError> {
     }
 }
 
+/// Serves a pipeline's metrics on `addr` from a thread of its own: `/metrics` (Prometheus
+/// text), `/metrics.json`, and the live page at `/` if given. Returns the server's shutdown
+/// handle and its thread.
+fn serve_metrics(
+    addr: SocketAddr,
+    page: Option<&'static str>,
+    text: impl Fn() -> String + Clone + Send + Sync + 'static,
+    json: impl Fn() -> String + Clone + Send + Sync + 'static,
+) -> Result<
+    (
+        canter_rt::ShutdownHandle,
+        std::thread::JoinHandle<io::Result<()>>,
+    ),
+    CliError,
+> {
+    use canter_rt::http::{header::CONTENT_TYPE, HeaderValue, StatusCode};
+    let fail = CliError::Pipeline;
+    let config = canter_rt::Config::builder()
+        .addr(addr)
+        .workers(1)
+        .build()
+        .map_err(|e| fail("metrics listener", e.into()))?;
+    let server = canter_rt::Server::bind(config).map_err(|e| fail("metrics listener", e))?;
+    tracing::info!("pipeline metrics on http://{}/", server.local_addr());
+    let handle = server.shutdown_handle();
+    let reply = |kind: &'static str, body: String| {
+        canter_rt::Response::new(StatusCode::OK)
+            .with_header(CONTENT_TYPE, HeaderValue::from_static(kind))
+            .with_body(body)
+    };
+    let thread = std::thread::Builder::new()
+        .name("canter-metrics-http".into())
+        .spawn(move || {
+            server.serve(move |_worker| {
+                let (text, json) = (text.clone(), json.clone());
+                let mut router = canter::Router::new()
+                    .route(
+                        "/metrics",
+                        canter::get(move || reply("text/plain; version=0.0.4", text())),
+                    )
+                    .route(
+                        "/metrics.json",
+                        canter::get(move || reply("application/json", json())),
+                    );
+                if let Some(page) = page {
+                    router = router.route(
+                        "/",
+                        canter::get(move || reply("text/html; charset=utf-8", page.to_owned())),
+                    );
+                }
+                router
+            })
+        })
+        .map_err(|e| fail("metrics thread", e))?;
+    Ok((handle, thread))
+}
+
 /// `canter send market-spread --kafka`: produces the generated inputs to their topics.
 fn send_market_spread_kafka(
     ms: &canter_cli::market_spread::SendArgs,
@@ -535,9 +593,25 @@ fn market_spread_kafka(args: &MarketSpreadPipelineArgs, bootstrap: &str) -> Resu
         .map_err(|e| fail("start", e))?;
     let stats = running.stats();
     let stop = running.stopper();
+    let http = match args.metrics {
+        Some(addr) => {
+            let (text, json) = (stats.clone(), stats.clone());
+            Some(serve_metrics(
+                addr,
+                None,
+                move || text.prometheus(),
+                move || json.json(),
+            )?)
+        }
+        None => None,
+    };
+    let http_stop = http.as_ref().map(|(h, _)| h.clone());
     canter_rt::on_signals(move || {
         tracing::info!("shutting down: committing and leaving the group");
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = http_stop {
+            h.shutdown();
+        }
     })
     .map_err(|e| CliError::Pipeline("signals", e))?;
     // Tests wait for this line.
@@ -550,6 +624,10 @@ fn market_spread_kafka(args: &MarketSpreadPipelineArgs, bootstrap: &str) -> Resu
         args.results_topic
     );
     let result = running.wait();
+    if let Some((handle, thread)) = http {
+        handle.shutdown();
+        let _ = thread.join();
+    }
     tracing::info!(
         records_in = Stats::get(&stats.records_in),
         records_out = Stats::get(&stats.records_out),
@@ -594,64 +672,13 @@ fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
     let metrics = running.metrics();
     let mut http = None;
     if let Some(addr) = args.metrics {
-        let config = canter_rt::Config::builder()
-            .addr(addr)
-            .workers(1)
-            .build()
-            .map_err(|e| fail("metrics listener", e.into()))?;
-        let server = canter_rt::Server::bind(config).map_err(|e| fail("metrics listener", e))?;
-        tracing::info!("pipeline metrics on http://{}/", server.local_addr());
-        let handle = server.shutdown_handle();
-        let metrics = metrics.clone();
-        let thread = std::thread::Builder::new()
-            .name("canter-metrics-http".into())
-            .spawn(move || {
-                server.serve(move |_worker| {
-                    let (text, json) = (metrics.clone(), metrics.clone());
-                    canter::Router::new()
-                        .route(
-                            "/",
-                            canter::get(|| {
-                                canter_rt::Response::new(canter_rt::http::StatusCode::OK)
-                                    .with_header(
-                                        canter_rt::http::header::CONTENT_TYPE,
-                                        canter_rt::http::HeaderValue::from_static(
-                                            "text/html; charset=utf-8",
-                                        ),
-                                    )
-                                    .with_body(METRICS_PAGE)
-                            }),
-                        )
-                        .route(
-                            "/metrics",
-                            canter::get(move || {
-                                canter_rt::Response::new(canter_rt::http::StatusCode::OK)
-                                    .with_header(
-                                        canter_rt::http::header::CONTENT_TYPE,
-                                        canter_rt::http::HeaderValue::from_static(
-                                            "text/plain; version=0.0.4",
-                                        ),
-                                    )
-                                    .with_body(text.prometheus())
-                            }),
-                        )
-                        .route(
-                            "/metrics.json",
-                            canter::get(move || {
-                                canter_rt::Response::new(canter_rt::http::StatusCode::OK)
-                                    .with_header(
-                                        canter_rt::http::header::CONTENT_TYPE,
-                                        canter_rt::http::HeaderValue::from_static(
-                                            "application/json",
-                                        ),
-                                    )
-                                    .with_body(json.json())
-                            }),
-                        )
-                })
-            })
-            .map_err(|e| fail("metrics thread", e))?;
-        http = Some((handle, thread));
+        let (text, json) = (metrics.clone(), metrics.clone());
+        http = Some(serve_metrics(
+            addr,
+            Some(METRICS_PAGE),
+            move || text.prometheus(),
+            move || json.json(),
+        )?);
     }
     let http_stop = http.as_ref().map(|(h, _)| h.clone());
     running

@@ -101,11 +101,17 @@ fn market_spread_from_kafka_to_kafka_matches_the_reference() {
     t.create(&bootstrap(), 4, 1);
     send(&d, 100_000, Some(&t), &[]);
     let want = expected(&d);
-    let p = KafkaPipeline::start(
-        &bootstrap(),
-        "ms-ref",
-        &[t.flags(), vec!["--workers".into(), "2".into()]].concat(),
-    );
+    let flags = [
+        t.flags(),
+        vec![
+            "--workers".into(),
+            "2".into(),
+            "--metrics".into(),
+            "127.0.0.1:0".into(),
+        ],
+    ]
+    .concat();
+    let p = KafkaPipeline::start(&bootstrap(), "ms-ref", &flags);
     let got = read_values(
         &bootstrap(),
         &t.results,
@@ -113,6 +119,33 @@ fn market_spread_from_kafka_to_kafka_matches_the_reference() {
         Duration::from_secs(1),
         Duration::from_secs(60),
     );
+    // The counters, as Prometheus text and JSON.
+    let metrics = p.metrics_addr();
+    let t0 = Instant::now();
+    let text = loop {
+        let r = common::fetch(metrics, "GET", "/metrics", "");
+        assert_eq!(r.status, 200);
+        // The last quotes may still be on their way when the last result is in.
+        if r.text().contains("canter_kafka_records_in_total 100000")
+            || t0.elapsed() > Duration::from_secs(10)
+        {
+            break r;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        text.text().contains("canter_kafka_records_in_total 100000"),
+        "{}",
+        text.text()
+    );
+    assert!(
+        text.text().contains("canter_kafka_tasks_owned 4"),
+        "{}",
+        text.text()
+    );
+    let json = common::fetch(metrics, "GET", "/metrics.json", "");
+    let json: serde_json::Value = serde_json::from_slice(&json.body).unwrap();
+    assert_eq!(json["records_out"], want.len() as u64);
     let counters = p.stop();
     let dups = check(&got, &want);
     assert_eq!(dups, 0, "no failure, no repeats");

@@ -113,6 +113,7 @@ pub struct Producer {
     buffered: usize,
     oldest: Option<Instant>,
     stats: ProducerStats,
+    needs_new_id: bool,
 }
 
 impl Producer {
@@ -132,6 +133,7 @@ impl Producer {
             buffered: 0,
             oldest: None,
             stats: ProducerStats::default(),
+            needs_new_id: false,
         })
     }
 
@@ -262,7 +264,45 @@ impl Producer {
     /// Sends every open batch and waits until each is acknowledged by all in-sync replicas,
     /// retrying retriable errors (a leader moved, a broker restarting) with backoff up to the
     /// delivery timeout. Returns the records acknowledged.
+    ///
+    /// On an error, every record not yet acknowledged is dropped and the producer takes a new
+    /// id at its next flush (its sequence numbers start again): the caller decides what to
+    /// send again (a pipeline goes back to its last commit).
     pub async fn flush(&mut self) -> Result<u64, Error> {
+        if self.needs_new_id {
+            self.id = init_producer_id(&mut self.cluster).await?;
+            self.needs_new_id = false;
+            for t in self.topics.iter_mut() {
+                for p in t.parts.iter_mut() {
+                    // Sealed batches carry the old id: encode them again is not possible
+                    // (their records are gone), and there are none: `abort` emptied them.
+                    p.sequence = 0;
+                }
+            }
+        }
+        match self.flush_inner().await {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                self.abort();
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops every record not yet acknowledged; the next flush takes a new producer id.
+    pub fn abort(&mut self) {
+        for t in self.topics.iter_mut() {
+            for p in t.parts.iter_mut() {
+                p.open = BatchBuilder::new();
+                p.sealed.clear();
+            }
+        }
+        self.buffered = 0;
+        self.oldest = None;
+        self.needs_new_id = self.config.idempotent;
+    }
+
+    async fn flush_inner(&mut self) -> Result<u64, Error> {
         for t in self.topics.iter_mut() {
             for p in t.parts.iter_mut() {
                 p.seal(&self.config, self.id)?;

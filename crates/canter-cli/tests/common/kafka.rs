@@ -221,6 +221,22 @@ impl KafkaPipeline {
         self.child.id()
     }
 
+    /// Where `--metrics` serves, from the log.
+    pub fn metrics_addr(&self) -> std::net::SocketAddr {
+        self.wait_for("pipeline metrics on http://", Duration::from_secs(10));
+        let log = self.log();
+        let line = log
+            .iter()
+            .find(|l| l.contains("pipeline metrics on http://"))
+            .unwrap();
+        line.split("http://")
+            .nth(1)
+            .unwrap()
+            .trim_end_matches('/')
+            .parse()
+            .unwrap()
+    }
+
     /// Lines logged so far.
     pub fn log(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()

@@ -134,6 +134,105 @@ impl Stats {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
+    fn all(&self) -> [(&'static str, &'static str, u64, bool); 12] {
+        let g = Stats::get;
+        [
+            (
+                "records_in",
+                "input records processed",
+                g(&self.records_in),
+                true,
+            ),
+            (
+                "records_out",
+                "results handed to the producer",
+                g(&self.records_out),
+                true,
+            ),
+            (
+                "refused",
+                "input records the task refused",
+                g(&self.refused),
+                true,
+            ),
+            (
+                "sink_refused",
+                "results the output refused",
+                g(&self.sink_refused),
+                true,
+            ),
+            ("commits", "commits done", g(&self.commits), true),
+            (
+                "changelog_out",
+                "changelog records written",
+                g(&self.changelog_out),
+                true,
+            ),
+            (
+                "restored",
+                "state records restored",
+                g(&self.restored),
+                true,
+            ),
+            (
+                "tasks_assigned",
+                "tasks taken on",
+                g(&self.tasks_assigned),
+                true,
+            ),
+            (
+                "tasks_revoked",
+                "tasks given up or lost",
+                g(&self.tasks_revoked),
+                true,
+            ),
+            (
+                "broker_errors",
+                "failed requests retried",
+                g(&self.broker_errors),
+                true,
+            ),
+            (
+                "paused",
+                "workers paused on the brokers now",
+                g(&self.paused),
+                false,
+            ),
+            (
+                "tasks_owned",
+                "tasks owned now",
+                g(&self.tasks_owned),
+                false,
+            ),
+        ]
+    }
+
+    /// The counters as Prometheus text (`canter_kafka_records_in_total`, ...; the two gauges
+    /// `canter_kafka_paused` and `canter_kafka_tasks_owned`).
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        for (name, help, v, counter) in self.all() {
+            let (full, kind) = match counter {
+                true => (format!("canter_kafka_{name}_total"), "counter"),
+                false => (format!("canter_kafka_{name}"), "gauge"),
+            };
+            out.push_str(&format!(
+                "# HELP {full} {help}\n# TYPE {full} {kind}\n{full} {v}\n"
+            ));
+        }
+        out
+    }
+
+    /// The counters as one JSON object.
+    pub fn json(&self) -> String {
+        let fields: Vec<String> = self
+            .all()
+            .iter()
+            .map(|(name, _, v, _)| format!("\"{name}\": {v}"))
+            .collect();
+        format!("{{{}}}", fields.join(", "))
+    }
+
     /// A counter's value.
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)

@@ -274,7 +274,7 @@ impl<T: KeyedTask> Worker<T> {
         }
         self.process_ready();
         if self.producer.due() {
-            self.producer.flush().await?;
+            self.flush().await?;
         }
         if Instant::now() >= *next_commit {
             self.commit().await?;
@@ -442,6 +442,30 @@ impl<T: KeyedTask> Worker<T> {
         }
     }
 
+    /// Flushes the producer. If that fails (the brokers refused for longer than the delivery
+    /// timeout), the results and changelog records not acknowledged are gone: every task goes
+    /// back to its last commit (state from the changelog, inputs from the committed offsets),
+    /// so what they had processed since is processed again, not lost.
+    async fn flush(&mut self) -> Result<(), Error> {
+        match self.producer.flush().await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let tasks: Vec<i32> = self.tasks.keys().copied().collect();
+                tracing::warn!(worker = self.me, error = %e, ?tasks,
+                    "kafka pipeline: the producer failed; its tasks go back to their last commit");
+                for p in tasks {
+                    self.tasks.remove(&p);
+                    self.stats.tasks_owned.fetch_sub(1, Ordering::Relaxed);
+                    for t in &self.job.inputs {
+                        self.fetcher.unassign(t, p);
+                    }
+                    self.pending.insert(p);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Drops every task without a commit (the member was fenced) and forgets the membership.
     fn lose_all(&mut self) {
         self.member.reset();
@@ -484,7 +508,7 @@ impl<T: KeyedTask> Worker<T> {
                 return Err(e);
             }
         }
-        self.producer.flush().await?;
+        self.flush().await?;
         Stats::add(&self.stats.changelog_out, changes);
         let offsets = self.processed_offsets();
         if !offsets.is_empty() {
