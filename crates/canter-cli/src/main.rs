@@ -91,6 +91,10 @@ struct MarketSpreadPipelineArgs {
     /// Compression of the results and changelog batches (with --kafka): none, gzip, lz4, zstd.
     #[arg(long, default_value = "none")]
     compression: canter_kafka::Compression,
+    /// The largest result record the output takes, key and value (with --kafka); a bigger
+    /// one is refused, counted (`sink_refused`) and logged.
+    #[arg(long, default_value_t = 1_000_000, value_name = "BYTES")]
+    max_record: usize,
     /// The group's session timeout (with --kafka): how long after a process dies its
     /// partitions move to the others (set on the group at start, within the brokers'
     /// group.consumer.min/max.session.timeout.ms; default: the brokers' own).
@@ -589,6 +593,7 @@ fn market_spread_kafka(args: &MarketSpreadPipelineArgs, bootstrap: &str) -> Resu
     job.compression = args.compression;
     job.bootstrap_timeout = args.bootstrap_timeout;
     job.session_timeout = args.session_timeout;
+    job.max_record = args.max_record;
     let running = start(job, canter_cli::market_spread_kafka::MarketSpreadTask)
         .map_err(|e| fail("start", e))?;
     let stats = running.stats();

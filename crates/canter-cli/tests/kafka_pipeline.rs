@@ -120,19 +120,11 @@ fn market_spread_from_kafka_to_kafka_matches_the_reference() {
         Duration::from_secs(60),
     );
     // The counters, as Prometheus text and JSON.
+    // The last quotes may still be on their way when the last result is in.
+    p.wait_counter("records_in", 100_000, Duration::from_secs(10));
     let metrics = p.metrics_addr();
-    let t0 = Instant::now();
-    let text = loop {
-        let r = common::fetch(metrics, "GET", "/metrics", "");
-        assert_eq!(r.status, 200);
-        // The last quotes may still be on their way when the last result is in.
-        if r.text().contains("canter_kafka_records_in_total 100000")
-            || t0.elapsed() > Duration::from_secs(10)
-        {
-            break r;
-        }
-        thread::sleep(Duration::from_millis(100));
-    };
+    let text = common::fetch(metrics, "GET", "/metrics", "");
+    assert_eq!(text.status, 200);
     assert!(
         text.text().contains("canter_kafka_records_in_total 100000"),
         "{}",
@@ -362,4 +354,47 @@ fn inputs_that_are_not_co_partitioned_are_refused_at_start() {
     ]);
     assert!(!ok);
     assert!(err.contains("unknown topic no-such-topic"), "{err}");
+}
+
+#[test]
+fn results_over_the_maximum_record_are_refused_counted_and_reported() {
+    let t = Topics::new("ms-toolarge");
+    let d = dir("toolarge");
+    t.create(&bootstrap(), 2, 1);
+    send(&d, 10_000, Some(&t), &[]);
+    let want = expected(&d);
+    // A result is 59 bytes (4 of key, 55 of value): a 50-byte maximum refuses every one.
+    let flags = [
+        t.flags(),
+        vec![
+            "--max-record".into(),
+            "50".into(),
+            "--metrics".into(),
+            "127.0.0.1:0".into(),
+        ],
+    ]
+    .concat();
+    let p = KafkaPipeline::start(&bootstrap(), "ms-toolarge", &flags);
+    p.wait_for("the output refused a result", Duration::from_secs(30));
+    p.wait_counter("records_in", 10_000, Duration::from_secs(30));
+    let log = p.log();
+    let counters = p.stop();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("kafka: a record of 59 bytes is over the maximum of 50")),
+        "{log:#?}"
+    );
+    // Every input record was processed, every result refused and counted, none written.
+    assert_eq!(counter(&counters, "records_in"), 10_000);
+    assert_eq!(counter(&counters, "sink_refused"), want.len() as u64);
+    assert_eq!(counter(&counters, "records_out"), 0);
+    let written = read_values(
+        &bootstrap(),
+        &t.results,
+        0,
+        Duration::from_millis(500),
+        Duration::from_secs(5),
+    );
+    assert!(written.is_empty(), "{} results written", written.len());
+    let _ = std::fs::remove_dir_all(&d);
 }

@@ -237,6 +237,25 @@ impl KafkaPipeline {
             .unwrap()
     }
 
+    /// Waits until the counter `name` of `/metrics.json` (needs `--metrics`) reaches `want`.
+    pub fn wait_counter(&self, name: &str, want: u64, limit: Duration) {
+        let addr = self.metrics_addr();
+        let t0 = Instant::now();
+        loop {
+            let r = super::fetch(addr, "GET", "/metrics.json", "");
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            if v[name].as_u64() >= Some(want) {
+                return;
+            }
+            assert!(
+                t0.elapsed() < limit,
+                "{name} is {} after {limit:?}, not {want}",
+                v[name]
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Lines logged so far.
     pub fn log(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
