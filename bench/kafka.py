@@ -54,6 +54,16 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stop(proc):
+    """SIGTERM (a pipeline commits and leaves its group), SIGKILL after 30 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def end(bootstrap, topic):
     # On CPU 1, beside the broker: CPU 0 is the pipeline's alone.
     out = subprocess.run(["taskset", "-c", "1", BARE, "end", bootstrap, topic],
@@ -127,11 +137,7 @@ def pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected, records, bro
         time.sleep(1.0)
         final = end(bootstrap, results)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     if not ready or count < expected:
         raise RuntimeError(f"{kind}: {count} of {expected} results, ready: {bool(ready)}")
     wall = max(now - ready["t"], 1e-3)
@@ -223,12 +229,7 @@ def failover(bootstrap, symbols, session):
         feeder.wait()
     finally:
         for p in (a, b):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop(p)
     restored = took = 0
     for t, line in b_log:
         if "task started" in line and t > killed:
@@ -274,11 +275,7 @@ def latency(kind, bootstrap, rnd, rate, seconds, broker_pid):
                         "--rate", str(rate)], check=True, capture_output=True)
         out, _ = consumer.communicate(timeout=seconds + 60)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     r = json.loads(out)
     r.update(pipeline=kind, round=rnd, rate=rate)
     return r
@@ -377,7 +374,9 @@ def main():
         json.dump({"records": args.records, "runs": runs, "ceiling": ceiling, "latency": lat,
                    "failover": fo}, f, indent=1)
     table = report(runs, ceiling, args.records, lat, fo)
-    table += plots(runs, ceiling, lat)
+    if not args.no_summary:
+        # The plots go with BENCHMARKS.md's table: an experiment leaves both alone.
+        table += plots(runs, ceiling, lat)
     table += f"\nraw: {os.path.relpath(out, ROOT)}\n"
     print(table)
     if not args.no_summary:

@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::kafka::{
-    counter, normalized, produce, produce_file, read_values, KafkaPipeline, Topics,
+    check, counter, expected, produce, produce_file, read_values, KafkaPipeline, Topics,
 };
-use common::market_spread::{reference, unframe};
 
 use canter_testkit::KafkaCluster;
 
@@ -58,40 +57,6 @@ fn send(dir: &std::path::Path, count: u64, kafka: Option<&Topics>, extra: &[&str
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// The reference results of the streams in `dir`, as sorted 55-byte records (timestamps 0).
-fn expected(dir: &std::path::Path) -> Vec<Vec<u8>> {
-    let nbbo = std::fs::read(dir.join("nbbo.bin")).unwrap();
-    let orders = std::fs::read(dir.join("orders.bin")).unwrap();
-    let r = reference(&nbbo, &orders);
-    let mut v: Vec<Vec<u8>> = unframe(&r).into_iter().map(<[u8]>::to_vec).collect();
-    v.sort();
-    v
-}
-
-/// Results against the reference: every expected one present, nothing else; returns how many
-/// arrived more than once.
-fn check(got: &[Vec<u8>], want: &[Vec<u8>]) -> usize {
-    let got = normalized(got);
-    let mut distinct = got.clone();
-    distinct.dedup();
-    let missing = want
-        .iter()
-        .filter(|w| distinct.binary_search(w).is_err())
-        .count();
-    let wrong = distinct
-        .iter()
-        .filter(|g| want.binary_search(g).is_err())
-        .count();
-    assert_eq!(
-        missing,
-        0,
-        "{missing} of {} expected results missing",
-        want.len()
-    );
-    assert_eq!(wrong, 0, "{wrong} results not in the reference");
-    got.len() - distinct.len()
 }
 
 #[test]

@@ -195,6 +195,29 @@ impl Producer {
                 max: self.config.max_record,
             });
         }
+        self.push(topic, partition, key, Some(value), timestamp)
+    }
+
+    /// Appends a tombstone (a null value: the key's end in a compacted topic).
+    pub fn send_tombstone(
+        &mut self,
+        topic: TopicHandle,
+        partition: i32,
+        key: &[u8],
+        timestamp: i64,
+    ) -> Result<(), Error> {
+        self.push(topic, partition, Some(key), None, timestamp)
+    }
+
+    fn push(
+        &mut self,
+        topic: TopicHandle,
+        partition: i32,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        timestamp: i64,
+    ) -> Result<(), Error> {
+        let size = key.map_or(0, <[u8]>::len) + value.map_or(0, <[u8]>::len);
         let part = self
             .topics
             .get_mut(topic.0)
@@ -207,36 +230,8 @@ impl Producer {
         if part.open.bytes() + size > self.config.max_batch {
             part.seal(&self.config, self.id)?;
         }
-        part.open.push(timestamp, key, Some(value));
+        part.open.push(timestamp, key, value);
         self.buffered += size + 8;
-        if self.oldest.is_none() {
-            self.oldest = Some(Instant::now());
-        }
-        Ok(())
-    }
-
-    /// Appends a tombstone (a null value: the key's end in a compacted topic).
-    pub fn send_tombstone(
-        &mut self,
-        topic: TopicHandle,
-        partition: i32,
-        key: &[u8],
-        timestamp: i64,
-    ) -> Result<(), Error> {
-        let part = self
-            .topics
-            .get_mut(topic.0)
-            .and_then(|t| {
-                usize::try_from(partition)
-                    .ok()
-                    .and_then(|p| t.parts.get_mut(p))
-            })
-            .ok_or_else(|| Error::UnknownTopic(format!("partition {partition}")))?;
-        if part.open.bytes() + key.len() > self.config.max_batch {
-            part.seal(&self.config, self.id)?;
-        }
-        part.open.push(timestamp, Some(key), None);
-        self.buffered += key.len() + 8;
         if self.oldest.is_none() {
             self.oldest = Some(Instant::now());
         }

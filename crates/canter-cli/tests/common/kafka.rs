@@ -13,7 +13,7 @@ use canter_kafka::{
     partition_for, Cluster, Config, FetchConfig, Fetcher, Producer, ProducerConfig,
 };
 
-use super::market_spread::unframe;
+use super::market_spread::{reference, unframe};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -163,6 +163,40 @@ pub fn normalized(results: &[Vec<u8>]) -> Vec<Vec<u8>> {
         .collect();
     v.sort();
     v
+}
+
+/// The reference results of the streams in `dir`, as sorted 55-byte records (timestamps 0).
+pub fn expected(dir: &std::path::Path) -> Vec<Vec<u8>> {
+    let nbbo = std::fs::read(dir.join("nbbo.bin")).unwrap();
+    let orders = std::fs::read(dir.join("orders.bin")).unwrap();
+    let r = reference(&nbbo, &orders);
+    let mut v: Vec<Vec<u8>> = unframe(&r).into_iter().map(<[u8]>::to_vec).collect();
+    v.sort();
+    v
+}
+
+/// Results against the reference: every expected one present, nothing else; returns how many
+/// arrived more than once.
+pub fn check(got: &[Vec<u8>], want: &[Vec<u8>]) -> usize {
+    let got = normalized(got);
+    let mut distinct = got.clone();
+    distinct.dedup();
+    let missing = want
+        .iter()
+        .filter(|w| distinct.binary_search(w).is_err())
+        .count();
+    let wrong = distinct
+        .iter()
+        .filter(|g| want.binary_search(g).is_err())
+        .count();
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of {} expected results missing",
+        want.len()
+    );
+    assert_eq!(wrong, 0, "{wrong} results not in the reference");
+    got.len() - distinct.len()
 }
 
 /// A `canter pipeline market-spread --kafka` process; killed when dropped.
