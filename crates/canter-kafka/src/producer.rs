@@ -137,7 +137,8 @@ impl Producer {
         })
     }
 
-    /// The producer's id and epoch ((-1, -1) if not idempotent).
+    /// The producer's id and epoch ((-1, -1) if not idempotent, or after [`Producer::abort`]
+    /// until the next flush).
     pub fn producer_id(&self) -> (i64, i16) {
         self.id
     }
@@ -269,8 +270,8 @@ impl Producer {
             self.needs_new_id = false;
             for t in self.topics.iter_mut() {
                 for p in t.parts.iter_mut() {
-                    // Sealed batches carry the old id: encode them again is not possible
-                    // (their records are gone), and there are none: `abort` emptied them.
+                    // The new id's sequences start at 0 (batches sealed since `abort` carry
+                    // no id and no sequence).
                     p.sequence = 0;
                 }
             }
@@ -295,6 +296,10 @@ impl Producer {
         self.buffered = 0;
         self.oldest = None;
         self.needs_new_id = self.config.idempotent;
+        // Until the next flush takes the new id, a batch closed by `send` (over `max_batch`)
+        // carries no producer id rather than the old one with a sequence the brokers would
+        // refuse as out of order.
+        self.id = (-1, -1);
     }
 
     async fn flush_inner(&mut self) -> Result<u64, Error> {
