@@ -148,6 +148,7 @@ offsets.topic.num.partitions=8
 transaction.state.log.replication.factor=$rf
 transaction.state.log.min.isr=$isr
 transaction.state.log.num.partitions=8
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 share.coordinator.state.topic.replication.factor=$rf
 share.coordinator.state.topic.min.isr=$isr
 group.initial.rebalance.delay.ms=0

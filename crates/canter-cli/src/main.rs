@@ -104,6 +104,21 @@ struct MarketSpreadPipelineArgs {
     /// --kafka).
     #[arg(long, value_parser = canter_load::parse_duration, default_value = "30s")]
     bootstrap_timeout: std::time::Duration,
+    /// Exactly-once output (with --kafka): results, changelog and input offsets of each commit
+    /// interval committed in one Kafka transaction; readers with `read_committed` see every
+    /// result once, whatever crashes.
+    #[arg(long, requires = "kafka")]
+    exactly_once: bool,
+    /// This process's name among the job's processes (with --exactly-once; default: its
+    /// pid): a process restarted with the same name aborts its predecessor's open
+    /// transactions at once instead of after --transaction-timeout.
+    #[arg(long, value_name = "NAME")]
+    instance_id: Option<String>,
+    /// How long a transaction may stay open before the brokers abort it (with
+    /// --exactly-once): also how long the tasks of a process that died and was not restarted
+    /// with its --instance-id wait.
+    #[arg(long, value_parser = canter_load::parse_duration, default_value = "10s")]
+    transaction_timeout: std::time::Duration,
     /// Serve the live metrics page (/), /metrics (Prometheus) and /metrics.json here (with
     /// --kafka: /metrics and /metrics.json of the Kafka job's counters).
     #[arg(long, value_name = "ADDR")]
@@ -594,6 +609,11 @@ fn market_spread_kafka(args: &MarketSpreadPipelineArgs, bootstrap: &str) -> Resu
     job.bootstrap_timeout = args.bootstrap_timeout;
     job.session_timeout = args.session_timeout;
     job.max_record = args.max_record;
+    job.exactly_once = args.exactly_once;
+    if let Some(id) = &args.instance_id {
+        job.instance_id = id.clone();
+    }
+    job.transaction_timeout = args.transaction_timeout;
     let running = start(job, canter_cli::market_spread_kafka::MarketSpreadTask)
         .map_err(|e| fail("start", e))?;
     let stats = running.stats();
@@ -642,6 +662,8 @@ fn market_spread_kafka(args: &MarketSpreadPipelineArgs, bootstrap: &str) -> Resu
         changelog_out = Stats::get(&stats.changelog_out),
         restored = Stats::get(&stats.restored),
         broker_errors = Stats::get(&stats.broker_errors),
+        transactions = Stats::get(&stats.transactions),
+        aborts = Stats::get(&stats.aborts),
         "pipeline stopped"
     );
     result.map_err(|e| CliError::Pipeline("workers", e))

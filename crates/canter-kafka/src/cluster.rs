@@ -73,6 +73,9 @@ pub enum OffsetSpec {
     Earliest,
     /// The offset the next record will get.
     Latest,
+    /// The last stable offset: where `read_committed` reading stops (before the first record
+    /// of a transaction still open).
+    LastStable,
 }
 
 /// Brokers, topics and a control connection.
@@ -219,12 +222,25 @@ impl Cluster {
     /// The address of `group`'s coordinator, retrying while it moves or loads (up to the
     /// request timeout).
     pub async fn find_coordinator(&mut self, group: &str) -> Result<SocketAddr, Error> {
+        self.find_coordinator_of(0, group).await
+    }
+
+    /// The address of the transaction coordinator of `transactional_id`.
+    pub async fn find_transaction_coordinator(
+        &mut self,
+        transactional_id: &str,
+    ) -> Result<SocketAddr, Error> {
+        self.find_coordinator_of(1, transactional_id).await
+    }
+
+    /// A coordinator by key type (0: group, 1: transaction), retrying while it moves or loads.
+    async fn find_coordinator_of(&mut self, key_type: i8, key: &str) -> Result<SocketAddr, Error> {
         let deadline = tokio::time::Instant::now() + self.config.request_timeout;
         let mut last;
         loop {
             let req = FindCoordinatorRequest::default()
-                .with_key_type(0)
-                .with_coordinator_keys(vec![StrBytes::from_string(group.to_owned())]);
+                .with_key_type(key_type)
+                .with_coordinator_keys(vec![StrBytes::from_string(key.to_owned())]);
             match self.call_any(req, 4, 6).await {
                 Ok(resp) => match resp.coordinators.into_iter().next() {
                     Some(c) if c.error_code == 0 => {
@@ -246,9 +262,7 @@ impl Cluster {
                             return Err(last);
                         }
                     }
-                    None => {
-                        last = Error::Corrupt("FindCoordinator: no answer for the group".into())
-                    }
+                    None => last = Error::Corrupt("FindCoordinator: no answer for the key".into()),
                 },
                 Err(e) if e.is_retriable() => last = e,
                 Err(e) => return Err(e),
@@ -464,7 +478,7 @@ impl Cluster {
         }
         let ts = match spec {
             OffsetSpec::Earliest => -2,
-            OffsetSpec::Latest => -1,
+            OffsetSpec::Latest | OffsetSpec::LastStable => -1,
         };
         let mut out = Vec::new();
         for (leader, parts) in by_leader {
@@ -474,6 +488,7 @@ impl Cluster {
             let mut conn = self.open(addr).await?;
             let req = ListOffsetsRequest::default()
                 .with_replica_id(BrokerId(-1))
+                .with_isolation_level(i8::from(spec == OffsetSpec::LastStable))
                 .with_topics(vec![ListOffsetsTopic::default()
                     .with_name(TopicName(StrBytes::from_string(topic.to_owned())))
                     .with_partitions(

@@ -16,7 +16,7 @@ use kafka_protocol::protocol::StrBytes;
 use crate::cluster::{Cluster, OffsetSpec};
 use crate::conn::Conn;
 use crate::error::{retriable_code, Error};
-use crate::records::{Batches, Record};
+use crate::records::{Batch, Batches, Record};
 
 /// How the fetcher asks.
 #[derive(Debug, Clone)]
@@ -60,6 +60,9 @@ pub struct Fetched {
     pub to: i64,
     /// The partition's high watermark.
     pub high_watermark: i64,
+    /// Transactions aborted within these records (`read_committed` only): producer id and
+    /// first offset, by first offset. [`Fetched::batches`] leaves their batches out.
+    pub aborted: Vec<(i64, i64)>,
 }
 
 impl Fetched {
@@ -72,11 +75,8 @@ impl Fetched {
         mut f: impl FnMut(Record<'_>),
     ) -> Result<u64, Error> {
         let mut n = 0;
-        for b in Batches::new(&self.records) {
+        for b in self.batches() {
             let b = b?;
-            if b.control || b.next_offset <= self.from {
-                continue;
-            }
             for r in b.records(scratch)? {
                 let r = r?;
                 if r.offset >= self.from {
@@ -87,6 +87,71 @@ impl Fetched {
         }
         Ok(n)
     }
+
+    /// The data batches that reach `from` or beyond, in order: transaction markers and the
+    /// batches of aborted transactions are left out (the way Java's consumer does it: a
+    /// producer's transactional batches are dropped from its aborted transaction's first
+    /// offset until its abort marker).
+    pub fn batches(&self) -> DataBatches<'_> {
+        DataBatches {
+            inner: Batches::new(&self.records),
+            from: self.from,
+            aborted: &self.aborted,
+            next: 0,
+            active: Vec::new(),
+        }
+    }
+}
+
+/// The iterator of [`Fetched::batches`].
+pub struct DataBatches<'a> {
+    inner: Batches<'a>,
+    from: i64,
+    aborted: &'a [(i64, i64)],
+    next: usize,
+    /// Producers inside an aborted transaction at this point.
+    active: Vec<i64>,
+}
+
+impl<'a> Iterator for DataBatches<'a> {
+    type Item = Result<Batch<'a>, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let b = match self.inner.next()? {
+                Ok(b) => b,
+                Err(e) => return Some(Err(e)),
+            };
+            while let Some(&(pid, first)) = self.aborted.get(self.next) {
+                if first >= b.next_offset {
+                    break;
+                }
+                self.active.push(pid);
+                self.next += 1;
+            }
+            if b.control {
+                if self.active.contains(&b.producer_id) && is_abort_marker(&b) {
+                    self.active.retain(|p| *p != b.producer_id);
+                }
+                continue;
+            }
+            if b.next_offset <= self.from
+                || (b.transactional && self.active.contains(&b.producer_id))
+            {
+                continue;
+            }
+            return Some(Ok(b));
+        }
+    }
+}
+
+/// A control batch's record key is its version (int16) and type (int16: 0 abort, 1 commit).
+fn is_abort_marker(b: &Batch<'_>) -> bool {
+    let mut scratch = Vec::new();
+    let Ok(mut records) = b.records(&mut scratch) else {
+        return false;
+    };
+    matches!(records.next(), Some(Ok(r)) if r.key.is_some_and(|k| k.len() >= 4 && k[2..4] == [0, 0]))
 }
 
 struct Owned {
@@ -412,7 +477,12 @@ impl Fetcher {
                     }
                     c => return Err(Error::broker("Fetch", c, None)),
                 }
-                owned.high_watermark = p.high_watermark;
+                // Reading committed records only, the reachable end is the last stable offset.
+                owned.high_watermark = if self.config.read_committed && p.last_stable_offset >= 0 {
+                    p.last_stable_offset
+                } else {
+                    p.high_watermark
+                };
                 let Some(records) = p.records else { continue };
                 let mut to = from;
                 for b in Batches::new(&records) {
@@ -426,6 +496,13 @@ impl Fetcher {
                 if p.current_leader.leader_epoch >= 0 {
                     owned.leader_epoch = p.current_leader.leader_epoch;
                 }
+                let mut aborted: Vec<(i64, i64)> = p
+                    .aborted_transactions
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|a| (a.producer_id.0, a.first_offset))
+                    .collect();
+                aborted.sort_unstable_by_key(|a| a.1);
                 out.push(Fetched {
                     topic: topic.clone(),
                     partition: p.partition_index,
@@ -433,6 +510,7 @@ impl Fetcher {
                     from,
                     to,
                     high_watermark: p.high_watermark,
+                    aborted,
                 });
             }
         }

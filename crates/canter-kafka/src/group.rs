@@ -13,8 +13,12 @@ use kafka_protocol::messages::offset_commit_request::{
 use kafka_protocol::messages::offset_fetch_request::{
     OffsetFetchRequestGroup, OffsetFetchRequestTopics,
 };
+use kafka_protocol::messages::txn_offset_commit_request::{
+    TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+};
 use kafka_protocol::messages::{
-    ConsumerGroupHeartbeatRequest, GroupId, OffsetCommitRequest, OffsetFetchRequest, TopicName,
+    ConsumerGroupHeartbeatRequest, GroupId, OffsetCommitRequest, OffsetFetchRequest, ProducerId,
+    TopicName, TransactionalId, TxnOffsetCommitRequest,
 };
 use kafka_protocol::protocol::StrBytes;
 use tokio::time::Instant;
@@ -366,6 +370,83 @@ impl Member {
             }
         }
         Ok(())
+    }
+
+    /// Gives `offsets` to the producer's open transaction (after
+    /// [`crate::Producer::add_offsets`] for this group): they count as committed when the
+    /// transaction commits, and are dropped if it aborts. The member's id and epoch go with
+    /// them, so a member the group has fenced (a zombie) cannot commit (KIP-447).
+    pub async fn commit_in_transaction(
+        &mut self,
+        cluster: &mut Cluster,
+        txn: &crate::producer::TxnId,
+        offsets: &[(Tp, i64)],
+    ) -> Result<(), Error> {
+        if offsets.is_empty() {
+            return Ok(());
+        }
+        let mut topics: Vec<TxnOffsetCommitRequestTopic> = Vec::new();
+        for ((t, p), o) in offsets {
+            let part = TxnOffsetCommitRequestPartition::default()
+                .with_partition_index(*p)
+                .with_committed_offset(*o)
+                .with_committed_leader_epoch(-1);
+            match topics.iter_mut().find(|x| x.name.0.as_str() == t) {
+                Some(x) => x.partitions.push(part),
+                None => topics.push(
+                    TxnOffsetCommitRequestTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(t.clone())))
+                        .with_partitions(vec![part]),
+                ),
+            }
+        }
+        let req = TxnOffsetCommitRequest::default()
+            .with_transactional_id(TransactionalId(StrBytes::from_string(
+                txn.transactional_id.clone(),
+            )))
+            .with_group_id(GroupId(StrBytes::from_string(self.group.clone())))
+            .with_producer_id(ProducerId(txn.producer.0))
+            .with_producer_epoch(txn.producer.1)
+            .with_generation_id(self.epoch)
+            .with_member_id(StrBytes::from_string(self.member_id.clone()))
+            .with_topics(topics);
+        let deadline = Instant::now() + cluster.config().request_timeout;
+        loop {
+            let r = {
+                let conn = self.coordinator(cluster).await?;
+                conn.call(req.clone(), 3, 4).await
+            };
+            let resp = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    self.coordinator = None;
+                    return Err(e);
+                }
+            };
+            let code = resp
+                .topics
+                .iter()
+                .flat_map(|t| t.partitions.iter())
+                .map(|p| p.error_code)
+                .find(|c| *c != 0);
+            match code {
+                None => return Ok(()),
+                // The coordinator moving, or still writing the previous transaction's offsets.
+                Some(c) if (retriable_code(c) || c == 51) && Instant::now() < deadline => {
+                    if matches!(c, 15 | 16) {
+                        self.coordinator = None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Some(c) => {
+                    if matches!(c, 22 | 113) {
+                        // ILLEGAL_GENERATION: the epoch moved on; heartbeat for the new one.
+                        self.next = Instant::now();
+                    }
+                    return Err(Error::broker("TxnOffsetCommit", c, None));
+                }
+            }
+        }
     }
 
     /// Leaves the group (epoch -1): its partitions go to the others at once instead of after

@@ -5,9 +5,11 @@
 //! - [`Cluster`]: brokers, topics, leaders; metadata, topic creation, offsets by time.
 //! - [`Producer`]: one open batch per partition, a Produce per leader per flush, idempotent
 //!   (KIP-98) by default, gzip, lz4 or zstd if asked; [`partition_for`] is Kafka's own
-//!   partitioner (murmur2), so keys land where Java producers put them.
+//!   partitioner (murmur2), so keys land where Java producers put them; transactional with a
+//!   transactional id (records and consumer offsets committed together, KIP-98 and KIP-447).
 //! - [`Fetcher`]: the partitions a worker owns and their positions, one fetch in flight per
-//!   leader; [`records::Batches`] walks what a fetch returned without copying.
+//!   leader; [`Fetched::batches`] walks what a fetch returned without copying (with
+//!   `read_committed`, aborted transactions left out).
 //! - [`Member`]: consumer-group membership by KIP-848 (the broker assigns partitions),
 //!   committed offsets under the member's epoch.
 //!
@@ -27,7 +29,9 @@ pub mod records;
 pub use cluster::{Cluster, Config, OffsetSpec, PartitionInfo, TopicInfo};
 pub use conn::Conn;
 pub use error::Error;
-pub use fetch::{FetchConfig, Fetched, Fetcher};
+pub use fetch::{DataBatches, FetchConfig, Fetched, Fetcher};
 pub use group::{Change, Member, Tp};
-pub use producer::{murmur2, partition_for, Producer, ProducerConfig, ProducerStats, TopicHandle};
+pub use producer::{
+    murmur2, partition_for, Producer, ProducerConfig, ProducerStats, TopicHandle, TxnId,
+};
 pub use records::Compression;

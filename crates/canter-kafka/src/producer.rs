@@ -1,13 +1,20 @@
 //! The producer: records appended to one open batch per partition, sent per leader in one
 //! Produce request when the caller flushes (size or linger reached), idempotent by default
 //! (KIP-98: a producer id and a sequence per partition, so a batch resent after a lost answer
-//! is written once).
+//! is written once). With a transactional id it is transactional (KIP-98's transactions, as
+//! Kafka Streams' `exactly_once_v2` uses them): what it writes between two
+//! [`Producer::commit_transaction`]s, and the consumer offsets given to the same transaction,
+//! become visible to `read_committed` readers together or not at all.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{InitProducerIdRequest, ProduceRequest, ProducerId, TopicName};
+use kafka_protocol::messages::{
+    AddOffsetsToTxnRequest, AddPartitionsToTxnRequest, EndTxnRequest, GroupId,
+    InitProducerIdRequest, ProduceRequest, ProducerId, TopicName, TransactionalId,
+};
 use kafka_protocol::protocol::StrBytes;
 use tokio::time::Instant;
 
@@ -34,6 +41,13 @@ pub struct ProducerConfig {
     pub idempotent: bool,
     /// How long a flush retries retriable errors before it fails.
     pub delivery_timeout: Duration,
+    /// Makes the producer transactional under this id (implies idempotence). A new producer
+    /// with the same id fences the old one and aborts its open transaction.
+    pub transactional_id: Option<String>,
+    /// How long a transaction may stay open before its coordinator aborts it (also how long
+    /// a crashed producer's open transaction holds back `read_committed` readers, unless a
+    /// producer with its id starts again).
+    pub transaction_timeout: Duration,
 }
 
 impl Default for ProducerConfig {
@@ -46,6 +60,8 @@ impl Default for ProducerConfig {
             compression: Compression::None,
             idempotent: true,
             delivery_timeout: Duration::from_secs(120),
+            transactional_id: None,
+            transaction_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -71,8 +87,9 @@ impl PartState {
         let n = self.open.len();
         let seq = if id.0 >= 0 { self.sequence } else { -1 };
         let mut bytes = Vec::with_capacity(self.open.bytes() + 64);
+        let transactional = config.transactional_id.is_some();
         self.open
-            .finish(&mut bytes, config.compression, id, seq, false)?;
+            .finish(&mut bytes, config.compression, id, seq, transactional)?;
         self.sequence = self.sequence.wrapping_add(n as i32) & i32::MAX;
         self.sealed.push_back((bytes.into(), n));
         Ok(())
@@ -101,6 +118,8 @@ pub struct ProducerStats {
     pub requests: u64,
     /// Batches sent again after a retriable error.
     pub retries: u64,
+    /// Transactions committed.
+    pub transactions: u64,
 }
 
 /// An idempotent producer; one per worker.
@@ -114,17 +133,53 @@ pub struct Producer {
     oldest: Option<Instant>,
     stats: ProducerStats,
     needs_new_id: bool,
+    txn: Option<Txn>,
+}
+
+/// A transactional producer's side of its transaction.
+struct Txn {
+    id: String,
+    coordinator: Option<Conn>,
+    /// Partitions added to the open transaction (topic index, partition).
+    added: std::collections::HashSet<(usize, i32)>,
+    /// Groups whose offsets were added to it.
+    groups: Vec<String>,
+}
+
+impl Txn {
+    fn is_open(&self) -> bool {
+        !self.added.is_empty() || !self.groups.is_empty()
+    }
+}
+
+/// What a group coordinator needs to take offsets into a transaction
+/// ([`crate::Member::commit_in_transaction`]).
+#[derive(Debug, Clone)]
+pub struct TxnId {
+    /// The transactional id.
+    pub transactional_id: String,
+    /// The producer id and epoch.
+    pub producer: (i64, i16),
 }
 
 impl Producer {
     /// A producer on `cluster` (its own connections); asks for a producer id when idempotent.
     pub async fn new(mut cluster: Cluster, config: ProducerConfig) -> Result<Producer, Error> {
-        let id = if config.idempotent {
+        let mut txn = config.transactional_id.as_ref().map(|id| Txn {
+            id: id.clone(),
+            coordinator: None,
+            added: Default::default(),
+            groups: Vec::new(),
+        });
+        let id = if let Some(t) = txn.as_mut() {
+            init_transactional(&mut cluster, t, config.transaction_timeout).await?
+        } else if config.idempotent {
             init_producer_id(&mut cluster).await?
         } else {
             (-1, -1)
         };
         Ok(Producer {
+            txn,
             cluster,
             config,
             conns: HashMap::new(),
@@ -265,17 +320,7 @@ impl Producer {
     /// id at its next flush (its sequence numbers start again): the caller decides what to
     /// send again (a pipeline goes back to its last commit).
     pub async fn flush(&mut self) -> Result<u64, Error> {
-        if self.needs_new_id {
-            self.id = init_producer_id(&mut self.cluster).await?;
-            self.needs_new_id = false;
-            for t in self.topics.iter_mut() {
-                for p in t.parts.iter_mut() {
-                    // The new id's sequences start at 0 (batches sealed since `abort` carry
-                    // no id and no sequence).
-                    p.sequence = 0;
-                }
-            }
-        }
+        self.ready().await?;
         match self.flush_inner().await {
             Ok(n) => Ok(n),
             Err(e) => {
@@ -285,8 +330,208 @@ impl Producer {
         }
     }
 
-    /// Drops every record not yet acknowledged; the next flush takes a new producer id.
+    /// Takes the new producer id an [`Producer::abort`] asked for, if it has not yet; for a
+    /// transactional producer that also aborts the open transaction at its coordinator (and
+    /// fences any other producer with its id).
+    pub async fn ready(&mut self) -> Result<(), Error> {
+        if !self.needs_new_id {
+            return Ok(());
+        }
+        self.id = match self.txn.as_mut() {
+            Some(t) => {
+                init_transactional(&mut self.cluster, t, self.config.transaction_timeout).await?
+            }
+            None => init_producer_id(&mut self.cluster).await?,
+        };
+        self.needs_new_id = false;
+        for t in self.topics.iter_mut() {
+            for p in t.parts.iter_mut() {
+                // The new id's sequences start at 0 (batches sealed since `abort` carry no id
+                // and no sequence).
+                p.sequence = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// The transactional id and the producer's current id and epoch (`None`: not
+    /// transactional).
+    pub fn transaction(&self) -> Option<TxnId> {
+        self.txn.as_ref().map(|t| TxnId {
+            transactional_id: t.id.clone(),
+            producer: self.id,
+        })
+    }
+
+    /// Adds `group`'s offsets to the open transaction (KIP-98's AddOffsetsToTxn); the group
+    /// coordinator then takes them with [`crate::Member::commit_in_transaction`].
+    pub async fn add_offsets(&mut self, group: &str) -> Result<(), Error> {
+        self.ready().await?;
+        let id = self.id;
+        let Some(t) = self.txn.as_mut() else {
+            return Err(Error::Unsupported(
+                "offsets in a transaction without a transactional id",
+            ));
+        };
+        if t.groups.iter().any(|g| g == group) {
+            return Ok(());
+        }
+        let req = AddOffsetsToTxnRequest::default()
+            .with_transactional_id(TransactionalId(StrBytes::from_string(t.id.clone())))
+            .with_producer_id(ProducerId(id.0))
+            .with_producer_epoch(id.1)
+            .with_group_id(GroupId(StrBytes::from_string(group.to_owned())));
+        let deadline = Instant::now() + self.config.delivery_timeout;
+        loop {
+            let code = match txn_call(&mut self.cluster, t, req.clone(), 0, 3).await {
+                Ok(r) => r.error_code,
+                Err(e) if e.is_retriable() && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match code {
+                0 => break,
+                c if txn_retriable(c) && Instant::now() < deadline => {
+                    if matches!(c, 15 | 16) {
+                        t.coordinator = None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                c => return Err(Error::broker("AddOffsetsToTxn", c, None)),
+            }
+        }
+        t.groups.push(group.to_owned());
+        Ok(())
+    }
+
+    /// Flushes, then commits the open transaction: its records and offsets become visible to
+    /// `read_committed` readers. Nothing open: nothing is sent. On an error the transaction's
+    /// fate is the coordinator's (it aborts it unless the commit was recorded): call
+    /// [`Producer::abort`] and go back to the last commit.
+    pub async fn commit_transaction(&mut self) -> Result<(), Error> {
+        self.flush().await?;
+        self.end_transaction(true).await
+    }
+
+    async fn end_transaction(&mut self, commit: bool) -> Result<(), Error> {
+        let id = self.id;
+        let Some(t) = self.txn.as_mut() else {
+            return Ok(());
+        };
+        if !t.is_open() {
+            return Ok(());
+        }
+        let req = EndTxnRequest::default()
+            .with_transactional_id(TransactionalId(StrBytes::from_string(t.id.clone())))
+            .with_producer_id(ProducerId(id.0))
+            .with_producer_epoch(id.1)
+            .with_committed(commit);
+        let deadline = Instant::now() + self.config.delivery_timeout;
+        loop {
+            // A retry after a lost answer is safe: the coordinator answers a repeated EndTxn
+            // of a transaction it already ended that way with success.
+            let code = match txn_call(&mut self.cluster, t, req.clone(), 0, 4).await {
+                Ok(r) => r.error_code,
+                Err(e) if e.is_retriable() && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match code {
+                0 => break,
+                c if txn_retriable(c) && Instant::now() < deadline => {
+                    if matches!(c, 15 | 16) {
+                        t.coordinator = None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                c => return Err(Error::broker("EndTxn", c, None)),
+            }
+        }
+        t.added.clear();
+        t.groups.clear();
+        self.stats.transactions += 1;
+        Ok(())
+    }
+
+    /// Adds the partitions of `out` not yet in the open transaction to it.
+    async fn add_partitions(&mut self, out: &[Outgoing]) -> Result<(), Error> {
+        let id = self.id;
+        let Some(t) = self.txn.as_mut() else {
+            return Ok(());
+        };
+        let new: Vec<(usize, i32)> = out
+            .iter()
+            .map(|o| (o.topic, o.partition))
+            .filter(|k| !t.added.contains(k))
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let mut topics: Vec<AddPartitionsToTxnTopic> = Vec::new();
+        for &(ti, p) in &new {
+            let name = &self.topics[ti].name;
+            match topics.iter_mut().find(|x| x.name.0.as_str() == name) {
+                Some(x) => x.partitions.push(p),
+                None => topics.push(
+                    AddPartitionsToTxnTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(name.clone())))
+                        .with_partitions(vec![p]),
+                ),
+            }
+        }
+        let req = AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(TransactionalId(StrBytes::from_string(
+                t.id.clone(),
+            )))
+            .with_v3_and_below_producer_id(ProducerId(id.0))
+            .with_v3_and_below_producer_epoch(id.1)
+            .with_v3_and_below_topics(topics);
+        let deadline = Instant::now() + self.config.delivery_timeout;
+        loop {
+            let resp = match txn_call(&mut self.cluster, t, req.clone(), 0, 3).await {
+                Ok(r) => r,
+                Err(e) if e.is_retriable() && Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut worst = resp.error_code;
+            for tr in &resp.results_by_topic_v3_and_below {
+                for pr in &tr.results_by_partition {
+                    // OPERATION_NOT_ATTEMPTED (55) stands beside the partition that failed.
+                    if pr.partition_error_code != 0 && pr.partition_error_code != 55 {
+                        worst = pr.partition_error_code;
+                    }
+                }
+            }
+            match worst {
+                0 => break,
+                c if txn_retriable(c) && Instant::now() < deadline => {
+                    if matches!(c, 15 | 16) {
+                        t.coordinator = None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                c => return Err(Error::broker("AddPartitionsToTxn", c, None)),
+            }
+        }
+        t.added.extend(new);
+        Ok(())
+    }
+
+    /// Drops every record not yet acknowledged; the next flush takes a new producer id. A
+    /// transactional producer's open transaction is aborted when the new id is taken
+    /// ([`Producer::ready`]; the coordinator aborts it, and fences this id's older epoch).
     pub fn abort(&mut self) {
+        if let Some(t) = self.txn.as_mut() {
+            t.added.clear();
+            t.groups.clear();
+        }
         for t in self.topics.iter_mut() {
             for p in t.parts.iter_mut() {
                 p.open = BatchBuilder::new();
@@ -295,7 +540,7 @@ impl Producer {
         }
         self.buffered = 0;
         self.oldest = None;
-        self.needs_new_id = self.config.idempotent;
+        self.needs_new_id = self.config.idempotent || self.txn.is_some();
         // Until the next flush takes the new id, a batch closed by `send` (over `max_batch`)
         // carries no producer id rather than the old one with a sequence the brokers would
         // refuse as out of order.
@@ -330,6 +575,7 @@ impl Producer {
             if out.is_empty() {
                 break;
             }
+            self.add_partitions(&out).await?;
             total += self.deliver(out).await?;
         }
         self.stats.records += total;
@@ -461,6 +707,11 @@ impl Producer {
             order.push((o.topic, o.partition, i));
         }
         let req = ProduceRequest::default()
+            .with_transactional_id(
+                self.txn
+                    .as_ref()
+                    .map(|t| TransactionalId(StrBytes::from_string(t.id.clone()))),
+            )
             .with_acks(-1)
             .with_timeout_ms(30_000)
             .with_topic_data(topics);
@@ -478,6 +729,75 @@ impl Producer {
             }
         }
         Ok(results)
+    }
+}
+
+/// Error codes a transactional request meets while the coordinator moves, loads or finishes
+/// the previous transaction (CONCURRENT_TRANSACTIONS).
+fn txn_retriable(code: i16) -> bool {
+    retriable_code(code) || code == 51
+}
+
+/// `req` to the transaction coordinator of `t` (found first if not known; a connection that
+/// fails is dropped so the next call finds it again).
+async fn txn_call<R: kafka_protocol::protocol::Request>(
+    cluster: &mut Cluster,
+    t: &mut Txn,
+    req: R,
+    lo: i16,
+    hi: i16,
+) -> Result<R::Response, Error> {
+    if t.coordinator.is_none() {
+        let addr = cluster.find_transaction_coordinator(&t.id).await?;
+        t.coordinator = Some(cluster.open(addr).await?);
+    }
+    let conn = t
+        .coordinator
+        .as_mut()
+        .ok_or(Error::Unreachable("transaction coordinator".into()))?;
+    let r = conn.call(req, lo, hi).await;
+    if r.is_err() {
+        t.coordinator = None;
+    }
+    r
+}
+
+/// InitProducerId for a transactional id at its coordinator: a new epoch, the previous
+/// epoch's open transaction aborted (retried while the coordinator finishes it).
+async fn init_transactional(
+    cluster: &mut Cluster,
+    t: &mut Txn,
+    timeout: Duration,
+) -> Result<(i64, i16), Error> {
+    let deadline = Instant::now() + cluster.config().request_timeout.max(timeout);
+    let req = InitProducerIdRequest::default()
+        .with_transactional_id(Some(TransactionalId(StrBytes::from_string(t.id.clone()))))
+        .with_transaction_timeout_ms(timeout.as_millis().min(i32::MAX as u128) as i32)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1);
+    loop {
+        let err = match txn_call(cluster, t, req.clone(), 2, 4).await {
+            Ok(resp) if resp.error_code == 0 => {
+                t.added.clear();
+                t.groups.clear();
+                return Ok((resp.producer_id.0, resp.producer_epoch));
+            }
+            Ok(resp) => {
+                if matches!(resp.error_code, 15 | 16) {
+                    t.coordinator = None;
+                }
+                Error::broker("InitProducerId", resp.error_code, None)
+            }
+            Err(e) => e,
+        };
+        let retriable = match &err {
+            Error::Broker { code, .. } => txn_retriable(*code),
+            e => e.is_retriable(),
+        };
+        if !retriable || Instant::now() > deadline {
+            return Err(err);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -27,10 +27,19 @@ async fn cluster() -> Cluster {
 /// Reads every record of `topic` from the beginning until `want` arrived (or 30 s passed):
 /// (partition, key, value) in offset order per partition.
 async fn read_all(topic: &str, want: usize) -> Vec<(i32, Vec<u8>, Vec<u8>)> {
+    read(topic, want, false).await
+}
+
+/// [`read_all`], `read_committed` if asked.
+async fn read(topic: &str, want: usize, read_committed: bool) -> Vec<(i32, Vec<u8>, Vec<u8>)> {
     let mut c = cluster().await;
     c.refresh(&[topic]).await.unwrap();
     let n = c.topic(topic).unwrap().partitions.len() as i32;
-    let mut f = Fetcher::new(c, FetchConfig::default());
+    let config = FetchConfig {
+        read_committed,
+        ..FetchConfig::default()
+    };
+    let mut f = Fetcher::new(c, config);
     for p in 0..n {
         f.assign(topic, p, None).await.unwrap();
     }
@@ -254,5 +263,138 @@ fn a_flush_bigger_than_a_batch_goes_out_as_several_in_order() {
         for (i, (_, key, _)) in got.iter().enumerate() {
             assert_eq!(key.as_slice(), (i as u32).to_be_bytes(), "in order");
         }
+    });
+}
+
+/// Joins `group` alone and heartbeats until it owns every partition of `topic` (`n` of them).
+async fn join_alone(group: &str, topic: &str, n: usize) -> (Member, Cluster) {
+    let mut c = cluster().await;
+    let mut m = Member::new(group, &[topic]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut owned = 0;
+    while owned < n {
+        assert!(Instant::now() < deadline, "{group} owns {owned} of {n}");
+        owned += m.heartbeat(&mut c).await.unwrap().assigned.len();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (m, c)
+}
+
+#[test]
+fn committed_transactions_are_read_once_and_aborted_ones_never() {
+    rt().block_on(async {
+        let topic = "txn-visibility";
+        let mut c = cluster().await;
+        c.create_topic(topic, 2, 1, &[]).await.unwrap();
+        let (mut member, mut gc) = join_alone("g-txn", topic, 2).await;
+        let config = ProducerConfig {
+            transactional_id: Some("txn-visibility-1".into()),
+            ..ProducerConfig::default()
+        };
+        let mut p = Producer::new(cluster().await, config).await.unwrap();
+        let (t, n) = p.topic(topic).await.unwrap();
+        let send = |p: &mut Producer, tag: &str, count: usize| {
+            for i in 0..count {
+                let key = format!("{tag}-{i}");
+                p.send(
+                    t,
+                    partition_for(key.as_bytes(), n),
+                    Some(key.as_bytes()),
+                    tag.as_bytes(),
+                    0,
+                )
+                .unwrap();
+            }
+        };
+        // Committed, with offsets.
+        send(&mut p, "a", 100);
+        p.flush().await.unwrap();
+        p.add_offsets("g-txn").await.unwrap();
+        let txn = p.transaction().unwrap();
+        let offsets = vec![((topic.to_owned(), 0), 7), ((topic.to_owned(), 1), 9)];
+        member
+            .commit_in_transaction(&mut gc, &txn, &offsets)
+            .await
+            .unwrap();
+        p.commit_transaction().await.unwrap();
+        // Written (acknowledged by the brokers), offsets given, then aborted.
+        send(&mut p, "b", 100);
+        p.flush().await.unwrap();
+        p.add_offsets("g-txn").await.unwrap();
+        let txn = p.transaction().unwrap();
+        let offsets_b = vec![((topic.to_owned(), 0), 70), ((topic.to_owned(), 1), 90)];
+        member
+            .commit_in_transaction(&mut gc, &txn, &offsets_b)
+            .await
+            .unwrap();
+        p.abort();
+        p.ready().await.unwrap();
+        assert!(
+            p.transaction().unwrap().producer.1 > txn.producer.1,
+            "a new epoch"
+        );
+        // Committed again after the abort.
+        send(&mut p, "c", 100);
+        p.commit_transaction().await.unwrap();
+
+        let committed = read(topic, 200, true).await;
+        let mut tags: BTreeMap<Vec<u8>, usize> = BTreeMap::new();
+        for (_, _, v) in &committed {
+            *tags.entry(v.clone()).or_default() += 1;
+        }
+        assert_eq!(
+            tags,
+            BTreeMap::from([(b"a".to_vec(), 100), (b"c".to_vec(), 100)]),
+            "read_committed sees both committed transactions once and nothing of the aborted one"
+        );
+        let everything = read(topic, 300, false).await;
+        assert_eq!(
+            everything.len(),
+            300,
+            "read_uncommitted sees the aborted records too"
+        );
+        // The offsets of the committed transaction count; the aborted one's do not.
+        let parts = vec![(topic.to_owned(), 0), (topic.to_owned(), 1)];
+        let got = member.committed(&mut gc, &parts).await.unwrap();
+        assert_eq!(
+            got,
+            vec![
+                ((topic.to_owned(), 0), Some(7)),
+                ((topic.to_owned(), 1), Some(9))
+            ]
+        );
+    });
+}
+
+#[test]
+fn a_second_producer_with_the_same_transactional_id_fences_the_first() {
+    rt().block_on(async {
+        let topic = "txn-fence";
+        let mut c = cluster().await;
+        c.create_topic(topic, 1, 1, &[]).await.unwrap();
+        let config = ProducerConfig {
+            transactional_id: Some("txn-fence-1".into()),
+            ..ProducerConfig::default()
+        };
+        let mut old = Producer::new(cluster().await, config.clone())
+            .await
+            .unwrap();
+        let (t, _) = old.topic(topic).await.unwrap();
+        old.send(t, 0, None, b"zombie", 0).unwrap();
+        old.flush().await.unwrap();
+        // The new one aborts the old one's open transaction and fences it.
+        let mut new = Producer::new(cluster().await, config).await.unwrap();
+        let (t2, _) = new.topic(topic).await.unwrap();
+        new.send(t2, 0, None, b"live", 0).unwrap();
+        new.commit_transaction().await.unwrap();
+        old.send(t, 0, None, b"zombie again", 0).unwrap();
+        let err = old.commit_transaction().await.unwrap_err();
+        assert!(
+            matches!(err, Error::Broker { code: 47 | 90, .. }),
+            "the old producer is fenced: {err}"
+        );
+        let got = read(topic, 1, true).await;
+        let values: Vec<&[u8]> = got.iter().map(|(_, _, v)| v.as_slice()).collect();
+        assert_eq!(values, vec![b"live".as_slice()]);
     });
 }

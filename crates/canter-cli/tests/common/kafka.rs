@@ -121,11 +121,37 @@ pub fn read_values(
     quiet: Duration,
     limit: Duration,
 ) -> Vec<Vec<u8>> {
+    read_topic(bootstrap, topic, want, quiet, limit, false)
+}
+
+/// [`read_values`] as a `read_committed` consumer: only committed transactions' records.
+pub fn read_committed_values(
+    bootstrap: &str,
+    topic: &str,
+    want: usize,
+    quiet: Duration,
+    limit: Duration,
+) -> Vec<Vec<u8>> {
+    read_topic(bootstrap, topic, want, quiet, limit, true)
+}
+
+fn read_topic(
+    bootstrap: &str,
+    topic: &str,
+    want: usize,
+    quiet: Duration,
+    limit: Duration,
+    read_committed: bool,
+) -> Vec<Vec<u8>> {
     rt().block_on(async {
         let mut c = Cluster::connect(Config::new(bootstrap)).await.unwrap();
         c.refresh(&[topic]).await.unwrap();
         let n = c.topic(topic).unwrap().partitions.len() as i32;
-        let mut f = Fetcher::new(c, FetchConfig::default());
+        let config = FetchConfig {
+            read_committed,
+            ..FetchConfig::default()
+        };
+        let mut f = Fetcher::new(c, config);
         for p in 0..n {
             f.assign(topic, p, None).await.unwrap();
         }

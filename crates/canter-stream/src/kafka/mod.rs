@@ -21,6 +21,18 @@
 //! - **At least once.** Every `commit_interval`: changelog records written, the producer
 //!   flushed (results and changelog acknowledged by the brokers), then the input offsets
 //!   committed. A crash repeats at most what was processed since the last commit.
+//! - **Exactly once** ([`KafkaJob::exactly_once`]). Each worker's producer is transactional
+//!   (Kafka Streams' `exactly_once_v2`: one transactional id per worker,
+//!   `<group>-<instance>-<worker>`): results, changelog records and input offsets of one
+//!   commit interval go into one transaction, committed at the interval's end; inputs and
+//!   changelogs are read `read_committed`. Any failure inside a transaction aborts it and sends
+//!   every task of the worker back to the last commit (state restored from the changelog,
+//!   inputs from the committed offsets), so `read_committed` readers of the output see each
+//!   result once. A group member fenced while its transaction is open (a zombie) cannot commit
+//!   it (its offsets carry its member epoch, KIP-447). A process restarted with the same
+//!   [`KafkaJob::instance_id`] aborts its predecessor's open transactions at once; otherwise
+//!   the brokers abort them after [`KafkaJob::transaction_timeout`], and the tasks they touched
+//!   wait for that (their committed offsets are not stable until then).
 //! - **Bad input.** A record the task refuses is counted and skipped (a log line at most once
 //!   a second per worker); a broker that goes away pauses the worker (its requests retry with
 //!   backoff, [`Stats::broker_errors`] counts) and it resumes where it was.
@@ -71,6 +83,13 @@ pub struct KafkaJob {
     /// 45 s unless configured): how long after a process dies its tasks move to the others.
     /// The heartbeat interval is set to a third of it.
     pub session_timeout: Option<Duration>,
+    /// Results, changelog and offsets committed in one transaction per commit interval.
+    pub exactly_once: bool,
+    /// This process's name among the job's processes (part of its transactional ids): a
+    /// process restarted with the same one aborts its predecessor's open transactions.
+    pub instance_id: String,
+    /// How long a transaction may stay open before the brokers abort it.
+    pub transaction_timeout: Duration,
 }
 
 impl KafkaJob {
@@ -91,7 +110,15 @@ impl KafkaJob {
             bootstrap_timeout: Duration::from_secs(30),
             changelog_replication: 3,
             session_timeout: None,
+            exactly_once: false,
+            instance_id: format!("{:x}", std::process::id()),
+            transaction_timeout: Duration::from_secs(10),
         }
+    }
+
+    /// Worker `me`'s transactional id.
+    pub fn transactional_id(&self, me: usize) -> String {
+        format!("{}-{}-{me}", self.group, self.instance_id)
     }
 
     /// The changelog topic's name.
@@ -127,6 +154,10 @@ pub struct Stats {
     pub paused: AtomicU64,
     /// Tasks owned right now, summed over the workers.
     pub tasks_owned: AtomicU64,
+    /// Transactions committed (exactly once).
+    pub transactions: AtomicU64,
+    /// Transactions aborted, every task of the worker sent back to its last commit.
+    pub aborts: AtomicU64,
 }
 
 impl Stats {
@@ -134,7 +165,7 @@ impl Stats {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
-    fn all(&self) -> [(&'static str, &'static str, u64, bool); 12] {
+    fn all(&self) -> [(&'static str, &'static str, u64, bool); 14] {
         let g = Stats::get;
         [
             (
@@ -190,6 +221,18 @@ impl Stats {
                 "broker_errors",
                 "failed requests retried",
                 g(&self.broker_errors),
+                true,
+            ),
+            (
+                "transactions",
+                "transactions committed",
+                g(&self.transactions),
+                true,
+            ),
+            (
+                "aborts",
+                "transactions aborted (tasks back to their last commit)",
+                g(&self.aborts),
                 true,
             ),
             (

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use canter_kafka::records::{Batches, Compression as Codec};
+use canter_kafka::records::Compression as Codec;
 use canter_kafka::{
     Change, Cluster, Config, Error, FetchConfig, Fetched, Fetcher, Member, OffsetSpec, Producer,
     ProducerConfig, TopicHandle, Tp,
@@ -143,6 +143,17 @@ struct Worker<T: KeyedTask> {
     value_buf: Vec<u8>,
     last_refusal_log: Option<Instant>,
     last_sink_log: Option<Instant>,
+    /// Every task went back to its last commit since the main loop last looked.
+    rolled_back: bool,
+}
+
+/// Inputs and changelogs are read `read_committed` under exactly-once (what an aborted
+/// transaction wrote is never seen).
+fn fetch_config(job: &KafkaJob) -> FetchConfig {
+    FetchConfig {
+        read_committed: job.exactly_once,
+        ..FetchConfig::default()
+    }
 }
 
 fn now_ns() -> u64 {
@@ -175,6 +186,8 @@ pub(super) async fn run<T: KeyedTask>(
             linger: job.linger,
             compression: job.compression,
             max_record: job.max_record,
+            transactional_id: job.exactly_once.then(|| job.transactional_id(me)),
+            transaction_timeout: job.transaction_timeout,
             ..ProducerConfig::default()
         },
     )
@@ -188,7 +201,7 @@ pub(super) async fn run<T: KeyedTask>(
         me,
         task,
         stats,
-        fetcher: Fetcher::new(fetch_cluster, FetchConfig::default()),
+        fetcher: Fetcher::new(fetch_cluster, fetch_config(&job)),
         producer,
         member,
         group_cluster,
@@ -202,6 +215,7 @@ pub(super) async fn run<T: KeyedTask>(
         value_buf: Vec::new(),
         last_refusal_log: None,
         last_sink_log: None,
+        rolled_back: false,
         job,
     };
     let r = w.main_loop(&stop).await;
@@ -235,7 +249,14 @@ impl<T: KeyedTask> Worker<T> {
                         "kafka pipeline: the group dropped this member; its tasks are lost (their next owner repeats the uncommitted records); joining again");
                     self.lose_all();
                 }
-                Err(e) if e.is_retriable() => {
+                // Under exactly-once, a failed transaction was aborted and every task went
+                // back to its last commit: whatever the error (a coordinator that fenced this
+                // producer's epoch after the transaction timeout included), start again from
+                // there, after a pause.
+                Err(e)
+                    if e.is_retriable()
+                        || (std::mem::take(&mut self.rolled_back) && self.job.exactly_once) =>
+                {
                     Stats::add(&self.stats.broker_errors, 1);
                     if !paused {
                         paused = true;
@@ -301,11 +322,8 @@ impl<T: KeyedTask> Worker<T> {
         let queue = &mut task.inputs[input].chunks;
         let mut plain = Vec::new();
         let base = f.records.as_ptr() as usize;
-        for b in Batches::new(&f.records) {
+        for b in f.batches() {
             let b = b?;
-            if b.control || b.next_offset <= f.from {
-                continue;
-            }
             if b.compression == Codec::None {
                 for r in b.records(&mut self.scratch)? {
                     let r = r?;
@@ -450,25 +468,40 @@ impl<T: KeyedTask> Worker<T> {
         match self.producer.flush().await {
             Ok(_) => Ok(()),
             Err(e) => {
-                let tasks: Vec<i32> = self.tasks.keys().copied().collect();
-                tracing::warn!(worker = self.me, error = %e, ?tasks,
-                    "kafka pipeline: the producer failed; its tasks go back to their last commit");
-                for p in tasks {
-                    self.tasks.remove(&p);
-                    self.stats.tasks_owned.fetch_sub(1, Ordering::Relaxed);
-                    for t in &self.job.inputs {
-                        self.fetcher.unassign(t, p);
-                    }
-                    self.pending.insert(p);
-                }
+                self.back_to_last_commit(&e);
                 Err(e)
             }
+        }
+    }
+
+    /// Drops what the producer holds (aborting its transaction under exactly-once) and sends
+    /// every task back to its last commit: pending, to be restored from the changelog and
+    /// fetched from the committed offsets.
+    fn back_to_last_commit(&mut self, why: &Error) {
+        self.producer.abort();
+        self.rolled_back = true;
+        Stats::add(&self.stats.aborts, u64::from(self.job.exactly_once));
+        let tasks: Vec<i32> = self.tasks.keys().copied().collect();
+        tracing::warn!(worker = self.me, error = %why, ?tasks, exactly_once = self.job.exactly_once,
+            "kafka pipeline: the producer failed; its tasks go back to their last commit");
+        for p in tasks {
+            self.tasks.remove(&p);
+            self.stats.tasks_owned.fetch_sub(1, Ordering::Relaxed);
+            for t in &self.job.inputs {
+                self.fetcher.unassign(t, p);
+            }
+            self.pending.insert(p);
         }
     }
 
     /// Drops every task without a commit (the member was fenced) and forgets the membership.
     fn lose_all(&mut self) {
         self.member.reset();
+        if self.job.exactly_once {
+            // The open transaction holds the lost tasks' results: it must not commit.
+            self.producer.abort();
+            Stats::add(&self.stats.aborts, 1);
+        }
         for (p, _) in self.tasks.drain() {
             Stats::add(&self.stats.tasks_revoked, 1);
             self.stats.tasks_owned.fetch_sub(1, Ordering::Relaxed);
@@ -508,6 +541,17 @@ impl<T: KeyedTask> Worker<T> {
                 return Err(e);
             }
         }
+        if self.job.exactly_once {
+            let offsets = self.processed_offsets();
+            if let Err(e) = self.commit_transaction(&offsets).await {
+                self.back_to_last_commit(&e);
+                return Err(e);
+            }
+            Stats::add(&self.stats.changelog_out, changes);
+            Stats::add(&self.stats.transactions, 1);
+            Stats::add(&self.stats.commits, 1);
+            return Ok(());
+        }
         self.flush().await?;
         Stats::add(&self.stats.changelog_out, changes);
         let offsets = self.processed_offsets();
@@ -518,6 +562,22 @@ impl<T: KeyedTask> Worker<T> {
         }
         Stats::add(&self.stats.commits, 1);
         Ok(())
+    }
+
+    /// Results and changelog flushed, the offsets given to the transaction, the transaction
+    /// committed.
+    async fn commit_transaction(&mut self, offsets: &[(Tp, i64)]) -> Result<(), Error> {
+        self.producer.flush().await?;
+        if !offsets.is_empty() {
+            self.producer.add_offsets(&self.job.group).await?;
+            let txn = self.producer.transaction().ok_or(Error::Unsupported(
+                "exactly-once without a transactional id",
+            ))?;
+            self.member
+                .commit_in_transaction(&mut self.group_cluster, &txn, offsets)
+                .await?;
+        }
+        self.producer.commit_transaction().await
     }
 
     fn processed_offsets(&self) -> Vec<(Tp, i64)> {
@@ -539,6 +599,13 @@ impl<T: KeyedTask> Worker<T> {
             return Ok(());
         }
         let revoked_tasks: BTreeSet<i32> = change.revoked.iter().map(|(_, p)| *p).collect();
+        if change.lost && self.job.exactly_once && !revoked_tasks.is_empty() {
+            // The open transaction holds the lost tasks' results with the others': abort it,
+            // and the others start again from their last commit.
+            let why = Error::Unreachable("the group took tasks from this member".into());
+            self.back_to_last_commit(&why);
+            self.rolled_back = false;
+        }
         if !revoked_tasks.is_empty() {
             // Hand over what was processed. If the brokers refuse (a coordinator moving), the
             // tasks go anyway: their next owner repeats the uncommitted part (at least once).
@@ -583,6 +650,13 @@ impl<T: KeyedTask> Worker<T> {
     /// Starts the pending tasks; one that fails on a broker error stays pending (with the
     /// ones after it) for the next step.
     async fn start_pending(&mut self) -> Result<(), Error> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        // Under exactly-once, a producer that aborted takes its new epoch first: that aborts
+        // its open transaction, whose offsets would otherwise keep the committed offsets
+        // unstable.
+        self.producer.ready().await?;
         while let Some(&p) = self.pending.first() {
             match self.start_task(p).await {
                 Ok(()) => {
@@ -605,12 +679,27 @@ impl<T: KeyedTask> Worker<T> {
     async fn start_task(&mut self, p: i32) -> Result<(), Error> {
         let started = Instant::now();
         let mut state = Keyed::default();
-        let restored = self.restore(p, &mut state).await?;
         let parts: Vec<Tp> = self.job.inputs.iter().map(|t| (t.clone(), p)).collect();
-        let committed = self
-            .member
-            .committed(&mut self.group_cluster, &parts)
-            .await?;
+        // Under exactly-once the committed offsets come first: they are stable only once no
+        // transaction that wrote them is open, and then the changelog is complete up to its
+        // last stable offset.
+        let early = match self.job.exactly_once {
+            true => Some(
+                self.member
+                    .committed(&mut self.group_cluster, &parts)
+                    .await?,
+            ),
+            false => None,
+        };
+        let restored = self.restore(p, &mut state).await?;
+        let committed = match early {
+            Some(c) => c,
+            None => {
+                self.member
+                    .committed(&mut self.group_cluster, &parts)
+                    .await?
+            }
+        };
         for ((t, part), off) in &committed {
             self.fetcher.assign(t, *part, *off).await?;
         }
@@ -635,12 +724,16 @@ impl<T: KeyedTask> Worker<T> {
         let topic = self.job.changelog();
         let mut cluster = Cluster::connect(config(&self.job)).await?;
         cluster.refresh(&[&topic]).await?;
+        let spec = match self.job.exactly_once {
+            true => OffsetSpec::LastStable,
+            false => OffsetSpec::Latest,
+        };
         let end = cluster
-            .list_offsets(&topic, &[p], OffsetSpec::Latest)
+            .list_offsets(&topic, &[p], spec)
             .await?
             .first()
             .map_or(0, |(_, o)| *o);
-        let mut f = Fetcher::new(cluster, FetchConfig::default());
+        let mut f = Fetcher::new(cluster, fetch_config(&self.job));
         f.assign(&topic, p, None).await?;
         let mut n = 0u64;
         let mut scratch = Vec::new();
