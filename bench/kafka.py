@@ -93,16 +93,25 @@ def bare(mode, bootstrap, *args):
     return rate, ns
 
 
+def committed(bootstrap, topic):
+    """Records of `topic` a read_committed consumer sees (markers and aborted ones left out)."""
+    out = subprocess.run(["taskset", "-c", "1", BARE, "committed", bootstrap, topic],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.strip())
+
+
 def pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected, records, broker_pid):
     group = f"{kind}-{rnd}-{int(time.time())}"
-    if kind == "canter":
+    eos = kind.endswith("-eos")
+    if kind.startswith("canter"):
         cmd = ["taskset", "-c", "0", CANTER, "pipeline", "market-spread", "--kafka", bootstrap,
                "--group", group, "--nbbo-topic", nbbo, "--orders-topic", orders,
-               "--results-topic", results, "--workers", "1"]
+               "--results-topic", results, "--workers", "1"] + (["--exactly-once"] if eos else [])
     else:
         cp = os.path.join(STREAMS, "classes") + ":" + os.path.join(STREAMS, "dependency", "*")
         cmd = ["taskset", "-c", "0", "java", "-Xms1g", "-Xmx1g", "-cp", cp, "bench.MarketSpread",
-               bootstrap, group, "1", "100", nbbo, orders, results]
+               bootstrap, group, "1", "100", nbbo, orders, results,
+               "exactly_once_v2" if eos else "at_least_once"]
     env = dict(os.environ, RUST_LOG="info")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=env)
@@ -110,8 +119,8 @@ def pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected, records, bro
     # the Kafka Streams instance RUNNING. CPU and time are taken at that moment, so startup
     # (the JVM's, the group join) is left out for both.
     ready = {}
-    marker = "task started" if kind == "canter" else "RUNNING"
-    need = 4 if kind == "canter" else 1
+    marker = "task started" if kind.startswith("canter") else "RUNNING"
+    need = 4 if kind.startswith("canter") else 1
 
     def watch():
         seen = 0
@@ -124,18 +133,28 @@ def pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected, records, bro
     threading.Thread(target=watch, daemon=True).start()
     try:
         deadline = time.time() + 600
-        count = 0
+        count, last, moved = 0, -1, None
         while time.time() < deadline:
             count = end(bootstrap, results)
-            now, cpu, bcpu = time.time(), cpu_seconds(proc.pid), cpu_seconds(broker_pid)
-            if count >= expected:
+            sample = time.time(), cpu_seconds(proc.pid), cpu_seconds(broker_pid)
+            if count != last:
+                last, moved = count, sample
+            now, cpu, bcpu = sample
+            if count >= expected and not eos:
+                break
+            # Transactions: markers take offsets too, so the end offset passes the expected
+            # count before the last commit. The run ends at the end offset's last move (the
+            # last transaction's commit marker), once it stood still for a second.
+            if count >= expected and eos and sample[0] - moved[0] >= 1.0:
+                now, cpu, bcpu = moved
                 break
             if proc.poll() is not None:
                 raise RuntimeError(f"{kind} exited with {proc.returncode}")
             time.sleep(0.02)
-        # Nothing more may come: exactly the expected results.
+        # Nothing more may come: exactly the expected results (read_committed under
+        # exactly-once).
         time.sleep(1.0)
-        final = end(bootstrap, results)
+        final = committed(bootstrap, results) if eos else end(bootstrap, results)
     finally:
         stop(proc)
     if not ready or count < expected:
@@ -247,14 +266,17 @@ def latency(kind, bootstrap, rnd, rate, seconds, broker_pid):
     for t in topics:
         topic(bootstrap, t)
     group = f"lat-{kind}-{rnd}-{int(time.time())}"
-    if kind == "canter":
-        proc, log = start_canter(bootstrap, group, topics, ("--workers", "1"))
+    eos = kind.endswith("-eos")
+    if kind.startswith("canter"):
+        proc, log = start_canter(bootstrap, group, topics,
+                                 ("--workers", "1") + (("--exactly-once",) if eos else ()))
         marker, need = "task started", 4
     else:
         cp = os.path.join(STREAMS, "classes") + ":" + os.path.join(STREAMS, "dependency", "*")
         proc = subprocess.Popen(
             ["taskset", "-c", "0", "java", "-Xms1g", "-Xmx1g", "-cp", cp, "bench.MarketSpread",
-             bootstrap, group, "1", "100", *topics],
+             bootstrap, group, "1", "100", *topics,
+             "exactly_once_v2" if eos else "at_least_once"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         log = []
         threading.Thread(target=lambda: [log.append((time.time(), l)) for l in proc.stderr],
@@ -266,8 +288,11 @@ def latency(kind, bootstrap, rnd, rate, seconds, broker_pid):
             if time.time() > deadline or proc.poll() is not None:
                 raise RuntimeError(f"{kind} did not start for the latency run")
             time.sleep(0.1)
+        # Under exactly-once the consumer reads read_committed: a result counts when its
+        # transaction commits.
         consumer = subprocess.Popen(["taskset", "-c", "1", BARE, "latency", bootstrap, topics[2],
-                                     str(seconds + 2)], stdout=subprocess.PIPE, text=True)
+                                     str(seconds + 2)] + (["committed"] if eos else []),
+                                    stdout=subprocess.PIPE, text=True)
         time.sleep(1.0)
         subprocess.run(["taskset", "-c", "1", CANTER, "send", "market-spread", "--kafka",
                         bootstrap, "--nbbo-topic", topics[0], "--orders-topic", topics[1],
@@ -296,7 +321,7 @@ def main():
         if not os.path.exists(path):
             sys.exit(f"{path} missing: run bench/build.sh")
     kinds = args.pipelines.split(",")
-    if "kafka-streams" in kinds and not os.path.isdir(os.path.join(STREAMS, "classes")):
+    if any(k.startswith("kafka-streams") for k in kinds) and not os.path.isdir(os.path.join(STREAMS, "classes")):
         sys.exit("bench/peers/kafka-streams is not built: run bench/build.sh")
     work = tempfile.mkdtemp(prefix="canter-bench-kafka-")
     cluster = os.path.join(work, "cluster")
@@ -347,7 +372,7 @@ def main():
         # the most that generator sustains.
         peak = {k: statistics.median(r["input_rate"] for r in runs if r["pipeline"] == k)
                 for k in kinds}
-        half = round(peak.get("kafka-streams", peak.get("canter")) / 2, -3)
+        half = round(peak.get("kafka-streams", peak.get("canter", max(peak.values()))) / 2, -3)
         for rnd in range(args.rounds):
             for kind in kinds:
                 r = latency(kind, bootstrap, rnd, half, args.latency_seconds, broker_pid)
@@ -450,12 +475,18 @@ def report(runs, ceiling, records, lat=(), fo=()):
         cs = [c for c in ceiling if c["client"] == client]
         lines.append(f"| {client} | {statistics.median(c['rate'] for c in cs):,.0f} | "
                      f"{statistics.median(c['ns'] for c in cs):,.0f} |")
-    if "canter" in med and "kafka-streams" in med:
-        c, k = med["canter"], med["kafka-streams"]
-        lines.append("")
-        lines.append(f"canter ÷ Kafka Streams: CPU per record "
-                     f"{c['cpu_ns_per_record'] / k['cpu_ns_per_record']:.3f}x (target ≤ 0.1x), "
-                     f"throughput {c['input_rate'] / k['input_rate']:.1f}x.")
+    for suffix, what in (("", ""), ("-eos", " (exactly once: exactly_once_v2)")):
+        if "canter" + suffix in med and "kafka-streams" + suffix in med:
+            c, k = med["canter" + suffix], med["kafka-streams" + suffix]
+            lines.append("")
+            lines.append(f"canter ÷ Kafka Streams{what}: CPU per record "
+                         f"{c['cpu_ns_per_record'] / k['cpu_ns_per_record']:.3f}x (target ≤ 0.1x), "
+                         f"throughput {c['input_rate'] / k['input_rate']:.1f}x.")
+    if "canter" in med and "canter-eos" in med:
+        c, e = med["canter"], med["canter-eos"]
+        lines.append(f"canter exactly once ÷ at least once: throughput "
+                     f"{e['input_rate'] / c['input_rate']:.2f}x (target ≥ 0.8x), CPU per record "
+                     f"{e['cpu_ns_per_record'] / c['cpu_ns_per_record']:.2f}x.")
     pipe = [c["rate"] for c in ceiling if c["client"] == "canter-kafka pipe"]
     if "canter" in med and pipe:
         lines.append(f"canter ÷ bare pipe ceiling: throughput "

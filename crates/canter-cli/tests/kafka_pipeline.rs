@@ -315,6 +315,79 @@ fn exactly_once_results_arrive_once_when_a_process_is_killed_and_restarted() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+#[test]
+fn exactly_once_holds_when_a_process_dies_inside_a_commit_or_a_hand_over() {
+    for (i, point) in ["commit-before-offsets", "commit-before-end", "hand-over"]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("ms-eos-fp{i}");
+        let t = Topics::new(&name);
+        let d = dir(&name);
+        t.create(&bootstrap(), 4, 1);
+        let flags = |instance: &str| {
+            [
+                t.flags(),
+                [
+                    "--exactly-once",
+                    "--session-timeout",
+                    "1s",
+                    "--instance-id",
+                    instance,
+                ]
+                .map(String::from)
+                .to_vec(),
+            ]
+            .concat()
+        };
+        // The input is all there first; A alone owns every task and dies at the point: in its
+        // fifth commit, or when B's arrival makes it hand tasks over.
+        send(&d, 60_000, Some(&t), &[]);
+        let want = expected(&d);
+        let nth = if point == "hand-over" { "1" } else { "5" };
+        let fp = format!("{point}:{nth}");
+        let mut a = KafkaPipeline::start_with_env(
+            &bootstrap(),
+            &name,
+            &flags("a"),
+            &[("CANTER_FAILPOINT", &fp)],
+        );
+        let b = if point == "hand-over" {
+            a.wait_for("task started", Duration::from_secs(30));
+            thread::sleep(Duration::from_millis(300));
+            Some(KafkaPipeline::start(&bootstrap(), &name, &flags("b")))
+        } else {
+            None
+        };
+        let st = a.wait_exit(Duration::from_secs(60));
+        assert!(!st.success(), "{point}: the failpoint ended A ({st})");
+        assert!(
+            a.log()
+                .iter()
+                .any(|l| l.contains("CANTER_FAILPOINT reached")),
+            "{point}: {:#?}",
+            a.log()
+        );
+        // A again (its instance id aborts the open transaction), and the results once.
+        let a = KafkaPipeline::start(&bootstrap(), &name, &flags("a"));
+        let got = read_committed_values(
+            &bootstrap(),
+            &t.results,
+            want.len(),
+            Duration::from_secs(3),
+            Duration::from_secs(90),
+        );
+        a.stop();
+        if let Some(b) = b {
+            b.stop();
+        }
+        let dups = check(&got, &want);
+        assert_eq!(dups, 0, "{point}: results repeated");
+        eprintln!("{point}: {} results, each once", got.len());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
 /// `canter pipeline market-spread --kafka ARGS` run to its end: (success, stderr, seconds).
 fn run_pipeline(args: &[&str]) -> (bool, String, Duration) {
     let t0 = Instant::now();

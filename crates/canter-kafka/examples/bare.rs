@@ -10,7 +10,9 @@
 //! ```
 //!
 //! `end` prints the sum of the topic's latest offsets (how many records it holds), `ends`
-//! each partition's; `latency BOOTSTRAP TOPIC SECONDS` reads what arrives for that long and
+//! each partition's; `committed` reads the topic `read_committed` up to its last stable
+//! offsets and prints how many records committed transactions (and plain producers) put
+//! there (transaction markers take offsets too, so `end` overcounts such a topic); `latency BOOTSTRAP TOPIC SECONDS` reads what arrives for that long and
 //! prints the percentiles of arrival time less record timestamp (JSON, ms); `pipe`
 //! consumes N records from the input topics and produces each, key and value unchanged, to
 //! OUT's partition for its key: a pipeline that does nothing, the ceiling of one that does.
@@ -34,10 +36,11 @@ fn cpu_seconds() -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() < 4 || (!args[1].starts_with("end") && args.len() < 5) {
+    let one_topic = ["end", "ends", "committed"].contains(&args.get(1).map_or("", String::as_str));
+    if args.len() < 4 || (!one_topic && args.len() < 5) {
         eprintln!(
-            "usage: bare consume|produce BOOTSTRAP TOPIC N [SIZE] | end BOOTSTRAP TOPIC \
-             | pipe BOOTSTRAP IN[,IN2] N OUT"
+            "usage: bare consume|produce BOOTSTRAP TOPIC N [SIZE] | end|ends|committed BOOTSTRAP \
+             TOPIC | pipe BOOTSTRAP IN[,IN2] N OUT"
         );
         std::process::exit(2);
     }
@@ -74,7 +77,15 @@ fn main() {
                 .list_offsets(topic, &all, canter_kafka::OffsetSpec::Latest)
                 .await
                 .unwrap();
-            let mut f = Fetcher::new(cluster, FetchConfig { max_wait: std::time::Duration::from_millis(10), ..FetchConfig::default() });
+            let read_committed = args.get(5).is_some_and(|a| a == "committed");
+            let mut f = Fetcher::new(
+                cluster,
+                FetchConfig {
+                    max_wait: std::time::Duration::from_millis(10),
+                    read_committed,
+                    ..FetchConfig::default()
+                },
+            );
             for (p, o) in ends {
                 f.assign(topic, p, Some(o)).await.unwrap();
             }
@@ -97,6 +108,32 @@ fn main() {
                 "{{\"records\": {}, \"p50_ms\": {:.1}, \"p99_ms\": {:.1}, \"p999_ms\": {:.1}, \"max_ms\": {:.1}}}",
                 lat.len(), q(0.5), q(0.99), q(0.999), q(1.0)
             );
+            return;
+        }
+        if mode == "committed" {
+            let all: Vec<i32> = (0..parts).collect();
+            let ends = cluster
+                .list_offsets(topic, &all, canter_kafka::OffsetSpec::LastStable)
+                .await
+                .unwrap();
+            let config = FetchConfig {
+                read_committed: true,
+                ..FetchConfig::default()
+            };
+            let mut f = Fetcher::new(cluster, config);
+            for p in 0..parts {
+                f.assign(topic, p, None).await.unwrap();
+            }
+            let (mut got, mut scratch) = (0u64, Vec::new());
+            while ends
+                .iter()
+                .any(|(p, end)| f.position(topic, *p).is_some_and(|pos| pos < *end))
+            {
+                for batch in f.fetch().await.unwrap() {
+                    got += batch.for_each(&mut scratch, |_| {}).unwrap();
+                }
+            }
+            println!("{got}");
             return;
         }
         if mode == "end" {

@@ -236,7 +236,18 @@ impl KafkaPipeline {
     /// Starts it with `args` after `--kafka BOOTSTRAP --group GROUP`, and waits for its start
     /// line.
     pub fn start(bootstrap: &str, group: &str, args: &[String]) -> KafkaPipeline {
+        KafkaPipeline::start_with_env(bootstrap, group, args, &[])
+    }
+
+    /// [`KafkaPipeline::start`] with environment variables (`CANTER_FAILPOINT`).
+    pub fn start_with_env(
+        bootstrap: &str,
+        group: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> KafkaPipeline {
         let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
+            .envs(env.iter().copied())
             .args([
                 "pipeline",
                 "market-spread",
@@ -356,6 +367,21 @@ impl KafkaPipeline {
                 Some((k.to_owned(), v.parse().ok()?))
             })
             .collect()
+    }
+
+    /// Waits (up to `limit`) for the process to end by itself (a failpoint); its exit status.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(
+                t0.elapsed() < limit,
+                "the pipeline did not end within {limit:?}"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGKILL: no commit, no leave.

@@ -145,6 +145,41 @@ struct Worker<T: KeyedTask> {
     last_sink_log: Option<Instant>,
     /// Every task went back to its last commit since the main loop last looked.
     rolled_back: bool,
+    failpoint: Failpoint,
+}
+
+/// A fault test's hook: `CANTER_FAILPOINT=NAME:N` ends the process (abort, as a crash would)
+/// the N-th time a worker passes the point NAME: `commit-before-offsets` (results and
+/// changelog flushed, offsets not yet in the transaction), `commit-before-end` (offsets in the
+/// transaction, not committed), `hand-over` (tasks revoked, before their commit). Read once at
+/// start; unset, a point costs a comparison.
+struct Failpoint {
+    at: Option<(String, u64)>,
+}
+
+impl Failpoint {
+    fn from_env() -> Failpoint {
+        let at = std::env::var("CANTER_FAILPOINT").ok().and_then(|v| {
+            let (name, n) = v.split_once(':')?;
+            Some((name.to_owned(), n.parse().ok()?))
+        });
+        Failpoint { at }
+    }
+
+    fn pass(&mut self, name: &str) {
+        if let Some((point, left)) = self.at.as_mut() {
+            if point == name {
+                *left = left.saturating_sub(1);
+                if *left == 0 {
+                    tracing::error!(
+                        point = name,
+                        "CANTER_FAILPOINT reached: aborting the process"
+                    );
+                    std::process::abort();
+                }
+            }
+        }
+    }
 }
 
 /// Inputs and changelogs are read `read_committed` under exactly-once (what an aborted
@@ -216,6 +251,7 @@ pub(super) async fn run<T: KeyedTask>(
         last_refusal_log: None,
         last_sink_log: None,
         rolled_back: false,
+        failpoint: Failpoint::from_env(),
         job,
     };
     let r = w.main_loop(&stop).await;
@@ -245,8 +281,8 @@ impl<T: KeyedTask> Worker<T> {
                     backoff = Duration::from_millis(100);
                 }
                 Err(e) if e.is_fenced() => {
-                    tracing::warn!(worker = self.me, error = %e,
-                        "kafka pipeline: the group dropped this member; its tasks are lost (their next owner repeats the uncommitted records); joining again");
+                    tracing::warn!(worker = self.me, error = %e, exactly_once = self.job.exactly_once,
+                        "kafka pipeline: the group dropped this member; its tasks are lost (their next owner repeats the uncommitted records, or under exactly-once their aborted transaction); joining again");
                     self.lose_all();
                 }
                 // Under exactly-once, a failed transaction was aborted and every task went
@@ -477,13 +513,13 @@ impl<T: KeyedTask> Worker<T> {
     /// Drops what the producer holds (aborting its transaction under exactly-once) and sends
     /// every task back to its last commit: pending, to be restored from the changelog and
     /// fetched from the committed offsets.
-    fn back_to_last_commit(&mut self, why: &Error) {
+    fn back_to_last_commit(&mut self, why: &dyn std::fmt::Display) {
         self.producer.abort();
         self.rolled_back = true;
         Stats::add(&self.stats.aborts, u64::from(self.job.exactly_once));
         let tasks: Vec<i32> = self.tasks.keys().copied().collect();
-        tracing::warn!(worker = self.me, error = %why, ?tasks, exactly_once = self.job.exactly_once,
-            "kafka pipeline: the producer failed; its tasks go back to their last commit");
+        tracing::warn!(worker = self.me, reason = %why, ?tasks, exactly_once = self.job.exactly_once,
+            "kafka pipeline: uncommitted work dropped (under exactly-once its transaction aborted); the tasks go back to their last commit");
         for p in tasks {
             self.tasks.remove(&p);
             self.stats.tasks_owned.fetch_sub(1, Ordering::Relaxed);
@@ -568,6 +604,7 @@ impl<T: KeyedTask> Worker<T> {
     /// committed.
     async fn commit_transaction(&mut self, offsets: &[(Tp, i64)]) -> Result<(), Error> {
         self.producer.flush().await?;
+        self.failpoint.pass("commit-before-offsets");
         if !offsets.is_empty() {
             self.producer.add_offsets(&self.job.group).await?;
             let txn = self.producer.transaction().ok_or(Error::Unsupported(
@@ -577,6 +614,7 @@ impl<T: KeyedTask> Worker<T> {
                 .commit_in_transaction(&mut self.group_cluster, &txn, offsets)
                 .await?;
         }
+        self.failpoint.pass("commit-before-end");
         self.producer.commit_transaction().await
     }
 
@@ -602,14 +640,14 @@ impl<T: KeyedTask> Worker<T> {
         if change.lost && self.job.exactly_once && !revoked_tasks.is_empty() {
             // The open transaction holds the lost tasks' results with the others': abort it,
             // and the others start again from their last commit.
-            let why = Error::Unreachable("the group took tasks from this member".into());
-            self.back_to_last_commit(&why);
+            self.back_to_last_commit(&"the group took tasks from this member");
             self.rolled_back = false;
         }
         if !revoked_tasks.is_empty() {
             // Hand over what was processed. If the brokers refuse (a coordinator moving), the
             // tasks go anyway: their next owner repeats the uncommitted part (at least once).
             if !change.lost {
+                self.failpoint.pass("hand-over");
                 if let Err(e) = self.commit().await {
                     tracing::warn!(worker = self.me, error = %e,
                         "kafka pipeline: commit before a hand-over failed; the next owner repeats the uncommitted records");

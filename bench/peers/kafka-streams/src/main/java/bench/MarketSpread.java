@@ -61,12 +61,15 @@ public final class MarketSpread {
         String nbbo = args.length > 4 ? args[4] : "nbbo";
         String orders = args.length > 5 ? args[5] : "orders";
         String results = args.length > 6 ? args[6] : "results";
+        // at_least_once (Kafka Streams' default) or exactly_once_v2.
+        String guarantee = args.length > 7 ? args[7] : StreamsConfig.AT_LEAST_ONCE;
 
         Properties p = new Properties();
         p.put(StreamsConfig.APPLICATION_ID_CONFIG, app);
         p.put(StreamsConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, threads);
         p.put(StreamsConfig.COMMIT_INTERVAL_MS_CONFIG, commitMs);
+        p.put(StreamsConfig.PROCESSING_GUARANTEE_CONFIG, guarantee);
         p.put(StreamsConfig.STATE_DIR_CONFIG, System.getProperty("java.io.tmpdir") + "/kstreams-" + app);
         p.put(StreamsConfig.consumerPrefix("auto.offset.reset"), "earliest");
 
