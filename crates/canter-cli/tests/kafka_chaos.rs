@@ -117,7 +117,7 @@ fn exactly_once_survives_random_kills_freezes_and_broker_restarts() {
         ]
         .concat()
     };
-    let mut names = vec!["p0".to_owned(), "p1".to_owned()];
+    let mut names = ["p0".to_owned(), "p1".to_owned()];
     let mut procs: Vec<KafkaPipeline> = names
         .iter()
         .map(|n| KafkaPipeline::start(&bootstrap, "chaos", &flags(n)))
