@@ -24,6 +24,11 @@ Ceiling: canter-kafka's `bare pipe` (consume the inputs, produce every record un
 its key's partition: a pipeline doing nothing) and the bare consume and produce loops of
 canter-kafka and of librdkafka (bench/peers/rust/kafka-rdkafka), on CPU 0.
 
+Exactly once: the `-eos` kinds run the same job with canter's --exactly-once and Kafka
+Streams' exactly_once_v2 (100 ms commits for both); the end offset then counts transaction
+markers too, so such a run ends when the results topic's end offset last moved (it stood still
+for a second after passing the expected count), and its results are counted read_committed.
+
 Results: bench/results/kafka-<time>.json and Markdown on standard output (medians of the rounds).
 """
 import argparse
@@ -310,7 +315,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=4_000_000)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--pipelines", default="canter,kafka-streams")
+    ap.add_argument("--pipelines", default="canter,kafka-streams,canter-eos,kafka-streams-eos")
     ap.add_argument("--no-summary", action="store_true")
     ap.add_argument("--latency-seconds", type=int, default=10)
     ap.add_argument("--failover-symbols", default="1000,100000",

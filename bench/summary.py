@@ -34,6 +34,7 @@ AREAS = [
     ("techempower", "TechEmpower's database tests (PostgreSQL)", "bench/techempower.py"),
     ("market-spread", "Stream pipelines: Market Spread", "bench/market_spread.py"),
     ("kafka", "Stream pipelines on Kafka: Market Spread", "bench/kafka.py"),
+    ("kafka-chaos", "Exactly once on Kafka under faults", "bench/kafka_chaos.py"),
     ("python", "The Python front end", "bench/python.py"),
 ]
 

@@ -382,26 +382,16 @@ impl Producer {
             .with_producer_epoch(id.1)
             .with_group_id(GroupId(StrBytes::from_string(group.to_owned())));
         let deadline = Instant::now() + self.config.delivery_timeout;
-        loop {
-            let code = match txn_call(&mut self.cluster, t, req.clone(), 0, 3).await {
-                Ok(r) => r.error_code,
-                Err(e) if e.is_retriable() && Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            match code {
-                0 => break,
-                c if txn_retriable(c) && Instant::now() < deadline => {
-                    if matches!(c, 15 | 16) {
-                        t.coordinator = None;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                c => return Err(Error::broker("AddOffsetsToTxn", c, None)),
-            }
-        }
+        txn_request(
+            &mut self.cluster,
+            t,
+            req,
+            (0, 3),
+            deadline,
+            "AddOffsetsToTxn",
+            |r| r.error_code,
+        )
+        .await?;
         t.groups.push(group.to_owned());
         Ok(())
     }
@@ -429,28 +419,12 @@ impl Producer {
             .with_producer_epoch(id.1)
             .with_committed(commit);
         let deadline = Instant::now() + self.config.delivery_timeout;
-        loop {
-            // A retry after a lost answer is safe: the coordinator answers a repeated EndTxn
-            // of a transaction it already ended that way with success.
-            let code = match txn_call(&mut self.cluster, t, req.clone(), 0, 4).await {
-                Ok(r) => r.error_code,
-                Err(e) if e.is_retriable() && Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            match code {
-                0 => break,
-                c if txn_retriable(c) && Instant::now() < deadline => {
-                    if matches!(c, 15 | 16) {
-                        t.coordinator = None;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                c => return Err(Error::broker("EndTxn", c, None)),
-            }
-        }
+        // A retry after a lost answer is safe: the coordinator answers a repeated EndTxn of a
+        // transaction it already ended that way with success.
+        txn_request(&mut self.cluster, t, req, (0, 4), deadline, "EndTxn", |r| {
+            r.error_code
+        })
+        .await?;
         t.added.clear();
         t.groups.clear();
         self.stats.transactions += 1;
@@ -491,35 +465,27 @@ impl Producer {
             .with_v3_and_below_producer_epoch(id.1)
             .with_v3_and_below_topics(topics);
         let deadline = Instant::now() + self.config.delivery_timeout;
-        loop {
-            let resp = match txn_call(&mut self.cluster, t, req.clone(), 0, 3).await {
-                Ok(r) => r,
-                Err(e) if e.is_retriable() && Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            let mut worst = resp.error_code;
-            for tr in &resp.results_by_topic_v3_and_below {
-                for pr in &tr.results_by_partition {
-                    // OPERATION_NOT_ATTEMPTED (55) stands beside the partition that failed.
-                    if pr.partition_error_code != 0 && pr.partition_error_code != 55 {
-                        worst = pr.partition_error_code;
+        txn_request(
+            &mut self.cluster,
+            t,
+            req,
+            (0, 3),
+            deadline,
+            "AddPartitionsToTxn",
+            |r| {
+                let mut worst = r.error_code;
+                for tr in &r.results_by_topic_v3_and_below {
+                    for pr in &tr.results_by_partition {
+                        // OPERATION_NOT_ATTEMPTED (55) stands beside the partition that failed.
+                        if pr.partition_error_code != 0 && pr.partition_error_code != 55 {
+                            worst = pr.partition_error_code;
+                        }
                     }
                 }
-            }
-            match worst {
-                0 => break,
-                c if txn_retriable(c) && Instant::now() < deadline => {
-                    if matches!(c, 15 | 16) {
-                        t.coordinator = None;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                c => return Err(Error::broker("AddPartitionsToTxn", c, None)),
-            }
-        }
+                worst
+            },
+        )
+        .await?;
         t.added.extend(new);
         Ok(())
     }
@@ -762,6 +728,45 @@ async fn txn_call<R: kafka_protocol::protocol::Request>(
     r
 }
 
+/// `req` to the transaction coordinator until its answer's error code (`code`) is 0, retrying
+/// while the coordinator moves, loads or finishes the previous transaction (backoff from 2 ms:
+/// right after a commit its markers are still being written, a matter of milliseconds), up to
+/// `deadline`.
+async fn txn_request<R: kafka_protocol::protocol::Request + Clone>(
+    cluster: &mut Cluster,
+    t: &mut Txn,
+    req: R,
+    versions: (i16, i16),
+    deadline: Instant,
+    api: &'static str,
+    code: impl Fn(&R::Response) -> i16,
+) -> Result<R::Response, Error> {
+    let mut backoff = Duration::from_millis(2);
+    loop {
+        let err = match txn_call(cluster, t, req.clone(), versions.0, versions.1).await {
+            Ok(r) => match code(&r) {
+                0 => return Ok(r),
+                c => {
+                    if matches!(c, 15 | 16) {
+                        t.coordinator = None;
+                    }
+                    Error::broker(api, c, None)
+                }
+            },
+            Err(e) => e,
+        };
+        let retriable = match &err {
+            Error::Broker { code, .. } => txn_retriable(*code),
+            e => e.is_retriable(),
+        };
+        if !retriable || Instant::now() >= deadline {
+            return Err(err);
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_millis(100));
+    }
+}
+
 /// InitProducerId for a transactional id at its coordinator: a new epoch, the previous
 /// epoch's open transaction aborted (retried while the coordinator finishes it).
 async fn init_transactional(
@@ -775,30 +780,13 @@ async fn init_transactional(
         .with_transaction_timeout_ms(timeout.as_millis().min(i32::MAX as u128) as i32)
         .with_producer_id(ProducerId(-1))
         .with_producer_epoch(-1);
-    loop {
-        let err = match txn_call(cluster, t, req.clone(), 2, 4).await {
-            Ok(resp) if resp.error_code == 0 => {
-                t.added.clear();
-                t.groups.clear();
-                return Ok((resp.producer_id.0, resp.producer_epoch));
-            }
-            Ok(resp) => {
-                if matches!(resp.error_code, 15 | 16) {
-                    t.coordinator = None;
-                }
-                Error::broker("InitProducerId", resp.error_code, None)
-            }
-            Err(e) => e,
-        };
-        let retriable = match &err {
-            Error::Broker { code, .. } => txn_retriable(*code),
-            e => e.is_retriable(),
-        };
-        if !retriable || Instant::now() > deadline {
-            return Err(err);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let resp = txn_request(cluster, t, req, (2, 4), deadline, "InitProducerId", |r| {
+        r.error_code
+    })
+    .await?;
+    t.added.clear();
+    t.groups.clear();
+    Ok((resp.producer_id.0, resp.producer_epoch))
 }
 
 async fn init_producer_id(cluster: &mut Cluster) -> Result<(i64, i16), Error> {
