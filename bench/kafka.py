@@ -204,11 +204,15 @@ def start_canter(bootstrap, group, topics, extra=()):
     return proc, lines
 
 
-def failover(bootstrap, symbols, session):
+def failover(bootstrap, symbols, session, eos=False):
     """Two canter processes share a group; one is killed with SIGKILL while records flow.
-    Time from the kill to the first new result from its partitions (written by the other),
-    and the other's restore of their state."""
-    topics = (f"fo-nbbo-{symbols}", f"fo-orders-{symbols}", f"fo-results-{symbols}")
+    At least once: time from the kill to the first new result from its partitions (written by
+    the other), and the other's restore of their state. Exactly once (--exactly-once): the
+    killed one is restarted at once with its instance id (which aborts its open
+    transaction), and the time is from the restart to the first new committed result from its
+    partitions (read read_committed), restores counted in both processes."""
+    tag = f"{symbols}-eos" if eos else str(symbols)
+    topics = (f"fo-nbbo-{tag}", f"fo-orders-{tag}", f"fo-results-{tag}")
     for t in topics:
         topic(bootstrap, t)
     # The state: every symbol's quote, processed by both before the kill.
@@ -217,17 +221,20 @@ def failover(bootstrap, symbols, session):
          "--nbbo-topic", topics[0], "--orders-topic", topics[1], "--symbols", str(symbols),
          "--count", str(4 * symbols), "--json"], check=True, capture_output=True, text=True).stdout
     expected = json.loads(sent)["expected_results"]
-    group = f"fo-{symbols}-{int(time.time())}"
-    extra = ("--session-timeout", session)
-    a, a_log = start_canter(bootstrap, group, topics, extra)
-    b, b_log = start_canter(bootstrap, group, topics, extra)
+    group = f"fo-{tag}-{int(time.time())}"
+    extra = lambda name: ("--session-timeout", session) + (  # noqa: E731
+        ("--exactly-once", "--instance-id", name) if eos else ())
+    a, a_log = start_canter(bootstrap, group, topics, extra("a"))
+    b, b_log = start_canter(bootstrap, group, topics, extra("b"))
+    count = (lambda: committed(bootstrap, topics[2])) if eos else (lambda: end(bootstrap, topics[2]))
+    logs = [a_log, b_log]
     try:
-        deadline = time.time() + 120
-        while end(bootstrap, topics[2]) < expected or not owned_tasks(l for _, l in a_log) \
+        deadline = time.time() + 300
+        while count() < expected or not owned_tasks(l for _, l in a_log) \
                 or not owned_tasks(l for _, l in b_log):
             if time.time() > deadline:
                 raise RuntimeError("failover: the two processes did not settle")
-            time.sleep(0.2)
+            time.sleep(0.5 if eos else 0.2)
         time.sleep(1.0)
         lost = owned_tasks(l for _, l in a_log)
         # Records keep flowing (20,000/s), then A dies.
@@ -241,25 +248,37 @@ def failover(bootstrap, symbols, session):
         killed = time.time()
         a.wait()
         time.sleep(0.05)  # a Produce of A's already on the wire lands within this
-        base = ends(bootstrap, topics[2])
         first = None
-        while time.time() < killed + 60:
-            now_ends = ends(bootstrap, topics[2])
-            if any(now_ends[p] > base[p] for p in lost):
-                first = time.time() - killed
-                break
-            time.sleep(0.01)
+        if eos:
+            watcher = subprocess.Popen(
+                ["taskset", "-c", "1", BARE, "first", bootstrap, topics[2], "90",
+                 ",".join(str(p) for p in sorted(lost))], stdout=subprocess.PIPE, text=True)
+            time.sleep(0.5)  # its start offsets taken before anything new can commit
+            a, a_log = start_canter(bootstrap, group, topics, extra("a"))
+            logs.append(a_log)
+            restarted = time.time()
+            out = watcher.communicate(timeout=120)[0].strip()
+            first = float(out) - restarted if out not in ("", "none") else None
+        else:
+            base = ends(bootstrap, topics[2])
+            while time.time() < killed + 60:
+                now_ends = ends(bootstrap, topics[2])
+                if any(now_ends[p] > base[p] for p in lost):
+                    first = time.time() - killed
+                    break
+                time.sleep(0.01)
         feeder.kill()
         feeder.wait()
     finally:
         for p in (a, b):
             stop(p)
     restored = took = 0
-    for t, line in b_log:
+    for t, line in [x for log in logs for x in log]:
         if "task started" in line and t > killed:
             restored += int(line.split(" restored=")[1].split()[0])
             took += int(line.split(" took_ms=")[1].split()[0])
     return {"symbols": symbols, "session_timeout": session, "tasks_moved": sorted(lost),
+            "mode": "exactly once, restarted" if eos else "at least once, taken over",
             "first_result_s": first, "restored": restored, "restore_ms": took,
             "restore_per_s": restored * 1000 / took if took else None}
 
@@ -321,6 +340,8 @@ def main():
     ap.add_argument("--failover-symbols", default="1000,100000",
                     help="state sizes (symbols) of the failover runs; empty: none")
     ap.add_argument("--session-timeout", default="1s")
+    ap.add_argument("--failover-modes", default="alo,eos",
+                    help="alo: the other process takes over; eos: --exactly-once, restarted")
     args = ap.parse_args()
     for path in (CANTER, BARE):
         if not os.path.exists(path):
@@ -389,11 +410,12 @@ def main():
                 print(f"latency canter at 400,000/s: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms",
                       flush=True)
                 lat.append(r)
-        for s in filter(None, args.failover_symbols.split(",")):
-            r = failover(bootstrap, int(s), args.session_timeout)
-            print(f"failover, {s} symbols: first result {r['first_result_s']} s after the kill, "
-                  f"{r['restored']} state records restored in {r['restore_ms']} ms", flush=True)
-            fo.append(r)
+        for mode in filter(None, args.failover_modes.split(",")):
+            for s in filter(None, args.failover_symbols.split(",")):
+                r = failover(bootstrap, int(s), args.session_timeout, eos=mode == "eos")
+                print(f"failover ({r['mode']}), {s} symbols: first result {r['first_result_s']} s, "
+                      f"{r['restored']} state records restored in {r['restore_ms']} ms", flush=True)
+                fo.append(r)
     finally:
         kafka("stop", cluster, check=False)
         shutil.rmtree(work, ignore_errors=True)
@@ -507,14 +529,17 @@ def report(runs, ceiling, records, lat=(), fo=()):
             lines.append(f"| {key[0]} | {key[1]:,.0f} | {m['records']:,.0f} | {m['p50_ms']:.1f} | "
                          f"{m['p99_ms']:.1f} | {m['p999_ms']:.1f} |")
     if fo:
-        lines += ["", "Failover (two canter processes, SIGKILL to one while 20,000 records/s flow; "
-                  "group session timeout set to " + fo[0]["session_timeout"] + "):", "",
-                  "| state (symbols) | tasks moved | kill to first new result | state restored | restore time | restore rate |",
-                  "|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "Failover and recovery (two canter processes, SIGKILL to one while 20,000 "
+                  "records/s flow; group session timeout set to " + fo[0]["session_timeout"] +
+                  "). At least once: the other takes the dead one's tasks over, time from the kill "
+                  "to their first new result. Exactly once: the dead one is restarted at once with "
+                  "its instance id, time from the restart to their first new committed result:", "",
+                  "| mode | state (symbols) | tasks moved | to first new result | state restored | restore time | restore rate |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for r in fo:
             first = f"{r['first_result_s']:.2f} s" if r["first_result_s"] is not None else "none in 60 s"
             rate = f"{r['restore_per_s']:,.0f}/s" if r["restore_per_s"] else "-"
-            lines.append(f"| {r['symbols']:,} | {len(r['tasks_moved'])} | {first} | "
+            lines.append(f"| {r.get('mode', 'at least once')} | {r['symbols']:,} | {len(r['tasks_moved'])} | {first} | "
                          f"{r['restored']:,} records | {r['restore_ms']} ms | {rate} |")
     return "\n".join(lines) + "\n"
 

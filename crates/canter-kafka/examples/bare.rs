@@ -110,6 +110,43 @@ fn main() {
             );
             return;
         }
+        if mode == "first" {
+            // `first BOOTSTRAP TOPIC SECONDS P,P,...`: from the partitions' end offsets now,
+            // read_committed, the arrival time (Unix seconds) of the first data record on
+            // any of them; `none` if nothing came within SECONDS.
+            let wanted: Vec<i32> = args
+                .get(5)
+                .map(|s| s.split(',').filter_map(|p| p.parse().ok()).collect())
+                .unwrap_or_default();
+            let ends = cluster
+                .list_offsets(topic, &wanted, canter_kafka::OffsetSpec::Latest)
+                .await
+                .unwrap();
+            let config = FetchConfig {
+                max_wait: std::time::Duration::from_millis(10),
+                read_committed: true,
+                ..FetchConfig::default()
+            };
+            let mut f = Fetcher::new(cluster, config);
+            for (p, o) in ends {
+                f.assign(topic, p, Some(o)).await.unwrap();
+            }
+            let stop = Instant::now() + std::time::Duration::from_secs(n);
+            let mut scratch = Vec::new();
+            while Instant::now() < stop {
+                for batch in f.fetch().await.unwrap() {
+                    if batch.for_each(&mut scratch, |_| {}).unwrap() > 0 {
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap();
+                        println!("{:.3}", now.as_secs_f64());
+                        return;
+                    }
+                }
+            }
+            println!("none");
+            return;
+        }
         if mode == "committed" {
             let all: Vec<i32> = (0..parts).collect();
             let ends = cluster

@@ -520,3 +520,93 @@ impl Fetcher {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{BatchBuilder, Compression};
+
+    /// A batch of `n` records at `base` by producer `pid`; a control batch (its one record's
+    /// key: version 0, `marker` 0 abort or 1 commit) if `marker` is given.
+    fn batch(base: i64, pid: i64, transactional: bool, marker: Option<i16>, n: u32) -> Vec<u8> {
+        let mut b = BatchBuilder::new();
+        match marker {
+            Some(kind) => {
+                let mut key = 0i16.to_be_bytes().to_vec();
+                key.extend_from_slice(&kind.to_be_bytes());
+                b.push(0, Some(&key), Some(&[0, 0, 0, 0, 0, 0]));
+            }
+            None => {
+                for i in 0..n {
+                    b.push(0, None, Some(format!("{}", base + i64::from(i)).as_bytes()));
+                }
+            }
+        }
+        let mut out = Vec::new();
+        b.finish(&mut out, Compression::None, (pid, 0), 0, transactional)
+            .unwrap();
+        out[0..8].copy_from_slice(&base.to_be_bytes());
+        if marker.is_some() {
+            let attrs = i16::from_be_bytes([out[21], out[22]]) | 0x20;
+            out[21..23].copy_from_slice(&attrs.to_be_bytes());
+            let crc = crc32c::crc32c(&out[21..]);
+            out[17..21].copy_from_slice(&crc.to_be_bytes());
+        }
+        out
+    }
+
+    fn values(f: &Fetched) -> Vec<String> {
+        let mut out = Vec::new();
+        f.for_each(&mut Vec::new(), |r| {
+            out.push(String::from_utf8(r.value.unwrap().to_vec()).unwrap())
+        })
+        .unwrap();
+        out
+    }
+
+    fn fetched(parts: &[Vec<u8>], from: i64, aborted: Vec<(i64, i64)>) -> Fetched {
+        Fetched {
+            topic: "t".into(),
+            partition: 0,
+            records: Bytes::from(parts.concat()),
+            from,
+            to: 0,
+            high_watermark: 0,
+            aborted,
+        }
+    }
+
+    #[test]
+    fn aborted_transactions_and_markers_are_left_out() {
+        let log = [
+            batch(0, 1, true, None, 3),      // producer 1's transaction: committed below
+            batch(3, 2, true, None, 2),      // producer 2's: aborted below
+            batch(5, 1, true, Some(1), 1),   // commit marker of 1
+            batch(6, 2, true, Some(0), 1),   // abort marker of 2
+            batch(7, 2, true, None, 2),      // producer 2 again: committed
+            batch(9, 2, true, Some(1), 1),   // its commit marker
+            batch(10, -1, false, None, 1),   // a plain producer
+        ];
+        let f = fetched(&log, 0, vec![(2, 3)]);
+        assert_eq!(values(&f), ["0", "1", "2", "7", "8", "10"]);
+        // The same bytes read from offset 8: the batches before it are walked, not returned.
+        let f = fetched(&log, 8, vec![(2, 3)]);
+        assert_eq!(values(&f), ["8", "10"]);
+        // Without the aborted list (read_uncommitted) every data record is there.
+        let f = fetched(&log, 0, Vec::new());
+        assert_eq!(values(&f), ["0", "1", "2", "3", "4", "7", "8", "10"]);
+    }
+
+    #[test]
+    fn a_fetch_that_starts_inside_an_aborted_transaction_drops_its_rest() {
+        // Producer 2's aborted transaction began at 1, before this fetch's first batch.
+        let log = [
+            batch(3, 2, true, None, 2),
+            batch(5, 3, false, None, 1),
+            batch(6, 2, true, Some(0), 1),
+            batch(7, 2, true, None, 1),
+        ];
+        let f = fetched(&log, 3, vec![(2, 1)]);
+        assert_eq!(values(&f), ["5", "7"]);
+    }
+}
