@@ -579,13 +579,13 @@ mod tests {
     #[test]
     fn aborted_transactions_and_markers_are_left_out() {
         let log = [
-            batch(0, 1, true, None, 3),      // producer 1's transaction: committed below
-            batch(3, 2, true, None, 2),      // producer 2's: aborted below
-            batch(5, 1, true, Some(1), 1),   // commit marker of 1
-            batch(6, 2, true, Some(0), 1),   // abort marker of 2
-            batch(7, 2, true, None, 2),      // producer 2 again: committed
-            batch(9, 2, true, Some(1), 1),   // its commit marker
-            batch(10, -1, false, None, 1),   // a plain producer
+            batch(0, 1, true, None, 3),    // producer 1's transaction: committed below
+            batch(3, 2, true, None, 2),    // producer 2's: aborted below
+            batch(5, 1, true, Some(1), 1), // commit marker of 1
+            batch(6, 2, true, Some(0), 1), // abort marker of 2
+            batch(7, 2, true, None, 2),    // producer 2 again: committed
+            batch(9, 2, true, Some(1), 1), // its commit marker
+            batch(10, -1, false, None, 1), // a plain producer
         ];
         let f = fetched(&log, 0, vec![(2, 3)]);
         assert_eq!(values(&f), ["0", "1", "2", "7", "8", "10"]);
