@@ -523,6 +523,7 @@ impl Fetcher {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::records::{BatchBuilder, Compression};
 
