@@ -317,6 +317,10 @@ impl<T: KeyedTask> Worker<T> {
     }
 
     async fn step(&mut self, next_commit: &mut Instant) -> Result<(), Error> {
+        // A producer that aborted (a failure, a fenced member) takes its new epoch at once:
+        // that aborts its open transaction at the coordinator, whose offsets would otherwise
+        // hold the tasks' next owners until the transaction timeout.
+        self.producer.ready().await?;
         if Instant::now() >= self.member.next_heartbeat() {
             let change = self.member.heartbeat(&mut self.group_cluster).await?;
             self.apply(change).await?;
