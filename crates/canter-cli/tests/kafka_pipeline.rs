@@ -316,6 +316,68 @@ fn exactly_once_results_arrive_once_when_a_process_is_killed_and_restarted() {
 }
 
 #[test]
+fn exactly_once_fences_a_frozen_process_that_comes_back_as_a_zombie() {
+    let t = Topics::new("ms-eos-zombie");
+    let d = dir("eos-zombie");
+    t.create(&bootstrap(), 4, 1);
+    let flags = |instance: &str| {
+        [
+            t.flags(),
+            [
+                "--exactly-once",
+                "--session-timeout",
+                "1s",
+                "--transaction-timeout",
+                "3s",
+                "--instance-id",
+                instance,
+                "--metrics",
+                "127.0.0.1:0",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ]
+        .concat()
+    };
+    let a = KafkaPipeline::start(&bootstrap(), "ms-eos-zombie", &flags("a"));
+    let b = KafkaPipeline::start(&bootstrap(), "ms-eos-zombie", &flags("b"));
+    a.wait_for("task started", Duration::from_secs(30));
+    b.wait_for("task started", Duration::from_secs(30));
+    let sender = {
+        let (d, t) = (d.clone(), t.clone());
+        thread::spawn(move || send(&d, 150_000, Some(&t), &["--rate", "30000"]))
+    };
+    // A freezes with a transaction open for 5 s: past its session (B takes its tasks, and
+    // waits for A's transaction to be aborted at its 3 s timeout) and past that timeout.
+    // Let go, A is a zombie: its member is gone and its producer's epoch is fenced; it must
+    // commit nothing and join again.
+    a.wait_counter("transactions", 2, Duration::from_secs(10));
+    // SAFETY: kill(2) on the child's pid, which the pipeline handle owns and has not reaped.
+    unsafe { libc::kill(a.pid() as i32, libc::SIGSTOP) };
+    thread::sleep(Duration::from_secs(5));
+    // SAFETY: as above.
+    unsafe { libc::kill(a.pid() as i32, libc::SIGCONT) };
+    sender.join().unwrap();
+    let want = expected(&d);
+    let got = read_committed_values(
+        &bootstrap(),
+        &t.results,
+        want.len(),
+        Duration::from_secs(3),
+        Duration::from_secs(90),
+    );
+    let a_log = a.log();
+    let counters = [a.stop(), b.stop()];
+    let dups = check(&got, &want);
+    assert_eq!(dups, 0, "results repeated");
+    assert!(
+        counter(&counters[0], "aborts") > 0,
+        "the zombie aborted its transaction: {counters:?} {a_log:#?}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
 fn exactly_once_holds_when_a_process_dies_inside_a_commit_or_a_hand_over() {
     for (i, point) in ["commit-before-offsets", "commit-before-end", "hand-over"]
         .into_iter()
