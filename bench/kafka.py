@@ -291,17 +291,20 @@ def failover(bootstrap, symbols, session, eos=False):
             "restore_per_s": restored * 1000 / took if took else None}
 
 
-def latency(kind, bootstrap, rnd, rate, seconds, broker_pid):
+def latency(kind, bootstrap, rnd, rate, seconds, broker_pid, commit=None):
     """End-to-end latency at `rate` input records/s: producer timestamp to the result's
-    arrival in a consumer (both on CPU 1), while the pipeline runs alone on CPU 0."""
-    topics = (f"lat-nbbo-{kind}-{rnd}", f"lat-orders-{kind}-{rnd}", f"lat-results-{kind}-{rnd}")
+    arrival in a consumer (both on CPU 1), while the pipeline runs alone on CPU 0 (canter
+    with --commit-interval `commit` if given)."""
+    tag = f"{kind}-{commit}" if commit else kind
+    topics = (f"lat-nbbo-{tag}-{rnd}", f"lat-orders-{tag}-{rnd}", f"lat-results-{tag}-{rnd}")
     for t in topics:
         topic(bootstrap, t)
     group = f"lat-{kind}-{rnd}-{int(time.time())}"
     eos = kind.endswith("-eos")
     if kind.startswith("canter"):
         proc, log = start_canter(bootstrap, group, topics,
-                                 ("--workers", "1") + (("--exactly-once",) if eos else ()))
+                                 ("--workers", "1") + (("--exactly-once",) if eos else ())
+                                 + (("--commit-interval", commit) if commit else ()))
         marker, need = "task started", 4
     else:
         cp = os.path.join(STREAMS, "classes") + ":" + os.path.join(STREAMS, "dependency", "*")
@@ -334,7 +337,7 @@ def latency(kind, bootstrap, rnd, rate, seconds, broker_pid):
     finally:
         stop(proc)
     r = json.loads(out)
-    r.update(pipeline=kind, round=rnd, rate=rate)
+    r.update(pipeline=f"{kind} ({commit} commits)" if commit else kind, round=rnd, rate=rate)
     return r
 
 
@@ -348,6 +351,9 @@ def main():
     ap.add_argument("--failover-symbols", default="1000,100000",
                     help="state sizes (symbols) of the failover runs; empty: none")
     ap.add_argument("--session-timeout", default="1s")
+    ap.add_argument("--eos-commit-intervals", default="",
+                    help="more latency runs of canter-eos with these --commit-interval values "
+                         "(e.g. 20ms,50ms,200ms): what the interval costs in latency")
     ap.add_argument("--failover-modes", default="alo,eos",
                     help="alo: the other process takes over; eos: --exactly-once, restarted")
     args = ap.parse_args()
@@ -412,6 +418,12 @@ def main():
                 r = latency(kind, bootstrap, rnd, half, args.latency_seconds, broker_pid)
                 print(f"latency {kind} at {half:,.0f}/s: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms",
                       flush=True)
+                lat.append(r)
+            for commit in filter(None, args.eos_commit_intervals.split(",")):
+                r = latency("canter-eos", bootstrap, rnd, half, args.latency_seconds, broker_pid,
+                            commit)
+                print(f"latency {r['pipeline']} at {half:,.0f}/s: p50 {r['p50_ms']} ms, "
+                      f"p99 {r['p99_ms']} ms", flush=True)
                 lat.append(r)
             if "canter" in kinds:
                 r = latency("canter", bootstrap, f"{rnd}-hi", 400_000, args.latency_seconds, broker_pid)
