@@ -268,6 +268,7 @@ impl<T: KeyedTask> Worker<T> {
         let mut paused = false;
         while !stop.load(Ordering::Relaxed) {
             let step = self.step(&mut next_commit).await;
+            let rolled_back = std::mem::take(&mut self.rolled_back) && self.job.exactly_once;
             match step {
                 Ok(()) => {
                     if paused {
@@ -289,10 +290,7 @@ impl<T: KeyedTask> Worker<T> {
                 // back to its last commit: whatever the error (a coordinator that fenced this
                 // producer's epoch after the transaction timeout included), start again from
                 // there, after a pause.
-                Err(e)
-                    if e.is_retriable()
-                        || (std::mem::take(&mut self.rolled_back) && self.job.exactly_once) =>
-                {
+                Err(e) if e.is_retriable() || rolled_back => {
                     Stats::add(&self.stats.broker_errors, 1);
                     if !paused {
                         paused = true;
@@ -649,12 +647,13 @@ impl<T: KeyedTask> Worker<T> {
         }
         if !revoked_tasks.is_empty() {
             // Hand over what was processed. If the brokers refuse (a coordinator moving), the
-            // tasks go anyway: their next owner repeats the uncommitted part (at least once).
+            // tasks go anyway: their next owner repeats the uncommitted part (at least once;
+            // under exactly-once the failed transaction was aborted).
             if !change.lost {
                 self.failpoint.pass("hand-over");
                 if let Err(e) = self.commit().await {
                     tracing::warn!(worker = self.me, error = %e,
-                        "kafka pipeline: commit before a hand-over failed; the next owner repeats the uncommitted records");
+                        "kafka pipeline: commit before a hand-over failed; the next owner processes the uncommitted records again");
                 }
             }
             for p in &revoked_tasks {
