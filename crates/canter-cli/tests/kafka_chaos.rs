@@ -20,7 +20,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::kafka::{expected, normalized, read_committed_values, KafkaPipeline, Topics};
+use common::kafka::{compare, expected, read_committed_values, KafkaPipeline, Topics};
 
 use canter_testkit::KafkaCluster;
 
@@ -224,18 +224,7 @@ fn exactly_once_survives_random_kills_freezes_and_broker_restarts() {
     for p in procs {
         p.kill();
     }
-    let got = normalized(&got);
-    let mut distinct = got.clone();
-    distinct.dedup();
-    let duplicates = got.len() - distinct.len();
-    let missing = want
-        .iter()
-        .filter(|w| distinct.binary_search(w).is_err())
-        .count();
-    let wrong = distinct
-        .iter()
-        .filter(|g| want.binary_search(g).is_err())
-        .count();
+    let (duplicates, missing, wrong) = compare(&got, &want);
     eprintln!(
         "kafka chaos: seed={seed} faults={} {counts:?} expected={} got={} duplicates={duplicates} missing={missing} wrong={wrong} took={:.0}s",
         counts.total(),

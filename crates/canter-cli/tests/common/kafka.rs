@@ -201,9 +201,8 @@ pub fn expected(dir: &std::path::Path) -> Vec<Vec<u8>> {
     v
 }
 
-/// Results against the reference: every expected one present, nothing else; returns how many
-/// arrived more than once.
-pub fn check(got: &[Vec<u8>], want: &[Vec<u8>]) -> usize {
+/// Results against the reference: (repeated, missing, not in the reference).
+pub fn compare(got: &[Vec<u8>], want: &[Vec<u8>]) -> (usize, usize, usize) {
     let got = normalized(got);
     let mut distinct = got.clone();
     distinct.dedup();
@@ -215,6 +214,13 @@ pub fn check(got: &[Vec<u8>], want: &[Vec<u8>]) -> usize {
         .iter()
         .filter(|g| want.binary_search(g).is_err())
         .count();
+    (got.len() - distinct.len(), missing, wrong)
+}
+
+/// Results against the reference: every expected one present, nothing else; returns how many
+/// arrived more than once.
+pub fn check(got: &[Vec<u8>], want: &[Vec<u8>]) -> usize {
+    let (repeated, missing, wrong) = compare(got, want);
     assert_eq!(
         missing,
         0,
@@ -222,7 +228,7 @@ pub fn check(got: &[Vec<u8>], want: &[Vec<u8>]) -> usize {
         want.len()
     );
     assert_eq!(wrong, 0, "{wrong} results not in the reference");
-    got.len() - distinct.len()
+    repeated
 }
 
 /// A `canter pipeline market-spread --kafka` process; killed when dropped.
