@@ -9,7 +9,7 @@
 //!
 //! The test suite runs a short version (about 20 s of faults). Knobs, for replaying a seed or
 //! running a long version (`bench/chaos.py`):
-//! `CANTER_CHAOS_SEED` (default: from the clock; always printed), `CANTER_CHAOS_SECONDS`
+//! `CANTER_CHAOS_SEED` (default 1; always printed), `CANTER_CHAOS_SECONDS`
 //! (how long input flows and faults happen, default 20), `CANTER_CHAOS_RATE` (input records
 //! a second, default 10000).
 
@@ -76,14 +76,8 @@ impl Counts {
 
 #[test]
 fn exactly_once_survives_random_kills_freezes_and_broker_restarts() {
-    let seed = env_u64(
-        "CANTER_CHAOS_SEED",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-            % 1_000_000,
-    );
+    // The suite runs one schedule (seed 1); other seeds are for replays and long runs.
+    let seed = env_u64("CANTER_CHAOS_SEED", 1);
     let seconds = env_u64("CANTER_CHAOS_SECONDS", 20);
     let rate = env_u64("CANTER_CHAOS_RATE", 10_000);
     eprintln!(

@@ -722,8 +722,8 @@ impl<T: KeyedTask> Worker<T> {
         let mut state = Keyed::default();
         let parts: Vec<Tp> = self.job.inputs.iter().map(|t| (t.clone(), p)).collect();
         // Under exactly-once the committed offsets come first: they are stable only once no
-        // transaction that wrote them is open, and then the changelog is complete up to its
-        // last stable offset.
+        // transaction that wrote them is open; then the changelog is read to its end once no
+        // transaction is open on it either.
         let early = match self.job.exactly_once {
             true => Some(
                 self.member
@@ -765,15 +765,27 @@ impl<T: KeyedTask> Worker<T> {
         let topic = self.job.changelog();
         let mut cluster = Cluster::connect(config(&self.job)).await?;
         cluster.refresh(&[&topic]).await?;
-        let spec = match self.job.exactly_once {
-            true => OffsetSpec::LastStable,
-            false => OffsetSpec::Latest,
-        };
         let end = cluster
-            .list_offsets(&topic, &[p], spec)
+            .list_offsets(&topic, &[p], OffsetSpec::Latest)
             .await?
             .first()
             .map_or(0, |(_, o)| *o);
+        if self.job.exactly_once {
+            // A transaction still open on the changelog (a dead or frozen former owner's,
+            // until its coordinator aborts it) hides every committed record after it from a
+            // read_committed reader: restoring up to it would miss them. The task waits,
+            // pending, until it ends (the transaction timeout at most).
+            let stable = cluster
+                .list_offsets(&topic, &[p], OffsetSpec::LastStable)
+                .await?
+                .first()
+                .map_or(0, |(_, o)| *o);
+            if stable < end {
+                return Err(Error::Timeout(
+                    "waiting for a transaction on the changelog to end",
+                ));
+            }
+        }
         let mut f = Fetcher::new(cluster, fetch_config(&self.job));
         f.assign(&topic, p, None).await?;
         let mut n = 0u64;
