@@ -17,6 +17,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::frame::{self, DEFAULT_MAX_FRAME};
+use crate::resend::{Dedupe, Seq};
 
 /// What [`run`] listens on, when it stops and what it writes (`canter receive`'s flags, which
 /// build it, document each field too).
@@ -38,6 +39,10 @@ pub struct ReceiveOptions {
     pub max_frame: usize,
     /// A line of throughput and latency on stderr this often (zero: none).
     pub interval: Duration,
+    /// Records carry a sequence header ([`crate::resend`], a checkpointing pipeline's sink):
+    /// repeats are dropped and counted, each connection's frames are acknowledged, and
+    /// `out` gets the records without their headers.
+    pub dedupe: bool,
 }
 
 impl ReceiveOptions {
@@ -52,6 +57,7 @@ impl ReceiveOptions {
             timestamp_offset: -8,
             max_frame: DEFAULT_MAX_FRAME,
             interval: Duration::from_secs(1),
+            dedupe: false,
         }
     }
 }
@@ -98,6 +104,10 @@ pub struct Report {
     pub no_timestamp: u64,
     /// Whether --expect was reached (true without --expect).
     pub complete: bool,
+    /// With --dedupe: results dropped as repeats (not counted in `records`).
+    pub repeats: u64,
+    /// With --dedupe: records too short for a sequence header (kept).
+    pub no_sequence: u64,
 }
 
 struct Shared {
@@ -111,6 +121,8 @@ struct Shared {
     frame_errors: u64,
     no_timestamp: u64,
     out: Option<BufWriter<File>>,
+    dedupe: Dedupe,
+    no_sequence: u64,
 }
 
 /// `--out` is written at least this often while records arrive without a pause.
@@ -146,6 +158,8 @@ pub fn run(args: &ReceiveOptions) -> io::Result<Report> {
         frame_errors: 0,
         no_timestamp: 0,
         out,
+        dedupe: Dedupe::default(),
+        no_sequence: 0,
     }));
     {
         let shared = shared.clone();
@@ -249,6 +263,8 @@ pub fn run(args: &ReceiveOptions) -> io::Result<Report> {
         frame_errors: s.frame_errors,
         no_timestamp: s.no_timestamp,
         complete: args.expect.is_none_or(|n| s.records >= n),
+        repeats: s.dedupe.repeats,
+        no_sequence: s.no_sequence,
     })
 }
 
@@ -265,6 +281,10 @@ fn serve(mut stream: TcpStream, shared: &Mutex<Shared>, args: &ReceiveOptions) {
     lock(shared).connections += 1;
     let mut buf = vec![0u8; 256 * 1024];
     let mut filled = 0;
+    // Frames received on this connection (acknowledged with --dedupe), and the records kept
+    // of a chunk (with --dedupe, without their headers).
+    let mut frames = 0u64;
+    let mut kept = Vec::new();
     loop {
         if filled == buf.len() {
             // One frame larger than the buffer (within --max-frame): grow to hold it.
@@ -285,9 +305,23 @@ fn serve(mut stream: TcpStream, shared: &Mutex<Shared>, args: &ReceiveOptions) {
         let first = *s.first.get_or_insert(now);
         let second = (now - first).as_secs() as usize;
         let before = s.records;
+        kept.clear();
         let used = {
             let s = &mut *s;
-            frame::split(&buf[..filled], args.max_frame, |record| {
+            frame::split(&buf[..filled], args.max_frame, |mut record| {
+                frames += 1;
+                if args.dedupe {
+                    match Seq::split(record) {
+                        Some((seq, rest)) => {
+                            if !s.dedupe.keep(&seq) {
+                                return;
+                            }
+                            record = rest;
+                        }
+                        None => s.no_sequence += 1,
+                    }
+                    frame::encode(record, &mut kept);
+                }
                 s.records += 1;
                 s.bytes += record.len() as u64;
                 // Latencies over the histogram's hour are not timestamps either.
@@ -316,14 +350,18 @@ fn serve(mut stream: TcpStream, shared: &Mutex<Shared>, args: &ReceiveOptions) {
             // Records in this chunk, all counted in the second they were read.
             let records = s.records - before;
             s.per_second[second] += records;
+            let chunk = if args.dedupe { &kept[..] } else { &buf[..used] };
             if let Some(out) = s.out.as_mut() {
-                if let Err(e) = out.write_all(&buf[..used]) {
+                if let Err(e) = out.write_all(chunk) {
                     eprintln!("canter receive: cannot write --out: {e}");
                     s.out = None;
                 }
             }
         }
         drop(s);
+        if args.dedupe && used > 0 && stream.write_all(&frames.to_be_bytes()).is_err() {
+            break;
+        }
         buf.copy_within(used..filled, 0);
         filled -= used;
     }
