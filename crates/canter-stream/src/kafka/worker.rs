@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::state::Keyed;
 use super::task::{KeyedTask, Out};
 use super::{KafkaJob, Stats};
+use crate::failpoint::Failpoint;
 
 fn config(job: &KafkaJob) -> Config {
     let mut c = Config::new(job.bootstrap.clone());
@@ -146,40 +147,6 @@ struct Worker<T: KeyedTask> {
     /// Every task went back to its last commit since the main loop last looked.
     rolled_back: bool,
     failpoint: Failpoint,
-}
-
-/// A fault test's hook: `CANTER_FAILPOINT=NAME:N` ends the process (abort, as a crash would)
-/// the N-th time a worker passes the point NAME: `commit-before-offsets` (results and
-/// changelog flushed, offsets not yet in the transaction), `commit-before-end` (offsets in the
-/// transaction, not committed), `hand-over` (tasks revoked, before their commit). Read once at
-/// start; unset, a point costs a comparison.
-struct Failpoint {
-    at: Option<(String, u64)>,
-}
-
-impl Failpoint {
-    fn from_env() -> Failpoint {
-        let at = std::env::var("CANTER_FAILPOINT").ok().and_then(|v| {
-            let (name, n) = v.split_once(':')?;
-            Some((name.to_owned(), n.parse().ok()?))
-        });
-        Failpoint { at }
-    }
-
-    fn pass(&mut self, name: &str) {
-        if let Some((point, left)) = self.at.as_mut() {
-            if point == name {
-                *left = left.saturating_sub(1);
-                if *left == 0 {
-                    tracing::error!(
-                        point = name,
-                        "CANTER_FAILPOINT reached: aborting the process"
-                    );
-                    std::process::abort();
-                }
-            }
-        }
-    }
 }
 
 /// Inputs and changelogs are read `read_committed` under exactly-once (what an aborted

@@ -23,6 +23,43 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A topology's checkpoints so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CheckpointTotals {
+    /// Checkpoints written (durable).
+    pub completed: u64,
+    /// Checkpoints that could not be written (the directory full, read-only, gone...); the
+    /// pipeline keeps running and the next checkpoint carries their changes.
+    pub failed: u64,
+    /// Checkpoints whose workers did not all answer in time (at the end of the input).
+    pub abandoned: u64,
+    /// The last completed checkpoint's epoch.
+    pub last_epoch: u64,
+    /// Keys in the last completed checkpoint (changed since the one before).
+    pub last_keys: u64,
+    /// The last completed checkpoint file's size.
+    pub last_bytes: u64,
+    /// From the last checkpoint's start until every worker had taken its snapshot, in µs.
+    pub last_align_us: u64,
+    /// Writing the last checkpoint's file (and syncing it), in µs.
+    pub last_write_us: u64,
+    /// The checkpoint the topology started from (0: none).
+    pub restored_epoch: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct CheckpointCounters {
+    pub(crate) completed: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) abandoned: AtomicU64,
+    pub(crate) last_epoch: AtomicU64,
+    pub(crate) last_keys: AtomicU64,
+    pub(crate) last_bytes: AtomicU64,
+    pub(crate) last_align_us: AtomicU64,
+    pub(crate) last_write_us: AtomicU64,
+    pub(crate) restored_epoch: AtomicU64,
+}
+
 /// Latencies of one pipeline on one worker.
 pub(crate) struct Latency {
     total: Histogram<u64>,
@@ -182,6 +219,7 @@ pub struct Metrics {
     pub(crate) pipes: Vec<std::sync::Arc<PipeMetrics>>,
     started: Instant,
     history: Mutex<History>,
+    pub(crate) checkpoints: CheckpointCounters,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -204,6 +242,7 @@ struct PipeView<'a> {
 #[derive(Serialize)]
 struct View<'a> {
     uptime: f64,
+    checkpoints: CheckpointTotals,
     pipelines: Vec<PipeView<'a>>,
     history: Vec<&'a Sample>,
 }
@@ -219,6 +258,23 @@ impl Metrics {
             }),
             pipes,
             started: now,
+            checkpoints: CheckpointCounters::default(),
+        }
+    }
+
+    /// Checkpoints so far (all zero when the topology does not checkpoint).
+    pub fn checkpoints(&self) -> CheckpointTotals {
+        let c = &self.checkpoints;
+        CheckpointTotals {
+            completed: c.completed.load(Relaxed),
+            failed: c.failed.load(Relaxed),
+            abandoned: c.abandoned.load(Relaxed),
+            last_epoch: c.last_epoch.load(Relaxed),
+            last_keys: c.last_keys.load(Relaxed),
+            last_bytes: c.last_bytes.load(Relaxed),
+            last_align_us: c.last_align_us.load(Relaxed),
+            last_write_us: c.last_write_us.load(Relaxed),
+            restored_epoch: c.restored_epoch.load(Relaxed),
         }
     }
 
@@ -275,6 +331,7 @@ impl Metrics {
         let h = lock(&self.history);
         let view = View {
             uptime: self.started.elapsed().as_secs_f64(),
+            checkpoints: self.checkpoints(),
             pipelines: self
                 .pipes
                 .iter()
@@ -340,6 +397,15 @@ impl Metrics {
                 }
             }
         }
+        let c = self.checkpoints();
+        let name = "canter_checkpoints_total";
+        let _ = writeln!(
+            s,
+            "# HELP {name} Checkpoints by result.\n# TYPE {name} counter\n\
+             {name}{{result=\"completed\"}} {}\n{name}{{result=\"failed\"}} {}\n\
+             {name}{{result=\"abandoned\"}} {}",
+            c.completed, c.failed, c.abandoned
+        );
         let name = "canter_step_records_total";
         let _ = writeln!(
             s,

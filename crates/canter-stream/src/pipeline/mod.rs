@@ -40,6 +40,7 @@
 //! - **Metrics** ([`Metrics`]): counts per pipeline, step and worker, throughput over time and
 //!   HDR latency histograms from source read to sink write, as Prometheus text and JSON.
 
+pub mod checkpoint;
 mod metrics;
 mod run;
 pub(crate) mod state;
@@ -52,10 +53,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use metrics::{Metrics, Percentiles, PipeSample, Sample, Totals};
+pub use checkpoint::CheckpointOptions;
+pub use metrics::{CheckpointTotals, Metrics, Percentiles, PipeSample, Sample, Totals};
 pub use run::{Running, Shutdown};
 pub use state::{
-    Aggregate, CountWindow, Emit, KeyedState, Open, Span, Stateful, TumblingWindow, Update,
+    Aggregate, CountWindow, Emit, KeyedState, Open, Span, StateCodec, Stateful, TumblingWindow,
+    Update,
 };
 pub use step::{Filter, FlatMap, Id, Map, Step};
 
@@ -541,6 +544,11 @@ pub struct RunOptions {
     /// connects again (what the closed connection's kernel buffers held is lost, what the
     /// sink's buffer holds is sent on the new one).
     pub sink_write_timeout: Duration,
+    /// Checkpoints (off by default): consistent snapshots of the keyed state with the source
+    /// positions they include, restored at start (see [`checkpoint`]). Every keyed state
+    /// must have a codec ([`KeyedState::checkpointed`]); TCP and file sinks then carry a
+    /// sequence header on each result.
+    pub checkpoint: Option<CheckpointOptions>,
 }
 
 impl Default for RunOptions {
@@ -554,6 +562,7 @@ impl Default for RunOptions {
             max_source_connections: 1024,
             drain_timeout: Duration::from_secs(5),
             sink_write_timeout: Duration::from_secs(30),
+            checkpoint: None,
         }
     }
 }
@@ -592,6 +601,12 @@ impl RunOptions {
     /// Sets the bytes read per source connection before it yields to the worker's others.
     pub fn read_budget(mut self, bytes: usize) -> Self {
         self.read_budget = bytes.max(1);
+        self
+    }
+
+    /// Turns checkpoints on.
+    pub fn checkpoint(mut self, checkpoint: CheckpointOptions) -> Self {
+        self.checkpoint = Some(checkpoint);
         self
     }
 

@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::checkpoint::Entries;
+
 /// A fast hasher for keys (the FxHash mix, then a folded multiply): keys come from the
 /// application, not from a peer choosing them to collide, and a symbol's 4 bytes hash in two
 /// multiplies. The final fold matters: a multiply alone carries input bits only upwards, so
@@ -80,6 +82,15 @@ pub struct KeyedState<K, S> {
     pub(crate) id: u64,
     pub(crate) name: Arc<str>,
     pub(crate) init: Arc<dyn Fn(&K) -> S + Send + Sync>,
+    pub(crate) codec: Option<Arc<StateCodec<K, S>>>,
+}
+
+/// How a keyed state's keys and values are written into checkpoints and read back.
+pub struct StateCodec<K, S> {
+    encode_key: Box<dyn Fn(&K, &mut Vec<u8>) + Send + Sync>,
+    decode_key: Box<dyn Fn(&[u8]) -> Option<K> + Send + Sync>,
+    encode_state: Box<dyn Fn(&S, &mut Vec<u8>) + Send + Sync>,
+    decode_state: Box<dyn Fn(&[u8]) -> Option<S> + Send + Sync>,
 }
 
 impl<K, S> Clone for KeyedState<K, S> {
@@ -88,6 +99,7 @@ impl<K, S> Clone for KeyedState<K, S> {
             id: self.id,
             name: self.name.clone(),
             init: self.init.clone(),
+            codec: self.codec.clone(),
         }
     }
 }
@@ -96,39 +108,165 @@ impl<K, S> std::fmt::Debug for KeyedState<K, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyedState")
             .field("name", &self.name)
+            .field("checkpointed", &self.codec.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl<K, S> KeyedState<K, S> {
-    /// State named `name` (for logs), each key's starting as `init` makes it.
+    /// State named `name` (for logs, and in checkpoints), each key's starting as `init` makes
+    /// it.
     pub fn new(name: &str, init: impl Fn(&K) -> S + Send + Sync + 'static) -> Self {
         KeyedState {
             id: NEXT_STATE.fetch_add(1, Ordering::Relaxed),
             name: name.into(),
             init: Arc::new(init),
+            codec: None,
         }
+    }
+
+    /// Makes the state part of checkpoints (see [`super::checkpoint`]): each key and its state
+    /// are written with `encode_key`/`encode_state` and read back with the decoders (a key or
+    /// state they refuse is left out of the restore and counted in a log line). A topology
+    /// that checkpoints refuses to start with a state that has no codec.
+    pub fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_state: impl Fn(&S, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_state: impl Fn(&[u8]) -> Option<S> + Send + Sync + 'static,
+    ) -> Self {
+        self.codec = Some(Arc::new(StateCodec {
+            encode_key: Box::new(encode_key),
+            decode_key: Box::new(decode_key),
+            encode_state: Box::new(encode_state),
+            decode_state: Box::new(decode_state),
+        }));
+        self
     }
 }
 
-/// One worker's part of a keyed state.
+/// One worker's part of a keyed state. With checkpoints on, the keys touched since the last
+/// checkpoint are listed (a flag per key and one push on its first touch), so that the next
+/// checkpoint copies only those.
 pub(crate) struct Store<K, S> {
-    pub(crate) map: HashMap<K, S, FxBuild>,
+    pub(crate) map: HashMap<K, (S, bool), FxBuild>,
     init: Arc<dyn Fn(&K) -> S + Send + Sync>,
+    codec: Option<Arc<StateCodec<K, S>>>,
+    name: Arc<str>,
+    /// Whether touched keys are listed (checkpoints are on and the state has a codec).
+    track: bool,
+    changed: Vec<K>,
 }
 
-impl<K: Hash + Eq, S> Store<K, S> {
+impl<K: Hash + Eq + Clone, S> Store<K, S> {
     pub(crate) fn new(state: &KeyedState<K, S>) -> Self {
         Store {
             map: HashMap::default(),
             init: state.init.clone(),
+            codec: state.codec.clone(),
+            name: state.name.clone(),
+            track: false,
+            changed: Vec::new(),
         }
     }
 
     #[inline]
     pub(crate) fn get(&mut self, key: K) -> &mut S {
-        let init = &self.init;
-        self.map.entry(key).or_insert_with_key(|k| init(k))
+        use std::collections::hash_map::Entry;
+        match self.map.entry(key) {
+            Entry::Occupied(e) => {
+                if self.track && !e.get().1 {
+                    self.changed.push(e.key().clone());
+                    let v = e.into_mut();
+                    v.1 = true;
+                    return &mut v.0;
+                }
+                &mut e.into_mut().0
+            }
+            Entry::Vacant(e) => {
+                let s = (self.init)(e.key());
+                if self.track {
+                    self.changed.push(e.key().clone());
+                }
+                &mut e.insert((s, self.track)).0
+            }
+        }
+    }
+}
+
+/// A worker's part of a keyed state as checkpoints see it, whatever its types.
+pub(crate) trait Snap {
+    /// The state's name (its section in checkpoint files).
+    fn name(&self) -> &str;
+    /// Lists touched keys from now on.
+    fn track(&mut self);
+    /// The keys touched since the last call, with their states; clears the list.
+    fn delta(&mut self) -> Entries;
+    /// Applies a checkpoint's entries for the keys this worker owns (of `workers`); returns
+    /// (keys applied, entries that did not decode).
+    fn restore(&mut self, entries: &Entries, me: usize, workers: usize) -> (u64, u64);
+}
+
+impl<K: Hash + Eq + Clone, S> Snap for Store<K, S> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn track(&mut self) {
+        self.track = self.codec.is_some();
+    }
+
+    fn delta(&mut self) -> Entries {
+        let mut out = Entries::default();
+        let Some(codec) = self.codec.clone() else {
+            return out;
+        };
+        for k in self.changed.drain(..) {
+            if let Some((s, mark)) = self.map.get_mut(&k) {
+                if *mark {
+                    *mark = false;
+                    let s: &S = s;
+                    out.push(
+                        |b| (codec.encode_key)(&k, b),
+                        Some(&|b: &mut Vec<u8>| (codec.encode_state)(s, b)),
+                    );
+                }
+            }
+        }
+        out
+    }
+
+    fn restore(&mut self, entries: &Entries, me: usize, workers: usize) -> (u64, u64) {
+        let Some(codec) = self.codec.clone() else {
+            return (0, 0);
+        };
+        let (mut applied, mut bad) = (0, 0);
+        for (kb, sb) in entries.iter() {
+            let Some(k) = (codec.decode_key)(kb) else {
+                bad += 1;
+                continue;
+            };
+            if owner(&k, workers) != me {
+                continue;
+            }
+            match sb {
+                None => {
+                    self.map.remove(&k);
+                }
+                Some(sb) => match (codec.decode_state)(sb) {
+                    Some(s) => {
+                        self.map.insert(k, (s, false));
+                    }
+                    None => {
+                        bad += 1;
+                        continue;
+                    }
+                },
+            }
+            applied += 1;
+        }
+        (applied, bad)
     }
 }
 

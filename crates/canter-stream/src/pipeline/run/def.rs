@@ -10,7 +10,7 @@ use std::io;
 use std::marker::PhantomData;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 use canter_rt::{ServerWorker, ShutdownHandle};
@@ -21,7 +21,11 @@ use super::super::state::Stateful;
 use super::super::step::Step;
 use super::super::{RunOptions, Sink, Source};
 
-use super::env::{Batch, Env, Inbox, Shared};
+use super::super::checkpoint::Restored;
+use super::barrier::{Batch, Gate, Rid};
+use super::ckpt::Streams;
+use super::ckpt_task;
+use super::env::{Env, Inbox, Shared};
 use super::lock;
 use super::process::{Head, Process, TailInst, TailOps};
 use super::sink::{file_sink, tcp_sink, SinkOut};
@@ -37,6 +41,7 @@ pub(crate) trait PipelineDef: Send {
         self: Box<Self>,
         opts: &RunOptions,
         resumes: &Arc<Vec<Arc<Notify>>>,
+        restored: Option<&Restored>,
     ) -> io::Result<Arc<Prep>>;
     /// Starts the pipeline's tasks on this worker; returns its head and the task that ends
     /// when the pipeline has ended here.
@@ -73,6 +78,10 @@ pub(crate) struct Prep {
     pub(super) addr: Option<SocketAddr>,
     pub(super) file: Option<std::fs::File>,
     pub(super) resumes: Arc<Vec<Arc<Notify>>>,
+    /// The keyed state's name, and whether it can be checkpointed.
+    pub(super) state: (String, bool),
+    /// The source's streams (their positions), when the topology checkpoints.
+    pub(super) streams: Option<Arc<Streams>>,
 }
 
 impl<T, E, D, C, KF, K, U, P> PipelineDef for Def<T, D, C, KF, K, U, P, P::Out>
@@ -96,6 +105,7 @@ where
         self: Box<Self>,
         opts: &RunOptions,
         resumes: &Arc<Vec<Arc<Notify>>>,
+        restored: Option<&Restored>,
     ) -> io::Result<Arc<Prep>> {
         let workers = opts.workers;
         let mut names = Vec::new();
@@ -160,10 +170,19 @@ where
                         pending: AtomicUsize::new(0),
                         blocked: AtomicU64::new(0),
                     }),
+                    closed: AtomicBool::new(false),
                 })
                 .collect(),
         });
+        let state = self.step.state();
+        let state = (state.name.to_string(), state.codec.is_some());
+        let streams = opts
+            .checkpoint
+            .as_ref()
+            .map(|_| Arc::new(Streams::new(&self.name, restored)));
         Ok(Arc::new(Prep {
+            state,
+            streams,
             name: self.name.clone(),
             source: self.source.clone(),
             metrics,
@@ -199,6 +218,7 @@ where
         let metrics = prep.metrics.clone();
         let flushed = Rc::new(Notify::new());
         let mut sink_buf = None;
+        let seq = env.ckpt.as_ref().map(|_| me as u32);
         let sink = match sink {
             Sink::Tcp { addr, encode } => {
                 let buf = Rc::new(RefCell::new(SinkBuf::new(
@@ -206,6 +226,7 @@ where
                     metrics.clone(),
                     me,
                 )));
+                buf.borrow_mut().sequenced = seq.is_some();
                 env.sinks.borrow_mut().push(buf.clone());
                 tokio::task::spawn_local(tcp_sink(addr, buf.clone(), env.clone(), flushed.clone()));
                 sink_buf = Some(buf.clone());
@@ -213,6 +234,7 @@ where
                     encode,
                     buf,
                     count: 0,
+                    seq,
                 }
             }
             Sink::File { encode, .. } => {
@@ -241,6 +263,7 @@ where
                     encode,
                     buf,
                     count: 0,
+                    seq,
                 }
             }
             Sink::Collect(to) => SinkOut::Collect {
@@ -281,6 +304,8 @@ where
             log: RateLog::default(),
             metrics: metrics.clone(),
             counts: Vec::new(),
+            origin: Rid::default(),
+            ended: false,
             _t: PhantomData,
         }));
         match &prep.source {
@@ -289,7 +314,13 @@ where
                     .get_mut(me)
                     .and_then(Option::take)
                     .ok_or_else(|| io::Error::other("no listener for this worker"))?;
-                tokio::task::spawn_local(serve_source(server, head.clone(), env.clone(), *framing));
+                tokio::task::spawn_local(serve_source(
+                    server,
+                    head.clone(),
+                    env.clone(),
+                    *framing,
+                    prep.streams.clone(),
+                ));
             }
             Source::File { path, framing } if me == 0 => {
                 tokio::task::spawn_local(file_source(
@@ -297,6 +328,7 @@ where
                     *framing,
                     head.clone(),
                     env.clone(),
+                    prep.streams.clone(),
                 ));
             }
             Source::Generate { count, make } if me == 0 => {
@@ -305,6 +337,7 @@ where
                     make.clone(),
                     head.clone(),
                     env.clone(),
+                    prep.streams.clone(),
                 ));
             }
             _ => {}
@@ -348,7 +381,8 @@ impl Prep {
 }
 
 /// Runs what other workers sent this one for the pipeline, until every source has ended; then
-/// flushes windows and the sink.
+/// flushes windows and the sink. With checkpoints, the inbox's batches pass its [`Gate`]:
+/// those behind a barrier wait for this worker's snapshot.
 pub(super) async fn drain<K, X, Tl: TailOps<K, X>>(
     shared: Arc<Shared<K, X>>,
     tail: Rc<RefCell<Tl>>,
@@ -360,8 +394,26 @@ pub(super) async fn drain<K, X, Tl: TailOps<K, X>>(
     let inbox = &shared.inboxes[env.me];
     let low = env.opts.inbox_capacity / 4;
     let wake = Rc::new(Notify::new());
+    let mut gate: Gate<Batch<K, X>> = Gate::default();
+    if let Some(ck) = &env.ckpt {
+        ck.join(wake.clone());
+    }
     let mut ends = 0;
     loop {
+        if let Some(ck) = &env.ckpt {
+            if let Some(epoch) = ck.pending() {
+                if gate.reported < epoch && gate.aligned(epoch, env.me, env.workers) {
+                    gate.reported = epoch;
+                    ckpt_task::aligned(&env);
+                }
+            }
+            // The snapshot is taken (or the worker is stopping): what waited runs first.
+            if gate.holding() && (ck.done.get() >= gate.epoch || env.shutting.get()) {
+                let held = gate.release();
+                let mut q = lock(&inbox.queue);
+                q.splice(0..0, held);
+            }
+        }
         if env.sinks_full() {
             env.wait(Waiter::Task(wake.clone()));
             wake.notified().await;
@@ -369,21 +421,33 @@ pub(super) async fn drain<K, X, Tl: TailOps<K, X>>(
         }
         let batches = std::mem::take(&mut *lock(&inbox.queue));
         if batches.is_empty() {
-            inbox.notify.notified().await;
+            tokio::select! {
+                () = inbox.notify.notified() => {}
+                () = wake.notified() => {}
+            }
             continue;
         }
         let mut n = 0;
         {
             let mut t = tail.borrow_mut();
             for b in batches {
+                let b = if env.ckpt.is_some() {
+                    match gate.admit(b) {
+                        Some(b) => b,
+                        None => continue,
+                    }
+                } else {
+                    b
+                };
                 match b {
-                    Batch::Data(v) => {
+                    Batch::Data(_, v) => {
                         n += v.len();
-                        for (k, x, ns) in v {
-                            t.process(k, x, ns);
+                        for (k, x, ns, origin) in v {
+                            t.process(k, x, ns, origin);
                         }
                     }
-                    Batch::End => ends += 1,
+                    Batch::End(_) => ends += 1,
+                    Batch::Barrier(..) => {}
                 }
             }
             t.end_turn();
@@ -396,6 +460,16 @@ pub(super) async fn drain<K, X, Tl: TailOps<K, X>>(
         }
         tokio::task::yield_now().await;
     }
+    inbox
+        .closed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    ckpt_task::leave(
+        &env,
+        env.ckpt
+            .as_ref()
+            .and_then(|c| c.pending())
+            .is_some_and(|e| gate.reported >= e),
+    );
     {
         let mut t = tail.borrow_mut();
         t.finish();

@@ -11,9 +11,11 @@ use std::sync::{Arc, Mutex};
 use canter_rt::proto::Handle;
 use tokio::sync::Notify;
 
-use super::super::state::{KeyedState, Store};
+use super::super::state::{KeyedState, Snap, Store};
 use super::super::RunOptions;
 
+pub(super) use super::barrier::Batch;
+use super::ckpt::WorkerCkpt;
 use super::lock;
 use super::sink_buf::SinkBuf;
 use super::wait::{Gauge, Waiter};
@@ -34,11 +36,20 @@ pub(crate) struct Env {
     pub(super) tasks: RefCell<Vec<tokio::task::JoinHandle<()>>>,
     pub(super) shutting: Cell<bool>,
     pub(super) resumes: Arc<Vec<Arc<Notify>>>,
+    /// Checkpoints on this worker (none when the topology does not checkpoint).
+    pub(super) ckpt: Option<WorkerCkpt>,
+    /// This worker's parts of the keyed states that checkpoints copy.
+    pub(super) snaps: RefCell<Vec<Rc<RefCell<dyn Snap>>>>,
 }
 
 impl Env {
     /// Worker `me`'s environment, empty: its pipelines fill it as they start.
-    pub(super) fn new(me: usize, opts: RunOptions, resumes: Arc<Vec<Arc<Notify>>>) -> Env {
+    pub(super) fn new(
+        me: usize,
+        opts: RunOptions,
+        resumes: Arc<Vec<Arc<Notify>>>,
+        ckpt: Option<WorkerCkpt>,
+    ) -> Env {
         Env {
             me,
             workers: opts.workers,
@@ -52,10 +63,12 @@ impl Env {
             tasks: RefCell::new(Vec::new()),
             shutting: Cell::new(false),
             resumes,
+            ckpt,
+            snaps: RefCell::new(Vec::new()),
         }
     }
 
-    pub(super) fn store<K: Hash + Eq + 'static, S: 'static>(
+    pub(super) fn store<K: Hash + Eq + Clone + 'static, S: 'static>(
         &self,
         state: &KeyedState<K, S>,
     ) -> Rc<RefCell<Store<K, S>>> {
@@ -67,6 +80,10 @@ impl Env {
         }
         let s = Rc::new(RefCell::new(Store::new(state)));
         stores.insert(state.id, s.clone());
+        if self.ckpt.is_some() {
+            s.borrow_mut().track();
+            self.snaps.borrow_mut().push(s.clone());
+        }
         s
     }
 
@@ -77,6 +94,9 @@ impl Env {
     /// Whether the sources must stop reading: a sink of this worker is full, or an inbox this
     /// worker feeds is (then this worker is marked as waiting for it).
     pub(super) fn must_wait(&self) -> bool {
+        if self.ckpt.as_ref().is_some_and(|c| c.aligning.get()) {
+            return true;
+        }
         if self.sinks_full() {
             return true;
         }
@@ -106,20 +126,17 @@ impl Env {
     }
 }
 
-pub(super) enum Batch<K, T> {
-    Data(Vec<(K, T, u64)>),
-    End,
-}
-
 pub(super) struct Inbox<K, T> {
     pub(super) queue: Mutex<Vec<Batch<K, T>>>,
     pub(super) notify: Notify,
     pub(super) gauge: Arc<Gauge>,
+    /// Its drain has ended: checkpoint barriers are no longer sent to it.
+    pub(super) closed: std::sync::atomic::AtomicBool,
 }
 
 impl<K, T> Inbox<K, T> {
     pub(super) fn push(&self, b: Batch<K, T>) {
-        if let Batch::Data(v) = &b {
+        if let Batch::Data(_, v) = &b {
             self.gauge.pending.fetch_add(v.len(), Ordering::SeqCst);
         }
         lock(&self.queue).push(b);

@@ -12,6 +12,9 @@
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+mod barrier;
+mod ckpt;
+mod ckpt_task;
 mod def;
 mod env;
 mod process;

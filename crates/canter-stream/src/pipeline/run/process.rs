@@ -16,7 +16,8 @@ use super::super::step::Step;
 use super::super::Framing;
 use crate::frame::{self, FrameError};
 
-use super::env::{Batch, Shared};
+use super::barrier::{Batch, Rid};
+use super::env::Shared;
 use super::now_ns;
 use super::sink::SinkOut;
 use super::wait::RateLog;
@@ -29,10 +30,15 @@ pub(crate) trait Process {
     fn end_turn(&mut self);
     fn frame_error(&mut self, peer: Option<SocketAddr>, e: &dyn Display);
     fn end_of_input(&mut self);
+    /// Where the next record comes from (its stream and position); each record moves it on.
+    fn set_origin(&mut self, origin: Rid);
+    fn origin(&self) -> Rid;
+    /// Sends checkpoint `epoch`'s barrier to the other workers' inboxes of this pipeline.
+    fn barrier(&mut self, epoch: u64);
 }
 
 pub(super) trait TailOps<K, T> {
-    fn process(&mut self, key: K, item: T, read_ns: u64);
+    fn process(&mut self, key: K, item: T, read_ns: u64, origin: Rid);
     fn end_turn(&mut self);
     fn finish(&mut self);
 }
@@ -49,12 +55,12 @@ pub(super) struct TailInst<K, U: Stateful<K, X>, X, P: Step<U::Out>> {
 
 impl<K, X, U, P> TailOps<K, X> for TailInst<K, U, X, P>
 where
-    K: Hash + Eq,
+    K: Hash + Eq + Clone,
     U: Stateful<K, X>,
     P: Step<U::Out>,
 {
     #[inline]
-    fn process(&mut self, key: K, item: X, read_ns: u64) {
+    fn process(&mut self, key: K, item: X, read_ns: u64, origin: Rid) {
         let TailInst {
             store,
             step,
@@ -64,11 +70,17 @@ where
         } = self;
         let mut store = store.borrow_mut();
         let st = store.get(key);
+        let mut index = 0u32;
         step.update(
             st,
             item,
             &mut Emit::new(
-                &mut |o| post.push(o, &mut |o| sink.write(o, read_ns)),
+                &mut |o| {
+                    post.push(o, &mut |o| {
+                        sink.write(o, read_ns, origin, index);
+                        index = index.wrapping_add(1);
+                    })
+                },
                 read_ns,
             ),
         );
@@ -90,10 +102,13 @@ where
             ..
         } = self;
         let mut store = store.borrow_mut();
-        for st in store.map.values_mut() {
+        for (st, _) in store.map.values_mut() {
             step.finish(
                 st,
-                &mut Emit::new(&mut |o| post.push(o, &mut |o| sink.write(o, 0)), 0),
+                &mut Emit::new(
+                    &mut |o| post.push(o, &mut |o| sink.write(o, 0, Rid::default(), 0)),
+                    0,
+                ),
             );
         }
     }
@@ -104,7 +119,7 @@ pub(super) struct Head<T, D, C: Step<T>, KF, K, Tl> {
     pub(super) chain: C,
     pub(super) key: KF,
     pub(super) tail: Rc<RefCell<Tl>>,
-    pub(super) out: Vec<Vec<(K, C::Out, u64)>>,
+    pub(super) out: Vec<Vec<(K, C::Out, u64, Rid)>>,
     pub(super) shared: Arc<Shared<K, C::Out>>,
     pub(super) me: usize,
     pub(super) workers: usize,
@@ -115,6 +130,10 @@ pub(super) struct Head<T, D, C: Step<T>, KF, K, Tl> {
     pub(super) log: RateLog,
     pub(super) metrics: Arc<PipeMetrics>,
     pub(super) counts: Vec<u64>,
+    /// The next record's origin.
+    pub(super) origin: Rid,
+    /// The input has ended here (no more barriers go out).
+    pub(super) ended: bool,
     pub(super) _t: PhantomData<fn() -> T>,
 }
 
@@ -134,6 +153,8 @@ where
     #[inline]
     fn record(&mut self, rec: &[u8]) {
         self.records += 1;
+        let origin = self.origin;
+        self.origin.pos += 1;
         match (self.decode)(rec) {
             Ok(item) => {
                 let Head {
@@ -151,9 +172,9 @@ where
                     let k = key(&x);
                     let w = owner(&k, workers);
                     if w == me {
-                        tail.borrow_mut().process(k, x, read_ns);
+                        tail.borrow_mut().process(k, x, read_ns, origin);
                     } else {
-                        out[w].push((k, x, read_ns));
+                        out[w].push((k, x, read_ns, origin));
                     }
                 });
             }
@@ -177,7 +198,7 @@ where
         for (w, batch) in self.out.iter_mut().enumerate() {
             if !batch.is_empty() {
                 let full = std::mem::replace(batch, Vec::with_capacity(batch.len()));
-                self.shared.inboxes[w].push(Batch::Data(full));
+                self.shared.inboxes[w].push(Batch::Data(self.me, full));
             }
         }
         self.tail.borrow_mut().end_turn();
@@ -202,8 +223,29 @@ where
 
     fn end_of_input(&mut self) {
         self.end_turn();
+        self.ended = true;
         for inbox in &self.shared.inboxes {
-            inbox.push(Batch::End);
+            inbox.push(Batch::End(self.me));
+        }
+    }
+
+    fn set_origin(&mut self, origin: Rid) {
+        self.origin = origin;
+    }
+
+    fn origin(&self) -> Rid {
+        self.origin
+    }
+
+    fn barrier(&mut self, epoch: u64) {
+        if self.ended {
+            return;
+        }
+        // Every record read so far went out with its read: the barrier follows them.
+        for (w, inbox) in self.shared.inboxes.iter().enumerate() {
+            if w != self.me && !inbox.closed.load(Ordering::SeqCst) {
+                inbox.push(Batch::Barrier(self.me, epoch));
+            }
         }
     }
 }

@@ -12,9 +12,11 @@ use tokio::sync::Notify;
 
 use super::super::metrics::PipeMetrics;
 use super::super::{Collector, Encoder};
+use super::barrier::Rid;
 use super::env::Env;
 use super::sink_buf::{mark, record_latency, SinkBuf};
 use super::wait::{RateLog, Waiter};
+use crate::resend::Seq;
 
 /// The pipeline's end of its sink on one worker.
 pub(super) enum SinkOut<O> {
@@ -22,6 +24,8 @@ pub(super) enum SinkOut<O> {
         encode: Encoder<O>,
         buf: Rc<RefCell<SinkBuf>>,
         count: u64,
+        /// The worker, when results carry a sequence header.
+        seq: Option<u32>,
     },
     Collect {
         local: Vec<O>,
@@ -36,10 +40,21 @@ pub(super) enum SinkOut<O> {
 
 impl<O> SinkOut<O> {
     #[inline]
-    pub(super) fn write(&mut self, o: O, read_ns: u64) {
+    pub(super) fn write(&mut self, o: O, read_ns: u64, origin: Rid, index: u32) {
         match self {
-            SinkOut::Buf { encode, buf, count } => {
-                buf.borrow_mut().push(encode, &o, read_ns);
+            SinkOut::Buf {
+                encode,
+                buf,
+                count,
+                seq,
+            } => {
+                let seq = seq.map(|worker| Seq {
+                    stream: origin.stream,
+                    position: origin.pos,
+                    index,
+                    worker,
+                });
+                buf.borrow_mut().push(encode, &o, read_ns, seq);
                 *count += 1;
             }
             SinkOut::Collect {
@@ -96,7 +111,11 @@ pub(super) async fn tcp_sink(
                 backoff = Duration::from_millis(50);
                 tracing::debug!(%addr, "sink connected");
                 let socket = Rc::new(socket);
-                buf.borrow_mut().socket = Some(socket.clone());
+                {
+                    let mut b = buf.borrow_mut();
+                    b.reconnected();
+                    b.socket = Some(socket.clone());
+                }
                 let lost = drive_sink(&socket, &buf, &env, &wake).await;
                 buf.borrow_mut().socket = None;
                 match lost {
@@ -130,7 +149,7 @@ pub(super) fn closing_expired(buf: &RefCell<SinkBuf>, env: &Env, addr: SocketAdd
     let Some(since) = b.closing_since else {
         return false;
     };
-    if b.data.is_empty() {
+    if b.data.is_empty() && b.retained.is_empty() {
         return true;
     }
     if clock().saturating_duration_since(since) > env.opts.drain_timeout {
@@ -158,7 +177,8 @@ pub(super) async fn drive_sink(
             (
                 !b.data.is_empty(),
                 b.data.len() < b.low,
-                b.closing() && b.data.is_empty(),
+                // A receiver that acknowledges has everything first.
+                b.closing() && b.data.is_empty() && b.retained.is_empty(),
                 b.written,
             )
         };
@@ -183,10 +203,11 @@ pub(super) async fn drive_sink(
             r = socket.writable(), if pending => r?,
             r = socket.readable() => {
                 r?;
-                // The receiving end sends nothing; what it does send is dropped.
+                // The receiving end sends nothing but acknowledgements (kept for a sequenced
+                // sink); anything else is dropped.
                 match socket.try_read(&mut scratch) {
                     Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                    Ok(_) => {}
+                    Ok(n) => buf.borrow_mut().on_read(&scratch[..n]),
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
                 }
@@ -251,7 +272,12 @@ mod tests {
     use super::*;
 
     fn env(opts: RunOptions) -> Rc<Env> {
-        Rc::new(Env::new(0, opts, Arc::new(vec![Arc::new(Notify::new())])))
+        Rc::new(Env::new(
+            0,
+            opts,
+            Arc::new(vec![Arc::new(Notify::new())]),
+            None,
+        ))
     }
 
     fn buffer(bytes: usize) -> Rc<RefCell<SinkBuf>> {

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use super::super::metrics::PipeMetrics;
 use super::super::Encoder;
+use crate::resend::Seq;
 
 use super::wait::Waiter;
 use super::{lock, now_ns};
@@ -39,6 +40,19 @@ pub(crate) struct SinkBuf {
     pub(super) closing_since: Option<Instant>,
     pub(super) metrics: Arc<PipeMetrics>,
     pub(super) me: usize,
+    /// Results carry a sequence header (the topology checkpoints).
+    pub(super) sequenced: bool,
+    /// Frames written to the current connection and not yet acknowledged by the receiver
+    /// (sequenced TCP sinks: sent again on the next connection).
+    pub(super) retained: Vec<u8>,
+    /// Whether this connection's frames are kept until acknowledged.
+    retain: bool,
+    /// Frames of this connection acknowledged so far, and whether any acknowledgement came.
+    acked: u64,
+    acks_seen: bool,
+    /// A partly received acknowledgement.
+    ack_part: [u8; 8],
+    ack_have: usize,
 }
 
 impl SinkBuf {
@@ -54,6 +68,76 @@ impl SinkBuf {
             closing_since: None,
             metrics,
             me,
+            sequenced: false,
+            retained: Vec::new(),
+            retain: false,
+            acked: 0,
+            acks_seen: false,
+            ack_part: [0; 8],
+            ack_have: 0,
+        }
+    }
+
+    /// A new connection: what the last one's receiver did not acknowledge goes first.
+    pub(super) fn reconnected(&mut self) {
+        if !self.retained.is_empty() {
+            let mut data = std::mem::take(&mut self.retained);
+            data.extend_from_slice(&self.data);
+            self.data = data;
+        }
+        self.retain = self.sequenced;
+        self.acked = 0;
+        self.acks_seen = false;
+        self.ack_have = 0;
+    }
+
+    /// Bytes the receiver sent: acknowledgements (u64 big-endian, frames received on this
+    /// connection); the frames they cover are forgotten.
+    pub(super) fn on_read(&mut self, mut bytes: &[u8]) {
+        if !self.retain {
+            return;
+        }
+        while !bytes.is_empty() {
+            let n = (8 - self.ack_have).min(bytes.len());
+            self.ack_part[self.ack_have..self.ack_have + n].copy_from_slice(&bytes[..n]);
+            self.ack_have += n;
+            bytes = &bytes[n..];
+            if self.ack_have < 8 {
+                return;
+            }
+            self.ack_have = 0;
+            self.acks_seen = true;
+            let upto = u64::from_be_bytes(self.ack_part);
+            let mut at = 0;
+            while self.acked < upto && self.retained.len() - at >= 4 {
+                let mut len = [0u8; 4];
+                len.copy_from_slice(&self.retained[at..at + 4]);
+                let end = at + 4 + u32::from_be_bytes(len) as usize;
+                if end > self.retained.len() {
+                    break;
+                }
+                at = end;
+                self.acked += 1;
+            }
+            self.retained.drain(..at);
+        }
+    }
+
+    /// Keeps what the socket took until the receiver acknowledges it; a receiver that has
+    /// acknowledged nothing by the high-water mark does not acknowledge: keeping stops.
+    fn keep_written(&mut self, n: usize) {
+        if !self.retain {
+            return;
+        }
+        self.retained.extend_from_slice(&self.data[..n]);
+        if !self.acks_seen && self.retained.len() >= self.high {
+            self.retain = false;
+            self.retained = Vec::new();
+            tracing::warn!(
+                worker = self.me,
+                "the sink's receiver does not acknowledge: results lost with a connection \
+                 are not sent again (canter receive --dedupe acknowledges)"
+            );
         }
     }
 
@@ -63,14 +147,23 @@ impl SinkBuf {
     }
 
     pub(super) fn full(&self) -> bool {
-        self.data.len() >= self.high
+        self.data.len() + self.retained.len() >= self.high
     }
 
     /// Encodes `record` straight into the buffer, framed.
     #[inline]
-    pub(super) fn push<O>(&mut self, encode: &Encoder<O>, record: &O, read_ns: u64) {
+    pub(super) fn push<O>(
+        &mut self,
+        encode: &Encoder<O>,
+        record: &O,
+        read_ns: u64,
+        seq: Option<Seq>,
+    ) {
         let start = self.data.len();
         self.data.extend_from_slice(&[0; 4]);
+        if let Some(seq) = seq {
+            seq.encode(&mut self.data);
+        }
         encode(record, &mut self.data);
         let Ok(len) = u32::try_from(self.data.len() - start - 4) else {
             tracing::error!("a record of 4 GiB or more cannot be framed; dropped");
@@ -91,13 +184,14 @@ impl SinkBuf {
     /// latency is taken when the buffer is written out to its end (a record finished by a
     /// partial write counts from the write that empties the buffer, so none counts early).
     pub(super) fn write_out(&mut self) -> io::Result<()> {
-        let Some(socket) = &self.socket else {
+        let Some(socket) = self.socket.clone() else {
             return Ok(());
         };
         while !self.data.is_empty() {
             let taken = socket.try_write(&self.data);
             if let Ok(n) = taken {
                 self.written += n as u64;
+                self.keep_written(n);
             }
             match taken {
                 Ok(n) if n == self.data.len() => {

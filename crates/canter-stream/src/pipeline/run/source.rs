@@ -12,10 +12,13 @@ use canter_rt::ServerWorker;
 use tokio::sync::Notify;
 
 use super::super::Framing;
+use super::barrier::Rid;
+use super::ckpt::Streams;
 use super::env::Env;
 use super::process::Process;
 use super::wait::{RateLog, Waiter};
 use crate::frame::FrameError;
+use crate::resend;
 
 /// A source connection: frames in, the pipeline run inline.
 pub(super) struct SourceConn {
@@ -27,12 +30,70 @@ pub(super) struct SourceConn {
     pub(super) counted: bool,
     /// Rate-limits the warnings of refused connections, for the worker.
     pub(super) refusals: Rc<RefCell<RateLog>>,
+    /// The source's streams, when the topology checkpoints (a connection may then open with
+    /// a hello, see [`crate::resend`]).
+    pub(super) streams: Option<Arc<Streams>>,
+    /// Whether the connection's first bytes were looked at for a hello.
+    pub(super) greeted: bool,
+    /// The stream this connection carries (0: none) and the position of its next record.
+    pub(super) stream: u64,
+    pub(super) pos: u64,
+    /// The last acknowledgement sent.
+    pub(super) acked: u64,
 }
 
 impl SourceConn {
     pub(super) fn hold(&self, conn: &mut Conn<'_>) {
         conn.mute();
         self.env.wait(Waiter::Conn(conn.handle()));
+    }
+
+    /// Reads a hello at the start of the connection, if there is one: the stream is attached
+    /// and told where to resume. False: not yet (more bytes needed, or the connection was
+    /// refused).
+    fn greet(&mut self, conn: &mut Conn<'_>, input: &mut BytesMut) -> bool {
+        let (Some(streams), Some(ck)) = (&self.streams, &self.env.ckpt) else {
+            self.greeted = true;
+            return true;
+        };
+        if !matches!(self.framing, Framing::LengthPrefixed { .. }) {
+            self.greeted = true;
+            return true;
+        }
+        match resend::parse_hello(input) {
+            None => {
+                self.greeted = true;
+                tracing::debug!(peer = %self.peer, "source connection without a hello: no positions");
+                true
+            }
+            Some(None) => false,
+            Some(Some(stream)) => {
+                let _ = input.split_to(resend::HELLO_LEN);
+                self.greeted = true;
+                let attached = if stream == 0 {
+                    Err("stream 0 is not a stream id")
+                } else {
+                    streams.attach(stream, &ck.coord)
+                };
+                match attached {
+                    Ok(pos) => {
+                        self.stream = stream;
+                        self.pos = pos;
+                        self.acked = streams.acked(stream);
+                        ck.position(&streams.name, stream, pos, true);
+                        let _ = conn.send(resend::message(resend::RESUME, pos).to_vec());
+                        tracing::debug!(peer = %self.peer, stream, pos, "source stream attached");
+                        true
+                    }
+                    Err(why) => {
+                        tracing::info!(peer = %self.peer, stream, why, "source stream refused for now; the sender tries again");
+                        input.clear();
+                        conn.close();
+                        false
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -63,9 +124,23 @@ impl Protocol for SourceConn {
             self.hold(conn);
             return;
         }
+        if !self.greeted && self.streams.is_some() && !self.greet(conn, input) {
+            return;
+        }
         let mut head = self.head.borrow_mut();
         head.begin();
-        match head.records(self.framing, input) {
+        head.set_origin(Rid {
+            stream: self.stream,
+            pos: self.pos,
+        });
+        let result = head.records(self.framing, input);
+        if self.stream != 0 {
+            self.pos = head.origin().pos;
+            if let (Some(ck), Some(streams)) = (&self.env.ckpt, &self.streams) {
+                ck.position(&streams.name, self.stream, self.pos, true);
+            }
+        }
+        match result {
             Ok(used) => {
                 let _ = input.split_to(used);
             }
@@ -83,6 +158,15 @@ impl Protocol for SourceConn {
     }
 
     fn on_wake(&mut self, conn: &mut Conn<'_>) {
+        if self.stream != 0 {
+            if let Some(streams) = &self.streams {
+                let acked = streams.acked(self.stream);
+                if acked > self.acked {
+                    self.acked = acked;
+                    let _ = conn.send(resend::message(resend::ACK, acked).to_vec());
+                }
+            }
+        }
         if self.env.shutting.get() {
             conn.close();
         } else if conn.is_muted() {
@@ -102,6 +186,12 @@ impl Protocol for SourceConn {
         if self.counted {
             self.env.open_sources.set(self.env.open_sources.get() - 1);
         }
+        if self.stream != 0 {
+            if let (Some(streams), Some(ck)) = (&self.streams, &self.env.ckpt) {
+                ck.position(&streams.name, self.stream, self.pos, false);
+                streams.detach(self.stream, self.pos);
+            }
+        }
         tracing::debug!(peer = %self.peer, %why, "source connection closed");
     }
 }
@@ -113,6 +203,7 @@ pub(super) async fn serve_source(
     head: Rc<RefCell<dyn Process>>,
     env: Rc<Env>,
     framing: Framing,
+    streams: Option<Arc<Streams>>,
 ) {
     let built = Settings::builder()
         .read_budget(env.opts.read_budget)
@@ -138,6 +229,11 @@ pub(super) async fn serve_source(
             peer,
             counted: false,
             refusals: refusals.clone(),
+            streams: streams.clone(),
+            greeted: false,
+            stream: 0,
+            pos: 0,
+            acked: 0,
         }
     };
     if let Err(e) = server.serve_protocol(Some(settings), make).await {
@@ -153,13 +249,41 @@ pub(super) async fn room(env: &Env, wake: &Rc<Notify>) {
     }
 }
 
+/// The stream id of a file or generated source (its position: records read).
+const LOCAL_STREAM: u64 = 1;
+
+/// Where a file or generated source starts: after the records its restored checkpoint holds.
+fn local_start(env: &Env, streams: &Option<Arc<Streams>>) -> u64 {
+    match (streams, &env.ckpt) {
+        (Some(s), Some(ck)) => {
+            let pos = s.position(LOCAL_STREAM);
+            ck.position(&s.name, LOCAL_STREAM, pos, true);
+            pos
+        }
+        _ => 0,
+    }
+}
+
+/// Records where a file or generated source stands, for checkpoints.
+fn local_position(env: &Env, streams: &Option<Arc<Streams>>, head: &dyn Process) {
+    if let (Some(s), Some(ck)) = (streams, &env.ckpt) {
+        ck.position(&s.name, LOCAL_STREAM, head.origin().pos, true);
+    }
+}
+
 pub(super) async fn file_source(
     path: std::path::PathBuf,
     framing: Framing,
     head: Rc<RefCell<dyn Process>>,
     env: Rc<Env>,
+    streams: Option<Arc<Streams>>,
 ) {
     let wake = Rc::new(Notify::new());
+    let mut skip = local_start(&env, &streams);
+    head.borrow_mut().set_origin(Rid {
+        stream: if streams.is_some() { LOCAL_STREAM } else { 0 },
+        pos: skip,
+    });
     match std::fs::File::open(&path) {
         Err(e) => {
             tracing::error!(path = %path.display(), error = %e, "source file cannot be opened")
@@ -184,6 +308,12 @@ pub(super) async fn file_source(
                     break;
                 }
                 buf.extend_from_slice(&chunk[..n]);
+                if skip > 0 {
+                    // Records a restored checkpoint holds already.
+                    let used = skip_records(framing, &buf, skip);
+                    skip -= used.0;
+                    buf.drain(..used.1);
+                }
                 let r = {
                     let mut h = head.borrow_mut();
                     h.begin();
@@ -192,6 +322,7 @@ pub(super) async fn file_source(
                     if let Err(e) = &r {
                         h.frame_error(None, e);
                     }
+                    local_position(&env, &streams, &*h);
                     r
                 };
                 match r {
@@ -212,10 +343,15 @@ pub(super) async fn generate_source(
     make: Arc<dyn Fn(u64, &mut Vec<u8>) + Send + Sync>,
     head: Rc<RefCell<dyn Process>>,
     env: Rc<Env>,
+    streams: Option<Arc<Streams>>,
 ) {
     let wake = Rc::new(Notify::new());
     let mut scratch = Vec::with_capacity(256);
-    let mut i = 0;
+    let mut i = local_start(&env, &streams);
+    head.borrow_mut().set_origin(Rid {
+        stream: if streams.is_some() { LOCAL_STREAM } else { 0 },
+        pos: i,
+    });
     while i < count && !env.shutting.get() {
         room(&env, &wake).await;
         {
@@ -229,8 +365,38 @@ pub(super) async fn generate_source(
                 i += 1;
             }
             h.end_turn();
+            local_position(&env, &streams, &*h);
         }
         tokio::task::yield_now().await;
     }
     head.borrow_mut().end_of_input();
+}
+
+/// Skips up to `n` whole records at the start of `buf`: (records skipped, bytes they took).
+/// A broken frame is left for the pipeline to report.
+fn skip_records(framing: Framing, buf: &[u8], n: u64) -> (u64, usize) {
+    let (mut skipped, mut at) = (0, 0);
+    while skipped < n {
+        let next = match framing {
+            Framing::LengthPrefixed { max } => {
+                let Some(len) = buf.get(at..at + 4) else {
+                    break;
+                };
+                let mut l = [0u8; 4];
+                l.copy_from_slice(len);
+                let len = u32::from_be_bytes(l) as usize;
+                if len > max || buf.len() - at - 4 < len {
+                    break;
+                }
+                at + 4 + len
+            }
+            Framing::Lines { .. } => match buf[at..].iter().position(|&b| b == b'\n') {
+                Some(i) => at + i + 1,
+                None => break,
+            },
+        };
+        at = next;
+        skipped += 1;
+    }
+    (skipped, at)
 }

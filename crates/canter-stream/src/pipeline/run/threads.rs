@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 use canter_rt::ShutdownHandle;
 use tokio::sync::Notify;
 
+use super::super::checkpoint::{CheckpointOptions, Dir, Restored};
 use super::super::metrics::Metrics;
 use super::super::RunOptions;
+use super::ckpt::{self, Coord, WorkerCkpt};
+use super::ckpt_task;
 use super::def::{PipelineDef, Prep};
 use super::env::Env;
 
@@ -22,6 +25,8 @@ pub(super) struct ShutdownInner {
     pub(super) notifies: Vec<Arc<Notify>>,
     /// The TCP sources' servers: their accept loops stop, their connections are told.
     pub(super) servers: Vec<ShutdownHandle>,
+    /// Stops the checkpoints.
+    pub(super) checkpoints: Option<(Arc<AtomicBool>, Arc<Coord>)>,
 }
 
 /// Stops a running topology: sources stop reading, what is in flight is delivered (within the
@@ -39,6 +44,10 @@ impl Shutdown {
     /// Asks the workers to stop.
     pub fn shutdown(&self) {
         self.0.flag.store(true, Ordering::SeqCst);
+        if let Some((stop, coord)) = &self.0.checkpoints {
+            stop.store(true, Ordering::SeqCst);
+            coord.wake_all();
+        }
         for server in &self.0.servers {
             server.shutdown();
         }
@@ -67,6 +76,7 @@ pub struct Running {
     addrs: Vec<(String, Option<SocketAddr>)>,
     sampler: Option<JoinHandle<()>>,
     stop_sampler: Arc<AtomicBool>,
+    checkpointer: Option<(JoinHandle<()>, Arc<AtomicBool>)>,
 }
 
 impl std::fmt::Debug for Running {
@@ -117,6 +127,10 @@ impl Running {
         if let Some(s) = self.sampler.take() {
             let _ = s.join();
         }
+        if let Some((t, stop)) = self.checkpointer.take() {
+            stop.store(true, Ordering::SeqCst);
+            let _ = t.join();
+        }
         self.metrics.sample();
         result
     }
@@ -130,11 +144,50 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
     }
     let resumes: Arc<Vec<Arc<Notify>>> =
         Arc::new((0..workers).map(|_| Arc::new(Notify::new())).collect());
+    let restored = match &opts.checkpoint {
+        Some(c) => restore(c),
+        None => None,
+    };
     let mut preps = Vec::new();
     for d in defs {
-        preps.push(d.prepare(&opts, &resumes)?);
+        preps.push(d.prepare(&opts, &resumes, restored.as_ref())?);
+    }
+    if opts.checkpoint.is_some() {
+        if let Some(p) = preps.iter().find(|p| !p.state.1) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "pipeline {}: its keyed state {:?} has no codec, and the topology \
+                     checkpoints (KeyedState::checkpointed)",
+                    p.name(),
+                    p.state.0
+                ),
+            ));
+        }
     }
     let metrics = Arc::new(Metrics::new(preps.iter().map(|p| p.metrics()).collect()));
+    let restored_epoch = restored.as_ref().map_or(0, |r| r.epoch);
+    metrics
+        .checkpoints
+        .restored_epoch
+        .store(restored_epoch, Ordering::Relaxed);
+    let (coord, checkpointer) = match &opts.checkpoint {
+        Some(c) => {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let streams = preps.iter().filter_map(|p| p.streams.clone()).collect();
+            let coord = Arc::new(Coord::new(workers, streams, restored, tx));
+            let stop = Arc::new(AtomicBool::new(false));
+            let t = {
+                let (coord, c, metrics, stop) =
+                    (coord.clone(), c.clone(), metrics.clone(), stop.clone());
+                std::thread::Builder::new()
+                    .name("canter-pipeline-checkpoints".into())
+                    .spawn(move || ckpt::coordinate(coord, c, rx, metrics, stop))?
+            };
+            (Some(coord), Some((t, stop)))
+        }
+        None => (None, None),
+    };
     let shutdown = Shutdown(Arc::new(ShutdownInner {
         flag: AtomicBool::new(false),
         notifies: (0..workers).map(|_| Arc::new(Notify::new())).collect(),
@@ -142,6 +195,10 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
             .iter()
             .filter_map(|p| p.server_shutdown.clone())
             .collect(),
+        checkpoints: checkpointer
+            .as_ref()
+            .zip(coord.as_ref())
+            .map(|((_, stop), coord)| (stop.clone(), coord.clone())),
     }));
     // The workers' threads and event loops are the runtime's, pinned as its servers' are.
     let config = canter_rt::Config::builder()
@@ -159,11 +216,12 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         let opts = opts.clone();
         let resumes = resumes.clone();
         let stop = shutdown.0.notifies[me].clone();
+        let coord = coord.clone();
         threads.push(canter_rt::spawn_worker(
             me,
             &config,
             format!("canter-pipeline-{me}"),
-            move || worker(me, preps, opts, resumes, stop),
+            move || worker(me, preps, opts, resumes, stop, coord),
         )?);
     }
     let stop_sampler = Arc::new(AtomicBool::new(false));
@@ -189,7 +247,34 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         addrs,
         sampler: Some(sampler),
         stop_sampler,
+        checkpointer,
     })
+}
+
+/// The latest complete checkpoint in the directory, logged; none (with an error line) when the
+/// directory cannot be read: the topology then starts empty and keeps trying to checkpoint.
+fn restore(c: &CheckpointOptions) -> Option<Restored> {
+    let latest = Dir::open(&c.dir, c.keep).and_then(|d| d.latest());
+    match latest {
+        Ok(Some(r)) => {
+            for (path, why) in &r.skipped {
+                tracing::warn!(file = %path.display(), why, "checkpoint file passed over");
+            }
+            tracing::info!(
+                epoch = r.epoch, files = r.chain.len(), streams = r.positions.len(),
+                dir = %c.dir.display(), "restoring the latest checkpoint"
+            );
+            Some(r)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::error!(
+                dir = %c.dir.display(), error = %e,
+                "the checkpoint directory cannot be read: starting without a checkpoint"
+            );
+            None
+        }
+    }
 }
 
 pub(super) async fn worker(
@@ -198,10 +283,12 @@ pub(super) async fn worker(
     opts: RunOptions,
     resumes: Arc<Vec<Arc<Notify>>>,
     stop: Arc<Notify>,
+    coord: Option<Arc<Coord>>,
 ) -> io::Result<()> {
     let drain_timeout = opts.drain_timeout;
     {
-        let env = Rc::new(Env::new(me, opts, resumes.clone()));
+        let ckpt = coord.clone().map(WorkerCkpt::new);
+        let env = Rc::new(Env::new(me, opts, resumes.clone(), ckpt));
         {
             let env = env.clone();
             let resume = env.resumes[me].clone();
@@ -218,6 +305,40 @@ pub(super) async fn worker(
             let (head, done) = p.start(&env)?;
             heads.push((p.finite(), head));
             dones.push(done);
+        }
+        // The stores exist now and no task has run yet: the restored state goes in first.
+        if let Some(r) = coord.as_ref().and_then(|c| c.restored.as_ref()) {
+            for snap in env.snaps.borrow().iter() {
+                let mut snap = snap.borrow_mut();
+                let name = snap.name().to_owned();
+                let (mut applied, mut bad) = (0, 0);
+                for entries in r.entries(&name) {
+                    let (a, b) = snap.restore(entries, me, env.workers);
+                    applied += a;
+                    bad += b;
+                }
+                tracing::debug!(worker = me, state = snap.name(), applied, "state restored");
+                if bad > 0 {
+                    tracing::warn!(
+                        worker = me,
+                        state = snap.name(),
+                        bad,
+                        "restored entries that did not decode were left out"
+                    );
+                }
+            }
+            if r.workers as usize != env.workers && me == 0 {
+                tracing::warn!(
+                    was = r.workers,
+                    now = env.workers,
+                    "restored a checkpoint of another number of workers: keys move to their new \
+                     owners, but a receiver's dedupe by worker may let repeats through"
+                );
+            }
+        }
+        if env.ckpt.is_some() {
+            let heads = heads.iter().map(|(_, h)| h.clone()).collect();
+            tokio::task::spawn_local(ckpt_task::worker_task(env.clone(), heads));
         }
         let stopped = Rc::new(Cell::new(false));
         {

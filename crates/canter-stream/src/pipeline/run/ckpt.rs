@@ -1,0 +1,363 @@
+//! Checkpoints while the topology runs: each worker's part (barriers out, alignment, the
+//! snapshot of the keys changed since the last one and of its source streams' positions) and
+//! the coordinator thread that starts each checkpoint, gathers the parts, writes the file and
+//! acknowledges the senders.
+//!
+//! A checkpoint stops a worker's own sources from the moment it sends its barriers until its
+//! inboxes are aligned (usually well under a millisecond: the other workers got the same
+//! trigger); the snapshot itself copies only the changed keys' states. Writing the file, its
+//! checksum and sync, pruning and compaction happen on the coordinator's thread.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::super::checkpoint::{CheckpointOptions, Dir, Entries, Restored, Snapshot};
+use super::super::metrics::Metrics;
+use super::lock;
+use crate::failpoint::Failpoint;
+
+/// A pipeline's source streams, across workers: where each stands, whether a connection
+/// holds it, and what the last durable checkpoint acknowledged.
+pub(crate) struct Streams {
+    pub(super) name: Arc<str>,
+    /// stream → (position, attached to a connection).
+    table: Mutex<HashMap<u64, (u64, bool)>>,
+    acked: Mutex<HashMap<u64, u64>>,
+}
+
+impl Streams {
+    pub(super) fn new(name: &str, restored: Option<&Restored>) -> Streams {
+        let mut table = HashMap::new();
+        if let Some(r) = restored {
+            for ((p, stream), pos) in &r.positions {
+                if p == name {
+                    table.insert(*stream, (*pos, false));
+                }
+            }
+        }
+        Streams {
+            name: name.into(),
+            acked: Mutex::new(table.iter().map(|(s, (p, _))| (*s, *p)).collect()),
+            table: Mutex::new(table),
+        }
+    }
+
+    /// Gives `stream` to a new connection: the position to resume from, or why not now.
+    pub(super) fn attach(&self, stream: u64, coord: &Coord) -> Result<u64, &'static str> {
+        if coord.in_progress.load(Ordering::SeqCst) {
+            return Err("a checkpoint is being taken");
+        }
+        let mut t = lock(&self.table);
+        let e = t.entry(stream).or_insert((0, false));
+        if e.1 {
+            return Err("the stream's previous connection is still open");
+        }
+        e.1 = true;
+        Ok(e.0)
+    }
+
+    /// The stream's connection closed at `pos`.
+    pub(super) fn detach(&self, stream: u64, pos: u64) {
+        lock(&self.table).insert(stream, (pos, false));
+    }
+
+    /// The stream's position in the last durable checkpoint.
+    pub(super) fn acked(&self, stream: u64) -> u64 {
+        lock(&self.acked).get(&stream).copied().unwrap_or(0)
+    }
+
+    /// A restored stream's position (for a file source).
+    pub(super) fn position(&self, stream: u64) -> u64 {
+        lock(&self.table).get(&stream).map_or(0, |e| e.0)
+    }
+}
+
+/// What the workers and the coordinator share.
+pub(crate) struct Coord {
+    workers: usize,
+    /// The checkpoint each worker is asked for.
+    pub(super) trigger: Vec<AtomicU64>,
+    /// The last checkpoint made durable, per worker (its sources then send acknowledgements).
+    pub(super) acks: Vec<AtomicU64>,
+    /// Wakes each worker's checkpoint task.
+    pub(super) wakes: Vec<Arc<Notify>>,
+    /// From a checkpoint's trigger until every part came: streams are not attached meanwhile.
+    in_progress: AtomicBool,
+    parts: Mutex<Sender<Part>>,
+    pub(super) streams: Vec<Arc<Streams>>,
+    pub(super) restored: Option<Restored>,
+}
+
+/// One worker's part of a checkpoint.
+pub(super) struct Part {
+    pub(super) epoch: u64,
+    pub(super) positions: Vec<(Arc<str>, u64, u64)>,
+    pub(super) states: Vec<(String, Entries)>,
+}
+
+impl Coord {
+    pub(super) fn new(
+        workers: usize,
+        streams: Vec<Arc<Streams>>,
+        restored: Option<Restored>,
+        parts: Sender<Part>,
+    ) -> Coord {
+        Coord {
+            workers,
+            trigger: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+            acks: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+            wakes: (0..workers).map(|_| Arc::new(Notify::new())).collect(),
+            in_progress: AtomicBool::new(false),
+            parts: Mutex::new(parts),
+            streams,
+            restored,
+        }
+    }
+
+    /// Wakes every worker's checkpoint task (at shutdown, so that it ends).
+    pub(super) fn wake_all(&self) {
+        for w in &self.wakes {
+            w.notify_one();
+        }
+    }
+}
+
+/// One worker's checkpoint state.
+pub(crate) struct WorkerCkpt {
+    pub(super) coord: Arc<Coord>,
+    pub(super) parts: Sender<Part>,
+    /// The checkpoint in progress here (or the last one).
+    pub(super) epoch: Cell<u64>,
+    /// The last checkpoint this worker took its snapshot for.
+    pub(super) done: Cell<u64>,
+    /// Inboxes not yet aligned for `epoch`.
+    pub(super) waiting: Cell<usize>,
+    /// Inboxes (pipelines' drains) still running here.
+    pub(super) active: Cell<usize>,
+    /// From the barriers out until the snapshot: this worker's sources wait.
+    pub(super) aligning: Cell<bool>,
+    drains: RefCell<Vec<Rc<Notify>>>,
+    /// (pipeline, stream) → (position, attached here): the streams read on this worker.
+    pub(super) positions: RefCell<HashMap<(Arc<str>, u64), (u64, bool)>>,
+}
+
+impl WorkerCkpt {
+    pub(super) fn new(coord: Arc<Coord>) -> WorkerCkpt {
+        let parts = lock(&coord.parts).clone();
+        WorkerCkpt {
+            coord,
+            parts,
+            epoch: Cell::new(0),
+            done: Cell::new(0),
+            waiting: Cell::new(0),
+            active: Cell::new(0),
+            aligning: Cell::new(false),
+            drains: RefCell::new(Vec::new()),
+            positions: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Whether a checkpoint is in progress here and not yet snapshotted.
+    pub(super) fn pending(&self) -> Option<u64> {
+        let e = self.epoch.get();
+        (e > self.done.get()).then_some(e)
+    }
+
+    /// A drain starts: it takes part in alignment.
+    pub(super) fn join(&self, wake: Rc<Notify>) {
+        self.active.set(self.active.get() + 1);
+        self.drains.borrow_mut().push(wake);
+    }
+
+    pub(super) fn wake_drains(&self) {
+        for d in self.drains.borrow().iter() {
+            d.notify_one();
+        }
+    }
+
+    /// Records where a stream read here stands.
+    pub(super) fn position(&self, pipeline: &Arc<str>, stream: u64, pos: u64, attached: bool) {
+        self.positions
+            .borrow_mut()
+            .insert((pipeline.clone(), stream), (pos, attached));
+    }
+}
+
+/// The coordinator: a checkpoint every interval, until `stop`.
+pub(super) fn coordinate(
+    coord: Arc<Coord>,
+    opts: CheckpointOptions,
+    parts: Receiver<Part>,
+    metrics: Arc<Metrics>,
+    stop: Arc<AtomicBool>,
+) {
+    let m = &metrics.checkpoints;
+    let (mut epoch, mut written, mut positions) = match &coord.restored {
+        Some(r) => (r.epoch, Some(r.epoch), r.positions.clone()),
+        None => (0, None, BTreeMap::new()),
+    };
+    let mut dir: Option<Dir> = None;
+    // Changes of checkpoints that could not be written: carried by the next one.
+    let mut pending: BTreeMap<String, Entries> = BTreeMap::new();
+    let (mut since_full, mut full_bytes, mut deltas) = (0u64, 0u64, 0u32);
+    let mut last_error_log: Option<Instant> = None;
+    let mut failpoint = Failpoint::from_env();
+    let mut next = Instant::now() + opts.interval;
+    'run: loop {
+        loop {
+            if stop.load(Ordering::SeqCst) {
+                break 'run;
+            }
+            if Instant::now() >= next {
+                break;
+            }
+            std::thread::sleep((next - Instant::now()).min(Duration::from_millis(20)));
+        }
+        next += opts.interval;
+        if next < Instant::now() {
+            next = Instant::now() + opts.interval;
+        }
+        epoch += 1;
+        let started = Instant::now();
+        coord.in_progress.store(true, Ordering::SeqCst);
+        for w in 0..coord.workers {
+            coord.trigger[w].store(epoch, Ordering::SeqCst);
+            coord.wakes[w].notify_one();
+        }
+        let mut got = Vec::with_capacity(coord.workers);
+        let deadline = started + Duration::from_secs(10);
+        while got.len() < coord.workers {
+            match parts.recv_timeout(Duration::from_millis(20)) {
+                Ok(p) if p.epoch == epoch => got.push(p),
+                Ok(late) => merge_states(&mut pending, late.states),
+                Err(RecvTimeoutError::Timeout) => {
+                    if stop.load(Ordering::SeqCst) || Instant::now() >= deadline {
+                        break;
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        coord.in_progress.store(false, Ordering::SeqCst);
+        let align_us = started.elapsed().as_micros() as u64;
+        let complete = got.len() == coord.workers;
+        for p in &mut got {
+            if complete {
+                for (pipe, stream, pos) in p.positions.drain(..) {
+                    let at = positions.entry((pipe.to_string(), stream)).or_insert(0);
+                    *at = (*at).max(pos);
+                }
+            }
+            merge_states(&mut pending, std::mem::take(&mut p.states));
+        }
+        if !complete {
+            // The workers that answered cleared their lists of changed keys: their changes
+            // go with the next checkpoint.
+            if !stop.load(Ordering::SeqCst) {
+                m.abandoned.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    epoch,
+                    answered = got.len(),
+                    "checkpoint abandoned: not every worker answered"
+                );
+            }
+            continue;
+        }
+        failpoint.pass("checkpoint-parts");
+        let snap = Snapshot {
+            epoch,
+            base: written,
+            workers: coord.workers as u32,
+            positions: positions.clone(),
+            states: std::mem::take(&mut pending),
+        };
+        let keys: u64 = snap.states.values().map(|e| e.count).sum();
+        let write_started = Instant::now();
+        if dir.is_none() {
+            dir = Dir::open(&opts.dir, opts.keep).ok();
+        }
+        let result = match &dir {
+            Some(d) => d.write_with(&snap, &mut || failpoint.pass("checkpoint-write")),
+            None => Dir::open(&opts.dir, opts.keep).map(|_| 0),
+        };
+        match result {
+            Ok(bytes) => {
+                written = Some(epoch);
+                m.completed.fetch_add(1, Ordering::Relaxed);
+                m.last_epoch.store(epoch, Ordering::Relaxed);
+                m.last_keys.store(keys, Ordering::Relaxed);
+                m.last_bytes.store(bytes, Ordering::Relaxed);
+                m.last_align_us.store(align_us, Ordering::Relaxed);
+                m.last_write_us.store(
+                    write_started.elapsed().as_micros() as u64,
+                    Ordering::Relaxed,
+                );
+                for s in &coord.streams {
+                    let mut acked = lock(&s.acked);
+                    for ((pipe, stream), pos) in &positions {
+                        if **pipe == *s.name {
+                            acked.insert(*stream, *pos);
+                        }
+                    }
+                }
+                for w in 0..coord.workers {
+                    coord.acks[w].store(epoch, Ordering::SeqCst);
+                    coord.wakes[w].notify_one();
+                }
+                if snap.base.is_none() {
+                    full_bytes = bytes;
+                    (since_full, deltas) = (0, 0);
+                } else {
+                    since_full += bytes;
+                    deltas += 1;
+                }
+                if let Some(d) = &dir {
+                    // Compact once the deltas outweigh the full file they build on (each
+                    // byte is then rewritten a bounded number of times), or are many.
+                    if since_full > full_bytes.max(1 << 20) || deltas >= 256 {
+                        match d.compact(epoch) {
+                            Ok(b) => {
+                                full_bytes = b;
+                                (since_full, deltas) = (0, 0);
+                            }
+                            Err(e) => {
+                                tracing::warn!(epoch, error = %e, "checkpoint compaction failed")
+                            }
+                        }
+                    }
+                    if let Err(e) = d.prune() {
+                        tracing::warn!(error = %e, "old checkpoints could not be deleted");
+                    }
+                }
+            }
+            Err(e) => {
+                m.failed.fetch_add(1, Ordering::Relaxed);
+                pending = snap.states;
+                dir = None;
+                if last_error_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    last_error_log = Some(Instant::now());
+                    tracing::error!(
+                        epoch, dir = %opts.dir.display(), error = %e,
+                        failed = m.failed.load(Ordering::Relaxed),
+                        "checkpoint cannot be written; the pipeline keeps running and the next \
+                         checkpoint carries these changes"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Adds a part's entries to what the next file carries (later entries apply after earlier).
+fn merge_states(into: &mut BTreeMap<String, Entries>, states: Vec<(String, Entries)>) {
+    for (name, e) in states {
+        into.entry(name).or_default().append(&e);
+    }
+}

@@ -1,0 +1,102 @@
+//! A worker's side of a checkpoint, on its event loop: the barriers out and its sources
+//! stopped, each inbox's alignment, the snapshot (the keys changed since the last checkpoint,
+//! the source streams' positions) sent to the coordinator, and the acknowledgements to the
+//! source connections once a checkpoint is durable.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+
+use super::ckpt::Part;
+use super::env::Env;
+use super::process::Process;
+
+/// A drain's inbox is aligned for the checkpoint in progress.
+pub(super) fn aligned(env: &Env) {
+    let Some(ck) = &env.ckpt else { return };
+    let left = ck.waiting.get().saturating_sub(1);
+    ck.waiting.set(left);
+    if left == 0 && ck.pending().is_some() {
+        snapshot(env);
+    }
+}
+
+/// A drain has ended: it no longer takes part (aligned, if it had not said so yet).
+pub(super) fn leave(env: &Env, reported: bool) {
+    let Some(ck) = &env.ckpt else { return };
+    ck.active.set(ck.active.get().saturating_sub(1));
+    if ck.pending().is_some() && !reported {
+        aligned(env);
+    }
+}
+
+/// Takes this worker's snapshot for the checkpoint in progress and sends it to the
+/// coordinator; the sources read again and the inboxes' held batches run.
+fn snapshot(env: &Env) {
+    let Some(ck) = &env.ckpt else { return };
+    let Some(epoch) = ck.pending() else { return };
+    let states = env
+        .snaps
+        .borrow()
+        .iter()
+        .map(|s| {
+            let mut s = s.borrow_mut();
+            (s.name().to_owned(), s.delta())
+        })
+        .collect();
+    let positions = {
+        let mut p = ck.positions.borrow_mut();
+        let out = p
+            .iter()
+            .map(|((pipe, stream), (pos, _))| (pipe.clone(), *stream, *pos))
+            .collect();
+        // Streams whose connection closed are in this part for the last time.
+        p.retain(|_, (_, attached)| *attached);
+        out
+    };
+    let _ = ck.parts.send(Part {
+        epoch,
+        positions,
+        states,
+    });
+    ck.done.set(epoch);
+    ck.aligning.set(false);
+    env.resume_all();
+    ck.wake_drains();
+}
+
+/// Each worker's checkpoint task: on a trigger, sends the barriers and stops the sources until
+/// the snapshot; on a durable checkpoint, has the source connections acknowledge it.
+pub(super) async fn worker_task(env: Rc<Env>, heads: Vec<Rc<RefCell<dyn Process>>>) {
+    let Some(ck) = &env.ckpt else { return };
+    let coord = ck.coord.clone();
+    let wake = coord.wakes[env.me].clone();
+    let mut acked = 0;
+    loop {
+        wake.notified().await;
+        if env.shutting.get() {
+            return;
+        }
+        let e = coord.trigger[env.me].load(Ordering::SeqCst);
+        if e > ck.epoch.get() {
+            ck.epoch.set(e);
+            ck.waiting.set(ck.active.get());
+            ck.aligning.set(true);
+            for h in &heads {
+                h.borrow_mut().barrier(e);
+            }
+            if ck.active.get() == 0 {
+                snapshot(&env);
+            } else {
+                ck.wake_drains();
+            }
+        }
+        let a = coord.acks[env.me].load(Ordering::SeqCst);
+        if a > acked {
+            acked = a;
+            for h in env.sources.borrow().iter() {
+                h.wake();
+            }
+        }
+    }
+}
