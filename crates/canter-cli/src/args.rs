@@ -181,6 +181,16 @@ pub(crate) struct SendArgs {
     /// Largest record accepted in the file.
     #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
     pub(crate) max_frame: usize,
+    /// Speak the resend protocol as stream ID (not 0) to a checkpointing pipeline: keep what
+    /// was sent until a checkpoint acknowledges it; after a lost connection (the pipeline
+    /// restarted, say) connect again and send from where the pipeline says; at the end, wait
+    /// for the last record's acknowledgement.
+    #[arg(long, value_name = "ID")]
+    pub(crate) resend: Option<u64>,
+    /// With --resend: how long to keep trying to reach the pipeline again, and to wait at the
+    /// end for the acknowledgement.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub(crate) reconnect_for: Duration,
 }
 
 /// Record generators of `canter send`.
@@ -202,6 +212,8 @@ impl SendArgs {
         o.repeat = self.repeat;
         o.duration = self.duration;
         o.max_frame = self.max_frame;
+        o.resend = self.resend;
+        o.reconnect_for = self.reconnect_for;
         Some(o)
     }
 }
@@ -236,6 +248,12 @@ pub(crate) struct ReceiveArgs {
     /// A line of throughput and latency on stderr this often (`1s`; `0s`: none).
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub(crate) interval: Duration,
+    /// The records carry a checkpointing pipeline's sequence header: drop and count repeats
+    /// (results made again after a restart), acknowledge what arrives (so that the sink sends
+    /// again what a lost connection dropped), and write the records to --out without their
+    /// headers. --expect counts records kept.
+    #[arg(long)]
+    pub(crate) dedupe: bool,
 }
 
 impl ReceiveArgs {
@@ -247,6 +265,7 @@ impl ReceiveArgs {
         o.timestamp_offset = self.timestamp_offset;
         o.max_frame = self.max_frame;
         o.interval = self.interval;
+        o.dedupe = self.dedupe;
         o
     }
 }

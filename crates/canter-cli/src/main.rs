@@ -137,6 +137,18 @@ struct MarketSpreadPipelineArgs {
     /// sinks: smaller gives results sooner at high rates, larger fewer turns.
     #[arg(long, default_value_t = 1024 * 1024, value_name = "BYTES")]
     read_budget: usize,
+    /// Checkpoint the symbols' state and the sources' positions into DIR (TCP pipelines),
+    /// and restore the latest complete checkpoint there at start. Senders that speak the
+    /// resend protocol (`canter send --resend`) then lose nothing in a crash, and results carry
+    /// sequence numbers (`canter receive --dedupe` drops the repeats).
+    #[arg(long, value_name = "DIR", conflicts_with = "kafka")]
+    checkpoint_dir: Option<std::path::PathBuf>,
+    /// Time between checkpoints (with --checkpoint-dir).
+    #[arg(long, value_parser = canter_load::parse_duration, default_value = "1s")]
+    checkpoint_interval: std::time::Duration,
+    /// Checkpoints kept restorable (with --checkpoint-dir).
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    checkpoint_keep: usize,
 }
 
 #[derive(clap::Args)]
@@ -450,8 +462,15 @@ fn send(args: &SendArgs) -> Result<(), CliError> {
     match args.json {
         true => println!("{}", serde_json::json!(report)),
         false => println!(
-            "sent {} records in {:.2} s ({:.0}/s), furthest behind schedule {:.1} ms",
-            report.records, report.seconds, report.rate, report.max_lag_ms
+            "sent {} records in {:.2} s ({:.0}/s), furthest behind schedule {:.1} ms; {} \
+             reconnects, {} records resent, {} acknowledged",
+            report.records,
+            report.seconds,
+            report.rate,
+            report.max_lag_ms,
+            report.reconnects,
+            report.resent,
+            report.acked
         ),
     }
     Ok(())
@@ -465,7 +484,7 @@ fn receive(args: &ReceiveArgs) -> Result<(), CliError> {
         false => println!(
             "received {} records ({} bytes) in {:.2} s ({:.0}/s) on {} connections; latency \
              p50 {:.1} us, p99 {:.1} us, p99.99 {:.1} us, max {:.1} us ({} records without a \
-             timestamp); {} frame errors",
+             timestamp); {} frame errors; {} repeats dropped",
             r.records,
             r.bytes,
             r.seconds,
@@ -476,7 +495,8 @@ fn receive(args: &ReceiveArgs) -> Result<(), CliError> {
             r.latency_us.p9999,
             r.latency_us.max,
             r.no_timestamp,
-            r.frame_errors
+            r.frame_errors,
+            r.repeats
         ),
     }
     match r.complete {
@@ -687,15 +707,19 @@ fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
         Source::tcp(orders),
         market_spread::tcp_results(out),
     );
-    let running = topology
-        .start(
-            RunOptions::default()
-                .workers(args.workers)
-                .pin(args.pin)
-                .max_source_connections(args.max_source_connections)
-                .read_budget(args.read_budget),
-        )
-        .map_err(|e| fail("start", e))?;
+    let mut options = RunOptions::default()
+        .workers(args.workers)
+        .pin(args.pin)
+        .max_source_connections(args.max_source_connections)
+        .read_budget(args.read_budget);
+    if let Some(dir) = &args.checkpoint_dir {
+        options = options.checkpoint(
+            canter_stream::pipeline::CheckpointOptions::new(dir)
+                .interval(args.checkpoint_interval)
+                .keep(args.checkpoint_keep),
+        );
+    }
+    let running = topology.start(options).map_err(|e| fail("start", e))?;
     let metrics = running.metrics();
     let mut http = None;
     if let Some(addr) = args.metrics {
@@ -744,6 +768,16 @@ fn market_spread(args: &MarketSpreadPipelineArgs) -> Result<(), CliError> {
                 "pipeline stopped"
             );
         }
+    }
+    if args.checkpoint_dir.is_some() {
+        let c = metrics.checkpoints();
+        tracing::info!(
+            completed = c.completed,
+            failed = c.failed,
+            last_epoch = c.last_epoch,
+            restored_epoch = c.restored_epoch,
+            "checkpoints"
+        );
     }
     result.map_err(|e| fail("workers", e))
 }

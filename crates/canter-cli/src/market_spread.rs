@@ -242,6 +242,28 @@ pub struct SymbolState {
     pub offer: f64,
 }
 
+impl SymbolState {
+    /// The state's bytes (in checkpoints and changelogs): reject flag, bid, offer.
+    pub fn encode(&self, buf: &mut Vec<u8>) {
+        buf.push(u8::from(self.reject));
+        buf.extend_from_slice(&self.bid.to_be_bytes());
+        buf.extend_from_slice(&self.offer.to_be_bytes());
+    }
+
+    /// A state from its bytes (`None`: not 17 bytes).
+    pub fn decode(b: &[u8]) -> Option<SymbolState> {
+        if b.len() != 17 {
+            return None;
+        }
+        let f = |at: usize| b[at..at + 8].try_into().ok().map(f64::from_be_bytes);
+        Some(SymbolState {
+            reject: b[0] != 0,
+            bid: f(1)?,
+            offer: f(9)?,
+        })
+    }
+}
+
 impl Default for SymbolState {
     fn default() -> Self {
         SymbolState {
@@ -262,7 +284,12 @@ pub fn topology(
     out: canter_stream::pipeline::Sink<Rejected>,
 ) -> canter_stream::pipeline::Topology {
     use canter_stream::pipeline::{Emit, KeyedState, Pipeline, Sink, Topology};
-    let symbols = KeyedState::new("symbols", |_s: &Symbol| SymbolState::default());
+    let symbols = KeyedState::new("symbols", |_s: &Symbol| SymbolState::default()).checkpointed(
+        |k: &Symbol, b: &mut Vec<u8>| b.extend_from_slice(k),
+        |b: &[u8]| b.try_into().ok(),
+        SymbolState::encode,
+        SymbolState::decode,
+    );
     let quotes = Pipeline::new("nbbo", nbbo, Nbbo::decode)
         .key_by(|q: &Nbbo| q.symbol)
         .update(
@@ -518,6 +545,15 @@ pub struct SendArgs {
     /// Replication of the topics --create-topics creates.
     #[arg(long, default_value_t = 1, requires = "create_topics")]
     pub replication: i16,
+    /// Speak the resend protocol to a checkpointing pipeline (the NBBO stream as stream 1,
+    /// orders as 2): records are kept until a checkpoint acknowledges them and sent again
+    /// after the pipeline restarts; the send ends when the last is acknowledged.
+    #[arg(long, requires = "nbbo")]
+    pub resend: bool,
+    /// With --resend: how long to keep trying to reach the pipeline again, and to wait for
+    /// the last acknowledgement.
+    #[arg(long, value_parser = canter_load::parse_duration, default_value = "30s")]
+    pub reconnect_for: Duration,
 }
 
 /// What `canter send market-spread` did.
@@ -571,24 +607,55 @@ pub fn send(args: &SendArgs) -> Result<SendReport, SendError> {
     };
     let nbbo_frames = all(&g.nbbo)?;
     let order_frames = all(&g.orders)?;
-    let mut nbbo = send::connect(nbbo_to)?;
-    let mut orders = send::connect(orders_to)?;
-    // Every symbol's first quote goes first, and a moment ahead of the orders, so that no order
-    // meets a symbol still in its initial state (the results would then depend on timing).
     let first = g.nbbo_count.min(args.symbols as u64) as usize;
     let head = first.min(nbbo_frames.len());
-    if head > 0 {
-        nbbo.write_all(&g.nbbo[..nbbo_frames[head - 1].end])
-            .map_err(|e| SendError::Io(nbbo_to, e))?;
-        nbbo.flush().map_err(|e| SendError::Io(nbbo_to, e))?;
-        thread::sleep(Duration::from_millis(200));
-    }
     let pace = send::Pace {
         rate: args.rate.map(|r| r / 2.0),
         batch: args.batch,
         repeat: false,
         duration: None,
     };
+    if args.resend {
+        let wait = args.reconnect_for;
+        let mut quotes = send::Session::new(nbbo_to, 1, &g.nbbo, &nbbo_frames, wait)?;
+        let mut checks = send::Session::new(orders_to, 2, &g.orders, &order_frames, wait)?;
+        // As below: every symbol's first quote goes first, a moment ahead of the orders.
+        if head > 0 {
+            quotes.write(head).map_err(|e| SendError::Io(nbbo_to, e))?;
+            thread::sleep(Duration::from_millis(200));
+        }
+        let (q, o) = thread::scope(|scope| {
+            let q = scope.spawn(|| {
+                let r = pace.drive(nbbo_frames.len() - head, |_, n| quotes.write(n))?;
+                quotes.finish().map(|()| r)
+            });
+            let o = pace
+                .drive(order_frames.len(), |_, n| checks.write(n))
+                .and_then(|r| checks.finish().map(|()| r));
+            (q.join(), o)
+        });
+        let mut q = match q {
+            Ok(r) => r.map_err(|e| SendError::Io(nbbo_to, e))?,
+            Err(_) => return Err(SendError::Usage("the NBBO sender thread panicked")),
+        };
+        let mut o = o.map_err(|e| SendError::Io(orders_to, e))?;
+        q.records += head as u64;
+        quotes.report(&mut q);
+        checks.report(&mut o);
+        report.nbbo = Some(q);
+        report.orders = Some(o);
+        return Ok(report);
+    }
+    let mut nbbo = send::connect(nbbo_to)?;
+    let mut orders = send::connect(orders_to)?;
+    // Every symbol's first quote goes first, and a moment ahead of the orders, so that no order
+    // meets a symbol still in its initial state (the results would then depend on timing).
+    if head > 0 {
+        nbbo.write_all(&g.nbbo[..nbbo_frames[head - 1].end])
+            .map_err(|e| SendError::Io(nbbo_to, e))?;
+        nbbo.flush().map_err(|e| SendError::Io(nbbo_to, e))?;
+        thread::sleep(Duration::from_millis(200));
+    }
     let (nbbo_report, orders_report) = thread::scope(|scope| {
         let rest = &nbbo_frames[head..];
         let quotes = scope.spawn(|| pace.send(&mut nbbo, &g.nbbo, rest));

@@ -63,21 +63,11 @@ impl KeyedTask for MarketSpreadTask {
     }
 
     fn encode_state(&self, s: &SymbolState, buf: &mut Vec<u8>) {
-        buf.push(u8::from(s.reject));
-        buf.extend_from_slice(&s.bid.to_be_bytes());
-        buf.extend_from_slice(&s.offer.to_be_bytes());
+        s.encode(buf)
     }
 
     fn decode_state(&self, b: &[u8]) -> Option<SymbolState> {
-        if b.len() != 17 {
-            return None;
-        }
-        let f = |at: usize| b[at..at + 8].try_into().ok().map(f64::from_be_bytes);
-        Some(SymbolState {
-            reject: b[0] != 0,
-            bid: f(1)?,
-            offer: f(9)?,
-        })
+        SymbolState::decode(b)
     }
 }
 
