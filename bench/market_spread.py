@@ -18,6 +18,10 @@ and orders, each replaying its file with --repeat) and `canter receive` run on C
 - peak-2w (canter only): two workers, on both CPUs, sharing them with the load generator.
 - `--servers canter,canter-base` with `CANTER_BASE=path/to/canter`: a change before and after,
   interleaved.
+- `--servers canter,canter-ckpt`: the cost of checkpoints. canter-ckpt checkpoints every
+  --checkpoint-interval (1 s) into a fresh directory under bench/build, its senders speak the
+  resend protocol (`canter send --resend`, records kept until acknowledged) and the receiver
+  drops repeats and acknowledges (`canter receive --dedupe`): everything a crash-safe run does.
 
 Per run: input records/s, results received, the server's CPU (utime+stime of every thread) per
 input record, and end-to-end latency percentiles from `canter receive` (each result's
@@ -45,6 +49,8 @@ CANTER = os.path.join(ROOT, "target", "release", "canter")
 EPOLL = os.path.join(BENCH, "target", "release", "ms-epoll")
 DATA = os.path.join(BENCH, "build", "market-spread")
 RECV, NBBO, ORDERS, METRICS = (f"127.0.0.1:{p}" for p in (7300, 7301, 7302, 7303))
+CKPT_DIR = os.path.join(BENCH, "build", "market-spread-checkpoints")
+CKPT_INTERVAL = "1s"
 
 
 def generate():
@@ -118,8 +124,12 @@ def server_cmd(kind, read_budget=None):
     budget = ["--read-budget", str(read_budget)] if read_budget else []
     # canter-base: another build of canter (CANTER_BASE=path), to measure a change before/after.
     binary = os.environ.get("CANTER_BASE", CANTER) if kind == "canter-base" else CANTER
+    ckpt = []
+    if kind == "canter-ckpt":
+        subprocess.run(["rm", "-rf", CKPT_DIR], check=True)
+        ckpt = ["--checkpoint-dir", CKPT_DIR, "--checkpoint-interval", CKPT_INTERVAL]
     return ["taskset", "-c", cpus, binary, "pipeline", "market-spread", "--nbbo", NBBO, "--orders",
-            ORDERS, "--out", RECV, "--metrics", METRICS, "--workers", workers, "--pin"] + budget
+            ORDERS, "--out", RECV, "--metrics", METRICS, "--workers", workers, "--pin"] + budget + ckpt
 
 
 def one(kind, rate, prefix, opts):
@@ -131,8 +141,10 @@ def one(kind, rate, prefix, opts):
     # With --rt-receiver the receiver runs at real-time priority on its core, so the senders
     # sharing that core do not delay its reads (their lag would count as the server's latency).
     rt = ["chrt", "-f", "50"] if opts.rt_receiver else []
+    ckpt = kind == "canter-ckpt"
+    dedupe = ["--dedupe"] if ckpt else []
     rx = subprocess.Popen(rt + ["taskset", "-c", "1", CANTER, "receive", "--listen", RECV, "--duration",
-                           f"{duration + 8}s", "--json", "--interval", "0s"],
+                           f"{duration + 8}s", "--json", "--interval", "0s"] + dedupe,
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     time.sleep(0.3)
     # The servers listen with SO_REUSEPORT, so one left over from an earlier run would share
@@ -153,13 +165,15 @@ def one(kind, rate, prefix, opts):
         rx.kill()
         sys.exit(f"{kind} exited at start with status {srv.returncode}")
     pace = ["--rate", str(rate)] if rate else []
-    send = lambda to, f: subprocess.Popen(  # noqa: E731
+    resend = lambda stream: ["--resend", str(stream)] if ckpt else []  # noqa: E731
+    send = lambda to, f, stream: subprocess.Popen(  # noqa: E731
         ["taskset", "-c", "1", CANTER, "send", "--to", to, "--file", os.path.join(DATA, f), "--repeat",
-         "--duration", str(duration), "--batch", str(batch), "--json"] + pace, stdout=subprocess.PIPE)
-    s1 = send(NBBO, "nbbo.bin")
+         "--duration", str(duration), "--batch", str(batch), "--json"] + pace + resend(stream),
+        stdout=subprocess.PIPE)
+    s1 = send(NBBO, "nbbo.bin", 1)
     time.sleep(0.3)
     c0, t0 = cpu_seconds(srv.pid), time.time()
-    s2 = send(ORDERS, "orders.bin")
+    s2 = send(ORDERS, "orders.bin", 2)
     r1, r2 = (json.loads(s.communicate()[0]) for s in (s1, s2))
     c1, t1 = cpu_seconds(srv.pid), time.time()
     recv = json.loads(rx.communicate()[0])
@@ -172,6 +186,8 @@ def one(kind, rate, prefix, opts):
             for name in ("canter_source_records_total", "canter_sink_records_total"):
                 if line.startswith(name + '{pipeline="orders"'):
                     counted[name] = counted.get(name, 0) + int(line.rsplit(" ", 1)[1])
+            if line.startswith('canter_checkpoints_total{result="completed"}'):
+                counted["checkpoints"] = int(line.rsplit(" ", 1)[1])
     srv.terminate()
     try:
         srv.wait(timeout=30)
@@ -192,6 +208,7 @@ def one(kind, rate, prefix, opts):
         "sender_lag_ms": max(r1["max_lag_ms"], r2["max_lag_ms"]),
         "orders_sent": r2["records"], "batch": batch, "orders_read": counted.get("canter_source_records_total"),
         "results_made": counted.get("canter_sink_records_total"),
+        "repeats": recv.get("repeats", 0), "checkpoints": counted.get("checkpoints"),
     }
 
 

@@ -547,7 +547,8 @@ pub struct SendArgs {
     pub replication: i16,
     /// Speak the resend protocol to a checkpointing pipeline (the NBBO stream as stream 1,
     /// orders as 2): records are kept until a checkpoint acknowledges them and sent again
-    /// after the pipeline restarts; the send ends when the last is acknowledged.
+    /// after the pipeline restarts; the orders start once a checkpoint holds every symbol's
+    /// first quote; the send ends when the last record is acknowledged.
     #[arg(long, requires = "nbbo")]
     pub resend: bool,
     /// With --resend: how long to keep trying to reach the pipeline again, and to wait for
@@ -619,10 +620,12 @@ pub fn send(args: &SendArgs) -> Result<SendReport, SendError> {
         let wait = args.reconnect_for;
         let mut quotes = send::Session::new(nbbo_to, 1, &g.nbbo, &nbbo_frames, wait)?;
         let mut checks = send::Session::new(orders_to, 2, &g.orders, &order_frames, wait)?;
-        // As below: every symbol's first quote goes first, a moment ahead of the orders.
+        // As below, every symbol's first quote goes first; and here the orders wait until a
+        // checkpoint holds those quotes, so that a pipeline restarted at any point after has
+        // them (replayed concurrently, the orders could overtake them).
         if head > 0 {
             quotes.write(head).map_err(|e| SendError::Io(nbbo_to, e))?;
-            thread::sleep(Duration::from_millis(200));
+            quotes.sync().map_err(|e| SendError::Io(nbbo_to, e))?;
         }
         let (q, o) = thread::scope(|scope| {
             let q = scope.spawn(|| {

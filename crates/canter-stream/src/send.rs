@@ -421,15 +421,22 @@ impl<'a> Session<'a> {
     }
 
     /// Waits until a checkpoint holds every record sent (reconnecting and resending as
-    /// needed), for up to `reconnect_for` without progress.
+    /// needed), for up to `reconnect_for` without progress; then ends the stream.
     pub fn finish(&mut self) -> io::Result<()> {
+        self.sync()?;
+        if let Some((s, _)) = &self.conn {
+            let _ = s.shutdown(Shutdown::Write);
+        }
+        Ok(())
+    }
+
+    /// Waits until a checkpoint holds every record sent (reconnecting and resending as
+    /// needed), for up to `reconnect_for` without progress.
+    pub fn sync(&mut self) -> io::Result<()> {
         let mut since = (Instant::now(), self.acked);
         loop {
             self.note_acks();
             if self.acked >= self.sent {
-                if let Some((s, _)) = &self.conn {
-                    let _ = s.shutdown(Shutdown::Write);
-                }
                 return Ok(());
             }
             if self.acked != since.1 {
