@@ -35,6 +35,10 @@ AREAS = [
     ("market-spread", "Stream pipelines: Market Spread", "bench/market_spread.py"),
     ("kafka", "Stream pipelines on Kafka: Market Spread", "bench/kafka.py"),
     ("kafka-chaos", "Exactly once on Kafka under faults", "bench/kafka_chaos.py"),
+    ("checkpoints", "Checkpoints of TCP pipelines", "bench/market_spread.py"),
+    ("checkpoints-recovery", "Checkpoints of TCP pipelines: recovery by state size",
+     "bench/checkpoint_recovery.py"),
+    ("tcp-chaos", "TCP pipelines under faults", "bench/tcp_chaos.py"),
     ("python", "The Python front end", "bench/python.py"),
 ]
 

@@ -376,6 +376,22 @@ fn checkpointed_tcp_pipeline_survives_random_kills_freezes_and_dropped_connectio
         nbbo_proxy.carried.load(Ordering::Relaxed) + orders_proxy.carried.load(Ordering::Relaxed),
         sink_proxy.carried.load(Ordering::Relaxed),
     );
+    // One line for bench/tcp_chaos.py.
+    eprintln!(
+        "tcp chaos: seed={seed} faults={} kills={} failpoints={} stops={} source_drops={} \
+         sink_drops={} expected={} got={} repeats={} missing={missing} unmarked={dups} \
+         resent={}",
+        counts.kills + counts.stops + counts.source_drops + counts.sink_drops,
+        counts.kills,
+        counts.failpoints,
+        counts.stops,
+        counts.source_drops,
+        counts.sink_drops,
+        expected.len(),
+        results.len(),
+        report["repeats"].as_u64().unwrap_or(0),
+        sent["nbbo"]["resent"].as_u64().unwrap_or(0) + sent["orders"]["resent"].as_u64().unwrap_or(0),
+    );
     assert!(got.status.success(), "seed {seed}: {report}");
     assert_eq!(missing, 0, "seed {seed}: results missing");
     assert_eq!(dups, 0, "seed {seed}: repeats not dropped");

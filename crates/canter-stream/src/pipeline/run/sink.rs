@@ -149,7 +149,7 @@ pub(super) fn closing_expired(buf: &RefCell<SinkBuf>, env: &Env, addr: SocketAdd
     let Some(since) = b.closing_since else {
         return false;
     };
-    if b.data.is_empty() && b.retained.is_empty() {
+    if b.data.is_empty() && b.retained_len() == 0 {
         return true;
     }
     if clock().saturating_duration_since(since) > env.opts.drain_timeout {
@@ -178,7 +178,7 @@ pub(super) async fn drive_sink(
                 !b.data.is_empty(),
                 b.data.len() < b.low,
                 // A receiver that acknowledges has everything first.
-                b.closing() && b.data.is_empty() && b.retained.is_empty(),
+                b.closing() && b.data.is_empty() && b.retained_len() == 0,
                 b.written,
             )
         };

@@ -44,7 +44,10 @@ pub(crate) struct SinkBuf {
     pub(super) sequenced: bool,
     /// Frames written to the current connection and not yet acknowledged by the receiver
     /// (sequenced TCP sinks: sent again on the next connection).
-    pub(super) retained: Vec<u8>,
+    retained: Vec<u8>,
+    /// The acknowledged prefix of `retained` (dropped once it is half the buffer: each byte is
+    /// moved at most once on average, however often acknowledgements come).
+    retained_at: usize,
     /// Whether this connection's frames are kept until acknowledged.
     retain: bool,
     /// Frames of this connection acknowledged so far, and whether any acknowledgement came.
@@ -70,6 +73,7 @@ impl SinkBuf {
             me,
             sequenced: false,
             retained: Vec::new(),
+            retained_at: 0,
             retain: false,
             acked: 0,
             acks_seen: false,
@@ -80,11 +84,13 @@ impl SinkBuf {
 
     /// A new connection: what the last one's receiver did not acknowledge goes first.
     pub(super) fn reconnected(&mut self) {
-        if !self.retained.is_empty() {
-            let mut data = std::mem::take(&mut self.retained);
+        if self.retained_len() > 0 {
+            let mut data = self.retained.split_off(self.retained_at);
             data.extend_from_slice(&self.data);
             self.data = data;
         }
+        self.retained.clear();
+        self.retained_at = 0;
         self.retain = self.sequenced;
         self.acked = 0;
         self.acks_seen = false;
@@ -108,7 +114,7 @@ impl SinkBuf {
             self.ack_have = 0;
             self.acks_seen = true;
             let upto = u64::from_be_bytes(self.ack_part);
-            let mut at = 0;
+            let mut at = self.retained_at;
             while self.acked < upto && self.retained.len() - at >= 4 {
                 let mut len = [0u8; 4];
                 len.copy_from_slice(&self.retained[at..at + 4]);
@@ -119,7 +125,14 @@ impl SinkBuf {
                 at = end;
                 self.acked += 1;
             }
-            self.retained.drain(..at);
+            self.retained_at = at;
+            if at == self.retained.len() {
+                self.retained.clear();
+                self.retained_at = 0;
+            } else if at > self.retained.len() / 2 {
+                self.retained.drain(..at);
+                self.retained_at = 0;
+            }
         }
     }
 
@@ -133,6 +146,7 @@ impl SinkBuf {
         if !self.acks_seen && self.retained.len() >= self.high {
             self.retain = false;
             self.retained = Vec::new();
+            self.retained_at = 0;
             tracing::warn!(
                 worker = self.me,
                 "the sink's receiver does not acknowledge: results lost with a connection \
@@ -141,13 +155,18 @@ impl SinkBuf {
         }
     }
 
+    /// Bytes written and not yet acknowledged.
+    pub(super) fn retained_len(&self) -> usize {
+        self.retained.len() - self.retained_at
+    }
+
     /// The worker is shutting down: deliver what is held, then end.
     pub(super) fn closing(&self) -> bool {
         self.closing_since.is_some()
     }
 
     pub(super) fn full(&self) -> bool {
-        self.data.len() + self.retained.len() >= self.high
+        self.data.len() + self.retained_len() >= self.high
     }
 
     /// Encodes `record` straight into the buffer, framed.
