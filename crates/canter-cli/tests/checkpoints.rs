@@ -49,19 +49,31 @@ struct Pipeline {
 }
 
 fn pipeline(nbbo: &str, orders: &str, args: &[&str], env: &[(&str, &str)]) -> Pipeline {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
-        .args([
-            "pipeline",
-            "market-spread",
-            "--nbbo",
-            nbbo,
-            "--orders",
-            orders,
-        ])
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_canter"));
+    cmd.args([
+        "pipeline",
+        "market-spread",
+        "--nbbo",
+        nbbo,
+        "--orders",
+        orders,
+    ])
+    .envs(env.iter().copied());
+    spawn_pipeline(cmd, args)
+}
+
+/// The pipeline run by `program` with `head` (a shell that sets limits, say), then `args`.
+fn pipeline_with(program: &str, head: &[&str], args: &[&str]) -> Pipeline {
+    let mut cmd = Command::new(program);
+    cmd.args(head);
+    spawn_pipeline(cmd, args)
+}
+
+fn spawn_pipeline(mut cmd: Command, args: &[&str]) -> Pipeline {
+    let mut child = cmd
         .args(["--metrics", "127.0.0.1:0", "--workers", "2"])
         .args(args)
         .env("RUST_LOG", "info")
-        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -336,33 +348,44 @@ fn a_crash_after_every_worker_snapshotted_leaves_the_one_before() {
     assert_eq!(restored_epoch(&log), 3, "{log:#?}");
 }
 
-/// A checkpoint directory that cannot be created: a clear error, the pipeline keeps running
-/// (every result arrives), and its metrics count the failed checkpoints.
-#[test]
-fn an_unwritable_checkpoint_directory_is_reported_and_the_pipeline_keeps_running() {
-    let dir = temp_dir("unwritable");
+/// A checkpoint directory that cannot be written: a clear error, the pipeline keeps running
+/// (every result arrives), and its metrics count the failed checkpoints. `blocked` makes the
+/// directory unusable; `wrap` runs the pipeline under a shell (for a file size limit).
+fn checkpoints_fail_and_the_pipeline_keeps_running(name: &str, full_disk: bool) {
+    let dir = temp_dir(name);
     let expected = data(&dir.join("data"), 20_000);
-    // A regular file where a directory should be: nothing can be created under it.
-    let blocker = dir.join("blocker");
-    std::fs::write(&blocker, b"a file").unwrap();
-    let ck = blocker.join("checkpoints");
+    let ck = if full_disk {
+        dir.join("checkpoints")
+    } else {
+        // A regular file where a directory should be: nothing can be created under it.
+        let blocker = dir.join("blocker");
+        std::fs::write(&blocker, b"a file").unwrap();
+        blocker.join("checkpoints")
+    };
     let n = expected.len().to_string();
     let out = dir.join("out.bin");
     let (rx, rx_addr) = receive(&["--dedupe", "--expect", &n, "--out", out.to_str().unwrap()]);
     let rx_addr = rx_addr.to_string();
-    let p = pipeline(
-        "127.0.0.1:0",
-        "127.0.0.1:0",
-        &[
-            "--out",
-            &rx_addr,
-            "--checkpoint-dir",
-            ck.to_str().unwrap(),
-            "--checkpoint-interval",
-            "50ms",
-        ],
-        &[],
-    );
+    let args = [
+        "--out",
+        &rx_addr,
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+        "--checkpoint-interval",
+        "50ms",
+    ];
+    let p = if full_disk {
+        // Files of at most 8 KiB (the disk is full past that: EFBIG, as ENOSPC would come),
+        // SIGXFSZ ignored as a server's would be; the first checkpoint, with every symbol,
+        // is bigger.
+        let canter = env!("CARGO_BIN_EXE_canter");
+        let script = format!("trap '' XFSZ; ulimit -f 8; exec {canter} \"$@\"");
+        let mut full = vec!["-c", script.as_str(), "sh", "pipeline", "market-spread"];
+        full.extend(["--nbbo", "127.0.0.1:0", "--orders", "127.0.0.1:0"]);
+        pipeline_with("bash", &full, &args)
+    } else {
+        pipeline("127.0.0.1:0", "127.0.0.1:0", &args, &[])
+    };
     let sent = Command::new(env!("CARGO_BIN_EXE_canter"))
         .args([
             "send",
@@ -401,11 +424,37 @@ fn an_unwritable_checkpoint_directory_is_reported_and_the_pipeline_keeps_running
         thread::sleep(Duration::from_millis(20));
     }
     let log = p.log.lock().unwrap().clone();
+    let why = if full_disk {
+        "File too large"
+    } else {
+        "Not a directory"
+    };
     assert!(
         log.iter().any(|l| l.contains("ERROR")
             && l.contains("checkpoint cannot be written")
-            && l.contains("keeps running")),
+            && l.contains("keeps running")
+            && l.contains(why)),
         "{log:#?}"
     );
+    if full_disk {
+        // Nothing half-written is left to be taken for a checkpoint.
+        for e in std::fs::read_dir(&ck).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            assert!(
+                !name.ends_with(".full") && !name.ends_with(".delta"),
+                "{name}"
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_unwritable_checkpoint_directory_is_reported_and_the_pipeline_keeps_running() {
+    checkpoints_fail_and_the_pipeline_keeps_running("unwritable", false);
+}
+
+#[test]
+fn a_full_disk_fails_checkpoints_with_a_clear_error_and_the_pipeline_keeps_running() {
+    checkpoints_fail_and_the_pipeline_keeps_running("full", true);
 }

@@ -390,7 +390,8 @@ fn checkpointed_tcp_pipeline_survives_random_kills_freezes_and_dropped_connectio
         expected.len(),
         results.len(),
         report["repeats"].as_u64().unwrap_or(0),
-        sent["nbbo"]["resent"].as_u64().unwrap_or(0) + sent["orders"]["resent"].as_u64().unwrap_or(0),
+        sent["nbbo"]["resent"].as_u64().unwrap_or(0)
+            + sent["orders"]["resent"].as_u64().unwrap_or(0),
     );
     assert!(got.status.success(), "seed {seed}: {report}");
     assert_eq!(missing, 0, "seed {seed}: results missing");

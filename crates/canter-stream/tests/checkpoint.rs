@@ -206,3 +206,43 @@ fn results_a_lost_sink_connection_did_not_acknowledge_are_sent_again() {
     running.wait().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_file_sink_numbers_each_result_by_its_input_record() {
+    let dir = temp_dir("file");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("out.bin");
+    let (data, _) = records(500);
+    let data = std::sync::Arc::new(data);
+    let source = Source::generate(500, move |i, buf| {
+        let at = i as usize * 16;
+        buf.extend_from_slice(&data[at + 4..at + 16]);
+    });
+    let sink = Sink::file(&out, |(k, sum): &(u32, u64), b: &mut Vec<u8>| {
+        b.extend_from_slice(&k.to_be_bytes());
+        b.extend_from_slice(&sum.to_be_bytes());
+    });
+    let running = sums(source, sink)
+        .start(options(&dir.join("checkpoints")))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !running.is_finished() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    running.wait().unwrap();
+    let bytes = std::fs::read(&out).unwrap();
+    let mut seen = BTreeSet::new();
+    canter_stream::frame::split(&bytes, 1 << 20, |rec| {
+        let (seq, rest) = Seq::split(rec).unwrap();
+        // The generator is stream 1; record i made one result, index 0, on its key's worker.
+        assert_eq!((seq.stream, seq.index), (1, 0));
+        let (k, _) = decode(rest).unwrap();
+        assert_eq!(k, (seq.position % 13) as u32, "{seq:?}");
+        assert!(seq.worker < 2);
+        seen.insert(seq.position);
+    })
+    .unwrap();
+    assert_eq!(seen, (0..500).collect::<BTreeSet<u64>>());
+    let _ = std::fs::remove_dir_all(&dir);
+}

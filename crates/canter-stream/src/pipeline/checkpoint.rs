@@ -105,6 +105,28 @@ impl Entries {
         self.count += other.count;
     }
 
+    /// The same entries with each key once (its last entry): what a failed checkpoint keeps
+    /// for the next one stays bounded by the keys, however long writes fail.
+    pub(crate) fn compacted(&self) -> Entries {
+        let mut last: HashMap<&[u8], (usize, Option<&[u8]>)> = HashMap::new();
+        for (i, (k, v)) in self.iter().enumerate() {
+            last.insert(k, (i, v));
+        }
+        let mut order: Vec<_> = last.into_iter().collect();
+        order.sort_by_key(|(_, (i, _))| *i);
+        let mut out = Entries::default();
+        for (k, (_, v)) in order {
+            match v {
+                Some(v) => out.push(
+                    |b| b.extend_from_slice(k),
+                    Some(&|b| b.extend_from_slice(v)),
+                ),
+                None => out.push(|b| b.extend_from_slice(k), None),
+            }
+        }
+        out
+    }
+
     /// Each entry: key and state (`None`: removed).
     pub(crate) fn iter(&self) -> EntryIter<'_> {
         EntryIter {
@@ -720,6 +742,23 @@ mod tests {
         assert_eq!(r.epoch, 6);
         assert_eq!(state_of(&r).len(), 2);
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn compacting_entries_keeps_each_keys_last() {
+        let mut e = entries(&[("a", Some("1")), ("b", Some("1")), ("a", Some("2"))]);
+        e.append(&entries(&[("b", None), ("c", Some("3")), ("a", Some("4"))]));
+        let c = e.compacted();
+        assert_eq!(c.count, 3);
+        let got: Vec<_> = c.iter().collect();
+        assert_eq!(
+            got,
+            vec![
+                (&b"b"[..], None),
+                (&b"c"[..], Some(&b"3"[..])),
+                (&b"a"[..], Some(&b"4"[..]))
+            ]
+        );
     }
 
     #[test]

@@ -339,7 +339,11 @@ pub(super) fn coordinate(
             }
             Err(e) => {
                 m.failed.fetch_add(1, Ordering::Relaxed);
-                pending = snap.states;
+                pending = snap
+                    .states
+                    .into_iter()
+                    .map(|(name, e)| (name, e.compacted()))
+                    .collect();
                 dir = None;
                 if last_error_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
                     last_error_log = Some(Instant::now());
