@@ -327,8 +327,31 @@ pub fn tcp_results(to: std::net::SocketAddr) -> canter_stream::pipeline::Sink<Re
     canter_stream::pipeline::Sink::tcp(to, |r: &Rejected, b: &mut Vec<u8>| r.encode(b))
 }
 
-/// Symbol `i` (0-based): letters in base 26, right-aligned (`   A`, `   B`, ..., `  BA`).
+/// Symbols written with capital letters (distinct: as in decimal, a leading `A`, the zero,
+/// never appears): 26⁴.
+const LETTER_SYMBOLS: usize = 456_976;
+
+/// Distinct symbols ([`symbol`]): the generators make at most this many.
+pub const MAX_SYMBOLS: usize = LETTER_SYMBOLS + 38 * 64 * 64 * 64;
+
+/// The characters of the symbols past the capital letters' (a-z, 0-9, `.` and `-` first, then
+/// the capitals).
+const MORE: &[u8; 64] = b"abcdefghijklmnopqrstuvwxyz0123456789.-ABCDEFGHIJKLMNOPQRSTUVWXYZ";
+
+/// Symbol `i` (0-based): letters in base 26, right-aligned (`   A`, `   B`, ..., `  BA`, up
+/// to `ZZZZ`); past those (456,976 of them), four characters of 64 whose first is not a
+/// capital letter (another 9,961,472: the first 10,418,448 symbols are distinct).
 pub fn symbol(mut i: usize) -> Symbol {
+    if i >= LETTER_SYMBOLS {
+        let mut j = i - LETTER_SYMBOLS;
+        let mut s = [0u8; 4];
+        for at in (1..4).rev() {
+            s[at] = MORE[j % 64];
+            j /= 64;
+        }
+        s[0] = MORE[j % 38];
+        return s;
+    }
     let mut s = [b' '; 4];
     let mut at = 4;
     loop {
@@ -387,7 +410,7 @@ impl Rng {
 /// first quote has been processed: the NBBO stream opens with them, and `canter send
 /// market-spread` sends them before any order.
 pub fn generate(symbols: usize, reject_share: f64, count: u64, seed: u64) -> Generated {
-    let symbols = symbols.clamp(1, 26 * 26 * 26 * 26);
+    let symbols = symbols.clamp(1, MAX_SYMBOLS);
     let mut rng = Rng(seed | 1);
     // Each symbol's fixed quote: a wide spread (rejects) for about reject_share of them.
     let quotes: Vec<(Symbol, f64, f64)> = (0..symbols)
@@ -501,7 +524,7 @@ pub struct SendArgs {
     /// The order source (needs --nbbo too).
     #[arg(long, requires = "nbbo")]
     pub orders: Option<SocketAddr>,
-    /// Symbols quoted and ordered.
+    /// Symbols quoted and ordered (at most 10,418,448, all distinct).
     #[arg(long, default_value_t = 1_000)]
     pub symbols: usize,
     /// Share of orders whose symbol's spread rejects them.
@@ -735,6 +758,23 @@ mod tests {
         let mut order = [1u8; 53];
         order[1] = 3;
         assert_eq!(Order::decode(&order), Err(RecordError::Type(3)));
+    }
+
+    #[test]
+    fn symbols_are_distinct_past_the_capital_letters() {
+        let mut seen = std::collections::HashSet::new();
+        let ranges = [
+            0..LETTER_SYMBOLS + 300_000,
+            10_000_000..10_418_448,
+        ];
+        for i in ranges.into_iter().flatten() {
+            assert!(seen.insert(symbol(i)), "symbol {i} repeats an earlier one");
+        }
+        assert_eq!(symbol(0), *b"   A");
+        assert_eq!(symbol(LETTER_SYMBOLS - 1), *b"ZZZZ");
+        assert_eq!(symbol(LETTER_SYMBOLS), *b"aaaa");
+        assert_eq!(symbol(10_418_447), *b"-ZZZ");
+        assert_eq!(MAX_SYMBOLS, 10_418_448);
     }
 
     #[test]
