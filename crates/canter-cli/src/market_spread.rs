@@ -763,10 +763,7 @@ mod tests {
     #[test]
     fn symbols_are_distinct_past_the_capital_letters() {
         let mut seen = std::collections::HashSet::new();
-        let ranges = [
-            0..LETTER_SYMBOLS + 300_000,
-            10_000_000..10_418_448,
-        ];
+        let ranges = [0..LETTER_SYMBOLS + 300_000, 10_000_000..10_418_448];
         for i in ranges.into_iter().flatten() {
             assert!(seen.insert(symbol(i)), "symbol {i} repeats an earlier one");
         }
