@@ -18,7 +18,9 @@
 //! time: a hello for a stream whose previous connection is still open, or that arrives while
 //! a checkpoint is being taken, is answered by closing the connection; the sender tries again
 //! shortly. A connection without a hello is read as before, without positions (what it sent
-//! since the last checkpoint is lost in a crash).
+//! since the last checkpoint is lost in a crash). A source keeps the positions of at most
+//! 65,536 stream ids (for ever: they are in every checkpoint); a hello for one more is
+//! refused.
 //!
 //! **Sequence numbers, on a sink connection or file** (when the topology checkpoints). Each
 //! result's frame starts with a 24-byte header before the record: the stream id and the

@@ -23,6 +23,9 @@ use super::super::metrics::Metrics;
 use super::lock;
 use crate::failpoint::Failpoint;
 
+/// Streams a source keeps positions for (a hello for one more is refused).
+const MAX_STREAMS: usize = 65_536;
+
 /// A pipeline's source streams, across workers: where each stands, whether a connection
 /// holds it, and what the last durable checkpoint acknowledged.
 pub(crate) struct Streams {
@@ -55,6 +58,10 @@ impl Streams {
             return Err("a checkpoint is being taken");
         }
         let mut t = lock(&self.table);
+        // Every stream's position stays in every checkpoint: their number is bounded.
+        if t.len() >= MAX_STREAMS && !t.contains_key(&stream) {
+            return Err("the source has as many streams as it keeps (65,536)");
+        }
         let e = t.entry(stream).or_insert((0, false));
         if e.1 {
             return Err("the stream's previous connection is still open");
@@ -363,5 +370,36 @@ pub(super) fn coordinate(
 fn merge_states(into: &mut BTreeMap<String, Entries>, states: Vec<(String, Entries)>) {
     for (name, e) in states {
         into.entry(name).or_default().append(&e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_attach_once_at_a_time_and_their_number_is_bounded() {
+        let (tx, _rx) = std::sync::mpsc::channel();
+        let coord = Coord::new(1, Vec::new(), None, tx);
+        let s = Streams::new("p", None);
+        assert_eq!(s.attach(7, &coord), Ok(0));
+        assert!(s.attach(7, &coord).is_err(), "its connection is still open");
+        s.detach(7, 42);
+        assert_eq!(s.attach(7, &coord), Ok(42), "resumes where it stood");
+        coord.in_progress.store(true, Ordering::SeqCst);
+        s.detach(7, 50);
+        assert!(
+            s.attach(7, &coord).is_err(),
+            "not while a checkpoint is taken"
+        );
+        coord.in_progress.store(false, Ordering::SeqCst);
+        for id in 100..100 + MAX_STREAMS as u64 - 1 {
+            assert!(s.attach(id, &coord).is_ok());
+        }
+        assert!(
+            s.attach(1, &coord).is_err(),
+            "one stream more than the source keeps"
+        );
+        assert_eq!(s.attach(7, &coord), Ok(50), "a known one still comes back");
     }
 }
