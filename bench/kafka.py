@@ -229,7 +229,9 @@ def failover(bootstrap, symbols, session, eos=False):
     count = (lambda: committed(bootstrap, topics[2])) if eos else (lambda: end(bootstrap, topics[2]))
     logs = [a_log, b_log]
     try:
-        deadline = time.time() + 300
+        # Time to produce and process 4 records a symbol, and to settle (10 M symbols: 40 M
+        # input records and their state, on one broker).
+        deadline = time.time() + max(300, symbols / 10_000)
         while count() < expected or not owned_tasks(l for _, l in a_log) \
                 or not owned_tasks(l for _, l in b_log):
             if time.time() > deadline:
