@@ -732,3 +732,78 @@ fn a_tcp_sink_whose_peer_takes_nothing_connects_again_after_the_write_timeout() 
     assert_eq!(values.last(), Some(&(N - 1)), "the last record arrives");
     drop(first);
 }
+
+/// `local()`: no key, the stateful step runs on the worker that read each record (the
+/// generated source is read by the first worker: every record stays there), where `key_by`
+/// spreads the same records over all three workers. The worker hooks wrap each worker's run
+/// on its own thread, and the park hooks run around its waits.
+#[test]
+fn local_pipelines_stay_on_the_reading_worker_and_hooks_wrap_the_workers() {
+    use canter_stream::pipeline::{Local, WorkerHooks};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let threads = |local: bool| {
+        let seen: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let names = seen.clone();
+        let note = move || {
+            let name = std::thread::current().name().unwrap_or("").to_owned();
+            names.lock().unwrap().insert(name);
+        };
+        let collected = Collector::new();
+        let head = Pipeline::new("gen", Source::generate(3_000, make), decode);
+        let built = if local {
+            let state = KeyedState::new("n", |_: &Local| 0u64);
+            head.local()
+                .update(&state, move |n: &mut u64, x: (u32, u64), out| {
+                    note();
+                    *n += 1;
+                    out.emit(x.1)
+                })
+                .sink(Sink::collect(&collected))
+        } else {
+            let state = KeyedState::new("n", |_: &u32| 0u64);
+            head.key_by(|(k, _)| *k)
+                .update(&state, move |n: &mut u64, x: (u32, u64), out| {
+                    note();
+                    *n += 1;
+                    out.emit(x.1)
+                })
+                .sink(Sink::collect(&collected))
+        };
+        let mut t = Topology::new();
+        t.add(built);
+        let runs = Arc::new(AtomicU64::new(0));
+        let parks = Arc::new(AtomicU64::new(0));
+        let (r, p1, p2) = (runs.clone(), parks.clone(), parks.clone());
+        let hooks = WorkerHooks {
+            run: Arc::new(move |me, run| {
+                assert_eq!(
+                    std::thread::current().name(),
+                    Some(format!("canter-pipeline-{me}").as_str())
+                );
+                r.fetch_add(1, Ordering::SeqCst);
+                run()
+            }),
+            park: canter_rt::ParkHooks {
+                before_park: Arc::new(move || {
+                    p1.fetch_add(1, Ordering::Relaxed);
+                }),
+                after_unpark: Arc::new(move || {
+                    p2.fetch_add(1, Ordering::Relaxed);
+                }),
+            },
+        };
+        run_to_end(t, RunOptions::default().workers(3).hooks(hooks));
+        let mut got = collected.take();
+        got.sort_unstable();
+        assert_eq!(got, (0..3_000).collect::<Vec<u64>>());
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "one run per worker");
+        assert!(parks.load(Ordering::Relaxed) > 0, "the park hooks ran");
+        let seen = seen.lock().unwrap().clone();
+        seen
+    };
+    assert_eq!(
+        threads(true),
+        HashSet::from(["canter-pipeline-0".to_owned()])
+    );
+    assert_eq!(threads(false).len(), 3);
+}

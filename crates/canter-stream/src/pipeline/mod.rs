@@ -57,10 +57,10 @@ pub use checkpoint::CheckpointOptions;
 pub use metrics::{CheckpointTotals, Metrics, Percentiles, PipeSample, Sample, Totals};
 pub use run::{Running, Shutdown};
 pub use state::{
-    Aggregate, CountWindow, Emit, KeyedState, Open, Span, StateCodec, Stateful, TumblingWindow,
-    Update,
+    Aggregate, CountWindow, Emit, KeyedState, Local, Open, Span, StateCodec, Stateful,
+    TumblingWindow, Update,
 };
-pub use step::{Filter, FlatMap, Id, Map, Step};
+pub use step::{Filter, FlatMap, Id, Map, Step, Then};
 
 use crate::frame::DEFAULT_MAX_FRAME;
 
@@ -355,6 +355,26 @@ impl<T: 'static, D, C: Step<T>> Pipeline<T, D, C> {
         self.then(chain)
     }
 
+    /// Adds the steps of `next`, a [`Step`] of its own (a front end's chain, say).
+    pub fn step<N: Step<C::Out>>(self, next: N) -> Pipeline<T, D, Then<C, N>> {
+        let chain = Then::new(self.chain.clone(), next);
+        self.then(chain)
+    }
+
+    /// No key: the stateful step runs on the worker that read each item, with one state per
+    /// worker (under the key [`Local`]); nothing crosses workers.
+    #[allow(clippy::type_complexity)]
+    pub fn local(self) -> Keyed<T, D, C, fn(&C::Out) -> Local, Local> {
+        fn local<X>(_: &X) -> Local {
+            Local
+        }
+        Keyed {
+            head: self,
+            key: local::<C::Out>,
+            _k: PhantomData,
+        }
+    }
+
     /// Routes each item to the worker owning its key, where the stateful step runs.
     pub fn key_by<K, KF>(self, key: KF) -> Keyed<T, D, C, KF, K>
     where
@@ -480,6 +500,12 @@ where
         let post = FlatMap::new(self.post.clone(), f);
         self.then(post)
     }
+
+    /// Adds the steps of `next`, a [`Step`] of its own.
+    pub fn step<N: Step<P::Out>>(self, next: N) -> Tail<T, D, C, KF, K, U, Then<P, N>> {
+        let post = Then::new(self.post.clone(), next);
+        self.then(post)
+    }
 }
 
 impl<T, E, D, C, KF, K, U, P> Tail<T, D, C, KF, K, U, P>
@@ -549,6 +575,28 @@ pub struct RunOptions {
     /// must have a codec ([`KeyedState::checkpointed`]); TCP and file sinks then carry a
     /// sequence header on each result.
     pub checkpoint: Option<CheckpointOptions>,
+    /// Called on each worker's thread: around its whole run, before it waits for events and
+    /// when it wakes (a front end holding an interpreter lock while the worker works).
+    pub hooks: Option<WorkerHooks>,
+}
+
+/// Callbacks on each worker's thread ([`RunOptions::hooks`]).
+#[derive(Clone)]
+pub struct WorkerHooks {
+    /// Runs the worker: called on the worker's thread with its index and the worker's whole
+    /// run (event loop made, run to its end and dropped), which it must call once; a front end
+    /// wraps it in its own context (an interpreter lock held all along, say).
+    pub run: Arc<
+        dyn Fn(usize, &mut dyn FnMut() -> std::io::Result<()>) -> std::io::Result<()> + Send + Sync,
+    >,
+    /// Before the worker waits for events, and after it wakes.
+    pub park: canter_rt::ParkHooks,
+}
+
+impl std::fmt::Debug for WorkerHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerHooks").finish_non_exhaustive()
+    }
 }
 
 impl Default for RunOptions {
@@ -563,6 +611,7 @@ impl Default for RunOptions {
             drain_timeout: Duration::from_secs(5),
             sink_write_timeout: Duration::from_secs(30),
             checkpoint: None,
+            hooks: None,
         }
     }
 }
@@ -607,6 +656,12 @@ impl RunOptions {
     /// Turns checkpoints on.
     pub fn checkpoint(mut self, checkpoint: CheckpointOptions) -> Self {
         self.checkpoint = Some(checkpoint);
+        self
+    }
+
+    /// Sets the callbacks on the workers' threads.
+    pub fn hooks(mut self, hooks: WorkerHooks) -> Self {
+        self.hooks = Some(hooks);
         self
     }
 

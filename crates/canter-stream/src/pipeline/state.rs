@@ -73,6 +73,18 @@ pub(crate) fn owner<K: Hash>(key: &K, workers: usize) -> usize {
     ((h.finish() >> 32) % workers as u64) as usize
 }
 
+/// The key of a pipeline without one ([`Pipeline::local`](super::Pipeline::local)): its
+/// stateful step runs on the worker that read the item, with one state per worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Local;
+
+/// Whether keys of type `K` stay on the worker that read them (a constant per type: the
+/// check compiles away).
+#[inline(always)]
+pub(crate) fn is_local<K: 'static>() -> bool {
+    std::any::TypeId::of::<K>() == std::any::TypeId::of::<Local>()
+}
+
 static NEXT_STATE: AtomicU64 = AtomicU64::new(1);
 
 /// State kept per key, created on a key's first sight and touched only by the worker that owns

@@ -202,6 +202,41 @@ where
     }
 }
 
+/// `chain`, then the chain `next` on what it gives: steps written as a [`Step`] of their own
+/// (a front end's, say) joined to a pipeline's.
+#[derive(Clone)]
+pub struct Then<C, N> {
+    chain: C,
+    next: N,
+}
+
+impl<C, N> Then<C, N> {
+    pub(crate) fn new(chain: C, next: N) -> Self {
+        Then { chain, next }
+    }
+}
+
+impl<I, C, N> Step<I> for Then<C, N>
+where
+    C: Step<I>,
+    N: Step<C::Out>,
+{
+    type Out = N::Out;
+    #[inline]
+    fn push<E: FnMut(N::Out)>(&mut self, item: I, emit: &mut E) {
+        let Then { chain, next } = self;
+        chain.push(item, &mut |x| next.push(x, emit))
+    }
+    fn counts(&self, out: &mut Vec<u64>) {
+        self.chain.counts(out);
+        self.next.counts(out);
+    }
+    fn names(&self, out: &mut Vec<String>) {
+        self.chain.names(out);
+        self.next.names(out);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,5 +258,20 @@ mod tests {
         let mut names = Vec::new();
         chain.names(&mut names);
         assert_eq!(names, ["1:map", "2:filter", "3:flat_map"]);
+    }
+
+    #[test]
+    fn then_joins_two_chains() {
+        let first = Map::new(Id::<u32>::new(), |x: u32| x + 1);
+        let second = Filter::new(Id::<u32>::new(), |x: &u32| x.is_multiple_of(2));
+        let mut chain = Then::new(first, second);
+        let mut out = Vec::new();
+        for i in 0..6 {
+            chain.push(i, &mut |y| out.push(y));
+        }
+        assert_eq!(out, [2, 4, 6]);
+        let mut counts = Vec::new();
+        chain.counts(&mut counts);
+        assert_eq!(counts, [6, 6]);
     }
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::super::metrics::PipeMetrics;
-use super::super::state::{owner, Emit, Stateful, Store};
+use super::super::state::{is_local, owner, Emit, Stateful, Store};
 use super::super::step::Step;
 use super::super::Framing;
 use crate::frame::{self, FrameError};
@@ -143,7 +143,7 @@ where
     D: FnMut(&[u8]) -> Result<T, E>,
     C: Step<T>,
     KF: FnMut(&C::Out) -> K,
-    K: Hash,
+    K: Hash + 'static,
     Tl: TailOps<K, C::Out>,
 {
     fn begin(&mut self) {
@@ -170,7 +170,11 @@ where
                 let (me, workers, read_ns) = (*me, *workers, *read_ns);
                 chain.push(item, &mut |x| {
                     let k = key(&x);
-                    let w = owner(&k, workers);
+                    let w = if is_local::<K>() {
+                        me
+                    } else {
+                        owner(&k, workers)
+                    };
                     if w == me {
                         tail.borrow_mut().process(k, x, read_ns, origin);
                     } else {

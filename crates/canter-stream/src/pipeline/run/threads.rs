@@ -204,6 +204,7 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
     let config = canter_rt::Config::builder()
         .workers(workers)
         .pin_workers(opts.pin)
+        .park_hooks(opts.hooks.as_ref().map(|h| h.park.clone()))
         .build()
         .map_err(io::Error::from)?;
     let addrs = preps
@@ -217,12 +218,23 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         let resumes = resumes.clone();
         let stop = shutdown.0.notifies[me].clone();
         let coord = coord.clone();
-        threads.push(canter_rt::spawn_worker(
-            me,
-            &config,
-            format!("canter-pipeline-{me}"),
-            move || worker(me, preps, opts, resumes, stop, coord),
-        )?);
+        let config = config.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("canter-pipeline-{me}"))
+                .spawn(move || {
+                    let hooks = opts.hooks.clone();
+                    let mut main = Some(move || worker(me, preps, opts, resumes, stop, coord));
+                    let mut run = || match main.take() {
+                        Some(main) => canter_rt::run_here(me, &config, main),
+                        None => Ok(()),
+                    };
+                    match &hooks {
+                        Some(h) => (h.run)(me, &mut run),
+                        None => run(),
+                    }
+                })?,
+        );
     }
     let stop_sampler = Arc::new(AtomicBool::new(false));
     let sampler = {
