@@ -746,7 +746,7 @@ fn local_pipelines_stay_on_the_reading_worker_and_hooks_wrap_the_workers() {
         let names = seen.clone();
         let note = move || {
             let name = std::thread::current().name().unwrap_or("").to_owned();
-            names.lock().unwrap().insert(name);
+            names.lock().expect("lock").insert(name);
         };
         let collected = Collector::new();
         let head = Pipeline::new("gen", Source::generate(3_000, make), decode);
@@ -798,7 +798,7 @@ fn local_pipelines_stay_on_the_reading_worker_and_hooks_wrap_the_workers() {
         assert_eq!(got, (0..3_000).collect::<Vec<u64>>());
         assert_eq!(runs.load(Ordering::SeqCst), 3, "one run per worker");
         assert!(parks.load(Ordering::Relaxed) > 0, "the park hooks ran");
-        let seen = seen.lock().unwrap().clone();
+        let seen = seen.lock().expect("lock").clone();
         seen
     };
     assert_eq!(
