@@ -90,6 +90,9 @@ pub struct KafkaJob {
     pub instance_id: String,
     /// How long a transaction may stay open before the brokers abort it.
     pub transaction_timeout: Duration,
+    /// Called on each worker's thread around its run and its waits (a front end holding an
+    /// interpreter lock while the worker works).
+    pub hooks: Option<crate::pipeline::WorkerHooks>,
 }
 
 impl KafkaJob {
@@ -113,6 +116,7 @@ impl KafkaJob {
             exactly_once: false,
             instance_id: format!("{:x}", std::process::id()),
             transaction_timeout: Duration::from_secs(10),
+            hooks: None,
         }
     }
 
@@ -301,6 +305,11 @@ impl KafkaRunning {
         self.stop.clone()
     }
 
+    /// Whether every worker has ended.
+    pub fn is_finished(&self) -> bool {
+        self.threads.iter().all(JoinHandle::is_finished)
+    }
+
     /// Waits for the workers; the first error any of them ended with.
     pub fn wait(self) -> std::io::Result<()> {
         let mut first = Ok(());
@@ -327,14 +336,20 @@ pub fn start<T: KeyedTask>(job: KafkaJob, task: T) -> Result<KafkaRunning, Kafka
     let config = canter_rt::Config::builder()
         .workers(job.workers)
         .pin_workers(job.pin)
+        .park_hooks(job.hooks.as_ref().map(|h| h.park.clone()))
         .build()
         .map_err(|e| KafkaError::Corrupt(format!("worker settings: {e}")))?;
     let mut threads = Vec::new();
     for me in 0..job.workers.max(1) {
         let (job, task, stop, stats) = (job.clone(), task.clone(), stop.clone(), stats.clone());
-        let t = canter_rt::spawn_worker(me, &config, format!("canter-kafka-{me}"), move || {
-            worker::run(me, job, task, stop, stats)
-        })
+        let hooks = job.hooks.clone();
+        let t = crate::pipeline::spawn_hooked(
+            me,
+            &config,
+            format!("canter-kafka-{me}"),
+            hooks,
+            move || worker::run(me, job, task, stop, stats),
+        )
         .map_err(KafkaError::Io)?;
         threads.push(t);
     }

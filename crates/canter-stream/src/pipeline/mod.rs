@@ -593,6 +593,33 @@ pub struct WorkerHooks {
     pub park: canter_rt::ParkHooks,
 }
 
+/// Spawns worker `me`'s thread, named `name`: `main` runs on an event loop of `config` (whose
+/// park hooks the caller set from `hooks`), inside `hooks.run` when there are hooks.
+pub(crate) fn spawn_hooked<F, Fut>(
+    me: usize,
+    config: &canter_rt::Config,
+    name: String,
+    hooks: Option<WorkerHooks>,
+    main: F,
+) -> std::io::Result<std::thread::JoinHandle<std::io::Result<()>>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = std::io::Result<()>> + 'static,
+{
+    let config = config.clone();
+    std::thread::Builder::new().name(name).spawn(move || {
+        let mut main = Some(main);
+        let mut run = || match main.take() {
+            Some(main) => canter_rt::run_here(me, &config, main),
+            None => Ok(()),
+        };
+        match &hooks {
+            Some(h) => (h.run)(me, &mut run),
+            None => run(),
+        }
+    })
+}
+
 impl std::fmt::Debug for WorkerHooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkerHooks").finish_non_exhaustive()

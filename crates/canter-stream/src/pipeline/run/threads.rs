@@ -218,23 +218,13 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         let resumes = resumes.clone();
         let stop = shutdown.0.notifies[me].clone();
         let coord = coord.clone();
-        let config = config.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("canter-pipeline-{me}"))
-                .spawn(move || {
-                    let hooks = opts.hooks.clone();
-                    let mut main = Some(move || worker(me, preps, opts, resumes, stop, coord));
-                    let mut run = || match main.take() {
-                        Some(main) => canter_rt::run_here(me, &config, main),
-                        None => Ok(()),
-                    };
-                    match &hooks {
-                        Some(h) => (h.run)(me, &mut run),
-                        None => run(),
-                    }
-                })?,
-        );
+        threads.push(super::super::spawn_hooked(
+            me,
+            &config,
+            format!("canter-pipeline-{me}"),
+            opts.hooks.clone(),
+            move || worker(me, preps, opts, resumes, stop, coord),
+        )?);
     }
     let stop_sampler = Arc::new(AtomicBool::new(false));
     let sampler = {
