@@ -26,6 +26,7 @@ mod asgi;
 mod asgi_ws;
 mod json;
 mod on_worker;
+mod pipeline;
 mod request;
 mod response;
 mod soon;
@@ -274,7 +275,7 @@ thread_local! {
 /// Releases the interpreter lock while the worker's event loop waits for events, and takes it
 /// back when it wakes: the worker holds it all the time it works, so a request costs no
 /// hand-over, and other threads (an executor's, say) run while it waits.
-fn park_hooks() -> ParkHooks {
+pub(crate) fn park_hooks() -> ParkHooks {
     ParkHooks {
         before_park: Arc::new(|| {
             if HOLDS_GIL.with(Cell::get) {
@@ -292,6 +293,16 @@ fn park_hooks() -> ParkHooks {
             }
         }),
     }
+}
+
+/// Whether this thread runs a worker holding the interpreter lock.
+pub(crate) fn holds_gil() -> bool {
+    HOLDS_GIL.with(Cell::get)
+}
+
+/// Marks this thread as a worker holding the interpreter lock (released while parked).
+pub(crate) fn set_holds_gil(on: bool) {
+    HOLDS_GIL.with(|h| h.set(on));
 }
 
 /// Names of a pattern's parameters, in order (`{name}` and `{*name}`).
@@ -334,7 +345,7 @@ fn build_router(py: Python<'_>, routes: &[RouteSpec], body_limit: usize) -> Rout
 
 static LOG: Once = Once::new();
 
-fn init_logging() {
+pub(crate) fn init_logging() {
     LOG.call_once(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_env("CANTER_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -681,6 +692,7 @@ fn serve(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve, m)?)?;
     m.add_function(wrap_pyfunction!(check_settings, m)?)?;
+    pipeline::register(m)?;
     m.add_class::<Request>()?;
     m.add_class::<request::Headers>()?;
     m.add_class::<response::Response>()?;

@@ -1,11 +1,20 @@
 //! The Python package (`python/`): built with a plain `pip install ./python` into a virtual
 //! environment under the target directory, then its pytest suite (`python/tests`), which runs
-//! real servers in subprocesses. Fails, never skips, when Python, pip or the build fail.
+//! real servers in subprocesses; then Market Spread written in Python
+//! (`python/examples/market_spread.py`) against the same independent reference as the Rust
+//! pipeline. Fails, never skips, when Python, pip or the build fail.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+mod common;
+use common::market_spread::{reference, unframe};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -75,4 +84,152 @@ fn python_package_builds_and_passes_its_tests() {
         status.success(),
         "the Python package's tests failed: {status}"
     );
+    market_spread_in_python_gives_the_reference_results(&python);
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawns `cmd` and waits (10 s at most) for the first line of its `stream` (stdout or stderr)
+/// that `find` takes something from; the other lines are echoed.
+fn spawn_until<T: Send + 'static>(
+    mut cmd: Command,
+    stdout: bool,
+    find: impl Fn(&str) -> Option<T> + Send + 'static,
+) -> (Child, T) {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let read: Box<dyn std::io::Read + Send> = if stdout {
+        Box::new(child.stdout.take().unwrap())
+    } else {
+        Box::new(child.stderr.take().unwrap())
+    };
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(read).lines() {
+            let Ok(line) = line else { break };
+            if let Some(v) = find(&line) {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(v);
+                }
+            }
+            eprintln!("{line}");
+        }
+    });
+    let v = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    (child, v)
+}
+
+/// Market Spread with its steps in Python, on two worker threads, fed by `canter send
+/// market-spread` and read by `canter receive`: exactly the results the independent reference
+/// computes (timestamps aside, order aside: each worker has its own sink connection), each
+/// with a plausible timestamp.
+fn market_spread_in_python_gives_the_reference_results(python: &Path) {
+    let canter = env!("CARGO_BIN_EXE_canter");
+    let dir = std::env::temp_dir().join(format!("canter-py-ms-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let common = [
+        "--symbols",
+        "1000",
+        "--reject-share",
+        "0.1",
+        "--count",
+        "100000",
+    ];
+    let written = Command::new(canter)
+        .args([
+            "send",
+            "market-spread",
+            "--write-dir",
+            dir.to_str().unwrap(),
+        ])
+        .args(common)
+        .output()
+        .unwrap();
+    assert!(written.status.success(), "{written:?}");
+    let nbbo = std::fs::read(dir.join("nbbo.bin")).unwrap();
+    let orders = std::fs::read(dir.join("orders.bin")).unwrap();
+    let expected_data = reference(&nbbo, &orders);
+    let mut expected: Vec<&[u8]> = unframe(&expected_data)
+        .into_iter()
+        .map(|r| &r[..47])
+        .collect();
+    let n = expected.len();
+    assert!((2_500..7_500).contains(&n), "{n} rejected of 50,000");
+    let out = dir.join("results.bin");
+    let mut rx = Command::new(canter);
+    rx.args([
+        "receive",
+        "--listen",
+        "127.0.0.1:0",
+        "--json",
+        "--interval",
+        "0s",
+    ])
+    .args(["--expect", &n.to_string(), "--duration", "60s"])
+    .arg("--out")
+    .arg(&out);
+    let (rx, rx_addr) = spawn_until(rx, false, |l| {
+        l.split("listening on ")
+            .nth(1)?
+            .trim()
+            .parse::<SocketAddr>()
+            .ok()
+    });
+    let mut py = Command::new(python);
+    py.arg(root().join("python/examples/market_spread.py"))
+        .args([
+            "--nbbo",
+            "127.0.0.1:0",
+            "--orders",
+            "127.0.0.1:0",
+            "--workers",
+            "2",
+        ])
+        .args(["--out", &rx_addr.to_string()]);
+    let (py, (nbbo_addr, orders_addr)) = spawn_until(py, true, |l| {
+        let rest = l.strip_prefix("listening nbbo=")?;
+        let (a, b) = rest.split_once(" orders=")?;
+        Some((a.to_owned(), b.trim().to_owned()))
+    });
+    let _py = Killed(py);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    let sent = Command::new(canter)
+        .args(["send", "market-spread"])
+        .args(common)
+        .args(["--nbbo", &nbbo_addr, "--orders", &orders_addr])
+        .output()
+        .unwrap();
+    assert!(sent.status.success(), "{sent:?}");
+    let done = rx.wait_with_output().unwrap();
+    assert!(done.status.success(), "canter receive: {done:?}");
+    let got_data = std::fs::read(&out).unwrap();
+    let got = unframe(&got_data);
+    assert_eq!(got.len(), n, "results received");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    for r in &got {
+        let t = u64::from_be_bytes(r[47..55].try_into().unwrap());
+        assert!(
+            (started..=now).contains(&t),
+            "timestamp {t} outside the run"
+        );
+    }
+    let mut got: Vec<&[u8]> = got.iter().map(|r| &r[..47]).collect();
+    got.sort();
+    expected.sort();
+    assert!(got == expected, "the results differ from the reference");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,480 @@
+"""Stream pipelines written in Python, run on canter's Rust pipeline engine.
+
+    import canter.pipeline as cp
+
+    flow = cp.Flow()
+    words = flow.source(cp.tcp("127.0.0.1:7000", frame="lines", decode=cp.text))
+    counts = flow.keyed_state(lambda: {"n": 0})
+
+    def count(state, word):
+        state["n"] += 1
+        return f"{word} {state['n']}"
+
+    (words.flat_map(str.split)
+          .key_by(lambda w: w)
+          .update(counts, count)
+          .sink(cp.tcp_out("127.0.0.1:7001", encode=cp.text)))
+    flow.run(workers=2)
+
+Sources, framing, batching, routing by key, backpressure and metrics run in Rust; Python is
+called only for your functions, by worker threads that hold the interpreter lock while they
+work (no hand-over per record). Built-in decoders and encoders (`raw`, `text`, `json`,
+`struct(fmt)`) run in Rust, or with CPython's C code for JSON.
+
+A stream is used once: each step returns a new stream. A pipeline is a source, stateless steps
+(`map`, `filter`, `flat_map`, `inspect`), at most one `key_by` followed by one stateful step
+(`update`, `with_state`, `stateful_map`, `count_window`, `time_window`), stateless steps again,
+and a sink. Pipelines given the same keyed state share it (Market Spread's quotes update what
+its orders read).
+
+An exception in a user function is logged with its traceback and the record counted as failed;
+`errors=` chooses what happens next: `"skip"` (the default: the pipeline goes on), `"stop"`
+(`run` raises `PipelineError`), or `dead_letter(path)` (a JSON line per failed record).
+"""
+
+import itertools
+import operator
+import os
+import signal
+import threading
+
+from . import _native
+
+PipelineError = _native.PipelineError
+#: When the record a stateful step is handling was read from its source (ns since the Unix
+#: epoch): call it inside `update`, `with_state` or `stateful_map` functions.
+source_time_ns = _native.source_time_ns
+
+__all__ = [
+    "Flow", "Stream", "KeyedStream", "State", "PipelineError",
+    "tcp", "file", "kafka", "tcp_out", "file_out", "kafka_out", "collect", "discard", "dead_letter",
+    "raw", "text", "json", "struct", "source_time_ns",
+]
+
+#: Records of up to 1 MiB by default, as in the Rust pipelines.
+MAX_RECORD = 1 << 20
+
+
+class _Codec:
+    def __init__(self, spec, name):
+        self.spec = spec
+        self.name = name
+
+    def __repr__(self):
+        return f"canter.pipeline.{self.name}"
+
+
+#: Records as `bytes`, unchanged.
+raw = _Codec(("raw",), "raw")
+#: Records as `str` (UTF-8; a record that is not UTF-8 is rejected input).
+text = _Codec(("str",), "text")
+#: Records as JSON values (`json.loads` / compact `json.dumps`).
+json = _Codec(("json",), "json")
+
+
+def struct(fmt):
+    """Records as tuples of a `struct` format (`">B4sdd"`): unpacked and packed in Rust.
+    Standard sizes, no alignment; codes `x ? b B c h H i I l L q Q n N f d s`."""
+    return _Codec(("struct", fmt), f"struct({fmt!r})")
+
+
+def _decoder(d):
+    if d is None:
+        return raw.spec
+    if isinstance(d, _Codec):
+        return d.spec
+    if callable(d):
+        return ("py", d)
+    raise TypeError(f"decode= takes canter.pipeline.raw, text, json, struct(fmt) or a function, not {d!r}")
+
+
+def _encoder(e):
+    if e is None:
+        return raw.spec
+    if isinstance(e, _Codec):
+        return e.spec
+    if callable(e):
+        return ("py", e)
+    raise TypeError(f"encode= takes canter.pipeline.raw, text, json, struct(fmt) or a function, not {e!r}")
+
+
+def _frame(frame):
+    if frame not in ("u32be", "lines"):
+        raise ValueError(f"frame={frame!r}: 'u32be' (a 4-byte big-endian length) or 'lines'")
+    return frame
+
+
+class _Source:
+    def __init__(self, spec, decode):
+        self.spec = spec
+        self.decode = decode
+
+
+def tcp(addr, frame="u32be", decode=None, max_record=MAX_RECORD):
+    """A TCP listener at `addr` ("host:port"; port 0 for any free one, see `Flow.addrs`):
+    every worker accepts connections on it; records framed by `frame`."""
+    return _Source(("tcp", addr, _frame(frame), max_record), _decoder(decode))
+
+
+def file(path, frame="u32be", decode=None, max_record=MAX_RECORD):
+    """A file of framed records, read once (the flow ends when every file source has been
+    read and delivered)."""
+    return _Source(("file", os.fspath(path), _frame(frame), max_record), _decoder(decode))
+
+
+def kafka(topic, bootstrap, group="canter", decode=None):
+    """A Kafka topic's record values, read as a member of consumer group `group` from the
+    brokers at `bootstrap` ("host:port,..."). A flow's sources are all Kafka topics or none;
+    its topics are co-partitioned and partitioned by the key `key_by` gives (as Kafka Streams
+    requires): each partition is a task owning the state of its keys, kept in a compacted
+    changelog topic (`<group>-<state>-changelog`, states pickled) and moved with the
+    partition when workers or processes join or leave."""
+    return _Source(("kafka", topic, bootstrap, group), _decoder(decode))
+
+
+def kafka_out(topic, encode=None):
+    """Results to a Kafka topic, keyed (and partitioned) by their input's key."""
+    return ("kafka", topic, _encoder(encode))
+
+
+def tcp_out(addr, encode=None):
+    """A TCP connection from each worker to `addr` ("host:port"), records framed with a 4-byte
+    big-endian length (what `canter receive` reads); reconnects while the peer is down,
+    holding records up to a high-water mark (then the sources wait)."""
+    return ("tcp", addr, _encoder(encode))
+
+
+def file_out(path, encode=None):
+    """Records appended to `path`, framed with a 4-byte big-endian length."""
+    return ("file", os.fspath(path), _encoder(encode))
+
+
+def collect(into):
+    """Appends each output to the list `into` (for tests and notebooks)."""
+    if not isinstance(into, list):
+        raise TypeError("collect() takes a list")
+    return ("list", into)
+
+
+def discard():
+    """Drops every output (a pipeline that only updates state)."""
+    return ("discard",)
+
+
+def dead_letter(path):
+    """`errors=dead_letter(path)`: each record a function raised on is appended to `path` as a
+    JSON line (pipeline, step, error, repr of the record)."""
+    return ("dead_letter", os.fspath(path))
+
+
+def _key_spec(f):
+    """`("item", i)` for `operator.itemgetter(i)` (one item), else the function."""
+    if type(f) is operator.itemgetter:
+        _, args = f.__reduce__()
+        if len(args) == 1:
+            return ("item", args[0])
+    return f
+
+
+_ids = itertools.count(1)
+
+
+class State:
+    """Keyed state: one Python object per key, made by `factory()` on the key's first
+    record, on the worker that owns the key. Give it to `update`, `with_state` or
+    `stateful_map` of several pipelines to share it."""
+
+    def __init__(self, flow, factory, name):
+        if not callable(factory):
+            raise TypeError("keyed_state() takes a function that makes a key's starting state")
+        self.flow = flow
+        self.factory = factory
+        self.name = name
+        self.id = next(_ids)
+
+
+class _Pipe:
+    def __init__(self, flow, source):
+        self.flow = flow
+        self.name = f"p{len(flow._pipes) + 1}"
+        self.source = source
+        self.pre = []
+        self.key = None
+        self.stateful = None
+        self.post = []
+        self.sink = None
+
+
+class Stream:
+    """Records flowing through a pipeline. Each step returns a new stream; a stream takes one
+    step (use the new one)."""
+
+    def __init__(self, pipe):
+        self._pipe = pipe
+        self._used = False
+
+    def _take(self, what):
+        if self._used:
+            raise ValueError(f"{what}: this stream already has a next step (each stream takes one)")
+        if self._pipe.sink is not None:
+            raise ValueError(f"{what}: this pipeline already has its sink")
+        self._used = True
+        return self._pipe
+
+    def _step(self, kind, f):
+        if not callable(f):
+            raise TypeError(f"{kind}() takes a function, not {f!r}")
+        p = self._take(kind)
+        (p.post if p.key is not None else p.pre).append((kind, f))
+        return Stream(p)
+
+    def named(self, name):
+        """Names the pipeline (in logs, metrics and `Flow.addrs`)."""
+        self._pipe.name = str(name)
+        return self
+
+    def map(self, f):
+        """Each record becomes `f(record)`."""
+        return self._step("map", f)
+
+    def filter(self, f):
+        """Keeps the records `f` says yes to."""
+        return self._step("filter", f)
+
+    def flat_map(self, f):
+        """Each record becomes every item of the iterable `f(record)`."""
+        return self._step("flat_map", f)
+
+    def inspect(self, f):
+        """Calls `f(record)` and passes the record on unchanged (for debugging)."""
+        return self._step("inspect", f)
+
+    def key_by(self, f):
+        """Routes each record to the worker owning its key `f(record)` (str, int, bytes, None
+        or a tuple of them), where the stateful step runs with that key's state. With
+        `operator.itemgetter(i)` the key is looked up in Rust, with no Python call."""
+        if not callable(f):
+            raise TypeError(f"key_by() takes a function, not {f!r}")
+        p = self._take("key_by")
+        if p.key is not None:
+            raise ValueError("key_by: one key_by per pipeline (route the output to another pipeline)")
+        p.key = _key_spec(f)
+        return KeyedStream(p)
+
+    def sink(self, sink):
+        """Ends the pipeline in `sink` (`tcp_out`, `file_out`, `collect`, `discard`)."""
+        if not isinstance(sink, tuple):
+            raise TypeError(f"sink() takes tcp_out(...), file_out(...), collect(list) or discard(), not {sink!r}")
+        p = self._take("sink")
+        p.sink = sink
+        return self._pipe.flow
+
+
+class KeyedStream(Stream):
+    """Records after `key_by`: next comes a stateful step (or a sink: routed by key only)."""
+
+    def _stateful(self, what, spec):
+        p = self._take(what)
+        p.stateful = spec
+        return Stream(p)
+
+    def _state(self, state, f, what):
+        if not isinstance(state, State):
+            raise TypeError(f"{what}() takes a state from Flow.keyed_state()")
+        if state.flow is not self._pipe.flow:
+            raise ValueError(f"{what}(): the state belongs to another flow")
+        if not callable(f):
+            raise TypeError(f"{what}() takes a function (state, record)")
+
+    def update(self, state, f):
+        """`f(state, record)` with the record's key's state, which it may change in place;
+        what it returns, unless None, goes on."""
+        self._state(state, f, "update")
+        return self._stateful("update", ("update", state.id, f))
+
+    def with_state(self, state, f):
+        """`f(state, record)`, as `update`, for steps that read the state (an order checked
+        against its symbol's quote) rather than change it: on Kafka, changes it makes are not
+        written to the changelog."""
+        self._state(state, f, "with_state")
+        return self._stateful("with_state", ("update", state.id, f, True))
+
+    def stateful_map(self, state, f):
+        """`f(state, record)` returns `(new_state, output)`: the key's state becomes
+        `new_state`; the output, unless None, goes on (for immutable states: numbers, tuples)."""
+        self._state(state, f, "stateful_map")
+        return self._stateful("stateful_map", ("stateful_map", state.id, f))
+
+    def _window(self, what, by, size, slide, time, init, fold, reduce):
+        if (fold is None) == (reduce is None):
+            raise ValueError(f"{what}(): give fold= (with init=) or reduce=")
+        if fold is not None and not callable(init):
+            raise ValueError(f"{what}(): fold= needs init=, a function making the starting value")
+        slide = size if slide is None else slide
+        if slide > size:
+            raise ValueError(f"{what}(): slide ({slide}) larger than size ({size}) would skip records")
+        return self._stateful(what, ("window", by, float(size), float(slide), time, init, fold, reduce))
+
+    def count_window(self, size, *, slide=None, init=None, fold=None, reduce=None):
+        """Windows of `size` records of a key, a new one every `slide` records (default:
+        `size`, tumbling). Each full window is emitted as `(key, start, end, value)`, value
+        folded from `init()` by `fold(acc, record)` or made by `reduce(acc, record)`; a window
+        still short when the input ends is not emitted."""
+        return self._window("count_window", "count", size, slide, None, init, fold, reduce)
+
+    def time_window(self, size, *, time, slide=None, init=None, fold=None, reduce=None):
+        """Event-time windows of `size` seconds, a new one every `slide` seconds (default:
+        `size`, tumbling); `time(record)` gives a record's time in seconds. A window closes
+        when a record of its key at or past its end arrives, or when the input ends, and is
+        emitted as `(key, start, end, value)`; a record whose windows have all closed is late:
+        counted (`stats()["late"]`) and dropped."""
+        if not callable(time):
+            raise TypeError("time_window(): time= takes a function giving a record's time")
+        return self._window("time_window", "time", size, slide, time, init, fold, reduce)
+
+
+class Flow:
+    """A set of pipelines run together on the same workers."""
+
+    def __init__(self):
+        self._pipes = []
+        self._states = []
+        self._handle = None
+
+    def source(self, source):
+        """A stream of `source`'s records (`tcp`, `file`), each a new pipeline."""
+        if not isinstance(source, _Source):
+            raise TypeError(f"source() takes canter.pipeline.tcp(...) or file(...), not {source!r}")
+        p = _Pipe(self, source)
+        self._pipes.append(p)
+        return Stream(p)
+
+    def keyed_state(self, factory, name=None):
+        """A keyed state whose keys start as `factory()`."""
+        s = State(self, factory, name or f"state{len(self._states) + 1}")
+        self._states.append(s)
+        return s
+
+    def _spec(self):
+        if not self._pipes:
+            raise ValueError("the flow has no pipeline (Flow.source)")
+        names = set()
+        out = []
+        for p in self._pipes:
+            if p.sink is None:
+                raise ValueError(f"pipeline {p.name}: no sink (end it with .sink(...))")
+            if p.name in names:
+                raise ValueError(f"two pipelines named {p.name!r}")
+            names.add(p.name)
+            out.append({
+                "name": p.name,
+                "source": p.source.spec,
+                "decode": p.source.decode,
+                "pre": p.pre,
+                "key": p.key,
+                "stateful": p.stateful,
+                "post": p.post,
+                "sink": p.sink,
+            })
+        states = {s.id: (s.name, s.factory) for s in self._states}
+        return out, states
+
+    def start(self, workers=1, errors="skip", metrics=None, exactly_once=False,
+              commit_interval=None, instance_id=None):
+        """Starts the flow on `workers` worker threads and returns at once (see `wait`,
+        `shutdown`). `metrics="host:port"` serves /metrics (Prometheus), /metrics.json and
+        the live page. On Kafka: `exactly_once` (results, changelog and offsets committed in
+        one transaction per `commit_interval`, 0.1 s by default), `instance_id` (this
+        process's name among the flow's processes, in its transactional ids)."""
+        if self._handle is not None:
+            raise RuntimeError("the flow is running already")
+        if isinstance(errors, tuple):
+            if errors[0] != "dead_letter":
+                raise ValueError("errors= takes 'skip', 'stop' or dead_letter(path)")
+        pipelines, states = self._spec()
+        kafka = {"exactly_once": bool(exactly_once)}
+        if commit_interval is not None:
+            kafka["commit_interval"] = float(commit_interval)
+        if instance_id is not None:
+            kafka["instance_id"] = str(instance_id)
+        self._handle = _native.start_flow(pipelines, states, int(workers), errors, metrics, kafka)
+        return self
+
+    def addrs(self):
+        """`{pipeline: (host, port)}` of the running flow's TCP sources."""
+        return self._running().addrs()
+
+    def wait(self, timeout=None):
+        """Waits for the end (every file source read and delivered, or `shutdown`); False if
+        `timeout` seconds passed first. Raises `PipelineError` if `errors="stop"` stopped it."""
+        return self._running().wait(timeout)
+
+    def shutdown(self):
+        """Stops the flow: sources stop reading, what is in flight is delivered."""
+        self._running().shutdown()
+
+    def stats(self):
+        """Counts per pipeline: source, rejected (input the decoder refused), failed (a
+        function raised), late, sink."""
+        return self._running().stats()
+
+    def prometheus(self):
+        """The flow's metrics as Prometheus text."""
+        return self._running().prometheus()
+
+    def _running(self):
+        if self._handle is None:
+            raise RuntimeError("the flow is not started (Flow.start or Flow.run)")
+        return self._handle
+
+    def run(self, workers=1, errors="skip", metrics=None, **kafka):
+        """Runs the flow until it ends, or until SIGINT/SIGTERM (then it drains and returns);
+        returns `stats()`. Kafka settings as for `start`."""
+        self.start(workers=workers, errors=errors, metrics=metrics, **kafka)
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, lambda *_: self.shutdown())
+        try:
+            while True:
+                try:
+                    if self.wait(0.2):
+                        break
+                except KeyboardInterrupt:
+                    self.shutdown()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        return self.stats()
+
+
+def main(argv=None):
+    """`python -m canter pipeline module:flow [--workers N] [--errors skip|stop]
+    [--metrics host:port]`: imports the module, takes its `Flow` and runs it."""
+    import argparse
+    import importlib
+    import logging
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m canter pipeline",
+                                 description="Runs a canter.pipeline Flow.")
+    ap.add_argument("target", help="module:attribute of the Flow (module:flow)")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--errors", choices=["skip", "stop"], default="skip")
+    ap.add_argument("--dead-letter", metavar="PATH", help="failed records to this file")
+    ap.add_argument("--metrics", metavar="HOST:PORT")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    mod, _, attr = args.target.partition(":")
+    sys.path.insert(0, os.getcwd())
+    flow = getattr(importlib.import_module(mod), attr or "flow")
+    if not isinstance(flow, Flow):
+        ap.error(f"{args.target} is not a canter.pipeline.Flow")
+    errors = dead_letter(args.dead_letter) if args.dead_letter else args.errors
+    try:
+        stats = flow.run(workers=args.workers, errors=errors, metrics=args.metrics)
+    except PipelineError as e:
+        print(f"pipeline stopped: {e}", file=sys.stderr)
+        return 1
+    for name, s in stats.items():
+        print(f"{name}: {s}", file=sys.stderr)
+    return 0

@@ -1,0 +1,377 @@
+//! Decoders and encoders of records: built-in ones run in Rust (raw bytes, UTF-8 text,
+//! `struct` formats; JSON through CPython's C parser), or a Python function.
+
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{IntoPyDict, PyByteArray, PyBytes, PyString};
+
+use super::Obj;
+
+/// One field of a `struct` format.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Field {
+    Pad(usize),
+    Bool,
+    I8,
+    U8,
+    I16,
+    U16,
+    I32,
+    U32,
+    I64,
+    U64,
+    F32,
+    F64,
+    Bytes(usize),
+}
+
+/// A `struct` format with standard sizes and no alignment (`<`, `>`, `!` or `=`; `@` and no
+/// prefix are taken as `=`): what Python's `struct` module does for those prefixes.
+#[derive(Clone, Debug)]
+pub(crate) struct Format {
+    big: bool,
+    fields: Arc<[Field]>,
+    size: usize,
+    values: usize,
+}
+
+impl Format {
+    pub(crate) fn parse(fmt: &str) -> PyResult<Format> {
+        let bad = |why: String| PyValueError::new_err(format!("struct format {fmt:?}: {why}"));
+        let mut chars = fmt.chars().filter(|c| !c.is_whitespace()).peekable();
+        let big = match chars.peek() {
+            Some('>') | Some('!') => {
+                chars.next();
+                true
+            }
+            Some('<') | Some('=') | Some('@') => {
+                chars.next();
+                cfg!(target_endian = "big")
+            }
+            _ => cfg!(target_endian = "big"),
+        };
+        let (mut fields, mut size, mut values) = (Vec::new(), 0usize, 0usize);
+        let mut count: Option<usize> = None;
+        for c in chars {
+            if let Some(d) = c.to_digit(10) {
+                count = Some(count.unwrap_or(0) * 10 + d as usize);
+                if count > Some(1 << 24) {
+                    return Err(bad("count too large".into()));
+                }
+                continue;
+            }
+            let n = count.take().unwrap_or(1);
+            let one = match c {
+                'x' => {
+                    fields.push(Field::Pad(n));
+                    size += n;
+                    continue;
+                }
+                's' => {
+                    fields.push(Field::Bytes(n));
+                    size += n;
+                    values += 1;
+                    continue;
+                }
+                '?' => Field::Bool,
+                'b' => Field::I8,
+                'B' | 'c' => Field::U8,
+                'h' => Field::I16,
+                'H' => Field::U16,
+                'i' | 'l' => Field::I32,
+                'I' | 'L' => Field::U32,
+                'q' | 'n' => Field::I64,
+                'Q' | 'N' => Field::U64,
+                'f' => Field::F32,
+                'd' => Field::F64,
+                other => return Err(bad(format!("unsupported code {other:?}"))),
+            };
+            for _ in 0..n {
+                fields.push(one);
+                size += width(one);
+                values += 1;
+            }
+        }
+        Ok(Format {
+            big,
+            fields: fields.into(),
+            size,
+            values,
+        })
+    }
+
+    /// Unpacks `rec` (exactly the format's size) into a tuple.
+    pub(crate) fn unpack<'py>(&self, py: Python<'py>, rec: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+        if rec.len() != self.size {
+            return Err(PyValueError::new_err(format!(
+                "record of {} bytes, the format takes {}",
+                rec.len(),
+                self.size
+            )));
+        }
+        // SAFETY: a new tuple of `values` slots, each filled exactly once below with a new
+        // reference (the tuple takes it) before the tuple is handed out; on an error the
+        // tuple is dropped with its unfilled slots NULL, which tuple deallocation allows.
+        let tuple = unsafe {
+            let t = ffi::PyTuple_New(self.values as ffi::Py_ssize_t);
+            Bound::from_owned_ptr_or_err(py, t)?
+        };
+        let mut at = 0;
+        let mut slot = 0;
+        macro_rules! num {
+            ($t:ty) => {{
+                const N: usize = std::mem::size_of::<$t>();
+                let mut b = [0u8; N];
+                b.copy_from_slice(&rec[at..at + N]);
+                at += N;
+                if self.big {
+                    <$t>::from_be_bytes(b)
+                } else {
+                    <$t>::from_le_bytes(b)
+                }
+            }};
+        }
+        for f in self.fields.iter() {
+            // SAFETY: each arm makes a new reference (or fails with NULL and an exception set).
+            let v: *mut ffi::PyObject = unsafe {
+                match *f {
+                    Field::Pad(n) => {
+                        at += n;
+                        continue;
+                    }
+                    Field::Bytes(n) => {
+                        at += n;
+                        ffi::PyBytes_FromStringAndSize(
+                            rec[at - n..].as_ptr().cast(),
+                            n as ffi::Py_ssize_t,
+                        )
+                    }
+                    Field::Bool => {
+                        at += 1;
+                        ffi::PyBool_FromLong(std::os::raw::c_long::from(rec[at - 1] != 0))
+                    }
+                    Field::I8 => ffi::PyLong_FromLong(num!(i8).into()),
+                    Field::U8 => ffi::PyLong_FromLong(num!(u8).into()),
+                    Field::I16 => ffi::PyLong_FromLong(num!(i16).into()),
+                    Field::U16 => ffi::PyLong_FromLong(num!(u16).into()),
+                    Field::I32 => ffi::PyLong_FromLong(num!(i32).into()),
+                    Field::U32 => ffi::PyLong_FromLongLong(num!(u32).into()),
+                    Field::I64 => ffi::PyLong_FromLongLong(num!(i64)),
+                    Field::U64 => ffi::PyLong_FromUnsignedLongLong(num!(u64)),
+                    Field::F32 => ffi::PyFloat_FromDouble(f64::from(num!(f32))),
+                    Field::F64 => ffi::PyFloat_FromDouble(num!(f64)),
+                }
+            };
+            if v.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            // SAFETY: `slot` < `values` (one value per non-pad field); the tuple takes `v`.
+            unsafe { ffi::PyTuple_SET_ITEM(tuple.as_ptr(), slot as ffi::Py_ssize_t, v) };
+            slot += 1;
+        }
+        Ok(tuple)
+    }
+
+    /// Packs the sequence `v` (one value per field) onto `buf`.
+    pub(crate) fn pack(&self, v: &Bound<'_, PyAny>, buf: &mut Vec<u8>) -> PyResult<()> {
+        let n = v.len()?;
+        if n != self.values {
+            return Err(PyValueError::new_err(format!(
+                "the format packs {} values, got {n}",
+                self.values
+            )));
+        }
+        buf.reserve(self.size);
+        let mut i = 0;
+        macro_rules! put {
+            ($t:ty) => {{
+                let x: $t = v.get_item(i)?.extract()?;
+                i += 1;
+                if self.big {
+                    buf.extend_from_slice(&x.to_be_bytes())
+                } else {
+                    buf.extend_from_slice(&x.to_le_bytes())
+                }
+            }};
+        }
+        for f in self.fields.iter() {
+            match *f {
+                Field::Pad(n) => buf.resize(buf.len() + n, 0),
+                Field::Bytes(n) => {
+                    let item = v.get_item(i)?;
+                    i += 1;
+                    let b = bytes_of(&item)?;
+                    let take = b.len().min(n);
+                    buf.extend_from_slice(&b[..take]);
+                    buf.resize(buf.len() + n - take, 0);
+                }
+                Field::Bool => {
+                    let x = v.get_item(i)?.is_truthy()?;
+                    i += 1;
+                    buf.push(u8::from(x));
+                }
+                Field::I8 => put!(i8),
+                Field::U8 => put!(u8),
+                Field::I16 => put!(i16),
+                Field::U16 => put!(u16),
+                Field::I32 => put!(i32),
+                Field::U32 => put!(u32),
+                Field::I64 => put!(i64),
+                Field::U64 => put!(u64),
+                Field::F32 => put!(f32),
+                Field::F64 => put!(f64),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn width(f: Field) -> usize {
+    match f {
+        Field::Pad(n) | Field::Bytes(n) => n,
+        Field::Bool | Field::I8 | Field::U8 => 1,
+        Field::I16 | Field::U16 => 2,
+        Field::I32 | Field::U32 | Field::F32 => 4,
+        Field::I64 | Field::U64 | Field::F64 => 8,
+    }
+}
+
+/// The bytes of a bytes-like value or a str (UTF-8).
+fn bytes_of(v: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(b) = v.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if let Ok(s) = v.cast::<PyString>() {
+        return Ok(s.to_str()?.as_bytes().to_vec());
+    }
+    if let Ok(b) = v.cast::<PyByteArray>() {
+        return Ok(b.to_vec());
+    }
+    Err(PyTypeError::new_err(format!(
+        "expected bytes or str, got {}",
+        v.get_type().name()?
+    )))
+}
+
+/// How a record's bytes become a Python value.
+pub(crate) enum Decoder {
+    Raw,
+    Str,
+    Json(Obj),
+    Struct(Format),
+    Py(Obj),
+}
+
+impl Clone for Decoder {
+    fn clone(&self) -> Self {
+        Python::attach(|py| match self {
+            Decoder::Raw => Decoder::Raw,
+            Decoder::Str => Decoder::Str,
+            Decoder::Json(f) => Decoder::Json(f.clone_ref(py)),
+            Decoder::Struct(f) => Decoder::Struct(f.clone()),
+            Decoder::Py(f) => Decoder::Py(f.clone_ref(py)),
+        })
+    }
+}
+
+impl Decoder {
+    /// From `("raw",)`, `("str",)`, `("json",)`, `("struct", fmt)` or `("py", fn)`.
+    pub(crate) fn from_spec(py: Python<'_>, spec: &Bound<'_, PyAny>) -> PyResult<Decoder> {
+        let kind: String = spec.get_item(0)?.extract()?;
+        Ok(match kind.as_str() {
+            "raw" => Decoder::Raw,
+            "str" => Decoder::Str,
+            "json" => Decoder::Json(py.import("json")?.getattr("loads")?.unbind()),
+            "struct" => Decoder::Struct(Format::parse(&spec.get_item(1)?.extract::<String>()?)?),
+            "py" => Decoder::Py(spec.get_item(1)?.unbind()),
+            other => return Err(PyValueError::new_err(format!("unknown decoder {other:?}"))),
+        })
+    }
+
+    #[inline]
+    pub(crate) fn decode(&self, py: Python<'_>, rec: &[u8]) -> PyResult<Obj> {
+        Ok(match self {
+            Decoder::Raw => PyBytes::new(py, rec).into_any().unbind(),
+            Decoder::Str => {
+                let s = std::str::from_utf8(rec)
+                    .map_err(|e| PyValueError::new_err(format!("not UTF-8: {e}")))?;
+                PyString::new(py, s).into_any().unbind()
+            }
+            Decoder::Json(loads) => loads.bind(py).call1((PyBytes::new(py, rec),))?.unbind(),
+            Decoder::Struct(f) => f.unpack(py, rec)?.unbind(),
+            Decoder::Py(f) => f.bind(py).call1((PyBytes::new(py, rec),))?.unbind(),
+        })
+    }
+}
+
+/// How a Python value becomes a record's bytes.
+pub(crate) enum Encoder {
+    Raw,
+    Json(Obj),
+    Struct(Format),
+    Py(Obj),
+}
+
+impl Clone for Encoder {
+    fn clone(&self) -> Self {
+        Python::attach(|py| match self {
+            Encoder::Raw => Encoder::Raw,
+            Encoder::Json(f) => Encoder::Json(f.clone_ref(py)),
+            Encoder::Struct(f) => Encoder::Struct(f.clone()),
+            Encoder::Py(f) => Encoder::Py(f.clone_ref(py)),
+        })
+    }
+}
+
+impl Encoder {
+    /// From `("raw",)`, `("json",)`, `("struct", fmt)` or `("py", fn)`.
+    pub(crate) fn from_spec(py: Python<'_>, spec: &Bound<'_, PyAny>) -> PyResult<Encoder> {
+        let kind: String = spec.get_item(0)?.extract()?;
+        Ok(match kind.as_str() {
+            // Bytes as they are, a str as its UTF-8.
+            "raw" | "str" => Encoder::Raw,
+            "json" => {
+                let json = py.import("json")?;
+                let dumps = json
+                    .getattr("JSONEncoder")?
+                    .call((), Some(&[("separators", (",", ":"))].into_py_dict(py)?))?;
+                Encoder::Json(dumps.getattr("encode")?.unbind())
+            }
+            "struct" => Encoder::Struct(Format::parse(&spec.get_item(1)?.extract::<String>()?)?),
+            "py" => Encoder::Py(spec.get_item(1)?.unbind()),
+            other => return Err(PyValueError::new_err(format!("unknown encoder {other:?}"))),
+        })
+    }
+
+    #[inline]
+    pub(crate) fn encode(
+        &self,
+        py: Python<'_>,
+        v: &Bound<'_, PyAny>,
+        buf: &mut Vec<u8>,
+    ) -> PyResult<()> {
+        match self {
+            Encoder::Raw => raw(v, buf)?,
+            Encoder::Json(encode) => {
+                let s = encode.bind(py).call1((v,))?;
+                buf.extend_from_slice(s.cast::<PyString>()?.to_str()?.as_bytes());
+            }
+            Encoder::Struct(f) => f.pack(v, buf)?,
+            Encoder::Py(f) => raw(&f.bind(py).call1((v,))?, buf)?,
+        }
+        Ok(())
+    }
+}
+
+/// Appends a bytes-like value, or a str's UTF-8.
+fn raw(v: &Bound<'_, PyAny>, buf: &mut Vec<u8>) -> PyResult<()> {
+    if let Ok(b) = v.cast::<PyBytes>() {
+        buf.extend_from_slice(b.as_bytes());
+        return Ok(());
+    }
+    buf.extend_from_slice(&bytes_of(v)?);
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! Flows on Kafka: input topics in (one per pipeline, co-partitioned), one output topic out,
+//! each key's Python state in its partition's task, kept in a compacted changelog (pickled) and
+//! moved with the partition, as canter's Rust Kafka pipelines do (`canter_stream::kafka`).
+
+use std::sync::Arc;
+
+use canter_stream::kafka::{Keyed, KeyedTask, Out, Refused};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::codec::{Decoder, Encoder};
+use super::steps::{Chain, Failures, Key, KeyFn};
+use super::{py, Obj};
+
+/// What a pipeline's stateful step is on Kafka.
+pub(crate) enum KStep {
+    /// `f(state, record)`, the state saved to the changelog; output unless None.
+    Update(Obj),
+    /// `f(state, record)` reading the state (not saved); output unless None.
+    Read(Obj),
+    /// `f(state, record) -> (new_state, output)`.
+    Map(Obj),
+}
+
+/// One pipeline of a Kafka flow.
+pub(crate) struct KPipe {
+    pub(crate) decode: Decoder,
+    pub(crate) pre: Chain,
+    pub(crate) key: Option<KeyFn>,
+    pub(crate) step: Option<(KStep, Obj)>,
+    pub(crate) post: Chain,
+    /// The output topic's encoder, or None: the results are dropped.
+    pub(crate) encode: Option<Encoder>,
+    pub(crate) failures: Arc<Failures>,
+}
+
+/// The task every worker runs: input `i` goes through pipeline `i`.
+pub(crate) struct PyTask {
+    pub(crate) pipes: Vec<KPipe>,
+    pub(crate) dumps: Obj,
+    pub(crate) loads: Obj,
+}
+
+impl PyTask {
+    fn emit(&self, py: Python<'_>, p: &KPipe, key: Option<&Key>, v: Obj, out: &mut Out<'_>) {
+        let Some(enc) = &p.encode else { return };
+        let mut kb = Vec::new();
+        if let Some(k) = key {
+            k.natural_bytes(&mut kb);
+        }
+        let mut buf = Vec::new();
+        match enc.encode(py, v.bind(py), &mut buf) {
+            Ok(()) => out.emit(&kb, &buf),
+            Err(e) => p.failures.fail(py, "encode", &e, Some(&v)),
+        }
+    }
+}
+
+impl KeyedTask for PyTask {
+    type Key = Key;
+    type State = Obj;
+
+    fn process(
+        &self,
+        input: usize,
+        _key: Option<&[u8]>,
+        value: &[u8],
+        state: &mut Keyed<Key, Obj>,
+        out: &mut Out<'_>,
+    ) -> Result<(), Refused> {
+        let py = py();
+        let Some(p) = self.pipes.get(input) else {
+            return Err(Refused(format!("no pipeline for input {input}")));
+        };
+        super::set_read_ns(out.read_time_ns());
+        let rec = p
+            .decode
+            .decode(py, value)
+            .map_err(|e| Refused(e.to_string()))?;
+        let mut keyed: Vec<Obj> = Vec::new();
+        p.pre.run_all(py, rec, &mut |x| keyed.push(x));
+        for x in keyed {
+            let Some(kf) = &p.key else {
+                p.post
+                    .run_all(py, x, &mut |o| self.emit(py, p, None, o, out));
+                continue;
+            };
+            let k = match kf.key(py, x.bind(py)) {
+                Ok(k) => k,
+                Err(e) => {
+                    p.failures.fail(py, "key_by", &e, Some(&x));
+                    continue;
+                }
+            };
+            let Some((step, factory)) = &p.step else {
+                p.post
+                    .run_all(py, x, &mut |o| self.emit(py, p, Some(&k), o, out));
+                continue;
+            };
+            let fresh = || {
+                factory
+                    .bind(py)
+                    .call0()
+                    .map(Bound::unbind)
+                    .unwrap_or_else(|e| {
+                        p.failures.fail(py, "keyed_state", &e, None);
+                        py.None()
+                    })
+            };
+            let result = match step {
+                KStep::Update(f) => {
+                    let st = state.update(k.clone(), fresh);
+                    f.bind(py).call1((st.bind(py), x.bind(py)))
+                }
+                KStep::Read(f) => match state.get(&k) {
+                    Some(st) => f.bind(py).call1((st.bind(py), x.bind(py))),
+                    None => f.bind(py).call1((fresh(), x.bind(py))),
+                },
+                KStep::Map(f) => {
+                    let st = state.update(k.clone(), fresh);
+                    f.bind(py).call1((st.bind(py), x.bind(py))).and_then(|r| {
+                        let (s, o): (Obj, Obj) = r.extract()?;
+                        *st = s;
+                        Ok(o.into_bound(py))
+                    })
+                }
+            };
+            match result {
+                Ok(o) if o.is_none() => {}
+                Ok(o) => p
+                    .post
+                    .run_all(py, o.unbind(), &mut |o| self.emit(py, p, Some(&k), o, out)),
+                Err(e) => p.failures.fail(py, "stateful", &e, Some(&x)),
+            }
+        }
+        super::set_read_ns(0);
+        Ok(())
+    }
+
+    fn encode_key(&self, key: &Key, buf: &mut Vec<u8>) {
+        key.tagged_bytes(buf);
+    }
+
+    fn decode_key(&self, bytes: &[u8]) -> Option<Key> {
+        Key::from_tagged(bytes)
+    }
+
+    fn encode_state(&self, state: &Obj, buf: &mut Vec<u8>) {
+        let py = py();
+        match self.dumps.bind(py).call1((state.bind(py),)) {
+            Ok(b) => match b.cast::<PyBytes>() {
+                Ok(b) => buf.extend_from_slice(b.as_bytes()),
+                Err(e) => tracing::error!("pickle.dumps gave no bytes: {e}"),
+            },
+            Err(e) => {
+                let n = self.pipes.first().map(|p| &p.failures);
+                if let Some(f) = n {
+                    f.fail(py, "state pickle", &e, Some(state));
+                }
+            }
+        }
+    }
+
+    fn decode_state(&self, bytes: &[u8]) -> Option<Obj> {
+        let py = py();
+        self.loads
+            .bind(py)
+            .call1((PyBytes::new(py, bytes),))
+            .map(Bound::unbind)
+            .map_err(|e| tracing::error!("a changelog state did not unpickle: {e}"))
+            .ok()
+    }
+}

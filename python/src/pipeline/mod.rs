@@ -1,0 +1,886 @@
+//! `canter.pipeline`'s engine side: a flow described in Python (`canter/pipeline.py`) becomes a
+//! topology of the Rust pipeline engine. Sources, framing, batching, key routing,
+//! backpressure and metrics are the engine's; Python runs only the user's functions, on the
+//! worker threads, each of which holds the interpreter lock while it works and gives it up
+//! only while its event loop waits (as the HTTP front end's workers do).
+
+mod codec;
+mod kafka;
+mod stateful;
+mod steps;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use canter_stream::pipeline::{
+    Built, Emit, Framing, KeyedState, Pipeline, RunOptions, Running, Sink, Source, Topology,
+    WorkerHooks,
+};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use codec::{Decoder, Encoder};
+use stateful::{Agg, Mode, Span, Update, Window};
+use steps::{step_name, Chain, Failures, Key, KeyFn, KeyStep, Kind, Op, Out, Policy, Stopper};
+
+/// A Python object held by the engine.
+pub(crate) type Obj = Py<PyAny>;
+
+/// The interpreter, on a pipeline worker's thread.
+#[inline]
+pub(crate) fn py() -> Python<'static> {
+    debug_assert!(crate::holds_gil());
+    // SAFETY: the engine calls the pipeline's steps, decoders, encoders and state factories
+    // only on its workers' threads, each of which runs inside `Python::attach` (the hooks of
+    // `start`) and holds the interpreter lock except while its event loop is parked, when no
+    // step runs.
+    unsafe { Python::assume_attached() }
+}
+
+thread_local! {
+    /// When the input the stateful step is handling was read (ns since the Unix epoch).
+    static READ_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Sets what `source_time_ns()` gives during a stateful step's call.
+#[inline]
+pub(crate) fn set_read_ns(ns: u64) {
+    READ_NS.with(|c| c.set(ns));
+}
+
+/// When the record being handled by a stateful step (`update`, `with_state`, `stateful_map`,
+/// a window's functions) was read from its source, in ns since the Unix epoch; 0 elsewhere.
+#[pyfunction]
+fn source_time_ns() -> u64 {
+    READ_NS.with(std::cell::Cell::get)
+}
+
+/// One pipeline as `canter/pipeline.py` describes it.
+struct Spec<'py> {
+    name: String,
+    source: Bound<'py, PyAny>,
+    decode: Bound<'py, PyAny>,
+    pre: Vec<(String, Bound<'py, PyAny>)>,
+    key: Option<Bound<'py, PyAny>>,
+    stateful: Option<Bound<'py, PyAny>>,
+    post: Vec<(String, Bound<'py, PyAny>)>,
+    sink: Bound<'py, PyAny>,
+}
+
+fn item<'py, T: FromPyObjectOwned<'py>>(d: &Bound<'py, PyDict>, k: &str) -> PyResult<T> {
+    d.get_item(k)?
+        .ok_or_else(|| PyValueError::new_err(format!("pipeline spec without {k:?}")))?
+        .extract()
+        .map_err(Into::into)
+}
+
+use pyo3::conversion::FromPyObjectOwned;
+
+fn addr(s: &str) -> PyResult<SocketAddr> {
+    s.to_socket_addrs()
+        .map_err(|e| PyOSError::new_err(format!("{s}: {e}")))?
+        .next()
+        .ok_or_else(|| PyOSError::new_err(format!("{s}: no address")))
+}
+
+fn framing(kind: &str, max: usize) -> PyResult<Framing> {
+    match kind {
+        "u32be" => Ok(Framing::LengthPrefixed { max }),
+        "lines" => Ok(Framing::Lines { max }),
+        other => Err(PyValueError::new_err(format!(
+            "unknown framing {other:?} (u32be or lines)"
+        ))),
+    }
+}
+
+fn source(spec: &Bound<'_, PyAny>) -> PyResult<Source> {
+    let kind: String = spec.get_item(0)?.extract()?;
+    let frame: String = spec.get_item(2)?.extract()?;
+    let max: usize = spec.get_item(3)?.extract()?;
+    let framing = framing(&frame, max)?;
+    match kind.as_str() {
+        "tcp" => Ok(Source::Tcp {
+            addr: addr(&spec.get_item(1)?.extract::<String>()?)?,
+            framing,
+        }),
+        "file" => Ok(Source::File {
+            path: spec.get_item(1)?.extract::<String>()?.into(),
+            framing,
+        }),
+        other => Err(PyValueError::new_err(format!("unknown source {other:?}"))),
+    }
+}
+
+/// The sink and the last step before it (encoding, or appending to a list).
+fn sink(
+    py: Python<'_>,
+    spec: &Bound<'_, PyAny>,
+    failures: &Arc<Failures>,
+) -> PyResult<(Sink<Vec<u8>>, Out)> {
+    let kind: String = spec.get_item(0)?.extract()?;
+    let copy = |v: &Vec<u8>, buf: &mut Vec<u8>| buf.extend_from_slice(v);
+    match kind.as_str() {
+        "tcp" | "file" => {
+            let enc = Encoder::from_spec(py, &spec.get_item(2)?)?;
+            let target: String = spec.get_item(1)?.extract()?;
+            let sink = if kind == "tcp" {
+                Sink::tcp(addr(&target)?, copy)
+            } else {
+                Sink::file(target, copy)
+            };
+            Ok((sink, Out::Encode(enc, failures.clone())))
+        }
+        "list" => {
+            let list = spec.get_item(1)?.cast_into::<PyList>()?.unbind();
+            Ok((Sink::discard(), Out::Append(Arc::new(list))))
+        }
+        "discard" => Ok((Sink::discard(), Out::Discard)),
+        "kafka" => Err(PyValueError::new_err(
+            "kafka_out takes the results of Kafka sources (a flow is all Kafka or none)",
+        )),
+        other => Err(PyValueError::new_err(format!("unknown sink {other:?}"))),
+    }
+}
+
+fn chain(
+    py: Python<'_>,
+    ops: &[(String, Bound<'_, PyAny>)],
+    first: usize,
+    failures: &Arc<Failures>,
+) -> PyResult<Chain> {
+    let ops = ops
+        .iter()
+        .enumerate()
+        .map(|(i, (kind, f))| {
+            let kind = Kind::parse(kind)?;
+            let f = f.clone().unbind();
+            Ok(Op {
+                kind,
+                name: step_name(py, first + i, kind, &f),
+                f,
+            })
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(Chain {
+        counts: vec![0; ops.len()],
+        ops: ops.into(),
+        failures: failures.clone(),
+    })
+}
+
+/// A `key_by` function and its step name (`3:key_by:name`).
+fn key_fn(py: Python<'_>, key: &Bound<'_, PyAny>, at: usize) -> PyResult<(KeyFn, String)> {
+    Ok(match key.extract::<(String, Bound<'_, PyAny>)>() {
+        // ("item", i): operator.itemgetter(i), looked up in Rust.
+        Ok((kind, i)) if kind == "item" => {
+            let name = format!("{at}:key_by:itemgetter({})", i.repr()?);
+            (
+                KeyFn::Item(i.clone().unbind(), i.extract::<isize>().ok()),
+                name,
+            )
+        }
+        _ => {
+            let name = step_name(py, at, Kind::Key, &key.clone().unbind());
+            (KeyFn::Py(key.clone().unbind()), name)
+        }
+    })
+}
+
+/// The shared keyed states, by the id Python gave each.
+type States = HashMap<u64, KeyedState<Key, Obj>>;
+
+fn build(py: Python<'_>, s: Spec<'_>, states: &States, failures: Arc<Failures>) -> PyResult<Built> {
+    let src = source(&s.source)?;
+    let dec = Decoder::from_spec(py, &s.decode)?;
+    let decode = move |rec: &[u8]| dec.decode(py_static(), rec).map_err(|e| e.to_string());
+    let pre = chain(py, &s.pre, 1, &failures)?;
+    let (sink, out) = sink(py, &s.sink, &failures)?;
+    let head = Pipeline::new(&s.name, src, decode).step(pre);
+    let Some(key) = s.key else {
+        if s.stateful.is_some() {
+            return Err(PyValueError::new_err("a stateful step needs key_by first"));
+        }
+        let pass = KeyedState::new("pass", |_: &canter_stream::pipeline::Local| ());
+        let post = chain(py, &s.post, s.pre.len() + 1, &failures)?;
+        return Ok(head
+            .local()
+            .update(&pass, |_: &mut (), x: Obj, out: &mut Emit<'_, Obj>| {
+                out.emit(x)
+            })
+            .step(post)
+            .step(out)
+            .sink(sink));
+    };
+    let (f, name) = key_fn(py, &key, s.pre.len() + 1)?;
+    let key_step = KeyStep {
+        name,
+        f: Arc::new(f),
+        n: 0,
+        failures: failures.clone(),
+    };
+    let keyed = head.step(key_step).key_by(|(k, _): &(Key, Obj)| k.clone());
+    let post = chain(py, &s.post, s.pre.len() + 3, &failures)?;
+    let Some(st) = s.stateful else {
+        // key_by straight to the sink: records are routed by key, with no state.
+        let pass = KeyedState::new("pass", |_: &Key| ());
+        return Ok(keyed
+            .update(
+                &pass,
+                |_: &mut (), (_, x): (Key, Obj), out: &mut Emit<'_, Obj>| out.emit(x),
+            )
+            .step(post)
+            .step(out)
+            .sink(sink));
+    };
+    let kind: String = st.get_item(0)?.extract()?;
+    let name: Arc<str> = format!("{}:{kind}", s.pre.len() + 2).into();
+    match kind.as_str() {
+        "update" | "stateful_map" => {
+            let id: u64 = st.get_item(1)?.extract()?;
+            let state = states
+                .get(&id)
+                .ok_or_else(|| PyValueError::new_err("a state of another flow"))?
+                .clone();
+            let step = Update {
+                state,
+                f: Arc::new(st.get_item(2)?.unbind()),
+                mode: if kind == "update" {
+                    Mode::InPlace
+                } else {
+                    Mode::Replace
+                },
+                name,
+                failures,
+            };
+            Ok(keyed.stateful(step).step(post).step(out).sink(sink))
+        }
+        "window" => {
+            let by: String = st.get_item(1)?.extract()?;
+            let (size, slide): (f64, f64) =
+                (st.get_item(2)?.extract()?, st.get_item(3)?.extract()?);
+            let time = st.get_item(4)?;
+            let span = match by.as_str() {
+                "count" => {
+                    if size < 1.0 || slide < 1.0 || size.fract() != 0.0 || slide.fract() != 0.0 {
+                        return Err(PyValueError::new_err(
+                            "a count window's size and slide are whole numbers of at least 1",
+                        ));
+                    }
+                    Span::Count {
+                        size: size as u64,
+                        slide: slide as u64,
+                    }
+                }
+                "time" => {
+                    let ns = |s: f64| (s * 1e9).round() as i64;
+                    if !(size > 0.0 && slide > 0.0 && size < 1e9 && slide < 1e9) || ns(slide) < 1 {
+                        return Err(PyValueError::new_err(
+                            "a time window's size and slide are positive seconds",
+                        ));
+                    }
+                    Span::Time {
+                        size: ns(size),
+                        slide: ns(slide),
+                    }
+                }
+                other => return Err(PyValueError::new_err(format!("unknown window {other:?}"))),
+            };
+            let (init, fold, reduce) = (st.get_item(5)?, st.get_item(6)?, st.get_item(7)?);
+            let agg = if !reduce.is_none() {
+                Agg::Reduce(reduce.unbind())
+            } else {
+                Agg::Fold {
+                    init: init.unbind(),
+                    fold: fold.unbind(),
+                }
+            };
+            let step = Window {
+                state: Window::new_state(),
+                span,
+                time: (!time.is_none()).then(|| Arc::new(time.unbind())),
+                agg: Arc::new(agg),
+                name,
+                failures,
+                late: 0,
+            };
+            Ok(keyed.stateful(step).step(post).step(out).sink(sink))
+        }
+        other => Err(PyValueError::new_err(format!(
+            "unknown stateful step {other:?}"
+        ))),
+    }
+}
+
+/// `py()` for closures that outlive the `Python` token they were made with.
+#[inline]
+fn py_static() -> Python<'static> {
+    py()
+}
+
+/// What runs a flow: the pipeline engine's workers (TCP and file sources), or a Kafka job.
+enum Engine {
+    Pipes {
+        running: Option<Running>,
+        metrics: Arc<canter_stream::pipeline::Metrics>,
+    },
+    Kafka {
+        running: Option<canter_stream::kafka::KafkaRunning>,
+        stats: Arc<canter_stream::kafka::Stats>,
+    },
+}
+
+impl Engine {
+    /// Takes the ended run's result once every worker has ended; None while running.
+    fn ended(&mut self) -> Option<Result<(), String>> {
+        match self {
+            Engine::Pipes { running, .. } => match running {
+                Some(r) if !r.is_finished() => None,
+                Some(_) => running.take().map(|r| r.wait().map_err(|e| e.to_string())),
+                None => Some(Ok(())),
+            },
+            Engine::Kafka { running, .. } => match running {
+                Some(r) if !r.is_finished() => None,
+                Some(_) => running.take().map(|r| r.wait().map_err(|e| e.to_string())),
+                None => Some(Ok(())),
+            },
+        }
+    }
+}
+
+/// A running flow (`canter.pipeline.Flow.start`).
+#[pyclass(module = "canter._native")]
+pub(crate) struct FlowHandle {
+    engine: Mutex<Engine>,
+    stop: Arc<dyn Fn() + Send + Sync>,
+    addrs: Vec<(String, Option<SocketAddr>)>,
+    failures: Vec<Arc<Failures>>,
+    stopped: Arc<OnceLock<String>>,
+    result: Mutex<Option<Result<(), String>>>,
+    metrics_server: Mutex<Option<canter_rt::ShutdownHandle>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[pymethods]
+impl FlowHandle {
+    /// Where each pipeline's TCP source listens: `{name: (host, port)}`.
+    fn addrs(&self) -> HashMap<String, (String, u16)> {
+        self.addrs
+            .iter()
+            .filter_map(|(n, a)| a.map(|a| (n.clone(), (a.ip().to_string(), a.port()))))
+            .collect()
+    }
+
+    /// Waits up to `timeout` seconds (forever if None) for the flow to end, with the lock
+    /// released; True once it has ended.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+        let done = py.detach(|| loop {
+            if let Some(out) = lock(&self.engine).ended() {
+                let mut result = lock(&self.result);
+                if result.is_none() {
+                    *result = Some(out);
+                }
+                if let Some(h) = lock(&self.metrics_server).take() {
+                    h.shutdown();
+                }
+                return true;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        });
+        if !done {
+            return Ok(false);
+        }
+        if let Some(why) = self.stopped.get() {
+            return Err(PipelineError::new_err(format!(
+                "stopped by an exception in {why}"
+            )));
+        }
+        match &*lock(&self.result) {
+            Some(Err(e)) => Err(PyRuntimeError::new_err(e.clone())),
+            _ => Ok(true),
+        }
+    }
+
+    /// Stops the flow: sources stop reading, what is in flight is delivered (Kafka: the
+    /// workers commit what they processed and leave the group).
+    fn shutdown(&self) {
+        (self.stop)();
+    }
+
+    /// Counts per pipeline: `{name: {"source": n, "rejected": n, "failed": n, "sink": n,
+    /// "late": n}}`; a Kafka flow's pipelines have only "failed", and the job's counters are
+    /// under "kafka" (`records_in`, `records_out`, `refused`, `commits`, ...).
+    fn stats(&self, py: Python<'_>) -> PyResult<Py<PyDict>> {
+        let out = PyDict::new(py);
+        let engine = lock(&self.engine);
+        for f in &self.failures {
+            let d = PyDict::new(py);
+            if let Engine::Pipes { metrics, .. } = &*engine {
+                if let Some(t) = metrics.totals(&f.pipeline) {
+                    d.set_item("source", t.source_records)?;
+                    d.set_item("rejected", t.rejected_input)?;
+                    d.set_item("frame_errors", t.frame_errors)?;
+                    d.set_item("sink", t.sink_records)?;
+                    d.set_item("late", t.late_records)?;
+                }
+            }
+            d.set_item("failed", f.count.load(Ordering::Relaxed))?;
+            out.set_item(&*f.pipeline, d)?;
+        }
+        if let Engine::Kafka { stats, .. } = &*engine {
+            let json: serde_json::Value =
+                serde_json::from_str(&stats.json()).unwrap_or(serde_json::Value::Null);
+            let d = PyDict::new(py);
+            if let serde_json::Value::Object(m) = json {
+                for (k, v) in m {
+                    d.set_item(k, v.as_u64().unwrap_or(0))?;
+                }
+            }
+            out.set_item("kafka", d)?;
+        }
+        Ok(out.unbind())
+    }
+
+    /// The metrics as Prometheus text.
+    fn prometheus(&self) -> String {
+        match &*lock(&self.engine) {
+            Engine::Pipes { metrics, .. } => prometheus(metrics, &self.failures),
+            Engine::Kafka { stats, .. } => stats.prometheus() + &failed_text(&self.failures),
+        }
+    }
+
+    /// The metrics as JSON.
+    fn metrics_json(&self) -> String {
+        match &*lock(&self.engine) {
+            Engine::Pipes { metrics, .. } => metrics.json(),
+            Engine::Kafka { stats, .. } => stats.json(),
+        }
+    }
+}
+
+fn prometheus(metrics: &canter_stream::pipeline::Metrics, failures: &[Arc<Failures>]) -> String {
+    metrics.prometheus() + &failed_text(failures)
+}
+
+/// `canter_pipeline_failed_total` per pipeline.
+fn failed_text(failures: &[Arc<Failures>]) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    s.push_str("# HELP canter_pipeline_failed_total Records dropped because a Python function raised.\n# TYPE canter_pipeline_failed_total counter\n");
+    for f in failures {
+        let _ = writeln!(
+            s,
+            "canter_pipeline_failed_total{{pipeline=\"{}\"}} {}",
+            f.pipeline,
+            f.count.load(Ordering::Relaxed)
+        );
+    }
+    s
+}
+
+pyo3::create_exception!(
+    canter,
+    PipelineError,
+    pyo3::exceptions::PyException,
+    "A flow stopped by an exception in a user function (`errors=\"stop\"`)."
+);
+
+/// The hooks that make each worker thread hold the interpreter lock while it works.
+fn gil_hooks() -> WorkerHooks {
+    WorkerHooks {
+        run: Arc::new(|_me, run| {
+            Python::attach(|_py| {
+                crate::set_holds_gil(true);
+                let r = run();
+                crate::set_holds_gil(false);
+                r
+            })
+        }),
+        park: crate::park_hooks(),
+    }
+}
+
+fn specs<'py>(pipelines: &Bound<'py, PyList>) -> PyResult<Vec<Spec<'py>>> {
+    pipelines
+        .iter()
+        .map(|p| {
+            let d = p.cast_into::<PyDict>()?;
+            let d = &d;
+            Ok(Spec {
+                name: item(d, "name")?,
+                source: item(d, "source")?,
+                decode: item(d, "decode")?,
+                pre: item(d, "pre")?,
+                key: item(d, "key")?,
+                stateful: item(d, "stateful")?,
+                post: item(d, "post")?,
+                sink: item(d, "sink")?,
+            })
+        })
+        .collect()
+}
+
+/// Starts a flow described by `canter/pipeline.py` on `workers` worker threads; returns its
+/// handle at once. A flow whose sources are Kafka topics runs as a Kafka job (`kafka`: its
+/// settings).
+#[pyfunction]
+#[pyo3(signature = (pipelines, states, workers, errors, metrics=None, kafka=None))]
+pub(crate) fn start_flow(
+    py: Python<'_>,
+    pipelines: &Bound<'_, PyList>,
+    states: &Bound<'_, PyDict>,
+    workers: usize,
+    errors: &Bound<'_, PyAny>,
+    metrics: Option<String>,
+    kafka: Option<&Bound<'_, PyDict>>,
+) -> PyResult<FlowHandle> {
+    crate::init_logging();
+    let policy = Arc::new(if let Ok(s) = errors.extract::<String>() {
+        match s.as_str() {
+            "skip" => Policy::Skip,
+            "stop" => Policy::Stop,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "errors={other:?}: \"skip\", \"stop\" or canter.pipeline.dead_letter(path)"
+                )))
+            }
+        }
+    } else {
+        let path: String = errors.get_item(1)?.extract()?;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| PyOSError::new_err(format!("dead-letter file {path}: {e}")))?;
+        Policy::DeadLetter(Mutex::new(f))
+    });
+    let specs = specs(pipelines)?;
+    let stop: Stopper = Arc::new(OnceLock::new());
+    let stopped: Arc<OnceLock<String>> = Arc::new(OnceLock::new());
+    let failures: Vec<Arc<Failures>> = specs
+        .iter()
+        .map(|s| {
+            Arc::new(Failures::new(
+                &s.name,
+                policy.clone(),
+                stop.clone(),
+                stopped.clone(),
+            ))
+        })
+        .collect();
+    let kafka_sources = specs
+        .iter()
+        .filter(|s| {
+            s.source
+                .get_item(0)
+                .and_then(|k| k.extract::<String>())
+                .is_ok_and(|k| k == "kafka")
+        })
+        .count();
+    if kafka_sources > 0 {
+        if kafka_sources != specs.len() {
+            return Err(PyValueError::new_err(
+                "a flow's sources are all Kafka topics, or none of them",
+            ));
+        }
+        return start_kafka(
+            py, specs, states, workers, failures, stop, stopped, metrics, kafka,
+        );
+    }
+    let mut shared = States::new();
+    for (id, v) in states.iter() {
+        let id: u64 = id.extract()?;
+        let name: String = v.get_item(0)?.extract()?;
+        let factory = Arc::new(v.get_item(1)?.unbind());
+        let name2 = name.clone();
+        shared.insert(
+            id,
+            KeyedState::new(&name, move |_: &Key| {
+                let py = py_static();
+                factory
+                    .bind(py)
+                    .call0()
+                    .map(Bound::unbind)
+                    .unwrap_or_else(|e| {
+                        tracing::error!(state = %name2, "the state factory raised: {e}");
+                        py.None()
+                    })
+            }),
+        );
+    }
+    let mut topology = Topology::new();
+    for (spec, f) in specs.into_iter().zip(&failures) {
+        topology.add(build(py, spec, &shared, f.clone())?);
+    }
+    let opts = RunOptions::default().workers(workers).hooks(gil_hooks());
+    let running = py
+        .detach(|| topology.start(opts))
+        .map_err(|e| PyOSError::new_err(e.to_string()))?;
+    let shutdown = running.shutdown_handle();
+    let stop_fn: Arc<dyn Fn() + Send + Sync> = Arc::new(move || shutdown.shutdown());
+    let s2 = stop_fn.clone();
+    let _ = stop.set(Box::new(move || s2()));
+    let metrics_arc = running.metrics();
+    let addrs = failures
+        .iter()
+        .map(|f| (f.pipeline.to_string(), running.source_addr(&f.pipeline)))
+        .collect();
+    let metrics_server = match metrics {
+        Some(a) => {
+            let (m1, m2, f) = (metrics_arc.clone(), metrics_arc.clone(), failures.clone());
+            Some(serve_metrics(
+                addr(&a)?,
+                move || prometheus(&m1, &f),
+                move || m2.json(),
+            )?)
+        }
+        None => None,
+    };
+    Ok(FlowHandle {
+        engine: Mutex::new(Engine::Pipes {
+            running: Some(running),
+            metrics: metrics_arc,
+        }),
+        stop: stop_fn,
+        addrs,
+        failures,
+        stopped,
+        result: Mutex::new(None),
+        metrics_server: Mutex::new(metrics_server),
+    })
+}
+
+/// A flow of Kafka pipelines: one input topic each (co-partitioned), one output topic, one
+/// keyed state, run as a `canter_stream::kafka` job.
+#[allow(clippy::too_many_arguments)]
+fn start_kafka(
+    py: Python<'_>,
+    specs: Vec<Spec<'_>>,
+    states: &Bound<'_, PyDict>,
+    workers: usize,
+    failures: Vec<Arc<Failures>>,
+    stop: Stopper,
+    stopped: Arc<OnceLock<String>>,
+    metrics: Option<String>,
+    settings: Option<&Bound<'_, PyDict>>,
+) -> PyResult<FlowHandle> {
+    let bad = |why: String| PyValueError::new_err(why);
+    let (mut bootstrap, mut group) = (None::<String>, None::<String>);
+    let mut inputs = Vec::new();
+    let mut output: Option<String> = None;
+    let mut state_id: Option<u64> = None;
+    let mut pipes = Vec::new();
+    for (s, failures) in specs.into_iter().zip(&failures) {
+        let topic: String = s.source.get_item(1)?.extract()?;
+        let (b, g): (String, String) = (
+            s.source.get_item(2)?.extract()?,
+            s.source.get_item(3)?.extract()?,
+        );
+        if bootstrap.get_or_insert_with(|| b.clone()) != &b
+            || group.get_or_insert_with(|| g.clone()) != &g
+        {
+            return Err(bad(
+                "a Kafka flow's sources share one bootstrap and one group".into(),
+            ));
+        }
+        inputs.push(topic);
+        let sink_kind: String = s.sink.get_item(0)?.extract()?;
+        let encode = match sink_kind.as_str() {
+            "kafka" => {
+                let t: String = s.sink.get_item(1)?.extract()?;
+                if output.get_or_insert_with(|| t.clone()) != &t {
+                    return Err(bad("a Kafka flow writes one output topic".into()));
+                }
+                Some(Encoder::from_spec(py, &s.sink.get_item(2)?)?)
+            }
+            "discard" => None,
+            other => {
+                return Err(bad(format!(
+                    "pipeline {}: a Kafka flow's sinks are kafka_out or discard, not {other}",
+                    s.name
+                )))
+            }
+        };
+        let key = match &s.key {
+            Some(k) => Some(key_fn(py, k, s.pre.len() + 1)?.0),
+            None => None,
+        };
+        let step = match &s.stateful {
+            None => None,
+            Some(st) => {
+                let kind: String = st.get_item(0)?.extract()?;
+                if kind == "window" {
+                    return Err(bad(format!(
+                        "pipeline {}: windows do not run on Kafka yet (their state has no changelog codec)",
+                        s.name
+                    )));
+                }
+                let id: u64 = st.get_item(1)?.extract()?;
+                if *state_id.get_or_insert(id) != id {
+                    return Err(bad("a Kafka flow's pipelines share one keyed state".into()));
+                }
+                let f = st.get_item(2)?.unbind();
+                let read_only =
+                    st.get_item(3).ok().and_then(|v| v.extract::<bool>().ok()) == Some(true);
+                let factory = states
+                    .get_item(id)?
+                    .ok_or_else(|| bad("a state of another flow".into()))?
+                    .get_item(1)?
+                    .unbind();
+                Some((
+                    match (kind.as_str(), read_only) {
+                        ("stateful_map", _) => kafka::KStep::Map(f),
+                        (_, true) => kafka::KStep::Read(f),
+                        _ => kafka::KStep::Update(f),
+                    },
+                    factory,
+                ))
+            }
+        };
+        pipes.push(kafka::KPipe {
+            decode: Decoder::from_spec(py, &s.decode)?,
+            pre: chain(py, &s.pre, 1, failures)?,
+            key,
+            step,
+            post: chain(py, &s.post, s.pre.len() + 3, failures)?,
+            encode,
+            failures: failures.clone(),
+        });
+    }
+    let (Some(bootstrap), Some(group)) = (bootstrap, group) else {
+        return Err(bad("no pipeline".into()));
+    };
+    let output = output.ok_or_else(|| bad("a Kafka flow needs a kafka_out sink".into()))?;
+    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let mut job = canter_stream::kafka::KafkaJob::new(&bootstrap, &group, &inputs, &output);
+    job.workers = workers.max(1);
+    job.hooks = Some(gil_hooks());
+    if let Some(k) = settings {
+        if let Some(v) = k.get_item("exactly_once")? {
+            job.exactly_once = v.extract()?;
+        }
+        if let Some(v) = k.get_item("commit_interval")? {
+            job.commit_interval = Duration::from_secs_f64(v.extract()?);
+        }
+        if let Some(v) = k.get_item("state_name")? {
+            job.state_name = v.extract()?;
+        }
+        if let Some(v) = k.get_item("instance_id")? {
+            job.instance_id = v.extract()?;
+        }
+        if let Some(v) = k.get_item("session_timeout")? {
+            job.session_timeout = Some(Duration::from_secs_f64(v.extract()?));
+        }
+    }
+    let pickle = py.import("pickle")?;
+    let task = kafka::PyTask {
+        pipes,
+        dumps: pickle.getattr("dumps")?.unbind(),
+        loads: pickle.getattr("loads")?.unbind(),
+    };
+    let running = py
+        .detach(|| canter_stream::kafka::start(job, task))
+        .map_err(|e| PyOSError::new_err(format!("Kafka: {e}")))?;
+    let flag = running.stopper();
+    let stats = running.stats();
+    let stop_fn: Arc<dyn Fn() + Send + Sync> = Arc::new(move || flag.store(true, Ordering::SeqCst));
+    let s2 = stop_fn.clone();
+    let _ = stop.set(Box::new(move || s2()));
+    let metrics_server = match metrics {
+        Some(a) => {
+            let (s1, s2, f) = (stats.clone(), stats.clone(), failures.clone());
+            Some(serve_metrics(
+                addr(&a)?,
+                move || s1.prometheus() + &failed_text(&f),
+                move || s2.json(),
+            )?)
+        }
+        None => None,
+    };
+    Ok(FlowHandle {
+        engine: Mutex::new(Engine::Kafka {
+            running: Some(running),
+            stats,
+        }),
+        stop: stop_fn,
+        addrs: Vec::new(),
+        failures,
+        stopped,
+        result: Mutex::new(None),
+        metrics_server: Mutex::new(metrics_server),
+    })
+}
+
+/// Serves `/metrics` (Prometheus), `/metrics.json` and the live page at `/` from a thread of
+/// its own.
+fn serve_metrics(
+    at: SocketAddr,
+    text: impl Fn() -> String + Clone + Send + Sync + 'static,
+    json: impl Fn() -> String + Clone + Send + Sync + 'static,
+) -> PyResult<canter_rt::ShutdownHandle> {
+    use canter_rt::http::{header::CONTENT_TYPE, HeaderValue, StatusCode};
+    let config = canter_rt::Config::builder()
+        .addr(at)
+        .workers(1)
+        .build()
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let server = canter_rt::Server::bind(config)
+        .map_err(|e| PyOSError::new_err(format!("metrics listener {at}: {e}")))?;
+    tracing::info!("pipeline metrics on http://{}/", server.local_addr());
+    let handle = server.shutdown_handle();
+    let reply = |kind: &'static str, body: String| {
+        canter_rt::Response::new(StatusCode::OK)
+            .with_header(CONTENT_TYPE, HeaderValue::from_static(kind))
+            .with_body(body)
+    };
+    std::thread::Builder::new()
+        .name("canter-metrics-http".into())
+        .spawn(move || {
+            let r = server.serve(move |_worker| {
+                let (text, json) = (text.clone(), json.clone());
+                canter::Router::new()
+                    .route(
+                        "/metrics",
+                        canter::get(move || reply("text/plain; version=0.0.4", text())),
+                    )
+                    .route(
+                        "/metrics.json",
+                        canter::get(move || reply("application/json", json())),
+                    )
+                    .route(
+                        "/",
+                        canter::get(move || {
+                            reply(
+                                "text/html; charset=utf-8",
+                                canter_stream::pipeline::METRICS_PAGE.to_owned(),
+                            )
+                        }),
+                    )
+            });
+            if let Err(e) = r {
+                tracing::error!(error = %e, "the metrics server stopped");
+            }
+        })
+        .map_err(|e| PyOSError::new_err(e.to_string()))?;
+    Ok(handle)
+}
+
+/// Registers the pipeline functions and types in `_native`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(start_flow, m)?)?;
+    m.add_function(wrap_pyfunction!(source_time_ns, m)?)?;
+    m.add_class::<FlowHandle>()?;
+    m.add("PipelineError", m.py().get_type::<PipelineError>())?;
+    Ok(())
+}

@@ -1,0 +1,301 @@
+//! Stateful Python steps: a function over each key's state object, and windows (count or
+//! event time, tumbling or sliding) folded or reduced by Python functions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use canter_stream::pipeline::{Emit, KeyedState, Stateful};
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use super::steps::{Failures, Key};
+use super::{py, Obj};
+
+/// What a state function gives back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// `f(state, record)` changes the state in place; what it returns (unless None) goes on.
+    InPlace,
+    /// `f(state, record)` returns `(new_state, output)`; the output (unless None) goes on.
+    Replace,
+}
+
+/// A Python function over each key's state, shared by every pipeline given the same state.
+pub(crate) struct Update {
+    pub(crate) state: KeyedState<Key, Obj>,
+    pub(crate) f: Arc<Obj>,
+    pub(crate) mode: Mode,
+    pub(crate) name: Arc<str>,
+    pub(crate) failures: Arc<Failures>,
+}
+
+impl Clone for Update {
+    fn clone(&self) -> Self {
+        Update {
+            state: self.state.clone(),
+            f: self.f.clone(),
+            mode: self.mode,
+            name: self.name.clone(),
+            failures: self.failures.clone(),
+        }
+    }
+}
+
+impl Stateful<Key, (Key, Obj)> for Update {
+    type State = Obj;
+    type Out = Obj;
+    fn state(&self) -> KeyedState<Key, Obj> {
+        self.state.clone()
+    }
+    #[inline]
+    fn update(&mut self, state: &mut Obj, (_, item): (Key, Obj), emit: &mut Emit<'_, Obj>) {
+        let py = py();
+        super::set_read_ns(emit.source_time_ns());
+        let r = self.f.bind(py).call1((state.bind(py), item.bind(py)));
+        super::set_read_ns(0);
+        match r {
+            Ok(out) => match self.mode {
+                Mode::InPlace => {
+                    if !out.is_none() {
+                        emit.emit(out.unbind());
+                    }
+                }
+                Mode::Replace => match out.cast::<PyTuple>() {
+                    Ok(t) if t.len() == 2 => {
+                        if let (Ok(s), Ok(o)) = (t.get_item(0), t.get_item(1)) {
+                            *state = s.unbind();
+                            if !o.is_none() {
+                                emit.emit(o.unbind());
+                            }
+                        }
+                    }
+                    _ => self.failures.fail(
+                        py,
+                        &self.name,
+                        &pyo3::exceptions::PyTypeError::new_err(
+                            "a stateful_map function must return (state, output)",
+                        ),
+                        Some(&item),
+                    ),
+                },
+            },
+            Err(e) => self.failures.fail(py, &self.name, &e, Some(&item)),
+        }
+    }
+}
+
+/// Which items a window takes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Span {
+    /// Items of the key, counted: windows of `size` items every `slide`.
+    Count { size: u64, slide: u64 },
+    /// Event time in ns, from `time`: windows of `size` ns starting every `slide` ns.
+    Time { size: i64, slide: i64 },
+}
+
+/// How a window's value is made.
+pub(crate) enum Agg {
+    /// `acc = fold(acc, item)` from `init()`.
+    Fold { init: Obj, fold: Obj },
+    /// `acc = reduce(acc, item)` from the window's first item.
+    Reduce(Obj),
+}
+
+/// A key's open windows, by start.
+pub(crate) struct Windows {
+    key: Key,
+    open: BTreeMap<i64, Option<Obj>>,
+    /// Count windows: items seen. Time windows: the latest event time seen.
+    at: i64,
+    seen: bool,
+}
+
+/// Windows per key, each closed window emitted as `(key, start, end, value)` (count windows:
+/// item positions; time windows: seconds).
+pub(crate) struct Window {
+    pub(crate) state: KeyedState<Key, Windows>,
+    pub(crate) span: Span,
+    pub(crate) time: Option<Arc<Obj>>,
+    pub(crate) agg: Arc<Agg>,
+    pub(crate) name: Arc<str>,
+    pub(crate) failures: Arc<Failures>,
+    pub(crate) late: u64,
+}
+
+impl Clone for Window {
+    fn clone(&self) -> Self {
+        Window {
+            state: self.state.clone(),
+            span: self.span,
+            time: self.time.clone(),
+            agg: self.agg.clone(),
+            name: self.name.clone(),
+            failures: self.failures.clone(),
+            late: 0,
+        }
+    }
+}
+
+impl Window {
+    pub(crate) fn new_state() -> KeyedState<Key, Windows> {
+        KeyedState::new("window", |k: &Key| Windows {
+            key: k.clone(),
+            open: BTreeMap::new(),
+            at: 0,
+            seen: false,
+        })
+    }
+
+    /// Folds `item` into the window starting at `start`.
+    fn fold(&self, py: Python<'_>, acc: &mut Option<Obj>, item: &Obj) -> PyResult<()> {
+        let next = match (&*self.agg, acc.take()) {
+            (Agg::Fold { init, fold }, a) => {
+                let a = match a {
+                    Some(a) => a,
+                    None => init.bind(py).call0()?.unbind(),
+                };
+                fold.bind(py).call1((a, item.bind(py)))?.unbind()
+            }
+            (Agg::Reduce(_), None) => item.clone_ref(py),
+            (Agg::Reduce(f), Some(a)) => f.bind(py).call1((a, item.bind(py)))?.unbind(),
+        };
+        *acc = Some(next);
+        Ok(())
+    }
+
+    fn emit(&self, py: Python<'_>, key: &Key, start: i64, acc: Obj, emit: &mut Emit<'_, Obj>) {
+        let (s, e): (Obj, Obj) = match self.span {
+            Span::Count { size, .. } => (int(py, start), int(py, start + size as i64)),
+            Span::Time { size, .. } => (secs(py, start), secs(py, start + size)),
+        };
+        if let Ok(t) = PyTuple::new(py, [key.to_py(py), s, e, acc]) {
+            emit.emit(t.into_any().unbind());
+        }
+    }
+}
+
+fn int(py: Python<'_>, v: i64) -> Obj {
+    v.into_pyobject(py)
+        .map(|v| v.into_any().unbind())
+        .unwrap_or_else(|_| py.None())
+}
+
+fn secs(py: Python<'_>, ns: i64) -> Obj {
+    pyo3::types::PyFloat::new(py, ns as f64 / 1e9)
+        .into_any()
+        .unbind()
+}
+
+/// Event time in ns from what the time function gave: seconds (int or float).
+fn time_ns(v: &Bound<'_, PyAny>) -> PyResult<i64> {
+    if let Ok(i) = v.extract::<i64>() {
+        return i
+            .checked_mul(1_000_000_000)
+            .ok_or_else(|| pyo3::exceptions::PyValueError::new_err("time out of range"));
+    }
+    let f: f64 = v.extract()?;
+    if !f.is_finite() || f.abs() > 9.2e9 {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "time out of range (seconds since the epoch expected)",
+        ));
+    }
+    Ok((f * 1e9).round() as i64)
+}
+
+impl Stateful<Key, (Key, Obj)> for Window {
+    type State = Windows;
+    type Out = Obj;
+    fn state(&self) -> KeyedState<Key, Windows> {
+        self.state.clone()
+    }
+
+    fn update(&mut self, w: &mut Windows, (_, item): (Key, Obj), emit: &mut Emit<'_, Obj>) {
+        let py = py();
+        match self.span {
+            Span::Count { size, slide } => {
+                let i = w.at;
+                w.at += 1;
+                if (i as u64).is_multiple_of(slide) {
+                    w.open.insert(i, None);
+                }
+                for acc in w.open.values_mut() {
+                    if let Err(e) = self.fold(py, acc, &item) {
+                        self.failures.fail(py, &self.name, &e, Some(&item));
+                        return;
+                    }
+                }
+                while let Some(entry) = w.open.first_entry() {
+                    if *entry.key() + size as i64 > i + 1 {
+                        break;
+                    }
+                    let (start, acc) = entry.remove_entry();
+                    if let Some(acc) = acc {
+                        self.emit(py, &w.key, start, acc, emit);
+                    }
+                }
+            }
+            Span::Time { size, slide } => {
+                let Some(time) = &self.time else { return };
+                let t = match time
+                    .bind(py)
+                    .call1((item.bind(py),))
+                    .and_then(|v| time_ns(&v))
+                {
+                    Ok(t) => t,
+                    Err(e) => {
+                        self.failures.fail(py, &self.name, &e, Some(&item));
+                        return;
+                    }
+                };
+                if !w.seen || t > w.at {
+                    w.at = t;
+                    w.seen = true;
+                }
+                // Windows that ended at or before the latest time seen close, in order.
+                while let Some(entry) = w.open.first_entry() {
+                    if entry.key().saturating_add(size) > w.at {
+                        break;
+                    }
+                    let (start, acc) = entry.remove_entry();
+                    if let Some(acc) = acc {
+                        self.emit(py, &w.key, start, acc, emit);
+                    }
+                }
+                let mut start = t.div_euclid(slide) * slide;
+                let mut taken = false;
+                while start.saturating_add(size) > t {
+                    if start.saturating_add(size) > w.at {
+                        let acc = w.open.entry(start).or_insert(None);
+                        if let Err(e) = self.fold(py, acc, &item) {
+                            self.failures.fail(py, &self.name, &e, Some(&item));
+                            return;
+                        }
+                        taken = true;
+                    }
+                    start -= slide;
+                }
+                if !taken {
+                    self.late += 1;
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, w: &mut Windows, emit: &mut Emit<'_, Obj>) {
+        let py = py();
+        if let Span::Count { .. } = self.span {
+            // A count window left short at the end never filled: not emitted.
+            w.open.clear();
+            return;
+        }
+        for (start, acc) in std::mem::take(&mut w.open) {
+            if let Some(acc) = acc {
+                self.emit(py, &w.key, start, acc, emit);
+            }
+        }
+    }
+
+    fn late(&self) -> u64 {
+        self.late
+    }
+}

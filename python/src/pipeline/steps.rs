@@ -1,0 +1,578 @@
+//! Python steps on the engine: the chain of `map`/`filter`/`flat_map`/`inspect` calls, keys
+//! as Rust values, what becomes of a record at the end (encoded for a sink, appended to a
+//! list), and what a failing user function does.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use canter_stream::pipeline::Step;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyInt, PyList, PyString, PyTuple};
+
+use super::codec::Encoder;
+use super::{py, Obj};
+
+/// What happens to a record whose user function raised.
+pub(crate) enum Policy {
+    /// Logged and counted; the record is dropped and the pipeline goes on.
+    Skip,
+    /// Logged and counted; the pipeline stops (its `run` raises).
+    Stop,
+    /// Logged and counted; a JSON line naming the pipeline, step, error and record is
+    /// appended to this file.
+    DeadLetter(Mutex<std::fs::File>),
+}
+
+/// Stops the flow (set once it has started).
+pub(crate) type Stopper = Arc<OnceLock<Box<dyn Fn() + Send + Sync>>>;
+
+/// A pipeline's failures: counted, logged (every one's traceback for the first ten, then at
+/// most one a second with the count held back), and handled by the policy.
+pub(crate) struct Failures {
+    pub(crate) pipeline: Arc<str>,
+    pub(crate) count: AtomicU64,
+    pub(crate) policy: Arc<Policy>,
+    pub(crate) stop: Stopper,
+    /// Whether the policy stopped the flow, and the first error's text.
+    pub(crate) stopped: Arc<OnceLock<String>>,
+    log: Mutex<(Option<Instant>, u64)>,
+}
+
+impl Failures {
+    pub(crate) fn new(
+        pipeline: &str,
+        policy: Arc<Policy>,
+        stop: Stopper,
+        stopped: Arc<OnceLock<String>>,
+    ) -> Self {
+        Failures {
+            pipeline: pipeline.into(),
+            count: AtomicU64::new(0),
+            policy,
+            stop,
+            stopped,
+            log: Mutex::new((None, 0)),
+        }
+    }
+
+    /// `step`'s function raised `e` on `record`.
+    pub(crate) fn fail(&self, py: Python<'_>, step: &str, e: &PyErr, record: Option<&Obj>) {
+        let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        let held = {
+            let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            let due = log.0.is_none_or(|t| now.duration_since(t).as_secs() >= 1);
+            if n <= 10 || due {
+                log.0 = Some(now);
+                Some(std::mem::take(&mut log.1))
+            } else {
+                log.1 += 1;
+                None
+            }
+        };
+        if let Some(held) = held {
+            let tb = e
+                .traceback(py)
+                .and_then(|t| t.format().ok())
+                .unwrap_or_default();
+            tracing::error!(
+                pipeline = %self.pipeline, step, failed = n, held,
+                "exception in a pipeline function, the record is dropped\n{tb}{e}"
+            );
+        }
+        match &*self.policy {
+            Policy::Skip => {}
+            Policy::Stop => {
+                if self
+                    .stopped
+                    .set(format!("{}: {step}: {e}", self.pipeline))
+                    .is_ok()
+                {
+                    if let Some(stop) = self.stop.get() {
+                        stop();
+                    }
+                }
+            }
+            Policy::DeadLetter(file) => {
+                let record = record
+                    .and_then(|r| r.bind(py).repr().ok())
+                    .map(|r| r.to_string())
+                    .unwrap_or_default();
+                let line = serde_json::json!({
+                    "pipeline": &*self.pipeline,
+                    "step": step,
+                    "error": e.to_string(),
+                    "record": record,
+                });
+                let mut f = file.lock().unwrap_or_else(|e| e.into_inner());
+                if let Err(err) = writeln!(f, "{line}") {
+                    tracing::error!(pipeline = %self.pipeline, error = %err, "dead-letter file write failed");
+                }
+            }
+        }
+    }
+}
+
+/// A key as the engine routes and stores it: hashed and compared without the interpreter.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum Key {
+    None,
+    Int(i64),
+    /// A str of at most 22 bytes, in place.
+    SmallStr(u8, [u8; 22]),
+    /// A bytes value of at most 22 bytes, in place.
+    SmallBytes(u8, [u8; 22]),
+    Str(Arc<str>),
+    Bytes(Arc<[u8]>),
+    Tuple(Arc<[Key]>),
+}
+
+/// The longest str or bytes key kept in place.
+const SMALL: usize = 22;
+
+fn small(b: &[u8]) -> (u8, [u8; SMALL]) {
+    let mut a = [0u8; SMALL];
+    a[..b.len()].copy_from_slice(b);
+    (b.len() as u8, a)
+}
+
+impl Key {
+    /// The key of a Python value (str, int, bytes, None or a tuple of them), by exact type
+    /// first: no failed conversion (and no exception made and dropped) on the way.
+    #[inline]
+    pub(crate) fn of(v: &Bound<'_, PyAny>) -> PyResult<Key> {
+        if let Ok(b) = v.cast_exact::<PyBytes>() {
+            let b = b.as_bytes();
+            return Ok(if b.len() <= SMALL {
+                let (n, a) = small(b);
+                Key::SmallBytes(n, a)
+            } else {
+                Key::Bytes(b.into())
+            });
+        }
+        if let Ok(s) = v.cast::<PyString>() {
+            let s = s.to_str()?;
+            return Ok(if s.len() <= SMALL {
+                let (n, a) = small(s.as_bytes());
+                Key::SmallStr(n, a)
+            } else {
+                Key::Str(s.into())
+            });
+        }
+        if v.is_instance_of::<PyInt>() {
+            return v.extract::<i64>().map(Key::Int);
+        }
+        if v.is_none() {
+            return Ok(Key::None);
+        }
+        if let Ok(b) = v.cast::<PyBytes>() {
+            return Ok(Key::Bytes(b.as_bytes().into()));
+        }
+        if let Ok(t) = v.cast::<PyTuple>() {
+            return t
+                .iter()
+                .map(|x| Key::of(&x))
+                .collect::<PyResult<Vec<_>>>()
+                .map(|v| Key::Tuple(v.into()));
+        }
+        Err(PyTypeError::new_err(format!(
+            "a key must be str, int, bytes, None or a tuple of them, not {}",
+            v.get_type().name()?
+        )))
+    }
+
+    /// The key's bytes as a Kafka record key: a str's UTF-8, bytes as they are, an int in
+    /// decimal, None empty, a tuple's items joined by NUL.
+    pub(crate) fn natural_bytes(&self, buf: &mut Vec<u8>) {
+        match self {
+            Key::None => {}
+            Key::Int(i) => buf.extend_from_slice(i.to_string().as_bytes()),
+            Key::SmallStr(n, b) | Key::SmallBytes(n, b) => buf.extend_from_slice(&b[..*n as usize]),
+            Key::Str(s) => buf.extend_from_slice(s.as_bytes()),
+            Key::Bytes(b) => buf.extend_from_slice(b),
+            Key::Tuple(v) => {
+                for (i, k) in v.iter().enumerate() {
+                    if i > 0 {
+                        buf.push(0);
+                    }
+                    k.natural_bytes(buf);
+                }
+            }
+        }
+    }
+
+    /// The key's bytes in a changelog: a tag, then the value (a tuple: its length, then each
+    /// item with its length).
+    pub(crate) fn tagged_bytes(&self, buf: &mut Vec<u8>) {
+        match self {
+            Key::None => buf.push(0),
+            Key::Int(i) => {
+                buf.push(1);
+                buf.extend_from_slice(&i.to_be_bytes());
+            }
+            Key::SmallStr(n, b) => {
+                buf.push(2);
+                buf.extend_from_slice(&b[..*n as usize]);
+            }
+            Key::Str(s) => {
+                buf.push(2);
+                buf.extend_from_slice(s.as_bytes());
+            }
+            Key::SmallBytes(n, b) => {
+                buf.push(3);
+                buf.extend_from_slice(&b[..*n as usize]);
+            }
+            Key::Bytes(b) => {
+                buf.push(3);
+                buf.extend_from_slice(b);
+            }
+            Key::Tuple(v) => {
+                buf.push(4);
+                buf.extend_from_slice(&(v.len() as u32).to_be_bytes());
+                for k in v.iter() {
+                    let mut one = Vec::new();
+                    k.tagged_bytes(&mut one);
+                    buf.extend_from_slice(&(one.len() as u32).to_be_bytes());
+                    buf.extend_from_slice(&one);
+                }
+            }
+        }
+    }
+
+    /// A key from [`Key::tagged_bytes`] (None: not one).
+    pub(crate) fn from_tagged(b: &[u8]) -> Option<Key> {
+        let (&tag, rest) = b.split_first()?;
+        Some(match tag {
+            0 if rest.is_empty() => Key::None,
+            1 => Key::Int(i64::from_be_bytes(rest.try_into().ok()?)),
+            2 => {
+                let s = std::str::from_utf8(rest).ok()?;
+                if s.len() <= SMALL {
+                    let (n, a) = small(rest);
+                    Key::SmallStr(n, a)
+                } else {
+                    Key::Str(s.into())
+                }
+            }
+            3 => {
+                if rest.len() <= SMALL {
+                    let (n, a) = small(rest);
+                    Key::SmallBytes(n, a)
+                } else {
+                    Key::Bytes(rest.into())
+                }
+            }
+            4 => {
+                let n = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+                let mut at = 4;
+                let mut items = Vec::with_capacity(n.min(64));
+                for _ in 0..n {
+                    let len = u32::from_be_bytes(rest.get(at..at + 4)?.try_into().ok()?) as usize;
+                    at += 4;
+                    items.push(Key::from_tagged(rest.get(at..at.checked_add(len)?)?)?);
+                    at += len;
+                }
+                if at != rest.len() {
+                    return None;
+                }
+                Key::Tuple(items.into())
+            }
+            _ => return None,
+        })
+    }
+
+    /// The key as Python sees it.
+    pub(crate) fn to_py(&self, py: Python<'_>) -> Obj {
+        match self {
+            Key::None => py.None(),
+            Key::Int(i) => i
+                .into_pyobject(py)
+                .map(|v| v.into_any().unbind())
+                .unwrap_or_else(|_| py.None()),
+            Key::SmallStr(n, b) => {
+                PyString::new(py, std::str::from_utf8(&b[..*n as usize]).unwrap_or(""))
+                    .into_any()
+                    .unbind()
+            }
+            Key::SmallBytes(n, b) => PyBytes::new(py, &b[..*n as usize]).into_any().unbind(),
+            Key::Str(s) => PyString::new(py, s).into_any().unbind(),
+            Key::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
+            Key::Tuple(v) => PyTuple::new(py, v.iter().map(|k| k.to_py(py)))
+                .map(|t| t.into_any().unbind())
+                .unwrap_or_else(|_| py.None()),
+        }
+    }
+}
+
+/// What a stateless step does with its function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Map,
+    Filter,
+    FlatMap,
+    Inspect,
+    /// The function gives the record's key: the record goes on as (key, record).
+    Key,
+}
+
+impl Kind {
+    pub(crate) fn parse(s: &str) -> PyResult<Kind> {
+        Ok(match s {
+            "map" => Kind::Map,
+            "filter" => Kind::Filter,
+            "flat_map" => Kind::FlatMap,
+            "inspect" => Kind::Inspect,
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "unknown step {other:?}"
+                )))
+            }
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Map => "map",
+            Kind::Filter => "filter",
+            Kind::FlatMap => "flat_map",
+            Kind::Inspect => "inspect",
+            Kind::Key => "key_by",
+        }
+    }
+}
+
+pub(crate) struct Op {
+    pub(crate) kind: Kind,
+    pub(crate) f: Obj,
+    /// The step's name in logs and metrics (`3:map:decode`).
+    pub(crate) name: String,
+}
+
+/// A run of stateless Python steps, one engine [`Step`]: each record goes through every
+/// function in turn, with no queue between them.
+pub(crate) struct Chain {
+    pub(crate) ops: Arc<[Op]>,
+    pub(crate) counts: Vec<u64>,
+    pub(crate) failures: Arc<Failures>,
+}
+
+impl Clone for Chain {
+    fn clone(&self) -> Self {
+        Chain {
+            ops: self.ops.clone(),
+            counts: vec![0; self.ops.len()],
+            failures: self.failures.clone(),
+        }
+    }
+}
+
+impl Chain {
+    /// Runs `item` through the steps from `i` on.
+    fn run(
+        py: Python<'_>,
+        ops: &[Op],
+        counts: &mut [u64],
+        failures: &Failures,
+        i: usize,
+        item: Obj,
+        emit: &mut dyn FnMut(Obj),
+    ) {
+        let Some(op) = ops.get(i) else {
+            emit(item);
+            return;
+        };
+        if let Some(c) = counts.get_mut(i) {
+            *c += 1;
+        }
+        let f = op.f.bind(py);
+        match op.kind {
+            Kind::Map => match f.call1((item.bind(py),)) {
+                Ok(v) => Chain::run(py, ops, counts, failures, i + 1, v.unbind(), emit),
+                Err(e) => failures.fail(py, &op.name, &e, Some(&item)),
+            },
+            Kind::Filter => match f.call1((item.bind(py),)).and_then(|v| v.is_truthy()) {
+                Ok(true) => Chain::run(py, ops, counts, failures, i + 1, item, emit),
+                Ok(false) => {}
+                Err(e) => failures.fail(py, &op.name, &e, Some(&item)),
+            },
+            Kind::Inspect => match f.call1((item.bind(py),)) {
+                Ok(_) => Chain::run(py, ops, counts, failures, i + 1, item, emit),
+                Err(e) => failures.fail(py, &op.name, &e, Some(&item)),
+            },
+            Kind::FlatMap => {
+                let iter = f.call1((item.bind(py),)).and_then(|v| v.try_iter());
+                match iter {
+                    Ok(iter) => {
+                        for v in iter {
+                            match v {
+                                Ok(v) => {
+                                    Chain::run(py, ops, counts, failures, i + 1, v.unbind(), emit)
+                                }
+                                Err(e) => {
+                                    failures.fail(py, &op.name, &e, Some(&item));
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => failures.fail(py, &op.name, &e, Some(&item)),
+                }
+            }
+            Kind::Key => unreachable!("a key step is a KeyStep"),
+        }
+    }
+}
+
+impl Chain {
+    /// Runs `item` through every step, uncounted (a Kafka task's chain, shared by workers).
+    pub(crate) fn run_all(&self, py: Python<'_>, item: Obj, emit: &mut dyn FnMut(Obj)) {
+        Chain::run(py, &self.ops, &mut [], &self.failures, 0, item, emit)
+    }
+}
+
+impl Step<Obj> for Chain {
+    type Out = Obj;
+    #[inline]
+    fn push<E: FnMut(Obj)>(&mut self, item: Obj, emit: &mut E) {
+        if self.ops.is_empty() {
+            return emit(item);
+        }
+        let Chain {
+            ops,
+            counts,
+            failures,
+        } = self;
+        Chain::run(py(), ops, counts, failures, 0, item, emit)
+    }
+    fn counts(&self, out: &mut Vec<u64>) {
+        out.extend_from_slice(&self.counts);
+    }
+    fn names(&self, out: &mut Vec<String>) {
+        out.extend(self.ops.iter().map(|o| o.name.clone()));
+    }
+}
+
+/// How `key_by` finds a record's key.
+pub(crate) enum KeyFn {
+    /// A Python function.
+    Py(Obj),
+    /// `operator.itemgetter(i)`: `record[i]`, looked up in Rust (a tuple's item read in
+    /// place).
+    Item(Obj, Option<isize>),
+}
+
+/// `key_by`: the record goes on with its key, or is dropped (and counted) when the function
+/// raises or gives what cannot be a key.
+pub(crate) struct KeyStep {
+    pub(crate) f: Arc<KeyFn>,
+    pub(crate) n: u64,
+    pub(crate) name: String,
+    pub(crate) failures: Arc<Failures>,
+}
+
+impl Clone for KeyStep {
+    fn clone(&self) -> Self {
+        KeyStep {
+            f: self.f.clone(),
+            n: 0,
+            name: self.name.clone(),
+            failures: self.failures.clone(),
+        }
+    }
+}
+
+impl KeyFn {
+    /// The key of `item`.
+    #[inline]
+    pub(crate) fn key(&self, py: Python<'_>, item: &Bound<'_, PyAny>) -> PyResult<Key> {
+        match self {
+            KeyFn::Py(f) => Key::of(&f.bind(py).call1((item,))?),
+            KeyFn::Item(i, at) => {
+                if let (Some(at), Ok(t)) = (at, item.cast_exact::<PyTuple>()) {
+                    if (0..t.len() as isize).contains(at) {
+                        // SAFETY: `at` is within the tuple; the item is borrowed while the
+                        // tuple (held by `item`) lives.
+                        let v = unsafe { t.get_borrowed_item_unchecked(*at as usize) };
+                        return Key::of(&v);
+                    }
+                }
+                Key::of(&item.get_item(i.bind(py))?)
+            }
+        }
+    }
+}
+
+impl Step<Obj> for KeyStep {
+    type Out = (Key, Obj);
+    #[inline]
+    fn push<E: FnMut((Key, Obj))>(&mut self, item: Obj, emit: &mut E) {
+        let py = py();
+        self.n += 1;
+        match self.f.key(py, item.bind(py)) {
+            Ok(k) => emit((k, item)),
+            Err(e) => self.failures.fail(py, &self.name, &e, Some(&item)),
+        }
+    }
+    fn counts(&self, out: &mut Vec<u64>) {
+        out.push(self.n);
+    }
+    fn names(&self, out: &mut Vec<String>) {
+        out.push(self.name.clone());
+    }
+}
+
+/// The end of a pipeline: records encoded for a framed sink, or appended to a Python list.
+pub(crate) enum Out {
+    Encode(Encoder, Arc<Failures>),
+    Append(Arc<Py<PyList>>),
+    /// Counted as delivered, and dropped.
+    Discard,
+}
+
+impl Clone for Out {
+    fn clone(&self) -> Self {
+        match self {
+            Out::Encode(e, f) => Out::Encode(e.clone(), f.clone()),
+            Out::Append(l) => Out::Append(l.clone()),
+            Out::Discard => Out::Discard,
+        }
+    }
+}
+
+impl Step<Obj> for Out {
+    type Out = Vec<u8>;
+    #[inline]
+    fn push<E: FnMut(Vec<u8>)>(&mut self, item: Obj, emit: &mut E) {
+        let py = py();
+        match self {
+            Out::Encode(enc, failures) => {
+                let mut buf = Vec::new();
+                match enc.encode(py, item.bind(py), &mut buf) {
+                    Ok(()) => emit(buf),
+                    Err(e) => failures.fail(py, "encode", &e, Some(&item)),
+                }
+            }
+            Out::Append(list) => match list.bind(py).append(item) {
+                // Nothing to write: the empty record only counts as delivered.
+                Ok(()) => emit(Vec::new()),
+                Err(e) => e.print(py),
+            },
+            Out::Discard => emit(Vec::new()),
+        }
+    }
+    fn counts(&self, _: &mut Vec<u64>) {}
+    fn names(&self, _: &mut Vec<String>) {}
+}
+
+/// A step's name: its position, kind and function (`2:map:decode`).
+pub(crate) fn step_name(py: Python<'_>, at: usize, kind: Kind, f: &Obj) -> String {
+    let mut s = format!("{at}:{}", kind.name());
+    if let Ok(n) = f.bind(py).getattr("__name__") {
+        let _ = write!(s, ":{n}");
+    }
+    s
+}

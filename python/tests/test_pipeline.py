@@ -1,0 +1,559 @@
+"""canter.pipeline: flows written in Python, run on the Rust pipeline engine (in this process,
+on worker threads), fed and read over real sockets and files."""
+
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import canter.pipeline as cp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def framed(records):
+    return b"".join(struct.pack(">I", len(r)) + r for r in records)
+
+
+def write_framed(path, records):
+    with open(path, "wb") as f:
+        f.write(framed(records))
+    return str(path)
+
+
+def unframe(data):
+    out, at = [], 0
+    while at + 4 <= len(data):
+        n = int.from_bytes(data[at:at + 4], "big")
+        out.append(data[at + 4:at + 4 + n])
+        at += 4 + n
+    return out
+
+
+def run(flow, workers=1, timeout=30, **kw):
+    flow.start(workers=workers, **kw)
+    if not flow.wait(timeout):
+        flow.shutdown()
+        flow.wait(10)
+        raise AssertionError("the flow did not end in time")
+    return flow.stats()
+
+
+class Receiver:
+    """A TCP receiver of framed records (what `canter receive` does), on a thread; `paused`
+    makes it accept and read nothing."""
+
+    def __init__(self, paused=False):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.addr = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.records = []
+        self.lock = threading.Lock()
+        self.go = threading.Event()
+        if not paused:
+            self.go.set()
+        self.conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            threading.Thread(target=self._read, args=(c,), daemon=True).start()
+
+    def _read(self, c):
+        self.go.wait()
+        buf = b""
+        while True:
+            try:
+                d = c.recv(1 << 16)
+            except OSError:
+                return
+            if not d:
+                return
+            buf += d
+            complete, at = [], 0
+            while at + 4 <= len(buf):
+                n = int.from_bytes(buf[at:at + 4], "big")
+                if at + 4 + n > len(buf):
+                    break
+                complete.append(buf[at + 4:at + 4 + n])
+                at += 4 + n
+            buf = buf[at:]
+            with self.lock:
+                self.records.extend(complete)
+
+    def wait_for(self, n, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with self.lock:
+                if len(self.records) >= n:
+                    return list(self.records)
+            time.sleep(0.02)
+        with self.lock:
+            raise AssertionError(f"{len(self.records)} of {n} records arrived")
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+def send(addr, records, conns=1):
+    """Sends the framed records over `conns` connections (records dealt round-robin)."""
+    host, port = addr
+    socks = [socket.create_connection((host, port)) for _ in range(conns)]
+    parts = [framed(records[i::conns]) for i in range(conns)]
+    for s, p in zip(socks, parts):
+        s.sendall(p)
+    for s in socks:
+        s.close()
+
+
+def test_stateless_steps_in_order_with_inspect(tmp_path):
+    src = write_framed(tmp_path / "in.bin", [b"1 2 3", b"4 5", b"", b"6"])
+    seen, out = [], []
+    flow = cp.Flow()
+    (flow.source(cp.file(src, decode=cp.text))
+        .flat_map(str.split)
+        .map(int)
+        .filter(lambda n: n % 2 == 0)
+        .inspect(seen.append)
+        .map(lambda n: n * 10)
+        .sink(cp.collect(out)))
+    stats = run(flow)
+    assert out == [20, 40, 60]
+    assert seen == [2, 4, 6]
+    assert stats["p1"]["source"] == 4
+    assert stats["p1"]["sink"] == 3
+    assert stats["p1"]["failed"] == 0
+
+
+def test_lines_framing_and_json_codecs_over_tcp():
+    rx = Receiver()
+    flow = cp.Flow()
+    (flow.source(cp.tcp("127.0.0.1:0", frame="lines", decode=cp.json)).named("events")
+        .filter(lambda e: e["kind"] == "click")
+        .map(lambda e: {"user": e["user"], "n": len(e["path"])})
+        .sink(cp.tcp_out(rx.addr, encode=cp.json)))
+    flow.start()
+    try:
+        lines = [b'{"kind":"click","user":"ann","path":"/a/b"}',
+                 b'{"kind":"view","user":"bob","path":"/"}',
+                 b'not json',
+                 b'{"kind":"click","user":"cy","path":"/xyz"}']
+        with socket.create_connection(flow.addrs()["events"]) as s:
+            s.sendall(b"\n".join(lines) + b"\n")
+        got = rx.wait_for(2)
+        assert got == [b'{"user":"ann","n":4}', b'{"user":"cy","n":4}']
+        deadline = time.time() + 10
+        while flow.stats()["events"]["rejected"] < 1 and time.time() < deadline:
+            time.sleep(0.02)
+        assert flow.stats()["events"]["rejected"] == 1, "the line that is not JSON is rejected input"
+    finally:
+        flow.shutdown()
+        flow.wait(10)
+        rx.close()
+
+
+def test_struct_codecs_run_both_ways(tmp_path):
+    fmt = ">B4sdq"
+    recs = [struct.pack(fmt, i, b"AB%02d" % i, i / 4, -i) for i in range(5)]
+    recs.append(b"short")
+    src = write_framed(tmp_path / "in.bin", recs)
+    out_path = tmp_path / "out.bin"
+    flow = cp.Flow()
+    (flow.source(cp.file(src, decode=cp.struct(fmt)))
+        .map(lambda t: (t[0] + 1, t[1].lower(), t[2] * 2, t[3]))
+        .sink(cp.file_out(out_path, encode=cp.struct(fmt))))
+    stats = run(flow)
+    got = [struct.unpack(fmt, r) for r in unframe(out_path.read_bytes())]
+    assert got == [(i + 1, b"ab%02d" % i, i / 2, -i) for i in range(5)]
+    assert stats["p1"]["rejected"] == 1, "a record of the wrong size is rejected input"
+
+
+def test_python_decoder_and_encoder_functions(tmp_path):
+    src = write_framed(tmp_path / "in.bin", [b"a=1", b"b=2", b"broken"])
+    out_path = tmp_path / "out.bin"
+
+    def decode(b):
+        k, v = b.decode().split("=")
+        return k, int(v)
+
+    flow = cp.Flow()
+    (flow.source(cp.file(src, decode=decode))
+        .sink(cp.file_out(out_path, encode=lambda kv: f"{kv[0]}:{kv[1] * 2}".encode())))
+    stats = run(flow)
+    assert unframe(out_path.read_bytes()) == [b"a:2", b"b:4"]
+    assert stats["p1"]["rejected"] == 1
+
+
+def test_keyed_state_lives_on_one_worker_of_two():
+    """Records of 200 keys arrive on 8 connections (spread over both workers' accept loops):
+    each key's count goes 1, 2, ..., n in order, and each key is only ever handled by one
+    worker thread, while both threads do work."""
+    rx = Receiver()
+    flow = cp.Flow()
+    counts = flow.keyed_state(lambda: {"n": 0})
+    threads = {}
+
+    def count(state, rec):
+        key = rec.split(b":")[0]
+        threads.setdefault(key, set()).add(threading.get_ident())
+        state["n"] += 1
+        return key + b" %d" % state["n"]
+
+    (flow.source(cp.tcp("127.0.0.1:0")).named("in")
+        .key_by(lambda r: r.split(b":")[0])
+        .update(counts, count)
+        .sink(cp.tcp_out(rx.addr)))
+    flow.start(workers=2)
+    try:
+        records = [b"k%d:%d" % (i % 200, i) for i in range(20_000)]
+        senders = [threading.Thread(target=send, args=(flow.addrs()["in"], records[j::4], 2))
+                   for j in range(4)]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
+        got = rx.wait_for(20_000)
+    finally:
+        flow.shutdown()
+        flow.wait(10)
+        rx.close()
+    per_key = {}
+    for r in got:
+        k, n = r.split(b" ")
+        per_key.setdefault(k, []).append(int(n))
+    assert len(per_key) == 200
+    for k, ns in per_key.items():
+        assert sorted(ns) == list(range(1, 101)), k
+    assert all(len(t) == 1 for t in threads.values()), "a key moved between workers"
+    assert len(set().union(*threads.values())) == 2, "both workers own keys"
+
+
+def test_shared_state_and_stateful_map(tmp_path):
+    """Two pipelines share a state (one writes, the other reads it, as Market Spread's quotes
+    and orders do); stateful_map replaces an immutable state."""
+    quotes = write_framed(tmp_path / "q.bin", [b"a 1", b"b 2"])
+    flow = cp.Flow()
+    prices = flow.keyed_state(lambda: None)
+    totals = flow.keyed_state(lambda: 0)
+    out, sums = [], []
+
+    def set_price(state, rec):
+        state["price"] = int(rec.split()[1])
+
+    flow.source(cp.file(quotes, decode=cp.text)).named("quotes") \
+        .key_by(lambda r: r.split()[0]) \
+        .update(flow.keyed_state(dict), set_price) \
+        .sink(cp.discard())
+    src = write_framed(tmp_path / "n.bin", [b"x 1", b"x 2", b"y 5", b"x 3"])
+    flow.source(cp.file(src, decode=cp.text)).named("sums") \
+        .map(str.split) \
+        .key_by(lambda r: r[0]) \
+        .stateful_map(totals, lambda total, r: (total + int(r[1]), (r[0], total + int(r[1])))) \
+        .sink(cp.collect(sums))
+    del prices, out
+    run(flow, workers=2)
+    assert sorted(sums) == [("x", 1), ("x", 3), ("x", 6), ("y", 5)]
+
+
+def test_count_windows_tumbling_and_sliding(tmp_path):
+    src = write_framed(tmp_path / "in.bin", [b"a%d" % i for i in range(7)] + [b"b1"])
+    tumbling, sliding = [], []
+    flow = cp.Flow()
+    flow.source(cp.file(src, decode=cp.text)).named("t") \
+        .key_by(lambda r: r[0]) \
+        .count_window(3, init=list, fold=lambda acc, r: acc + [r]) \
+        .sink(cp.collect(tumbling))
+    flow.source(cp.file(src, decode=cp.text)).named("s") \
+        .key_by(lambda r: r[0]) \
+        .count_window(4, slide=2, reduce=lambda a, b: a + "," + b) \
+        .sink(cp.collect(sliding))
+    run(flow)
+    assert tumbling == [("a", 0, 3, ["a0", "a1", "a2"]), ("a", 3, 6, ["a3", "a4", "a5"])]
+    assert sliding == [("a", 0, 4, "a0,a1,a2,a3"), ("a", 2, 6, "a2,a3,a4,a5")]
+
+
+def test_time_windows_tumbling_sliding_and_late(tmp_path):
+    # (key, event time in seconds, value)
+    events = [("k", 0.5, 1), ("k", 1.2, 2), ("k", 1.9, 3), ("k", 3.1, 4),
+              ("k", 1.5, 100),  # late: its window [1, 2) closed when 3.1 arrived
+              ("j", 10.0, 7)]
+    src = write_framed(tmp_path / "in.bin", [f"{k} {t} {v}".encode() for k, t, v in events])
+    tumbling, sliding = [], []
+    flow = cp.Flow()
+    flow.source(cp.file(src, decode=cp.text)).named("t") \
+        .map(str.split) \
+        .key_by(lambda e: e[0]) \
+        .time_window(1.0, time=lambda e: float(e[1]), init=int, fold=lambda a, e: a + int(e[2])) \
+        .sink(cp.collect(tumbling))
+    flow.source(cp.file(src, decode=cp.text)).named("s") \
+        .map(str.split) \
+        .key_by(lambda e: e[0]) \
+        .time_window(2.0, slide=1.0, time=lambda e: float(e[1]), init=int,
+                     fold=lambda a, e: a + int(e[2])) \
+        .sink(cp.collect(sliding))
+    stats = run(flow)
+    assert sorted(tumbling) == [("j", 10.0, 11.0, 7), ("k", 0.0, 1.0, 1), ("k", 1.0, 2.0, 5),
+                                ("k", 3.0, 4.0, 4)]
+    assert stats["t"]["late"] == 1
+    # Windows of 2 s every 1 s: [-1,1) [0,2) [1,3) [2,4) [3,5); 3.1 closed every window
+    # ending by then, both of 1.5's among them.
+    assert sorted(sliding) == [("j", 9.0, 11.0, 7), ("j", 10.0, 12.0, 7),
+                               ("k", -1.0, 1.0, 1), ("k", 0.0, 2.0, 6), ("k", 1.0, 3.0, 5),
+                               ("k", 2.0, 4.0, 4), ("k", 3.0, 5.0, 4)]
+    assert stats["s"]["late"] == 1
+
+
+def test_exceptions_are_logged_counted_and_skipped(tmp_path, capfd):
+    src = write_framed(tmp_path / "in.bin", [b"1", b"0", b"4", b"x"])
+    out = []
+
+    def invert(n):
+        return 1 / n
+
+    flow = cp.Flow()
+    flow.source(cp.file(src, decode=cp.text)).map(int).map(invert).sink(cp.collect(out))
+    stats = run(flow)
+    assert out == [1.0, 0.25]
+    assert stats["p1"]["failed"] == 2
+    err = capfd.readouterr().err
+    assert "ZeroDivisionError" in err and "in invert" in err, err
+    assert "invalid literal for int()" in err, err
+
+
+def test_errors_stop_raises_and_dead_letter_keeps_the_records(tmp_path):
+    src = write_framed(tmp_path / "in.bin", [b"1", b"oops", b"2"])
+    flow = cp.Flow()
+    flow.source(cp.file(src, decode=cp.text)).map(int).sink(cp.discard())
+    flow.start(errors="stop")
+    with pytest.raises(cp.PipelineError, match="invalid literal"):
+        flow.wait(20)
+    dead = tmp_path / "dead.jsonl"
+    out = []
+    flow = cp.Flow()
+    flow.source(cp.file(src, decode=cp.text)).map(int).sink(cp.collect(out))
+    stats = run(flow, errors=cp.dead_letter(dead))
+    assert out == [1, 2]
+    assert stats["p1"]["failed"] == 1
+    import json
+    lines = [json.loads(l) for l in dead.read_text().splitlines()]
+    assert len(lines) == 1
+    assert lines[0]["record"] == "'oops'" and "invalid literal" in lines[0]["error"]
+    assert lines[0]["step"].endswith(":map:int")
+
+
+def test_bad_keys_and_bad_specs_are_clear_errors(tmp_path):
+    src = write_framed(tmp_path / "in.bin", [b"a", b"b"])
+    flow = cp.Flow()
+    out = []
+    flow.source(cp.file(src, decode=cp.text)).key_by(lambda r: 1.5 if r == "a" else r) \
+        .sink(cp.collect(out))
+    stats = run(flow)
+    assert out == ["b"] and stats["p1"]["failed"] == 1
+    flow = cp.Flow()
+    s = flow.source(cp.file(src))
+    s.map(len)
+    with pytest.raises(ValueError, match="already has a next step"):
+        s.filter(bool)
+    with pytest.raises(ValueError, match="no sink"):
+        flow.start()
+    with pytest.raises(ValueError, match="frame="):
+        cp.tcp("127.0.0.1:0", frame="xml")
+    with pytest.raises(ValueError, match="fold= .* or reduce="):
+        cp.Flow().source(cp.file(src)).key_by(len).count_window(2)
+
+
+def test_a_stalled_sink_holds_the_sources_back_with_bounded_memory():
+    """The receiver takes the connection but reads nothing: the pipeline's buffers fill to
+    their bounds, then its source stops reading and TCP holds the sender back. The process's
+    memory stays bounded; once the receiver reads, every record arrives."""
+    rx = Receiver(paused=True)
+    flow = cp.Flow()
+    (flow.source(cp.tcp("127.0.0.1:0")).named("in")
+        .map(lambda r: r * 4)
+        .sink(cp.tcp_out(rx.addr)))
+    flow.start()
+    record = b"x" * 1000
+    total = 200_000  # 800 MB of output if nothing held the sender back
+    sent = [0]
+    stop = threading.Event()
+
+    def sender():
+        with socket.create_connection(flow.addrs()["in"]) as s:
+            chunk = framed([record] * 100)
+            while sent[0] < total and not stop.is_set():
+                s.sendall(chunk)
+                sent[0] += 100
+
+    def rss_kib():
+        with open("/proc/self/status") as f:
+            return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+
+    try:
+        before = rss_kib()
+        t = threading.Thread(target=sender, daemon=True)
+        t.start()
+        time.sleep(3)
+        stalled_at = sent[0]
+        time.sleep(1)
+        assert sent[0] == stalled_at, "the sender is held back while the sink is stalled"
+        assert sent[0] < total // 4, f"{sent[0]} records taken in with the sink stalled"
+        grown = rss_kib() - before
+        assert grown < 200 * 1024, f"memory grew by {grown} KiB with the sink stalled"
+        rx.go.set()
+        t.join(60)
+        assert not t.is_alive()
+        got = rx.wait_for(total, timeout=60)
+        assert len(got) == total and got[0] == record * 4
+    finally:
+        stop.set()
+        rx.go.set()
+        flow.shutdown()
+        flow.wait(10)
+        rx.close()
+
+
+def test_python_m_canter_pipeline_runs_a_module_flow(tmp_path):
+    src = write_framed(tmp_path / "in.bin", [b"hello world", b"bye"])
+    out = tmp_path / "out.bin"
+    (tmp_path / "wc.py").write_text(
+        "import canter.pipeline as cp\n"
+        "flow = cp.Flow()\n"
+        f"flow.source(cp.file({str(src)!r}, decode=cp.text)).flat_map(str.split)"
+        f".map(str.upper).sink(cp.file_out({str(out)!r}, encode=cp.text))\n")
+    r = subprocess.run([sys.executable, "-m", "canter", "pipeline", "wc:flow", "--workers", "2"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert sorted(unframe(out.read_bytes())) == [b"BYE", b"HELLO", b"WORLD"]
+    assert "'source': 2" in r.stderr
+
+
+def test_the_readme_pipeline_example_runs(tmp_path):
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    m = re.search(r"<!-- pipeline example -->\s*```python\n(.*?)```", readme, re.S)
+    assert m, "README.md has its pipeline example"
+    code = m.group(1)
+    # The example reads words.txt (lines) and writes counts.bin in its directory.
+    (tmp_path / "words.txt").write_text("the cat\nthe dog\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = sorted(unframe((tmp_path / "counts.bin").read_bytes()))
+    assert got == [b"cat 1", b"dog 1", b"the 1", b"the 2"]
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory):
+    """One real Kafka broker for the suite (tools/kafka/kafka.sh: Kafka's jars from Maven
+    Central on the machine's Java), stopped at the end; the tests fail if it cannot start."""
+    script = os.path.join(ROOT, "tools", "kafka", "kafka.sh")
+    d = tmp_path_factory.mktemp("kafka")
+    r = subprocess.run(["bash", script, "start", str(d), "--watch", str(os.getpid())],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"kafka.sh start failed:\n{r.stdout}\n{r.stderr}"
+    yield (d / "bootstrap").read_text().strip()
+    subprocess.run(["bash", script, "stop", str(d)], capture_output=True, timeout=120)
+
+
+def kafka_topics(bootstrap, *names, partitions=2):
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for name, f in admin.create_topics(
+            [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names]).items():
+        f.result(30)
+
+
+def kafka_produce(bootstrap, topic, records):
+    from confluent_kafka import Producer
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for k, v in records:
+        p.produce(topic, key=k, value=v)
+    assert p.flush(30) == 0
+
+
+def kafka_read(bootstrap, topic, n, timeout=60):
+    """The first `n` committed values of `topic` (all partitions)."""
+    from confluent_kafka import Consumer
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{time.time_ns()}",
+                  "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                  "enable.auto.commit": False})
+    c.subscribe([topic])
+    out = []
+    deadline = time.time() + timeout
+    try:
+        while len(out) < n and time.time() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                out.append((m.key(), m.value()))
+    finally:
+        c.close()
+    assert len(out) >= n, f"{len(out)} of {n} results on {topic}"
+    return out
+
+
+def word_count_flow(bootstrap, group, src, dst):
+    flow = cp.Flow()
+    counts = flow.keyed_state(lambda: {"n": 0}, name="counts")
+
+    def count(state, word):
+        state["n"] += 1
+        return f"{word} {state['n']}"
+
+    (flow.source(cp.kafka(src, bootstrap, group=group, decode=cp.text))
+        .key_by(lambda w: w)
+        .update(counts, count)
+        .sink(cp.kafka_out(dst, encode=cp.text)))
+    return flow
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_kafka_source_and_sink_with_state_that_survives_a_restart(kafka_bootstrap, exactly_once):
+    """Word counts over a real broker, two workers: every word's counts go 1..n, results keyed
+    by the word; a second run of the same group restores each word's state from the changelog
+    and goes on counting."""
+    tag = f"wc{int(exactly_once)}{time.time_ns() % 10**9}"
+    src, dst = f"{tag}-in", f"{tag}-out"
+    kafka_topics(kafka_bootstrap, src, dst)
+    words = [f"w{i % 50}" for i in range(1000)]
+    kafka_produce(kafka_bootstrap, src, [(w.encode(), w.encode()) for w in words])
+    flow = word_count_flow(kafka_bootstrap, tag, src, dst)
+    flow.start(workers=2, exactly_once=exactly_once, commit_interval=0.2)
+    try:
+        got = kafka_read(kafka_bootstrap, dst, 1000)
+    finally:
+        flow.shutdown()
+        assert flow.wait(60)
+    per_word = {}
+    for k, v in got:
+        w, n = v.decode().split()
+        assert k == w.encode(), "results are keyed by their key_by key"
+        per_word.setdefault(w, []).append(int(n))
+    assert len(per_word) == 50
+    for w, ns in per_word.items():
+        assert sorted(ns) == list(range(1, 21)), w
+    stats = flow.stats()
+    assert stats["kafka"]["records_in"] == 1000 and stats["kafka"]["records_out"] == 1000
+    # The same group again: the state comes back from the changelog.
+    kafka_produce(kafka_bootstrap, src, [(b"w7", b"w7")])
+    flow = word_count_flow(kafka_bootstrap, tag, src, dst)
+    flow.start(workers=1, exactly_once=exactly_once, commit_interval=0.2)
+    try:
+        got = kafka_read(kafka_bootstrap, dst, 1001)
+    finally:
+        flow.shutdown()
+        assert flow.wait(60)
+    assert (b"w7", b"w7 21") in got
