@@ -18,6 +18,10 @@ and orders, each replaying its file with --repeat) and `canter receive` run on C
 - peak-2w (canter only): two workers, on both CPUs, sharing them with the load generator.
 - `--servers canter,canter-base` with `CANTER_BASE=path/to/canter`: a change before and after,
   interleaved.
+- `--servers canter,canter-py,bytewax`: Market Spread with its steps written in Python on
+  canter's engine (python/examples/market_spread.py, one worker thread on CPU 0), run by the
+  Python of bench/build/canter-venv (`pip install ./python` there, release build), or the one
+  in CANTER_PY.
 - `--servers canter,canter-ckpt`: the cost of checkpoints. canter-ckpt checkpoints every
   --checkpoint-interval (1 s) into a fresh directory under bench/build, its senders speak the
   resend protocol (`canter send --resend`, records kept until acknowledged) and the receiver
@@ -107,6 +111,21 @@ def bytewax_python():
     return python
 
 
+CANTER_VENV = os.path.join(BENCH, "build", "canter-venv")
+
+
+def canter_python():
+    """A Python with the canter package (release build) installed."""
+    if os.environ.get("CANTER_PY"):
+        return os.environ["CANTER_PY"]
+    python = os.path.join(CANTER_VENV, "bin", "python")
+    if not os.path.exists(python):
+        subprocess.run([sys.executable, "-m", "venv", CANTER_VENV], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", os.path.join(ROOT, "python")],
+                       check=True)
+    return python
+
+
 def listening(port):
     """Whether something listens on 127.0.0.1:port (from /proc/net/tcp, without connecting)."""
     want = f"0100007F:{port:04X}"
@@ -118,6 +137,10 @@ def server_cmd(kind, read_budget=None):
     if kind == "bytewax":
         return ["taskset", "-c", "0", bytewax_python(), "-m", "bytewax.run",
                 "bench.market_spread_bytewax:tcp_flow"]
+    if kind == "canter-py":
+        return ["taskset", "-c", "0", canter_python(),
+                os.path.join(ROOT, "python", "examples", "market_spread.py"), "--nbbo", NBBO,
+                "--orders", ORDERS, "--out", RECV, "--metrics", METRICS, "--workers", "1"]
     if kind == "epoll":
         return ["taskset", "-c", "0", EPOLL, "--nbbo", NBBO, "--orders", ORDERS, "--out", RECV]
     workers, cpus = ("2", "0,1") if kind == "canter-2w" else ("1", "0")
@@ -267,7 +290,8 @@ def main():
     print(f"\n{len(runs)} runs, {args.duration} s each, --batch {args.batch}")
 
 
-COLORS = {"canter": "#d9480f", "canter-2w": "#f08c00", "epoll": "#1c7ed6", "bytewax": "#2b8a3e"}
+COLORS = {"canter": "#d9480f", "canter-2w": "#f08c00", "canter-py": "#e8590c", "epoll": "#1c7ed6",
+          "bytewax": "#2b8a3e"}
 
 
 def report(runs, out):
@@ -336,5 +360,20 @@ if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import summary  # noqa: E402  (bench/summary.py: BENCHMARKS.md's table of this area)
 
-    with summary.capture("market-spread", " ".join(["python3", "bench/market_spread.py"] + sys.argv[1:])):
+    # --no-summary: an experiment, BENCHMARKS.md untouched; --area NAME: its own section there
+    # (python-pipelines for the canter-py runs).
+    argv = sys.argv[1:]
+    area = "market-spread"
+    if "--area" in argv:
+        i = argv.index("--area")
+        area = argv[i + 1]
+        del argv[i:i + 2]
+    if "--no-summary" in argv:
+        argv.remove("--no-summary")
+        sys.argv[1:] = argv
         main()
+    else:
+        command = " ".join(["python3", "bench/market_spread.py"] + sys.argv[1:])
+        sys.argv[1:] = argv
+        with summary.capture(area, command):
+            main()
