@@ -74,10 +74,13 @@ fn python_package_builds_and_passes_its_tests() {
         "pip install ./python",
     );
     let status = Command::new(&python)
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "."])
         // The load tests drive the servers with `canter load`.
         .env("CANTER_BIN", env!("CARGO_BIN_EXE_canter"))
-        .current_dir(root().join("python"))
+        // From the tests' directory: `python -m` puts the working directory first on the
+        // path, and from python/ the package's sources (without the built extension) would
+        // shadow the installed package the tests import.
+        .current_dir(root().join("python/tests"))
         .status()
         .unwrap();
     assert!(
