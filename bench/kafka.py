@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Market Spread from Kafka to Kafka: `canter pipeline market-spread --kafka` against the same
-job on Kafka Streams 4.1 (bench/peers/kafka-streams: the NBBO topic as a table, orders
+job on Kafka Streams 4.1 (and, with `--pipelines canter-py,quix`, the job written in Python:
+python/examples/market_spread.py on canter's engine against Quix Streams 3.28,
+bench/market_spread_quix.py, each in a virtual environment under bench/build) (bench/peers/kafka-streams: the NBBO topic as a table, orders
 left-joined to it), and the bare clients' ceiling, all on one broker.
 
     bench/build.sh && python3 bench/kafka.py [--records 4000000] [--rounds 3]
@@ -105,10 +107,33 @@ def committed(bootstrap, topic):
     return int(out.stdout.strip())
 
 
+def venv_python(name, *packages):
+    """The Python of bench/build/<name> (made, with `packages` installed, on first use)."""
+    venv = os.path.join(BENCH, "build", name)
+    python = os.path.join(venv, "bin", "python")
+    if not os.path.exists(python):
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+        subprocess.run([python, "-m", "pip", "install", "-q", *packages], check=True)
+    return python
+
+
 def pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected, records, broker_pid):
     group = f"{kind}-{rnd}-{int(time.time())}"
     eos = kind.endswith("-eos")
-    if kind.startswith("canter"):
+    env = dict(os.environ, RUST_LOG="info")
+    if kind.startswith("canter-py"):
+        # Market Spread with its steps in Python on canter's Kafka engine, one worker.
+        python = os.environ.get("CANTER_PY") or venv_python("canter-venv", os.path.join(ROOT, "python"))
+        cmd = ["taskset", "-c", "0", python, os.path.join(ROOT, "python", "examples", "market_spread.py"),
+               "--kafka", bootstrap, "--group", group, "--nbbo-topic", nbbo, "--orders-topic",
+               orders, "--results-topic", results] + (["--exactly-once"] if eos else [])
+    elif kind == "quix":
+        python = venv_python("quix-venv", "quixstreams==3.28.1")
+        state = tempfile.mkdtemp(prefix="canter-bench-quix-")
+        cmd = ["taskset", "-c", "0", python, os.path.join(BENCH, "market_spread_quix.py")]
+        env.update(BOOTSTRAP=bootstrap, GROUP=group, NBBO=nbbo, ORDERS=orders, RESULTS=results,
+                   STATE_DIR=state)
+    elif kind.startswith("canter"):
         cmd = ["taskset", "-c", "0", CANTER, "pipeline", "market-spread", "--kafka", bootstrap,
                "--group", group, "--nbbo-topic", nbbo, "--orders-topic", orders,
                "--results-topic", results, "--workers", "1"] + (["--exactly-once"] if eos else [])
@@ -117,14 +142,13 @@ def pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected, records, bro
         cmd = ["taskset", "-c", "0", "java", "-Xms1g", "-Xmx1g", "-cp", cp, "bench.MarketSpread",
                bootstrap, group, "1", "100", nbbo, orders, results,
                "exactly_once_v2" if eos else "at_least_once"]
-    env = dict(os.environ, RUST_LOG="info")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=env)
-    # Ready: every task started (canter logs one line per task; 4 partitions, one worker) or
-    # the Kafka Streams instance RUNNING. CPU and time are taken at that moment, so startup
-    # (the JVM's, the group join) is left out for both.
+    # Ready: every task started (canter logs one line per task; 4 partitions, one worker),
+    # the Kafka Streams instance RUNNING, or Quix's first record (READY). CPU and time are
+    # taken at that moment, so startup (the JVM's, the group join) is left out for all.
     ready = {}
-    marker = "task started" if kind.startswith("canter") else "RUNNING"
+    marker = {"quix": "READY"}.get(kind, "task started" if kind.startswith("canter") else "RUNNING")
     need = 4 if kind.startswith("canter") else 1
 
     def watch():
@@ -349,6 +373,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pipelines", default="canter,kafka-streams,canter-eos,kafka-streams-eos")
     ap.add_argument("--no-summary", action="store_true")
+    ap.add_argument("--area", default="kafka", help="BENCHMARKS.md's section for the results")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the bare clients' runs")
     ap.add_argument("--latency-seconds", type=int, default=10)
     ap.add_argument("--failover-symbols", default="1000,100000",
                     help="state sizes (symbols) of the failover runs; empty: none")
@@ -391,6 +417,8 @@ def main():
                       f"{r['cpu_ns_per_record']:.0f} ns/record, broker {r['broker_cpu_share']:.0%}",
                       flush=True)
                 runs.append(r)
+            if args.no_ceiling:
+                continue
             # The ceilings on the same inputs.
             out = f"pipe-{rnd}"
             topic(bootstrap, out)
@@ -415,7 +443,7 @@ def main():
         peak = {k: statistics.median(r["input_rate"] for r in runs if r["pipeline"] == k)
                 for k in kinds}
         half = round(peak.get("kafka-streams", peak.get("canter", max(peak.values()))) / 2, -3)
-        for rnd in range(args.rounds):
+        for rnd in range(args.rounds if args.latency_seconds > 0 else 0):
             for kind in kinds:
                 r = latency(kind, bootstrap, rnd, half, args.latency_seconds, broker_pid)
                 print(f"latency {kind} at {half:,.0f}/s: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms",
@@ -455,10 +483,10 @@ def main():
     print(table)
     if not args.no_summary:
         import summary  # noqa: E402
-        summary.record("kafka", " ".join(["python3", "bench/kafka.py"] + sys.argv[1:]), table)
+        summary.record(args.area, " ".join(["python3", "bench/kafka.py"] + sys.argv[1:]), table)
 
 
-COLORS = {"canter": "#d9480f", "kafka-streams": "#1c7ed6", "canter-kafka pipe": "#f08c00",
+COLORS = {"canter": "#d9480f", "canter-py": "#e8590c", "quix": "#2b8a3e", "kafka-streams": "#1c7ed6", "canter-kafka pipe": "#f08c00",
           "canter-kafka consume": "#f08c00", "librdkafka consume": "#5c7cfa",
           "canter-kafka produce": "#f08c00", "librdkafka produce": "#5c7cfa"}
 

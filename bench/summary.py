@@ -39,6 +39,10 @@ AREAS = [
     ("checkpoints-recovery", "Checkpoints of TCP pipelines: recovery by state size",
      "bench/checkpoint_recovery.py"),
     ("tcp-chaos", "TCP pipelines under faults", "bench/tcp_chaos.py"),
+    ("python-pipelines", "Pipelines in Python: Market Spread", "bench/market_spread.py"),
+    ("python-pipelines-cost", "Pipelines in Python: where the time goes",
+     "bench/python_pipelines.py"),
+    ("python-pipelines-kafka", "Pipelines in Python on Kafka: Market Spread", "bench/kafka.py"),
     ("python", "The Python front end", "bench/python.py"),
 ]
 

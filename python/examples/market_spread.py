@@ -4,6 +4,8 @@ result for every order of a symbol whose spread is too wide), with the steps wri
 
     python examples/market_spread.py --nbbo 127.0.0.1:7001 --orders 127.0.0.1:7002 \\
         --out 127.0.0.1:7000 [--workers 2]
+    python examples/market_spread.py --kafka 127.0.0.1:9092 --group ms \\
+        --nbbo-topic nbbo --orders-topic orders --results-topic results
 
 Feed it with `canter send market-spread --nbbo ... --orders ...` and read the results with
 `canter receive`. Records are decoded and encoded by built-in `struct` codecs and keyed by
@@ -39,16 +41,29 @@ def check_order(state, o):
 
 
 def flow(nbbo, orders, out):
+    """Market Spread over TCP: `nbbo` and `orders` listen, results go to `out`."""
+    return market_spread(cp.tcp(nbbo, decode=NBBO), cp.tcp(orders, decode=ORDER),
+                         cp.tcp_out(out, encode=RESULT))
+
+
+def kafka_flow(bootstrap, group, nbbo, orders, results):
+    """Market Spread on Kafka: topics `nbbo` and `orders` (keyed by symbol) in, `results` out."""
+    return market_spread(cp.kafka(nbbo, bootstrap, group=group, decode=NBBO),
+                         cp.kafka(orders, bootstrap, group=group, decode=ORDER),
+                         cp.kafka_out(results, encode=RESULT))
+
+
+def market_spread(nbbo, orders, out):
     f = cp.Flow()
     symbols = f.keyed_state(lambda: [True, 0.0, 0.0], name="symbols")
-    (f.source(cp.tcp(nbbo, decode=NBBO)).named("nbbo")
+    (f.source(nbbo).named("nbbo")
         .key_by(itemgetter(1))
         .update(symbols, on_nbbo)
         .sink(cp.discard()))
-    (f.source(cp.tcp(orders, decode=ORDER)).named("orders")
+    (f.source(orders).named("orders")
         .key_by(itemgetter(4))
         .with_state(symbols, check_order)
-        .sink(cp.tcp_out(out, encode=RESULT)))
+        .sink(out))
     return f
 
 
@@ -59,12 +74,23 @@ def main():
     ap.add_argument("--out", default="127.0.0.1:7000")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--metrics", default=None, help="host:port for /metrics and the live page")
+    ap.add_argument("--kafka", metavar="BOOTSTRAP", help="run on Kafka topics instead")
+    ap.add_argument("--group", default="market-spread-py")
+    ap.add_argument("--nbbo-topic", default="nbbo")
+    ap.add_argument("--orders-topic", default="orders")
+    ap.add_argument("--results-topic", default="results")
+    ap.add_argument("--exactly-once", action="store_true")
     args = ap.parse_args()
-    f = flow(args.nbbo, args.orders, args.out)
-    f.start(workers=args.workers, metrics=args.metrics)
-    addrs = f.addrs()
-    print(f"listening nbbo={':'.join(map(str, addrs['nbbo']))} "
-          f"orders={':'.join(map(str, addrs['orders']))}", flush=True)
+    if args.kafka:
+        f = kafka_flow(args.kafka, args.group, args.nbbo_topic, args.orders_topic,
+                       args.results_topic)
+        f.start(workers=args.workers, metrics=args.metrics, exactly_once=args.exactly_once)
+    else:
+        f = flow(args.nbbo, args.orders, args.out)
+        f.start(workers=args.workers, metrics=args.metrics)
+        addrs = f.addrs()
+        print(f"listening nbbo={':'.join(map(str, addrs['nbbo']))} "
+              f"orders={':'.join(map(str, addrs['orders']))}", flush=True)
     try:
         while not f.wait(0.2):
             pass

@@ -41,18 +41,93 @@ pub(crate) struct PyTask {
     pub(crate) loads: Obj,
 }
 
+thread_local! {
+    /// A result's key and value, reused from one result to the next.
+    static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const {
+        std::cell::RefCell::new((Vec::new(), Vec::new()))
+    };
+}
+
 impl PyTask {
     fn emit(&self, py: Python<'_>, p: &KPipe, key: Option<&Key>, v: Obj, out: &mut Out<'_>) {
         let Some(enc) = &p.encode else { return };
-        let mut kb = Vec::new();
-        if let Some(k) = key {
-            k.natural_bytes(&mut kb);
+        SCRATCH.with(|s| {
+            let Ok(mut s) = s.try_borrow_mut() else {
+                return;
+            };
+            let (kb, buf) = &mut *s;
+            kb.clear();
+            buf.clear();
+            if let Some(k) = key {
+                k.natural_bytes(kb);
+            }
+            match enc.encode(py, v.bind(py), buf) {
+                Ok(()) => out.emit(kb, buf),
+                Err(e) => p.failures.fail(py, "encode", &e, Some(&v)),
+            }
+        })
+    }
+
+    /// Runs one record, after the steps before `key_by`, through the rest of pipeline `p`.
+    fn keyed(
+        &self,
+        py: Python<'_>,
+        p: &KPipe,
+        x: Obj,
+        state: &mut Keyed<Key, Obj>,
+        out: &mut Out<'_>,
+    ) {
+        let Some(kf) = &p.key else {
+            return self.post(py, p, None, x, out);
+        };
+        let k = match kf.key(py, x.bind(py)) {
+            Ok(k) => k,
+            Err(e) => return p.failures.fail(py, "key_by", &e, Some(&x)),
+        };
+        let Some((step, factory)) = &p.step else {
+            return self.post(py, p, Some(&k), x, out);
+        };
+        let fresh = || {
+            factory
+                .bind(py)
+                .call0()
+                .map(Bound::unbind)
+                .unwrap_or_else(|e| {
+                    p.failures.fail(py, "keyed_state", &e, None);
+                    py.None()
+                })
+        };
+        let result = match step {
+            KStep::Update(f) => {
+                let st = state.update(k.clone(), fresh);
+                f.bind(py).call1((st.bind(py), x.bind(py)))
+            }
+            KStep::Read(f) => match state.get(&k) {
+                Some(st) => f.bind(py).call1((st.bind(py), x.bind(py))),
+                None => f.bind(py).call1((fresh(), x.bind(py))),
+            },
+            KStep::Map(f) => {
+                let st = state.update(k.clone(), fresh);
+                f.bind(py).call1((st.bind(py), x.bind(py))).and_then(|r| {
+                    let (s, o): (Obj, Obj) = r.extract()?;
+                    *st = s;
+                    Ok(o.into_bound(py))
+                })
+            }
+        };
+        match result {
+            Ok(o) if o.is_none() => {}
+            Ok(o) => self.post(py, p, Some(&k), o.unbind(), out),
+            Err(e) => p.failures.fail(py, "stateful", &e, Some(&x)),
         }
-        let mut buf = Vec::new();
-        match enc.encode(py, v.bind(py), &mut buf) {
-            Ok(()) => out.emit(&kb, &buf),
-            Err(e) => p.failures.fail(py, "encode", &e, Some(&v)),
+    }
+
+    /// The steps after the stateful one, then the output topic.
+    fn post(&self, py: Python<'_>, p: &KPipe, k: Option<&Key>, o: Obj, out: &mut Out<'_>) {
+        if p.post.is_empty() {
+            return self.emit(py, p, k, o, out);
         }
+        p.post.run_all(py, o, &mut |o| self.emit(py, p, k, o, out));
     }
 }
 
@@ -72,66 +147,16 @@ impl KeyedTask for PyTask {
         let Some(p) = self.pipes.get(input) else {
             return Err(Refused(format!("no pipeline for input {input}")));
         };
-        super::set_read_ns(out.read_time_ns());
         let rec = p
             .decode
             .decode(py, value)
             .map_err(|e| Refused(e.to_string()))?;
-        let mut keyed: Vec<Obj> = Vec::new();
-        p.pre.run_all(py, rec, &mut |x| keyed.push(x));
-        for x in keyed {
-            let Some(kf) = &p.key else {
-                p.post
-                    .run_all(py, x, &mut |o| self.emit(py, p, None, o, out));
-                continue;
-            };
-            let k = match kf.key(py, x.bind(py)) {
-                Ok(k) => k,
-                Err(e) => {
-                    p.failures.fail(py, "key_by", &e, Some(&x));
-                    continue;
-                }
-            };
-            let Some((step, factory)) = &p.step else {
-                p.post
-                    .run_all(py, x, &mut |o| self.emit(py, p, Some(&k), o, out));
-                continue;
-            };
-            let fresh = || {
-                factory
-                    .bind(py)
-                    .call0()
-                    .map(Bound::unbind)
-                    .unwrap_or_else(|e| {
-                        p.failures.fail(py, "keyed_state", &e, None);
-                        py.None()
-                    })
-            };
-            let result = match step {
-                KStep::Update(f) => {
-                    let st = state.update(k.clone(), fresh);
-                    f.bind(py).call1((st.bind(py), x.bind(py)))
-                }
-                KStep::Read(f) => match state.get(&k) {
-                    Some(st) => f.bind(py).call1((st.bind(py), x.bind(py))),
-                    None => f.bind(py).call1((fresh(), x.bind(py))),
-                },
-                KStep::Map(f) => {
-                    let st = state.update(k.clone(), fresh);
-                    f.bind(py).call1((st.bind(py), x.bind(py))).and_then(|r| {
-                        let (s, o): (Obj, Obj) = r.extract()?;
-                        *st = s;
-                        Ok(o.into_bound(py))
-                    })
-                }
-            };
-            match result {
-                Ok(o) if o.is_none() => {}
-                Ok(o) => p
-                    .post
-                    .run_all(py, o.unbind(), &mut |o| self.emit(py, p, Some(&k), o, out)),
-                Err(e) => p.failures.fail(py, "stateful", &e, Some(&x)),
-            }
+        super::set_read_ns(out.read_time_ns());
+        if p.pre.is_empty() {
+            self.keyed(py, p, rec, state, out);
+        } else {
+            p.pre
+                .run_all(py, rec, &mut |x| self.keyed(py, p, x, state, out));
         }
         super::set_read_ns(0);
         Ok(())

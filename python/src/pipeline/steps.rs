@@ -122,22 +122,68 @@ impl Failures {
 pub(crate) enum Key {
     None,
     Int(i64),
-    /// A str of at most 22 bytes, in place.
-    SmallStr(u8, [u8; 22]),
-    /// A bytes value of at most 22 bytes, in place.
-    SmallBytes(u8, [u8; 22]),
+    /// A str of at most 23 bytes, in place.
+    SmallStr(Small),
+    /// A bytes value of at most 23 bytes, in place.
+    SmallBytes(Small),
     Str(Arc<str>),
     Bytes(Arc<[u8]>),
     Tuple(Arc<[Key]>),
 }
 
 /// The longest str or bytes key kept in place.
-const SMALL: usize = 22;
+const SMALL: usize = 23;
 
-fn small(b: &[u8]) -> (u8, [u8; SMALL]) {
-    let mut a = [0u8; SMALL];
-    a[..b.len()].copy_from_slice(b);
-    (b.len() as u8, a)
+/// Up to 23 bytes in place: the length, then the bytes, zeros after them; compared and hashed
+/// as three words (a symbol's key is one).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Small([u8; 24]);
+
+impl Small {
+    #[inline]
+    fn new(b: &[u8]) -> Small {
+        let mut a = [0u8; 24];
+        a[0] = b.len() as u8;
+        a[1..=b.len()].copy_from_slice(b);
+        Small(a)
+    }
+
+    #[inline]
+    fn bytes(&self) -> &[u8] {
+        &self.0[1..=self.0[0] as usize]
+    }
+
+    #[inline]
+    fn word(&self, i: usize) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&self.0[i * 8..i * 8 + 8]);
+        u64::from_ne_bytes(w)
+    }
+}
+
+impl PartialEq for Small {
+    #[inline]
+    fn eq(&self, other: &Small) -> bool {
+        self.word(0) == other.word(0)
+            && self.word(1) == other.word(1)
+            && self.word(2) == other.word(2)
+    }
+}
+
+impl Eq for Small {}
+
+impl std::hash::Hash for Small {
+    #[inline]
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // The words past the length are zero: equal keys hash the same words.
+        state.write_u64(self.word(0));
+        if self.0[0] > 7 {
+            state.write_u64(self.word(1));
+        }
+        if self.0[0] > 15 {
+            state.write_u64(self.word(2));
+        }
+    }
 }
 
 impl Key {
@@ -148,8 +194,7 @@ impl Key {
         if let Ok(b) = v.cast_exact::<PyBytes>() {
             let b = b.as_bytes();
             return Ok(if b.len() <= SMALL {
-                let (n, a) = small(b);
-                Key::SmallBytes(n, a)
+                Key::SmallBytes(Small::new(b))
             } else {
                 Key::Bytes(b.into())
             });
@@ -157,8 +202,7 @@ impl Key {
         if let Ok(s) = v.cast::<PyString>() {
             let s = s.to_str()?;
             return Ok(if s.len() <= SMALL {
-                let (n, a) = small(s.as_bytes());
-                Key::SmallStr(n, a)
+                Key::SmallStr(Small::new(s.as_bytes()))
             } else {
                 Key::Str(s.into())
             });
@@ -191,7 +235,7 @@ impl Key {
         match self {
             Key::None => {}
             Key::Int(i) => buf.extend_from_slice(i.to_string().as_bytes()),
-            Key::SmallStr(n, b) | Key::SmallBytes(n, b) => buf.extend_from_slice(&b[..*n as usize]),
+            Key::SmallStr(b) | Key::SmallBytes(b) => buf.extend_from_slice(b.bytes()),
             Key::Str(s) => buf.extend_from_slice(s.as_bytes()),
             Key::Bytes(b) => buf.extend_from_slice(b),
             Key::Tuple(v) => {
@@ -214,17 +258,17 @@ impl Key {
                 buf.push(1);
                 buf.extend_from_slice(&i.to_be_bytes());
             }
-            Key::SmallStr(n, b) => {
+            Key::SmallStr(b) => {
                 buf.push(2);
-                buf.extend_from_slice(&b[..*n as usize]);
+                buf.extend_from_slice(b.bytes());
             }
             Key::Str(s) => {
                 buf.push(2);
                 buf.extend_from_slice(s.as_bytes());
             }
-            Key::SmallBytes(n, b) => {
+            Key::SmallBytes(b) => {
                 buf.push(3);
-                buf.extend_from_slice(&b[..*n as usize]);
+                buf.extend_from_slice(b.bytes());
             }
             Key::Bytes(b) => {
                 buf.push(3);
@@ -252,16 +296,14 @@ impl Key {
             2 => {
                 let s = std::str::from_utf8(rest).ok()?;
                 if s.len() <= SMALL {
-                    let (n, a) = small(rest);
-                    Key::SmallStr(n, a)
+                    Key::SmallStr(Small::new(rest))
                 } else {
                     Key::Str(s.into())
                 }
             }
             3 => {
                 if rest.len() <= SMALL {
-                    let (n, a) = small(rest);
-                    Key::SmallBytes(n, a)
+                    Key::SmallBytes(Small::new(rest))
                 } else {
                     Key::Bytes(rest.into())
                 }
@@ -293,12 +335,10 @@ impl Key {
                 .into_pyobject(py)
                 .map(|v| v.into_any().unbind())
                 .unwrap_or_else(|_| py.None()),
-            Key::SmallStr(n, b) => {
-                PyString::new(py, std::str::from_utf8(&b[..*n as usize]).unwrap_or(""))
-                    .into_any()
-                    .unbind()
-            }
-            Key::SmallBytes(n, b) => PyBytes::new(py, &b[..*n as usize]).into_any().unbind(),
+            Key::SmallStr(b) => PyString::new(py, std::str::from_utf8(b.bytes()).unwrap_or(""))
+                .into_any()
+                .unbind(),
+            Key::SmallBytes(b) => PyBytes::new(py, b.bytes()).into_any().unbind(),
             Key::Str(s) => PyString::new(py, s).into_any().unbind(),
             Key::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
             Key::Tuple(v) => PyTuple::new(py, v.iter().map(|k| k.to_py(py)))
@@ -428,6 +468,11 @@ impl Chain {
 }
 
 impl Chain {
+    /// Whether the chain has no step.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
     /// Runs `item` through every step, uncounted (a Kafka task's chain, shared by workers).
     pub(crate) fn run_all(&self, py: Python<'_>, item: Obj, emit: &mut dyn FnMut(Obj)) {
         Chain::run(py, &self.ops, &mut [], &self.failures, 0, item, emit)
