@@ -557,3 +557,95 @@ def test_kafka_source_and_sink_with_state_that_survives_a_restart(kafka_bootstra
         flow.shutdown()
         assert flow.wait(60)
     assert (b"w7", b"w7 21") in got
+
+
+def counting_flow(ckpt, out):
+    flow = cp.Flow()
+    counts = flow.keyed_state(lambda: {"n": 0})
+
+    def count(state, word):
+        state["n"] += 1
+        return (word, state["n"])
+
+    (flow.source(cp.tcp("127.0.0.1:0", frame="lines", decode=cp.text)).named("words")
+        .key_by(lambda w: w)
+        .update(counts, count)
+        .sink(cp.collect(out)))
+    return flow
+
+
+def wait_until(cond, timeout=20, what="condition"):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_checkpoints_keep_the_pickled_state_across_a_restart(tmp_path):
+    """Checkpoints every 0.1 s into a directory: the states (Python dicts, pickled) of a flow
+    stopped after its checkpoints come back in a new flow on the same directory, on two
+    workers, and counting goes on."""
+    ckpt = tmp_path / "ckpt"
+    out = []
+    flow = counting_flow(ckpt, out)
+    flow.start(workers=2, checkpoint_dir=ckpt, checkpoint_interval=0.1)
+    try:
+        with socket.create_connection(flow.addrs()["words"]) as s:
+            s.sendall(b"".join(b"w%d\n" % (i % 20) for i in range(200)))
+        wait_until(lambda: len(out) == 200, what="200 counts")
+        done = flow.stats()["checkpoints"]["completed"]
+        wait_until(lambda: flow.stats()["checkpoints"]["completed"] >= done + 2,
+                   what="two checkpoints after the last record")
+    finally:
+        flow.shutdown()
+        assert flow.wait(20)
+    assert sorted(n for w, n in out if w == "w3") == list(range(1, 11))
+    assert any(p.suffix in (".full", ".delta") for p in ckpt.iterdir())
+    out2 = []
+    flow = counting_flow(ckpt, out2)
+    flow.start(workers=2, checkpoint_dir=ckpt, checkpoint_interval=0.1)
+    try:
+        assert flow.stats()["checkpoints"]["restored_epoch"] > 0
+        with socket.create_connection(flow.addrs()["words"]) as s:
+            s.sendall(b"w3\nw19\nnew\n")
+        wait_until(lambda: len(out2) == 3, what="3 counts")
+    finally:
+        flow.shutdown()
+        assert flow.wait(20)
+    assert sorted(out2) == [("new", 1), ("w19", 11), ("w3", 11)]
+
+
+def test_windows_refuse_checkpoints_with_a_clear_error(tmp_path):
+    flow = cp.Flow()
+    (flow.source(cp.tcp("127.0.0.1:0")).key_by(len)
+        .count_window(2, reduce=lambda a, b: a + b).sink(cp.discard()))
+    with pytest.raises(OSError, match="no codec"):
+        flow.start(checkpoint_dir=tmp_path / "ckpt")
+
+
+def test_metrics_are_served_for_a_python_flow(tmp_path):
+    import urllib.request
+    src = write_framed(tmp_path / "in.bin", [b"1", b"x", b"3"])
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    flow = cp.Flow()
+    (flow.source(cp.file(src, decode=cp.text)).named("nums").map(int).sink(cp.discard()))
+    # The metrics server stays up until `wait` sees the end.
+    flow.start(metrics=f"127.0.0.1:{port}")
+    try:
+        text = ""
+        deadline = time.time() + 20
+        while 'canter_pipeline_failed_total{pipeline="nums"} 1' not in text:
+            assert time.time() < deadline, text
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            except OSError:
+                pass
+            time.sleep(0.05)
+        assert 'canter_source_records_total{pipeline="nums"' in text, text
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read().decode()
+        assert "<html" in page.lower()
+    finally:
+        flow.wait(20)

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use canter_stream::pipeline::{
-    Built, Emit, Framing, KeyedState, Pipeline, RunOptions, Running, Sink, Source, Topology,
-    WorkerHooks,
+    Built, CheckpointOptions, Emit, Framing, KeyedState, Pipeline, RunOptions, Running, Sink,
+    Source, Topology, WorkerHooks,
 };
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -204,7 +204,13 @@ fn build(py: Python<'_>, s: Spec<'_>, states: &States, failures: Arc<Failures>) 
         if s.stateful.is_some() {
             return Err(PyValueError::new_err("a stateful step needs key_by first"));
         }
-        let pass = KeyedState::new("pass", |_: &canter_stream::pipeline::Local| ());
+        // No state to keep: its codec writes nothing (checkpoints need one for every state).
+        let pass = KeyedState::new("pass", |_: &canter_stream::pipeline::Local| ()).checkpointed(
+            |_, _| {},
+            |_| Some(canter_stream::pipeline::Local),
+            |_, _| {},
+            |_| Some(()),
+        );
         let post = chain(py, &s.post, s.pre.len() + 1, &failures)?;
         return Ok(head
             .local()
@@ -226,7 +232,12 @@ fn build(py: Python<'_>, s: Spec<'_>, states: &States, failures: Arc<Failures>) 
     let post = chain(py, &s.post, s.pre.len() + 3, &failures)?;
     let Some(st) = s.stateful else {
         // key_by straight to the sink: records are routed by key, with no state.
-        let pass = KeyedState::new("pass", |_: &Key| ());
+        let pass = KeyedState::new("pass", |_: &Key| ()).checkpointed(
+            |k: &Key, b: &mut Vec<u8>| k.tagged_bytes(b),
+            |b: &[u8]| Key::from_tagged(b),
+            |_, _| {},
+            |_| Some(()),
+        );
         return Ok(keyed
             .update(
                 &pass,
@@ -419,8 +430,9 @@ impl FlowHandle {
     }
 
     /// Counts per pipeline: `{name: {"source": n, "rejected": n, "failed": n, "sink": n,
-    /// "late": n}}`; a Kafka flow's pipelines have only "failed", and the job's counters are
-    /// under "kafka" (`records_in`, `records_out`, `refused`, `commits`, ...).
+    /// "late": n}}` and `"checkpoints": {"completed": n, "failed": n, "restored_epoch": n}`;
+    /// a Kafka flow's pipelines have only "failed", and the job's counters are under "kafka"
+    /// (`records_in`, `records_out`, `refused`, `commits`, ...).
     fn stats(&self, py: Python<'_>) -> PyResult<Py<PyDict>> {
         let out = PyDict::new(py);
         let engine = lock(&self.engine);
@@ -437,6 +449,14 @@ impl FlowHandle {
             }
             d.set_item("failed", f.count.load(Ordering::Relaxed))?;
             out.set_item(&*f.pipeline, d)?;
+        }
+        if let Engine::Pipes { metrics, .. } = &*engine {
+            let c = metrics.checkpoints();
+            let d = PyDict::new(py);
+            d.set_item("completed", c.completed)?;
+            d.set_item("failed", c.failed)?;
+            d.set_item("restored_epoch", c.restored_epoch)?;
+            out.set_item("checkpoints", d)?;
         }
         if let Engine::Kafka { stats, .. } = &*engine {
             let json: serde_json::Value =
@@ -496,6 +516,38 @@ pyo3::create_exception!(
     "A flow stopped by an exception in a user function (`errors=\"stop\"`)."
 );
 
+/// `state` in checkpoints: keys tagged (`Key::tagged_bytes`), states pickled.
+fn pickled(py: Python<'_>, state: KeyedState<Key, Obj>) -> PyResult<KeyedState<Key, Obj>> {
+    let pickle = py.import("pickle")?;
+    let (dumps, loads) = (
+        Arc::new(pickle.getattr("dumps")?.unbind()),
+        Arc::new(pickle.getattr("loads")?.unbind()),
+    );
+    Ok(state.checkpointed(
+        |k: &Key, b: &mut Vec<u8>| k.tagged_bytes(b),
+        |b: &[u8]| Key::from_tagged(b),
+        move |s: &Obj, b: &mut Vec<u8>| {
+            let py = py_static();
+            match dumps.bind(py).call1((s.bind(py),)) {
+                Ok(v) => match v.cast::<pyo3::types::PyBytes>() {
+                    Ok(v) => b.extend_from_slice(v.as_bytes()),
+                    Err(e) => tracing::error!("pickle.dumps gave no bytes: {e}"),
+                },
+                Err(e) => tracing::error!("a keyed state cannot be pickled for a checkpoint: {e}"),
+            }
+        },
+        move |b: &[u8]| {
+            let py = py_static();
+            loads
+                .bind(py)
+                .call1((pyo3::types::PyBytes::new(py, b),))
+                .map(Bound::unbind)
+                .map_err(|e| tracing::error!("a checkpointed state did not unpickle: {e}"))
+                .ok()
+        },
+    ))
+}
+
 /// The hooks that make each worker thread hold the interpreter lock while it works.
 fn gil_hooks() -> WorkerHooks {
     WorkerHooks {
@@ -535,7 +587,8 @@ fn specs<'py>(pipelines: &Bound<'py, PyList>) -> PyResult<Vec<Spec<'py>>> {
 /// handle at once. A flow whose sources are Kafka topics runs as a Kafka job (`kafka`: its
 /// settings).
 #[pyfunction]
-#[pyo3(signature = (pipelines, states, workers, errors, metrics=None, kafka=None))]
+#[pyo3(signature = (pipelines, states, workers, errors, metrics=None, kafka=None, checkpoint=None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn start_flow(
     py: Python<'_>,
     pipelines: &Bound<'_, PyList>,
@@ -544,6 +597,7 @@ pub(crate) fn start_flow(
     errors: &Bound<'_, PyAny>,
     metrics: Option<String>,
     kafka: Option<&Bound<'_, PyDict>>,
+    checkpoint: Option<(String, f64, usize)>,
 ) -> PyResult<FlowHandle> {
     crate::init_logging();
     let policy = Arc::new(if let Ok(s) = errors.extract::<String>() {
@@ -598,32 +652,45 @@ pub(crate) fn start_flow(
             py, specs, states, workers, failures, stop, stopped, metrics, kafka,
         );
     }
+    let checkpoint = match checkpoint {
+        Some((dir, interval, keep)) => {
+            let interval = Duration::try_from_secs_f64(interval)
+                .map_err(|_| PyValueError::new_err("checkpoint_interval: a number of seconds"))?;
+            Some(CheckpointOptions::new(dir).interval(interval).keep(keep))
+        }
+        None => None,
+    };
     let mut shared = States::new();
     for (id, v) in states.iter() {
         let id: u64 = id.extract()?;
         let name: String = v.get_item(0)?.extract()?;
         let factory = Arc::new(v.get_item(1)?.unbind());
         let name2 = name.clone();
-        shared.insert(
-            id,
-            KeyedState::new(&name, move |_: &Key| {
-                let py = py_static();
-                factory
-                    .bind(py)
-                    .call0()
-                    .map(Bound::unbind)
-                    .unwrap_or_else(|e| {
-                        tracing::error!(state = %name2, "the state factory raised: {e}");
-                        py.None()
-                    })
-            }),
-        );
+        let state = KeyedState::new(&name, move |_: &Key| {
+            let py = py_static();
+            factory
+                .bind(py)
+                .call0()
+                .map(Bound::unbind)
+                .unwrap_or_else(|e| {
+                    tracing::error!(state = %name2, "the state factory raised: {e}");
+                    py.None()
+                })
+        });
+        let state = match &checkpoint {
+            Some(_) => pickled(py, state)?,
+            None => state,
+        };
+        shared.insert(id, state);
     }
     let mut topology = Topology::new();
     for (spec, f) in specs.into_iter().zip(&failures) {
         topology.add(build(py, spec, &shared, f.clone())?);
     }
-    let opts = RunOptions::default().workers(workers).hooks(gil_hooks());
+    let mut opts = RunOptions::default().workers(workers).hooks(gil_hooks());
+    if let Some(c) = checkpoint {
+        opts = opts.checkpoint(c);
+    }
     let running = py
         .detach(|| topology.start(opts))
         .map_err(|e| PyOSError::new_err(e.to_string()))?;
