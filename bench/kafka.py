@@ -478,7 +478,7 @@ def main():
     table = report(runs, ceiling, args.records, lat, fo)
     if not args.no_summary:
         # The plots go with BENCHMARKS.md's table: an experiment leaves both alone.
-        table += plots(runs, ceiling, lat)
+        table += plots(runs, ceiling, lat, args.area)
     table += f"\nraw: {os.path.relpath(out, ROOT)}\n"
     print(table)
     if not args.no_summary:
@@ -491,7 +491,7 @@ COLORS = {"canter": "#d9480f", "canter-py": "#e8590c", "quix": "#2b8a3e", "kafka
           "canter-kafka produce": "#f08c00", "librdkafka produce": "#5c7cfa"}
 
 
-def plots(runs, ceiling, lat):
+def plots(runs, ceiling, lat, area="kafka"):
     """Bar charts of throughput and CPU per record, and the latency percentiles, into
     bench/plots/; returns the Markdown lines that name them."""
     sys.path.insert(0, BENCH)
@@ -506,12 +506,12 @@ def plots(runs, ceiling, lat):
     out = []
     os.makedirs(run.PLOTS, exist_ok=True)
     charts = [
-        ("kafka-throughput.svg", run.svg_bar_panels(
+        (f"{area}-throughput.svg", run.svg_bar_panels(
             "Market Spread on Kafka: input records per second (median)",
-            [("pipeline", pipes("input_rate")), ("bare client", bare("rate"))], "")),
-        ("kafka-cpu-per-record.svg", run.svg_bar_panels(
+            [("pipeline", pipes("input_rate"))] + ([("bare client", bare("rate"))] if clients else []), "")),
+        (f"{area}-cpu-per-record.svg", run.svg_bar_panels(
             "Market Spread on Kafka: CPU per input record (median, ns)",
-            [("pipeline", pipes("cpu_ns_per_record")), ("bare client", bare("ns"))], " ns",
+            [("pipeline", pipes("cpu_ns_per_record"))] + ([("bare client", bare("ns"))] if clients else []), " ns",
             lower_is_better=True)),
     ]
     if lat:
@@ -521,7 +521,7 @@ def plots(runs, ceiling, lat):
             "p99": med([r for r in lat if (r["pipeline"], r["rate"]) == (k, rate)], "p99_ms") * 1000,
             "p99_9": med([r for r in lat if (r["pipeline"], r["rate"]) == (k, rate)], "p999_ms") * 1000,
             "p99_99": None})]) for k, rate in keys]
-        charts.append(("kafka-latency.svg", run.svg_latency(
+        charts.append((f"{area}-latency.svg", run.svg_latency(
             "Market Spread on Kafka: producer timestamp to result received (median)", panels)))
     for name, svg in charts:
         if svg:
@@ -547,7 +547,8 @@ def report(runs, ceiling, records, lat=(), fo=()):
         lines.append(f"| {kind} | {m['input_rate']:,.0f} | {m['cpu_ns_per_record']:,.0f} | "
                      f"{m['cpu_share']:.0%} | {m['broker_cpu_share']:.0%} | "
                      f"{'all, exactly' if ok else 'MISMATCH'} |")
-    lines += ["", "| bare client (CPU 0) | records/s | CPU ns/record |", "|---|---:|---:|"]
+    if ceiling:
+        lines += ["", "| bare client (CPU 0) | records/s | CPU ns/record |", "|---|---:|---:|"]
     for client in dict.fromkeys(c["client"] for c in ceiling):
         cs = [c for c in ceiling if c["client"] == client]
         lines.append(f"| {client} | {statistics.median(c['rate'] for c in cs):,.0f} | "

@@ -54,6 +54,8 @@ EPOLL = os.path.join(BENCH, "target", "release", "ms-epoll")
 DATA = os.path.join(BENCH, "build", "market-spread")
 RECV, NBBO, ORDERS, METRICS = (f"127.0.0.1:{p}" for p in (7300, 7301, 7302, 7303))
 CKPT_DIR = os.path.join(BENCH, "build", "market-spread-checkpoints")
+#: BENCHMARKS.md's section (--area) and the plots' name prefix.
+AREA = "market-spread"
 CKPT_INTERVAL = "1s"
 
 
@@ -343,12 +345,12 @@ def report(runs, out):
     lat = [(sc, [(srv, pcts(sc, srv)) for srv in servers if (sc, srv) in med]) for sc in scenarios]
     os.makedirs(run.PLOTS, exist_ok=True)
     for name, svg in (
-            ("market-spread-throughput.svg", run.svg_bar_panels(
+            (f"{AREA}-throughput.svg", run.svg_bar_panels(
                 "Market Spread: input records per second (median)", panels("input_rate"), "")),
-            ("market-spread-cpu-per-record.svg", run.svg_bar_panels(
+            (f"{AREA}-cpu-per-record.svg", run.svg_bar_panels(
                 "Market Spread: server CPU per input record (median, ns)",
                 panels("cpu_ns_per_record"), " ns", lower_is_better=True)),
-            ("market-spread-latency.svg", run.svg_latency(
+            (f"{AREA}-latency.svg", run.svg_latency(
                 "Market Spread: end-to-end latency, order read to result received (median)", lat))):
         if svg:
             with open(os.path.join(run.PLOTS, name), "w") as f:
@@ -368,6 +370,7 @@ if __name__ == "__main__":
         i = argv.index("--area")
         area = argv[i + 1]
         del argv[i:i + 2]
+    AREA = area
     if "--no-summary" in argv:
         argv.remove("--no-summary")
         sys.argv[1:] = argv
@@ -375,5 +378,9 @@ if __name__ == "__main__":
     else:
         command = " ".join(["python3", "bench/market_spread.py"] + sys.argv[1:])
         sys.argv[1:] = argv
-        with summary.capture(area, command):
+        note = ""
+        if area != "market-spread":
+            note = (f"![throughput](bench/plots/{area}-throughput.svg)\n\n"
+                    f"![CPU per record](bench/plots/{area}-cpu-per-record.svg)")
+        with summary.capture(area, command, note):
             main()

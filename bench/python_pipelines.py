@@ -9,12 +9,16 @@
    worker thread on CPU 0, the tools on CPU 1. CPU per record from /proc. The call's own cost
    is measured apart (timeit of the same lambda on a bytes object, in the same interpreter);
    what the map adds beyond it is the engine's overhead per call.
-2. Market Spread's Python functions alone: `on_nbbo` and `check_order` of
-   python/examples/market_spread.py run in a plain Python loop over records decoded beforehand,
-   each with its symbol's state found beforehand (the loop's own cost, measured empty, taken
-   out): the interpreter running the user's code, which any engine calling these functions
-   pays. The rest of canter-py's CPU per record (bench/market_spread.py --servers canter-py) is
-   canter's: decoding into Python objects, keys, state lookup, routing, framing, sinks.
+2. Market Spread in Python (python/examples/market_spread.py at its peak, as
+   `bench/market_spread.py --servers canter-py` runs it) and, in the same round, its Python
+   functions alone: `on_nbbo` and `check_order` in a plain Python loop over records decoded
+   beforehand, each with its symbol's state found beforehand (the loop's own cost, measured
+   empty, taken out): the interpreter running the user's code, which any engine calling these
+   functions pays. The rest of the CPU per record is canter's: decoding into Python objects,
+   keys, state lookup, routing, framing, sinks.
+
+The machine's speed drifts from minute to minute (the same loop measured 139 and 228 ns/record
+ten minutes apart), so every figure is taken in each round and the table shows medians.
 
 The Python is bench/build/canter-venv's (`pip install ./python`, release build), or CANTER_PY.
 Results: Markdown on standard output and in BENCHMARKS.md (--no-summary: not recorded).
@@ -128,6 +132,18 @@ print(user / len(work), (user - bare_ns) / len(work), (base - bare_ns) / len(wor
 """
 
 
+def floor(python):
+    """(user code ns/record, an empty function in its place, with the loop)."""
+    out = subprocess.run(
+        ["taskset", "-c", "0", python, "-c",
+         FLOOR.format(examples=os.path.join(ROOT, "python", "examples"),
+                      nbbo=os.path.join(ms.DATA, "nbbo.bin"),
+                      orders=os.path.join(ms.DATA, "orders.bin"))],
+        capture_output=True, text=True, check=True).stdout.split()
+    with_loop, user, empty_call = (float(x) for x in out)
+    return user, empty_call, with_loop
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -135,45 +151,44 @@ def main():
     ap.add_argument("--no-summary", action="store_true")
     args = ap.parse_args()
     ms.generate()
+    prefix = ms.reject_prefix()
     python = ms.canter_python()
-    runs = {"no step": [], "map(lambda r: r)": []}
+    opts = argparse.Namespace(duration=args.duration, fixed_batch=None, batch=1024,
+                              rt_receiver=False, read_budget=None)
+    keys = ["no step", "map(lambda r: r)", "call", "market spread", "user code", "empty call"]
+    rows = {k: [] for k in keys}
     for rnd in range(args.rounds):
         for name, with_map in (("no step", False), ("map(lambda r: r)", True)):
             ns, rate = flow_run(python, with_map, args.duration)
+            rows[name].append(ns)
             print(f"round {rnd} {name}: {ns:.0f} ns/record at {rate:,.0f} records/s", flush=True)
-            runs[name].append((ns, rate))
-    call = float(subprocess.run(["taskset", "-c", "0", python, "-c", CALL], capture_output=True,
-                                text=True, check=True).stdout)
-    floor = subprocess.run(
-        ["taskset", "-c", "0", python, "-c",
-         FLOOR.format(examples=os.path.join(ROOT, "python", "examples"),
-                      nbbo=os.path.join(ms.DATA, "nbbo.bin"),
-                      orders=os.path.join(ms.DATA, "orders.bin"))],
-        capture_output=True, text=True, check=True).stdout.split()
-    with_loop, user, empty_call = (float(x) for x in floor)
-    med = {k: statistics.median(ns for ns, _ in v) for k, v in runs.items()}
-    rate = {k: statistics.median(r for _, r in v) for k, v in runs.items()}
-    lines = [
-        "Pass-through flow over TCP (53-byte records), one worker thread on CPU 0, medians of "
-        f"{args.rounds} rounds of {args.duration} s:", "",
-        "| flow | records/s | CPU ns/record |", "|---|---:|---:|",
-    ]
-    for k in runs:
-        lines.append(f"| {k} | {rate[k]:,.0f} | {med[k]:.0f} |")
+        rows["call"].append(float(subprocess.run(
+            ["taskset", "-c", "0", python, "-c", CALL], capture_output=True, text=True,
+            check=True).stdout))
+        r = ms.one("canter-py", 0, prefix, opts)
+        assert r["lost"] == 0, r
+        rows["market spread"].append(r["cpu_ns_per_record"])
+        user, empty, _ = floor(python)
+        rows["user code"].append(user)
+        rows["empty call"].append(empty)
+        print(f"round {rnd}: call {rows['call'][-1]:.0f} ns; Market Spread "
+              f"{r['cpu_ns_per_record']:.0f} ns/record, its Python functions alone {user:.0f} ns",
+              flush=True)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    per_round = lambda k: ", ".join(f"{x:.0f}" for x in rows[k])  # noqa: E731
     added = med["map(lambda r: r)"] - med["no step"]
-    lines += [
-        "",
-        f"- the call itself (timeit of the lambda on a bytes object, loop taken out): **{call:.0f} ns**",
-        f"- what the map adds to the flow: {added:.0f} ns; beyond the call: **{added - call:.0f} ns** "
-        "per record (target: at most 200 ns)",
-        f"- the whole flow with the map, beyond the call: {med['map(lambda r: r)'] - call:.0f} ns per "
-        "record (reading, framing, the bytes object, the sink)",
-        "",
-        "Market Spread's Python functions alone (`on_nbbo`, `check_order` on records decoded "
-        "beforehand, states found beforehand, the loop's own cost taken out):",
-        "",
-        f"- the interpreter running the user's code: **{user:.0f} ns per record** "
-        f"(an empty function in its place: {empty_call:.0f} ns; with the loop: {with_loop:.0f} ns)",
+    lines = [
+        f"One worker thread on CPU 0, `canter send`/`canter receive` on CPU 1; medians of "
+        f"{args.rounds} rounds (each round's figures in brackets).", "",
+        "| what | CPU ns/record |", "|---|---:|",
+        f"| pass-through flow over TCP, no step (53-byte records) | {med['no step']:.0f} ({per_round('no step')}) |",
+        f"| the same with `map(lambda r: r)` | {med['map(lambda r: r)']:.0f} ({per_round('map(lambda r: r)')}) |",
+        f"| the call itself (timeit of the lambda on a bytes object, loop taken out) | {med['call']:.0f} ({per_round('call')}) |",
+        f"| **the map beyond its call: the engine's overhead per call** (target: at most 200) | **{added - med['call']:.0f}** |",
+        f"| Market Spread in Python (canter-py), at its peak | {med['market spread']:.0f} ({per_round('market spread')}) |",
+        f"| its Python functions alone: the interpreter running the user's code | {med['user code']:.0f} ({per_round('user code')}) |",
+        f"| (an empty function called in their place) | {med['empty call']:.0f} |",
+        f"| **the rest: canter's part** (decoding into Python objects, keys, state lookup, routing, framing, sink) | **{med['market spread'] - med['user code']:.0f}** |",
     ]
     table = "\n".join(lines)
     print(table)
