@@ -36,6 +36,7 @@ import itertools
 import operator
 import os
 import signal
+import sys
 import threading
 
 from . import _native
@@ -441,9 +442,17 @@ class Flow:
             raise RuntimeError("the flow is not started (Flow.start or Flow.run)")
         return self._handle
 
-    def run(self, workers=1, errors="skip", metrics=None, **settings):
+    def run(self, workers=1, errors="skip", metrics=None, processes=1, **settings):
         """Runs the flow until it ends, or until SIGINT/SIGTERM (then it drains and returns);
-        returns `stats()`. Checkpoint and Kafka settings as for `start`."""
+        returns `stats()`. Checkpoint and Kafka settings as for `start`.
+
+        `processes=N` (Kafka flows): N processes, forked here, each with `workers` worker
+        threads, all members of the flow's consumer group: the topics' partitions (and their
+        state) are shared among them, so the interpreter lock of one process never serializes
+        the others; a process that dies has its partitions taken over by the rest. Returns the
+        exit statuses of the processes instead of stats."""
+        if processes > 1:
+            return self._run_processes(processes, workers, errors, metrics, settings)
         self.start(workers=workers, errors=errors, metrics=metrics, **settings)
         previous = None
         if threading.current_thread() is threading.main_thread():
@@ -460,6 +469,49 @@ class Flow:
                 signal.signal(signal.SIGTERM, previous)
         return self.stats()
 
+    def _run_processes(self, processes, workers, errors, metrics, settings):
+        if not all(p.source.spec[0] == "kafka" for p in self._pipes):
+            raise ValueError("processes= runs Kafka flows (their partitions are shared by the "
+                             "group's members); use workers= for TCP and file sources")
+        if metrics is not None:
+            raise ValueError("processes= with metrics=: give each process its own port "
+                             "(run them as separate `python -m canter pipeline` processes)")
+        base = settings.pop("instance_id", None) or f"{os.getpid():x}"
+        children = []
+        for i in range(processes):
+            pid = os.fork()
+            if pid == 0:
+                status = 0
+                print(f"process {i + 1} of {processes} (pid {os.getpid()}) joins the group",
+                      file=sys.stderr, flush=True)
+                try:
+                    self.run(workers=workers, errors=errors, instance_id=f"{base}-{i}",
+                             **settings)
+                except BaseException:  # noqa: BLE001  (a child reports and exits, never returns)
+                    import traceback
+                    traceback.print_exc()
+                    status = 1
+                finally:
+                    os._exit(status)
+            children.append(pid)
+
+        def forward(sig, _frame):
+            for pid in children:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, forward)
+        try:
+            return [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
 
 def main(argv=None):
     """`python -m canter pipeline module:flow [--workers N] [--errors skip|stop]
@@ -472,7 +524,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m canter pipeline",
                                  description="Runs a canter.pipeline Flow.")
     ap.add_argument("target", help="module:attribute of the Flow (module:flow)")
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=1, help="worker threads (per process)")
+    ap.add_argument("--processes", type=int, default=1,
+                    help="Kafka flows: processes sharing the topics' partitions")
     ap.add_argument("--errors", choices=["skip", "stop"], default="skip")
     ap.add_argument("--dead-letter", metavar="PATH", help="failed records to this file")
     ap.add_argument("--metrics", metavar="HOST:PORT")
@@ -484,6 +538,9 @@ def main(argv=None):
     if not isinstance(flow, Flow):
         ap.error(f"{args.target} is not a canter.pipeline.Flow")
     errors = dead_letter(args.dead_letter) if args.dead_letter else args.errors
+    if args.processes > 1:
+        statuses = flow.run(workers=args.workers, errors=errors, processes=args.processes)
+        return max(statuses)
     try:
         stats = flow.run(workers=args.workers, errors=errors, metrics=args.metrics)
     except PipelineError as e:

@@ -3,6 +3,7 @@ on worker threads), fed and read over real sockets and files."""
 
 import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -649,3 +650,37 @@ def test_metrics_are_served_for_a_python_flow(tmp_path):
         assert "<html" in page.lower()
     finally:
         flow.wait(20)
+
+
+def test_kafka_flow_in_two_processes_shares_the_partitions(kafka_bootstrap, tmp_path):
+    """`python -m canter pipeline --processes 2` on a Kafka flow: two processes join the group,
+    the 4 partitions' tasks start among them, and every word's counts go 1..n (no record lost or
+    counted twice while the partitions are shared out)."""
+    tag = f"wcp{time.time_ns() % 10**9}"
+    src, dst = f"{tag}-in", f"{tag}-out"
+    kafka_topics(kafka_bootstrap, src, dst, partitions=4)
+    words = [f"w{i % 40}" for i in range(800)]
+    kafka_produce(kafka_bootstrap, src, [(w.encode(), w.encode()) for w in words])
+    (tmp_path / "wc.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {HERE!r})\n"
+        "from test_pipeline import word_count_flow\n"
+        f"flow = word_count_flow({kafka_bootstrap!r}, {tag!r}, {src!r}, {dst!r})\n")
+    proc = subprocess.Popen([sys.executable, "-m", "canter", "pipeline", "wc:flow",
+                             "--processes", "2"], cwd=tmp_path, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        got = kafka_read(kafka_bootstrap, dst, 800)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    per_word = {}
+    for _, v in got:
+        w, n = v.decode().split()
+        per_word.setdefault(w, []).append(int(n))
+    for w, ns in per_word.items():
+        assert sorted(ns) == list(range(1, 21)), w
+    assert len(re.findall(r"process \d of 2 \(pid \d+\) joins the group", err)) == 2, err
+    started = [line for line in err.splitlines() if "task started" in line]
+    assert len(started) >= 4, err
