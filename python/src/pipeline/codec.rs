@@ -103,8 +103,14 @@ impl Format {
         })
     }
 
-    /// Unpacks `rec` (exactly the format's size) into a tuple.
-    pub(crate) fn unpack<'py>(&self, py: Python<'py>, rec: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    /// Unpacks `rec` (exactly the format's size) into a tuple; short bytes fields from
+    /// `cache` where their values repeat.
+    pub(crate) fn unpack<'py>(
+        &self,
+        py: Python<'py>,
+        rec: &[u8],
+        mut cache: Option<&mut Interner>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         if rec.len() != self.size {
             return Err(PyValueError::new_err(format!(
                 "record of {} bytes, the format takes {}",
@@ -144,10 +150,14 @@ impl Format {
                     }
                     Field::Bytes(n) => {
                         at += n;
-                        ffi::PyBytes_FromStringAndSize(
-                            rec[at - n..].as_ptr().cast(),
-                            n as ffi::Py_ssize_t,
-                        )
+                        let b = &rec[at - n..at];
+                        match cache.as_deref_mut().and_then(|c| c.get(py, slot, b)) {
+                            Some(v) => v,
+                            None => ffi::PyBytes_FromStringAndSize(
+                                b.as_ptr().cast(),
+                                n as ffi::Py_ssize_t,
+                            ),
+                        }
                     }
                     Field::Bool => {
                         at += 1;
@@ -229,6 +239,80 @@ impl Format {
     }
 }
 
+/// Short bytes fields (at most 7 bytes: symbols, codes) whose values repeat, handed out from
+/// the objects already made (bytes are immutable: an equal object serves as well as a new one),
+/// a small direct-mapped cache per field. A field whose values seldom repeat (an order id) turns
+/// its cache off after 4,096 lookups. One per worker (a decoder's clone starts empty).
+#[derive(Default)]
+pub(crate) struct Interner {
+    fields: Vec<FieldCache>,
+}
+
+struct FieldCache {
+    slots: Vec<Option<(u64, Obj)>>,
+    looks: u32,
+    hits: u32,
+    on: bool,
+}
+
+impl Clone for Interner {
+    fn clone(&self) -> Self {
+        Interner::default()
+    }
+}
+
+const CACHE_SLOTS: usize = 1024;
+const CACHE_TRIAL: u32 = 4096;
+
+impl Interner {
+    /// A new reference to a bytes object equal to `b` from value `slot`'s cache (made and
+    /// kept there on a miss); None when the field is not cached.
+    #[inline]
+    fn get(&mut self, py: Python<'_>, slot: usize, b: &[u8]) -> Option<*mut ffi::PyObject> {
+        if b.len() > 7 {
+            return None;
+        }
+        if self.fields.len() <= slot {
+            self.fields.resize_with(slot + 1, || FieldCache {
+                slots: Vec::new(),
+                looks: 0,
+                hits: 0,
+                on: true,
+            });
+        }
+        let f = &mut self.fields[slot];
+        if !f.on {
+            return None;
+        }
+        if f.slots.is_empty() {
+            f.slots.resize_with(CACHE_SLOTS, || None);
+        }
+        let mut w = [0u8; 8];
+        w[..b.len()].copy_from_slice(b);
+        w[7] = b.len() as u8;
+        let key = u64::from_le_bytes(w);
+        let at = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize % CACHE_SLOTS;
+        if f.looks < CACHE_TRIAL {
+            f.looks += 1;
+            if f.looks == CACHE_TRIAL && f.hits < CACHE_TRIAL / 2 {
+                f.on = false;
+                f.slots = Vec::new();
+                return None;
+            }
+        }
+        if let Some((k, v)) = &f.slots[at] {
+            if *k == key {
+                f.hits = f.hits.saturating_add(1);
+                return Some(v.clone_ref(py).into_ptr());
+            }
+        }
+        let v = PyBytes::new(py, b).into_any().unbind();
+        let ptr = v.clone_ref(py).into_ptr();
+        f.slots[at] = Some((key, v));
+        Some(ptr)
+    }
+}
+
 fn width(f: Field) -> usize {
     match f {
         Field::Pad(n) | Field::Bytes(n) => n,
@@ -278,6 +362,20 @@ impl Clone for Decoder {
 }
 
 impl Decoder {
+    /// Decodes `rec`, short bytes fields of a `struct` format from `cache`.
+    #[inline]
+    pub(crate) fn decode_cached(
+        &self,
+        py: Python<'_>,
+        rec: &[u8],
+        cache: &mut Interner,
+    ) -> PyResult<Obj> {
+        match self {
+            Decoder::Struct(f) => Ok(f.unpack(py, rec, Some(cache))?.unbind()),
+            other => other.decode(py, rec),
+        }
+    }
+
     /// From `("raw",)`, `("str",)`, `("json",)`, `("struct", fmt)` or `("py", fn)`.
     pub(crate) fn from_spec(py: Python<'_>, spec: &Bound<'_, PyAny>) -> PyResult<Decoder> {
         let kind: String = spec.get_item(0)?.extract()?;
@@ -301,7 +399,7 @@ impl Decoder {
                 PyString::new(py, s).into_any().unbind()
             }
             Decoder::Json(loads) => loads.bind(py).call1((PyBytes::new(py, rec),))?.unbind(),
-            Decoder::Struct(f) => f.unpack(py, rec)?.unbind(),
+            Decoder::Struct(f) => f.unpack(py, rec, None)?.unbind(),
             Decoder::Py(f) => f.bind(py).call1((PyBytes::new(py, rec),))?.unbind(),
         })
     }

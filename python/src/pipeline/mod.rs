@@ -196,7 +196,11 @@ type States = HashMap<u64, KeyedState<Key, Obj>>;
 fn build(py: Python<'_>, s: Spec<'_>, states: &States, failures: Arc<Failures>) -> PyResult<Built> {
     let src = source(&s.source)?;
     let dec = Decoder::from_spec(py, &s.decode)?;
-    let decode = move |rec: &[u8]| dec.decode(py_static(), rec).map_err(|e| e.to_string());
+    let mut cache = codec::Interner::default();
+    let decode = move |rec: &[u8]| {
+        dec.decode_cached(py_static(), rec, &mut cache)
+            .map_err(|e| e.to_string())
+    };
     let pre = chain(py, &s.pre, 1, &failures)?;
     let (sink, out) = sink(py, &s.sink, &failures)?;
     let head = Pipeline::new(&s.name, src, decode).step(pre);
