@@ -20,6 +20,7 @@ use serde_json::Value;
 
 mod common;
 use common::market_spread::{reference, unframe};
+use common::receive;
 
 /// A child process killed when dropped (a failing test leaves nothing running).
 struct Killed(Child);
@@ -111,39 +112,6 @@ fn spawn_pipeline(mut cmd: Command, args: &[&str]) -> Pipeline {
         metrics,
         log,
     }
-}
-
-/// `canter receive --dedupe ARGS`, and the address it listens on.
-fn receive(args: &[&str]) -> (Child, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
-        .args([
-            "receive",
-            "--listen",
-            "127.0.0.1:0",
-            "--json",
-            "--interval",
-            "0s",
-        ])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if let Some(addr) = line.split("listening on ").nth(1) {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(addr.trim().parse::<SocketAddr>().unwrap());
-                }
-            }
-            eprintln!("receive: {line}");
-        }
-    });
-    (child, rx.recv_timeout(Duration::from_secs(10)).unwrap())
 }
 
 /// A GET's body.

@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -15,6 +14,7 @@ use std::time::Duration;
 
 mod common;
 use common::market_spread::{reference, unframe};
+use common::receive;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -99,24 +99,19 @@ impl Drop for Killed {
     }
 }
 
-/// Spawns `cmd` and waits (10 s at most) for the first line of its `stream` (stdout or stderr)
-/// that `find` takes something from; the other lines are echoed.
+/// Spawns `cmd` and waits (20 s at most) for the first line of its stdout that `find` takes
+/// something from; every line is echoed, and stderr goes to the test's.
 fn spawn_until<T: Send + 'static>(
     mut cmd: Command,
-    stdout: bool,
     find: impl Fn(&str) -> Option<T> + Send + 'static,
 ) -> (Child, T) {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = cmd.spawn().unwrap();
     let (tx, rx) = mpsc::channel();
-    let read: Box<dyn std::io::Read + Send> = if stdout {
-        Box::new(child.stdout.take().unwrap())
-    } else {
-        Box::new(child.stderr.take().unwrap())
-    };
+    let stdout = child.stdout.take().unwrap();
     std::thread::spawn(move || {
         let mut tx = Some(tx);
-        for line in BufReader::new(read).lines() {
+        for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
             if let Some(v) = find(&line) {
                 if let Some(tx) = tx.take() {
@@ -167,25 +162,15 @@ fn market_spread_in_python_gives_the_reference_results(python: &Path) {
     let n = expected.len();
     assert!((2_500..7_500).contains(&n), "{n} rejected of 50,000");
     let out = dir.join("results.bin");
-    let mut rx = Command::new(canter);
-    rx.args([
-        "receive",
-        "--listen",
-        "127.0.0.1:0",
-        "--json",
-        "--interval",
-        "0s",
-    ])
-    .args(["--expect", &n.to_string(), "--duration", "60s"])
-    .arg("--out")
-    .arg(&out);
-    let (rx, rx_addr) = spawn_until(rx, false, |l| {
-        l.split("listening on ")
-            .nth(1)?
-            .trim()
-            .parse::<SocketAddr>()
-            .ok()
-    });
+    let n_arg = n.to_string();
+    let (rx, rx_addr) = receive(&[
+        "--expect",
+        &n_arg,
+        "--duration",
+        "60s",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     let mut py = Command::new(python);
     py.arg(root().join("python/examples/market_spread.py"))
         .args([
@@ -197,7 +182,7 @@ fn market_spread_in_python_gives_the_reference_results(python: &Path) {
             "2",
         ])
         .args(["--out", &rx_addr.to_string()]);
-    let (py, (nbbo_addr, orders_addr)) = spawn_until(py, true, |l| {
+    let (py, (nbbo_addr, orders_addr)) = spawn_until(py, |l| {
         let rest = l.strip_prefix("listening nbbo=")?;
         let (a, b) = rest.split_once(" orders=")?;
         Some((a.to_owned(), b.trim().to_owned()))

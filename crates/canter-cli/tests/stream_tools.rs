@@ -16,7 +16,7 @@ use serde_json::Value;
 
 mod common;
 use common::market_spread::{reference, unframe};
-use common::TempFile;
+use common::{receive, TempFile};
 
 /// `n` framed records of 8..=200 bytes, each ending with the current time in ns (big-endian).
 fn records(n: usize) -> Vec<u8> {
@@ -32,40 +32,6 @@ fn records(n: usize) -> Vec<u8> {
         out.extend_from_slice(&record);
     }
     out
-}
-
-/// `canter receive ARGS --listen 127.0.0.1:0 --json --interval 0s`, and the address it listens on.
-fn receive(args: &[&str]) -> (Child, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
-        .args([
-            "receive",
-            "--listen",
-            "127.0.0.1:0",
-            "--json",
-            "--interval",
-            "0s",
-        ])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if let Some(addr) = line.split("listening on ").nth(1) {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(addr.trim().parse::<SocketAddr>().unwrap());
-                }
-            }
-            eprintln!("receive: {line}");
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-    (child, addr)
 }
 
 fn send(args: &[&str]) -> Output {

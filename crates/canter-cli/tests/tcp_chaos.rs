@@ -27,6 +27,7 @@ use serde_json::Value;
 
 mod common;
 use common::market_spread::{reference, unframe};
+use common::receive;
 
 /// splitmix64: the schedule from the seed.
 struct Rng(u64);
@@ -212,33 +213,17 @@ fn checkpointed_tcp_pipeline_survives_random_kills_freezes_and_dropped_connectio
 
     // The receiver, behind the sink's proxy.
     let out = dir.join("out.bin");
-    let mut rx = Command::new(env!("CARGO_BIN_EXE_canter"))
-        .args([
-            "receive",
-            "--listen",
-            "127.0.0.1:0",
-            "--json",
-            "--interval",
-            "0s",
-        ])
-        .args(["--dedupe", "--out", out.to_str().unwrap()])
-        .args(["--expect", &expected.len().to_string()])
-        .args(["--duration", &(seconds * 4 + 60).to_string()])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let rx_addr = {
-        let mut lines = BufReader::new(rx.stderr.take().unwrap()).lines();
-        let line = lines.next().unwrap().unwrap();
-        thread::spawn(move || lines.for_each(drop));
-        line.split("listening on ")
-            .nth(1)
-            .unwrap()
-            .trim()
-            .parse::<SocketAddr>()
-            .unwrap()
-    };
+    let expect = expected.len().to_string();
+    let duration = (seconds * 4 + 60).to_string();
+    let (rx, rx_addr) = receive(&[
+        "--dedupe",
+        "--out",
+        out.to_str().unwrap(),
+        "--expect",
+        &expect,
+        "--duration",
+        &duration,
+    ]);
     let (nbbo, orders) = (free_port(), free_port());
     let sink_proxy = Proxy::new(rx_addr);
     let nbbo_proxy = Proxy::new(nbbo);

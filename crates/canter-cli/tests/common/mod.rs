@@ -35,6 +35,40 @@ pub use postgres::Postgres;
 #[allow(unused_imports)]
 pub use canter_testkit::{random_bytes, Client, Response, IO_TIMEOUT};
 
+/// `canter receive ARGS` on a free port with a JSON report (its stdout, piped), and the address
+/// it listens on (from its log, whose lines are echoed to the test's output).
+pub fn receive(args: &[&str]) -> (Child, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args([
+            "receive",
+            "--listen",
+            "127.0.0.1:0",
+            "--json",
+            "--interval",
+            "0s",
+        ])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if let Some(addr) = line.split("listening on ").nth(1) {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(addr.trim().parse::<SocketAddr>().unwrap());
+                }
+            }
+            eprintln!("receive: {line}");
+        }
+    });
+    (child, rx.recv_timeout(Duration::from_secs(10)).unwrap())
+}
+
 /// Runs `canter ARGS` expecting it to exit by itself within 10 s (a refused start): its status
 /// and what it wrote to stderr. Killed, and the test failed, if it is still running then.
 pub fn canter_exits(args: &[&std::ffi::OsStr]) -> (ExitStatus, String) {
