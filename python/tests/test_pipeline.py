@@ -698,3 +698,30 @@ def test_struct_decoding_of_repeated_and_unique_short_fields(tmp_path):
     flow.source(cp.file(src, decode=cp.struct(fmt))).sink(cp.collect(out))
     run(flow)
     assert out == [(b"S%03d" % (i % 37), b"%06d" % i, i) for i in range(10_000)]
+
+
+def test_time_windows_take_event_times_at_the_ends_of_the_range(tmp_path):
+    """Event times come from the records (from a peer): the first and last seconds the range
+    holds open and close windows without an overflow, a time past the range is a failed
+    record, and a window of more than 10,000 slides is refused when the flow starts."""
+    # The first and last whole seconds whose nanoseconds fit in an i64.
+    times = [b"-9223372036", b"9223372036", b"99999999999", b"5"]
+    src = write_framed(tmp_path / "in.bin", times)
+    out = []
+    flow = cp.Flow()
+    flow.source(cp.file(src, decode=cp.text)).key_by(lambda r: "k") \
+        .time_window(2.0, slide=1.0, time=int, init=int, fold=lambda a, r: a + 1) \
+        .sink(cp.collect(out))
+    stats = run(flow)
+    assert stats["p1"]["failed"] == 1, "the time past the range"
+    assert stats["p1"]["late"] == 1, "5 s, after the last second closed its windows"
+    # The first second has one window (none starts before it); the last has two, their ends
+    # held at the top of the range.
+    assert [(round(s), n) for _, s, _, n in out] == [
+        (-9223372036, 1), (9223372035, 1), (9223372036, 1)]
+    assert all(s < e for _, s, e, _ in out)
+    flow = cp.Flow()
+    flow.source(cp.file(src)).key_by(len).time_window(
+        100.0, slide=0.001, time=len, reduce=max).sink(cp.discard())
+    with pytest.raises(ValueError, match="at most 10000 times its slide"):
+        flow.start()

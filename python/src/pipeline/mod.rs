@@ -190,6 +190,9 @@ fn key_fn(py: Python<'_>, key: &Bound<'_, PyAny>, at: usize) -> PyResult<(KeyFn,
     })
 }
 
+/// The most windows one record goes into (size / slide of a sliding window).
+const MAX_WINDOWS_PER_RECORD: f64 = 10_000.0;
+
 /// The shared keyed states, by the id Python gave each.
 type States = HashMap<u64, KeyedState<Key, Obj>>;
 
@@ -278,6 +281,13 @@ fn build(py: Python<'_>, s: Spec<'_>, states: &States, failures: Arc<Failures>) 
             let (size, slide): (f64, f64) =
                 (st.get_item(2)?.extract()?, st.get_item(3)?.extract()?);
             let time = st.get_item(4)?;
+            // Each record goes into size / slide windows: bounded, so that no record (and no
+            // event time a peer sends) costs more than that many folds.
+            if size / slide > MAX_WINDOWS_PER_RECORD {
+                return Err(PyValueError::new_err(format!(
+                    "a window's size is at most {MAX_WINDOWS_PER_RECORD} times its slide"
+                )));
+            }
             let span = match by.as_str() {
                 "count" => {
                     if size < 1.0 || slide < 1.0 || size.fract() != 0.0 || slide.fract() != 0.0 {

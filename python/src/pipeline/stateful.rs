@@ -166,7 +166,7 @@ impl Window {
     fn emit(&self, py: Python<'_>, key: &Key, start: i64, acc: Obj, emit: &mut Emit<'_, Obj>) {
         let (s, e): (Obj, Obj) = match self.span {
             Span::Count { size, .. } => (int(py, start), int(py, start + size as i64)),
-            Span::Time { size, .. } => (secs(py, start), secs(py, start + size)),
+            Span::Time { size, .. } => (secs(py, start), secs(py, start.saturating_add(size))),
         };
         if let Ok(t) = PyTuple::new(py, [key.to_py(py), s, e, acc]) {
             emit.emit(t.into_any().unbind());
@@ -272,7 +272,11 @@ impl Stateful<Key, (Key, Obj)> for Window {
                         }
                         taken = true;
                     }
-                    start -= slide;
+                    // An event time near the bottom of the range has no earlier window.
+                    match start.checked_sub(slide) {
+                        Some(s) => start = s,
+                        None => break,
+                    }
                 }
                 if !taken {
                     self.late += 1;
