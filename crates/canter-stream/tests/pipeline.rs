@@ -749,7 +749,15 @@ fn local_pipelines_stay_on_the_reading_worker_and_hooks_wrap_the_workers() {
             names.lock().expect("lock").insert(name);
         };
         let collected = Collector::new();
-        let head = Pipeline::new("gen", Source::generate(3_000, make), decode);
+        // The first record takes 50 ms: the other workers wait for the source's end meanwhile
+        // (their event loops park), however fast the rest goes.
+        let slow_start = |i: u64, buf: &mut Vec<u8>| {
+            if i == 0 {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            make(i, buf)
+        };
+        let head = Pipeline::new("gen", Source::generate(3_000, slow_start), decode);
         let built = if local {
             let state = KeyedState::new("n", |_: &Local| 0u64);
             head.local()
