@@ -35,8 +35,10 @@ An exception in a user function is logged with its traceback and the record coun
 import itertools
 import operator
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 
 from . import _native
@@ -382,7 +384,7 @@ class Flow:
 
     def start(self, workers=1, errors="skip", metrics=None, exactly_once=False,
               commit_interval=None, instance_id=None, checkpoint_dir=None,
-              checkpoint_interval=1.0, checkpoint_keep=3):
+              checkpoint_interval=1.0, checkpoint_keep=3, _group=None):
         """Starts the flow on `workers` worker threads and returns at once (see `wait`,
         `shutdown`). `metrics="host:port"` serves /metrics (Prometheus), /metrics.json and
         the live page.
@@ -412,7 +414,7 @@ class Flow:
         if checkpoint_dir is not None:
             checkpoint = (os.fspath(checkpoint_dir), float(checkpoint_interval), int(checkpoint_keep))
         self._handle = _native.start_flow(pipelines, states, int(workers), errors, metrics, kafka,
-                                          checkpoint)
+                                          checkpoint, _group)
         return self
 
     def addrs(self):
@@ -446,11 +448,16 @@ class Flow:
         """Runs the flow until it ends, or until SIGINT/SIGTERM (then it drains and returns);
         returns `stats()`. Checkpoint and Kafka settings as for `start`.
 
-        `processes=N` (Kafka flows): N processes, forked here, each with `workers` worker
-        threads, all members of the flow's consumer group: the topics' partitions (and their
-        state) are shared among them, so the interpreter lock of one process never serializes
-        the others; a process that dies has its partitions taken over by the rest. Returns the
-        exit statuses of the processes instead of stats."""
+        `processes=N`: N processes, forked here, each with `workers` worker threads, so that the
+        interpreter lock of one never serializes the others; returns the exit statuses of the
+        processes instead of stats. Kafka flows: all are members of the flow's consumer group,
+        the topics' partitions (and their state) are shared among them, and a process that dies
+        has its partitions taken over by the rest. TCP and file flows: each key belongs to one
+        worker of all the processes, and records cross to their key's process in batches
+        (pickled: records must be picklable); the processes' TCP sources share their ports
+        (each needs a fixed one), a file source is read by the first process, and sinks are
+        per process (`tcp_out`, `file_out`, `discard`; not `collect`, whose list would be a
+        child's). Checkpoints are per process and are refused with processes."""
         if processes > 1:
             return self._run_processes(processes, workers, errors, metrics, settings)
         self.start(workers=workers, errors=errors, metrics=metrics, **settings)
@@ -470,13 +477,16 @@ class Flow:
         return self.stats()
 
     def _run_processes(self, processes, workers, errors, metrics, settings):
-        if not all(p.source.spec[0] == "kafka" for p in self._pipes):
-            raise ValueError("processes= runs Kafka flows (their partitions are shared by the "
-                             "group's members); use workers= for TCP and file sources")
         if metrics is not None:
             raise ValueError("processes= with metrics=: give each process its own port "
                              "(run them as separate `python -m canter pipeline` processes)")
-        base = settings.pop("instance_id", None) or f"{os.getpid():x}"
+        kafka = all(p.source.spec[0] == "kafka" for p in self._pipes)
+        group_dir = None
+        if kafka:
+            base = settings.pop("instance_id", None) or f"{os.getpid():x}"
+        else:
+            self._check_group(settings)
+            group_dir = tempfile.mkdtemp(prefix="canter-flow-")
         children = []
         for i in range(processes):
             pid = os.fork()
@@ -485,8 +495,12 @@ class Flow:
                 print(f"process {i + 1} of {processes} (pid {os.getpid()}) joins the group",
                       file=sys.stderr, flush=True)
                 try:
-                    self.run(workers=workers, errors=errors, instance_id=f"{base}-{i}",
-                             **settings)
+                    if kafka:
+                        self.run(workers=workers, errors=errors, instance_id=f"{base}-{i}",
+                                 **settings)
+                    else:
+                        self.run(workers=workers, errors=errors,
+                                 _group=(i, processes, group_dir), **settings)
                 except BaseException:  # noqa: BLE001  (a child reports and exits, never returns)
                     import traceback
                     traceback.print_exc()
@@ -511,6 +525,37 @@ class Flow:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if group_dir is not None:
+                shutil.rmtree(group_dir, ignore_errors=True)
+
+    def _check_group(self, settings):
+        """What a TCP or file flow in several processes cannot do, refused before forking."""
+        if any(p.source.spec[0] == "kafka" for p in self._pipes):
+            raise ValueError("a flow's sources are all Kafka topics, or none of them")
+        if settings.get("checkpoint_dir") is not None:
+            raise ValueError("processes= with checkpoint_dir=: checkpoints are per process, and "
+                             "keys cross processes; run one process with workers= to checkpoint")
+        for p in self._pipes:
+            if p.sink is not None and p.sink[0] == "list":
+                raise ValueError(f"pipeline {p.name}: collect() fills a list in one process; "
+                                 "with processes= use tcp_out, file_out or discard")
+            if p.source.spec[0] != "tcp":
+                continue
+            host, _, port = p.source.spec[1].rpartition(":")
+            if port in ("", "0"):
+                raise ValueError(f"pipeline {p.name}: with processes= a TCP source needs a fixed "
+                                 f"port (the processes share it), not {p.source.spec[1]!r}")
+            # The processes share the port (SO_REUSEPORT): anything listening there already
+            # would take some of the connections.
+            import socket
+            host = host.strip("[]") or "0.0.0.0"
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, int(port)))
+                except OSError as e:
+                    raise OSError(e.errno, f"pipeline {p.name}: {p.source.spec[1]} is taken: "
+                                           f"{e.strerror}") from None
 
 
 def main(argv=None):
@@ -526,7 +571,7 @@ def main(argv=None):
     ap.add_argument("target", help="module:attribute of the Flow (module:flow)")
     ap.add_argument("--workers", type=int, default=1, help="worker threads (per process)")
     ap.add_argument("--processes", type=int, default=1,
-                    help="Kafka flows: processes sharing the topics' partitions")
+                    help="processes, each with --workers threads (keys spread over them all)")
     ap.add_argument("--errors", choices=["skip", "stop"], default="skip")
     ap.add_argument("--dead-letter", metavar="PATH", help="failed records to this file")
     ap.add_argument("--metrics", metavar="HOST:PORT")
@@ -540,7 +585,11 @@ def main(argv=None):
     errors = dead_letter(args.dead_letter) if args.dead_letter else args.errors
     if args.processes > 1:
         statuses = flow.run(workers=args.workers, errors=errors, processes=args.processes)
-        return max(statuses)
+        failed = [(i + 1, s) for i, s in enumerate(statuses) if s != 0]
+        for i, s in failed:
+            why = f"signal {-s}" if s < 0 else f"status {s}"
+            print(f"process {i} of {args.processes} ended with {why}", file=sys.stderr)
+        return 1 if failed else 0
     try:
         stats = flow.run(workers=args.workers, errors=errors, metrics=args.metrics)
     except PipelineError as e:

@@ -725,3 +725,179 @@ def test_time_windows_take_event_times_at_the_ends_of_the_range(tmp_path):
         100.0, slide=0.001, time=len, reduce=max).sink(cp.discard())
     with pytest.raises(ValueError, match="at most 10000 times its slide"):
         flow.start()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def send_when_listening(port, records, conns, timeout=30):
+    """`send` once something listens on `port` (the flow's processes are starting)."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port)).close()
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+    send(("127.0.0.1", port), records, conns)
+
+
+def keyed_count_flow(source, sink):
+    """Counts each key's records; each result names the key, its count and the process."""
+    flow = cp.Flow()
+    counts = flow.keyed_state(lambda: {"n": 0})
+
+    def count(state, rec):
+        state["n"] += 1
+        return b"%s %d %d" % (rec.split(b":")[0], state["n"], os.getpid())
+
+    (flow.source(source).named("in")
+        .map(lambda r: r)
+        .key_by(lambda r: r.split(b":")[0])
+        .update(counts, count)
+        .sink(sink))
+    return flow
+
+
+def check_counts(got, keys, per_key):
+    """Each key counted 1..per_key, all in one process; both processes own keys."""
+    counts, pids = {}, {}
+    for r in got:
+        k, n, pid = r.split(b" ")
+        counts.setdefault(k, []).append(int(n))
+        pids.setdefault(k, set()).add(pid)
+    assert len(counts) == keys
+    for k, ns in counts.items():
+        assert sorted(ns) == list(range(1, per_key + 1)), k
+    assert all(len(p) == 1 for p in pids.values()), "a key counted in two processes"
+    assert len(set().union(*pids.values())) == 2, "both processes own keys"
+
+
+def flow_module(tmp_path, body):
+    (tmp_path / "pflow.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {HERE!r})\n"
+        "import canter.pipeline as cp\n"
+        "from test_pipeline import keyed_count_flow\n" + body)
+
+
+def test_tcp_flow_in_two_processes_owns_each_key_once(tmp_path):
+    """`python -m canter pipeline --processes 2` on a TCP flow: both processes accept on the
+    shared port, records cross to the process owning their key (pickled, in batches), and each
+    of 200 keys is counted 1..100 in one process while both processes own keys."""
+    rx = Receiver()
+    port = free_port()
+    flow_module(tmp_path, f"flow = keyed_count_flow(cp.tcp('127.0.0.1:{port}'), "
+                     f"cp.tcp_out({rx.addr!r}))\n")
+    proc = subprocess.Popen([sys.executable, "-m", "canter", "pipeline", "pflow:flow",
+                             "--processes", "2"], cwd=tmp_path, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        records = [b"k%d:%d" % (i % 200, i) for i in range(20_000)]
+        send_when_listening(port, records, conns=8)
+        got = rx.wait_for(20_000)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        rx.close()
+    assert proc.returncode == 0, err
+    check_counts(got, 200, 100)
+    assert len(re.findall(r"process \d of 2 \(pid \d+\) joins the group", err)) == 2, err
+    assert "lost the link" not in err, err
+
+
+def test_file_flow_in_two_processes_reads_the_file_once_and_ends(tmp_path):
+    """A file source in two processes: the first reads it, records of the other's keys cross
+    over, each process appends its results to the sink file, and both end by themselves once
+    the file is read and delivered."""
+    records = [b"k%d:%d" % (i % 50, i) for i in range(5_000)]
+    src = write_framed(tmp_path / "in.bin", records)
+    out = tmp_path / "out.bin"
+    flow_module(tmp_path, f"flow = keyed_count_flow(cp.file({src!r}), cp.file_out({str(out)!r}))\n")
+    proc = subprocess.run([sys.executable, "-m", "canter", "pipeline", "pflow:flow",
+                           "--processes", "2"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    check_counts(unframe(out.read_bytes()), 50, 100)
+
+
+def test_processes_refuse_what_they_cannot_share(tmp_path):
+    sink = []
+    with pytest.raises(ValueError, match="collect"):
+        keyed_count_flow(cp.tcp(f"127.0.0.1:{free_port()}"), cp.collect(sink)).run(processes=2)
+    with pytest.raises(ValueError, match="fixed port"):
+        keyed_count_flow(cp.tcp("127.0.0.1:0"), cp.discard()).run(processes=2)
+    with pytest.raises(ValueError, match="checkpoint"):
+        keyed_count_flow(cp.tcp(f"127.0.0.1:{free_port()}"), cp.discard()).run(
+            processes=2, checkpoint_dir=str(tmp_path))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match="taken"):
+            keyed_count_flow(cp.tcp(f"127.0.0.1:{port}"), cp.discard()).run(processes=2)
+
+
+def gone(pid):
+    """Whether process `pid` has exited with all its threads (so its sockets are closed): a
+    zombie with no thread left but its first, or reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state in ("Z", "X") and len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except FileNotFoundError:
+        return True
+
+
+def test_a_killed_process_of_the_group_leaves_the_other_running(tmp_path):
+    """One of two processes is killed: the other logs the lost links, keeps counting the keys it
+    owns (records for the dead one's keys are dropped, not queued), and stops cleanly on
+    SIGTERM; the command reports the dead process."""
+    rx = Receiver()
+    port = free_port()
+    flow_module(tmp_path, f"flow = keyed_count_flow(cp.tcp('127.0.0.1:{port}'), "
+                          f"cp.tcp_out({rx.addr!r}))\n")
+    proc = subprocess.Popen([sys.executable, "-m", "canter", "pipeline", "pflow:flow",
+                             "--processes", "2"], cwd=tmp_path, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        records = [b"k%d:%d" % (i % 200, i) for i in range(4_000)]
+        send_when_listening(port, records, conns=4)
+        first = rx.wait_for(4_000)
+        pids = {r.split(b" ")[2] for r in first}
+        assert len(pids) == 2
+        victim = int(sorted(pids)[0])
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: gone(victim), what="the killed process to exit")
+        survivor = (pids - {b"%d" % victim}).pop()
+        mine = {r.split(b" ")[0] for r in first if r.split(b" ")[2] == survivor}
+        # The dead process's listeners are gone: every connection now reaches the survivor.
+        send_when_listening(port, records, conns=4)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            with rx.lock:
+                later = rx.records[4_000:]
+            if len(later) >= 20 * len(mine):
+                break
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        rx.close()
+    # The survivor's keys each got their second 20 records, counted on from 20.
+    counts = {}
+    for r in later:
+        k, n, pid = r.split(b" ")
+        assert pid == survivor, r
+        counts.setdefault(k, []).append(int(n))
+    assert set(counts) == mine
+    for k, ns in counts.items():
+        assert sorted(ns) == list(range(21, 41)), k
+    assert "lost the link" in err, err
+    assert proc.returncode == 1, err
+    assert f"ended with signal {signal.SIGKILL}" in err, err

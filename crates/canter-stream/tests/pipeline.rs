@@ -815,3 +815,155 @@ fn local_pipelines_stay_on_the_reading_worker_and_hooks_wrap_the_workers() {
     );
     assert_eq!(threads(false).len(), 3);
 }
+
+/// Keys and items of the generated streams over a group's links.
+struct PairWire;
+
+impl canter_stream::pipeline::Wire<u32, (u32, u64)> for PairWire {
+    fn encode(&self, items: Vec<(u32, (u32, u64))>, out: &mut Vec<u8>) -> Result<(), String> {
+        for (k, (_, v)) in items {
+            out.extend_from_slice(&k.to_le_bytes());
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        Ok(())
+    }
+
+    fn decode(&self, bytes: &[u8], out: &mut Vec<(u32, (u32, u64))>) -> Result<(), String> {
+        if !bytes.len().is_multiple_of(12) {
+            return Err(format!("{} bytes", bytes.len()));
+        }
+        for c in bytes.chunks_exact(12) {
+            let mut k = [0u8; 4];
+            let mut v = [0u8; 8];
+            k.copy_from_slice(&c[..4]);
+            v.copy_from_slice(&c[4..]);
+            let (k, v) = (u32::from_le_bytes(k), u64::from_le_bytes(v));
+            out.push((k, (k, v)));
+        }
+        Ok(())
+    }
+}
+
+/// Two topologies as the two processes of a group (one test process: the links are the same
+/// Unix sockets): a generated source (read by the group's first worker only) and a TCP source
+/// whose port both share; every record arrives once, each key's records all reach one worker of
+/// the group (counted 1, 2, ... with none missing or repeated), and both processes own keys.
+#[test]
+fn a_group_of_processes_owns_each_key_once_and_records_cross_to_their_owner() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const GEN: u64 = 20_000;
+    const TCP: u64 = 30_000;
+    let dir = std::env::temp_dir().join(format!("canter-group-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    type Out = Collector<(u32, u64, u64, String)>;
+    let topology = |gen_out: &Out, tcp_out: &Out| {
+        let mut t = Topology::new();
+        for (name, source, out) in [
+            ("gen", Source::generate(GEN, make), gen_out),
+            ("tcp", Source::tcp(port), tcp_out),
+        ] {
+            let state = KeyedState::new("n", |_: &u32| 0u64);
+            t.add(
+                Pipeline::new(name, source, decode)
+                    .key_by(|(k, _)| *k)
+                    .wire(PairWire)
+                    .update(&state, |n: &mut u64, (k, v): (u32, u64), out| {
+                        *n += 1;
+                        let thread = std::thread::current().name().unwrap_or("").to_owned();
+                        out.emit((k, v, *n, thread))
+                    })
+                    .sink(Sink::collect(out)),
+            );
+        }
+        t
+    };
+    let outs: Vec<(Out, Out)> = (0..2)
+        .map(|_| (Collector::new(), Collector::new()))
+        .collect();
+    let running: Vec<_> = outs
+        .iter()
+        .enumerate()
+        .map(|(p, (g, t))| {
+            let opts = RunOptions::default()
+                .workers(2)
+                .group(canter_stream::pipeline::Group::new(p, 2, &dir));
+            topology(g, t).start(opts).expect("start")
+        })
+        .collect();
+    // Eight connections, spread by the kernel over the four workers' listeners.
+    let sent = Arc::new(AtomicU64::new(0));
+    let senders: Vec<_> = (0..8)
+        .map(|c| {
+            let sent = sent.clone();
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(port).expect("connect");
+                let per = TCP / 8;
+                s.write_all(&framed(c * per..(c + 1) * per)).expect("send");
+                sent.fetch_add(per, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().expect("sender");
+    }
+    let delivered = |name: &str| {
+        running
+            .iter()
+            .map(|r| r.metrics().totals(name).expect("metrics").sink_records)
+            .sum::<u64>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while delivered("gen") < GEN || delivered("tcp") < TCP {
+        assert!(
+            Instant::now() < deadline,
+            "delivered gen {} tcp {}",
+            delivered("gen"),
+            delivered("tcp")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for r in &running {
+        r.shutdown_handle().shutdown();
+    }
+    for r in running {
+        r.wait().expect("workers");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    for (pick, n) in [(0, GEN), (1, TCP)] {
+        let per_process: Vec<Vec<_>> = outs
+            .iter()
+            .map(|o| if pick == 0 { o.0.take() } else { o.1.take() })
+            .collect();
+        assert!(
+            per_process.iter().all(|v| !v.is_empty()),
+            "both processes own keys: {:?}",
+            per_process.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+        let mut values = Vec::new();
+        let mut by_key: HashMap<u32, (Vec<u64>, HashSet<String>)> = HashMap::new();
+        for got in &per_process {
+            for (k, v, count, thread) in got {
+                values.push(*v);
+                let e = by_key.entry(*k).or_default();
+                e.0.push(*count);
+                e.1.insert(thread.clone());
+            }
+        }
+        values.sort_unstable();
+        assert_eq!(values, (0..n).collect::<Vec<u64>>(), "every record once");
+        let mut threads = HashSet::new();
+        for (k, (counts, seen)) in by_key {
+            assert_eq!(seen.len(), 1, "key {k} on one worker: {seen:?}");
+            let mut sorted = counts;
+            sorted.sort_unstable();
+            let want: Vec<u64> = (1..=sorted.len() as u64).collect();
+            assert_eq!(sorted, want, "key {k}: counted once each");
+            threads.extend(seen);
+        }
+        assert_eq!(threads.len(), 4, "keys on all four workers: {threads:?}");
+    }
+}

@@ -8,6 +8,7 @@ mod codec;
 mod kafka;
 mod stateful;
 mod steps;
+mod wire;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -16,8 +17,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use canter_stream::pipeline::{
-    Built, CheckpointOptions, Emit, Framing, KeyedState, Pipeline, RunOptions, Running, Sink,
-    Source, Topology, WorkerHooks,
+    Built, CheckpointOptions, Emit, Framing, Group, KeyedState, Pipeline, RunOptions, Running,
+    Sink, Source, Topology, WorkerHooks,
 };
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -235,7 +236,10 @@ fn build(py: Python<'_>, s: Spec<'_>, states: &States, failures: Arc<Failures>) 
         n: 0,
         failures: failures.clone(),
     };
-    let keyed = head.step(key_step).key_by(|(k, _): &(Key, Obj)| k.clone());
+    let keyed = head
+        .step(key_step)
+        .key_by(|(k, _): &(Key, Obj)| k.clone())
+        .wire(wire::PyWire::new(py)?);
     let post = chain(py, &s.post, s.pre.len() + 3, &failures)?;
     let Some(st) = s.stateful else {
         // key_by straight to the sink: records are routed by key, with no state.
@@ -601,7 +605,7 @@ fn specs<'py>(pipelines: &Bound<'py, PyList>) -> PyResult<Vec<Spec<'py>>> {
 /// handle at once. A flow whose sources are Kafka topics runs as a Kafka job (`kafka`: its
 /// settings).
 #[pyfunction]
-#[pyo3(signature = (pipelines, states, workers, errors, metrics=None, kafka=None, checkpoint=None))]
+#[pyo3(signature = (pipelines, states, workers, errors, metrics=None, kafka=None, checkpoint=None, group=None))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn start_flow(
     py: Python<'_>,
@@ -612,6 +616,7 @@ pub(crate) fn start_flow(
     metrics: Option<String>,
     kafka: Option<&Bound<'_, PyDict>>,
     checkpoint: Option<(String, f64, usize)>,
+    group: Option<(usize, usize, String)>,
 ) -> PyResult<FlowHandle> {
     crate::init_logging();
     let policy = Arc::new(if let Ok(s) = errors.extract::<String>() {
@@ -704,6 +709,9 @@ pub(crate) fn start_flow(
     let mut opts = RunOptions::default().workers(workers).hooks(gil_hooks());
     if let Some(c) = checkpoint {
         opts = opts.checkpoint(c);
+    }
+    if let Some((process, processes, dir)) = group {
+        opts = opts.group(Group::new(process, processes, dir));
     }
     let running = py
         .detach(|| topology.start(opts))

@@ -55,7 +55,7 @@ use std::time::Duration;
 
 pub use checkpoint::CheckpointOptions;
 pub use metrics::{CheckpointTotals, Metrics, Percentiles, PipeSample, Sample, Totals};
-pub use run::{Running, Shutdown};
+pub use run::{Group, Running, Shutdown, Wire};
 pub use state::{
     Aggregate, CountWindow, Emit, KeyedState, Local, Open, Span, StateCodec, Stateful,
     TumblingWindow, Update,
@@ -371,6 +371,7 @@ impl<T: 'static, D, C: Step<T>> Pipeline<T, D, C> {
         Keyed {
             head: self,
             key: local::<C::Out>,
+            wire: None,
             _k: PhantomData,
         }
     }
@@ -384,15 +385,17 @@ impl<T: 'static, D, C: Step<T>> Pipeline<T, D, C> {
         Keyed {
             head: self,
             key,
+            wire: None,
             _k: PhantomData,
         }
     }
 }
 
 /// A pipeline after `key_by`: next comes its stateful step.
-pub struct Keyed<T, D, C, KF, K> {
+pub struct Keyed<T, D, C: Step<T>, KF, K> {
     head: Pipeline<T, D, C>,
     key: KF,
+    wire: Option<Arc<dyn Wire<K, C::Out>>>,
     _k: PhantomData<fn() -> K>,
 }
 
@@ -403,6 +406,13 @@ where
     C::Out: Send,
     K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
 {
+    /// How the items and keys cross processes when the topology runs in a [`Group`]
+    /// ([`RunOptions::group`]): a keyed pipeline without one refuses to start in a group.
+    pub fn wire(mut self, wire: impl Wire<K, C::Out>) -> Self {
+        self.wire = Some(Arc::new(wire));
+        self
+    }
+
     /// The stateful step: `f(state, item, emit)` with the item's key's state from `state`.
     pub fn update<S: 'static, O: 'static, F>(
         self,
@@ -453,7 +463,7 @@ where
 }
 
 /// A pipeline after its stateful step: stateless steps may follow, then the sink.
-pub struct Tail<T, D, C, KF, K, U, P> {
+pub struct Tail<T, D, C: Step<T>, KF, K, U, P> {
     keyed: Keyed<T, D, C, KF, K>,
     step: U,
     post: P,
@@ -529,6 +539,7 @@ where
             decode: self.keyed.head.decode,
             chain: self.keyed.head.chain,
             key: self.keyed.key,
+            wire: self.keyed.wire,
             step: self.step,
             post: self.post,
             sink,
@@ -578,6 +589,8 @@ pub struct RunOptions {
     /// Called on each worker's thread: around its whole run, before it waits for events and
     /// when it wakes (a front end holding an interpreter lock while the worker works).
     pub hooks: Option<WorkerHooks>,
+    /// The processes this topology's workers are spread over ([`Group`]); none by default.
+    pub group: Option<Group>,
 }
 
 /// Callbacks on each worker's thread ([`RunOptions::hooks`]).
@@ -639,11 +652,20 @@ impl Default for RunOptions {
             sink_write_timeout: Duration::from_secs(30),
             checkpoint: None,
             hooks: None,
+            group: None,
         }
     }
 }
 
 impl RunOptions {
+    /// Spreads the workers over a [`Group`] of processes, each running this topology: keys
+    /// are owned across the group, and the keyed pipelines' records cross processes through
+    /// their [`Wire`] ([`Keyed::wire`]).
+    pub fn group(mut self, group: Group) -> Self {
+        self.group = Some(group);
+        self
+    }
+
     /// `workers` worker threads.
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = workers.clamp(1, 64);

@@ -24,12 +24,15 @@ pub(super) enum Batch<K, T> {
     Barrier(usize, u64),
     /// Worker `.0`'s input has ended.
     End(usize),
+    /// `.1` records from worker `.0` of another process: their read times and the batch as
+    /// the pipeline's [`Wire`](super::wire::Wire) encoded it (a group runs no checkpoints).
+    Wire(usize, usize, Vec<u8>),
 }
 
 impl<K, T> Batch<K, T> {
     fn from(&self) -> usize {
         match self {
-            Batch::Data(w, _) | Batch::Barrier(w, _) | Batch::End(w) => *w,
+            Batch::Data(w, _) | Batch::Barrier(w, _) | Batch::End(w) | Batch::Wire(w, ..) => *w,
         }
     }
 }
@@ -78,7 +81,7 @@ impl<K, T> Gate<Batch<K, T>> {
                 self.ended |= bit;
                 Some(b)
             }
-            Batch::Data(..) => Some(b),
+            Batch::Data(..) | Batch::Wire(..) => Some(b),
         }
     }
 
@@ -168,6 +171,7 @@ mod tests {
                     Batch::Data(w, v) => Batch::Data(*w, v.clone()),
                     Batch::Barrier(w, e) => Batch::Barrier(*w, *e),
                     Batch::End(w) => Batch::End(*w),
+                    Batch::Wire(..) => unreachable!("no wire batches in this script"),
                 };
                 if let Some(b) = gate.admit(b) {
                     apply(b, &mut state);

@@ -17,7 +17,7 @@ use canter_rt::{ServerWorker, ShutdownHandle};
 use tokio::sync::Notify;
 
 use super::super::metrics::PipeMetrics;
-use super::super::state::Stateful;
+use super::super::state::{is_local, Stateful};
 use super::super::step::Step;
 use super::super::{RunOptions, Sink, Source};
 
@@ -25,20 +25,22 @@ use super::super::checkpoint::Restored;
 use super::barrier::{Batch, Gate, Rid};
 use super::ckpt::Streams;
 use super::ckpt_task;
-use super::env::{Env, Inbox, Shared};
+use super::env::{Env, Inbox, Shared, WireIn};
 use super::lock;
 use super::process::{Head, Process, TailInst, TailOps};
 use super::sink::{file_sink, tcp_sink, SinkOut};
 use super::sink_buf::SinkBuf;
 use super::source::{file_source, generate_source, serve_source};
 use super::wait::{Gauge, RateLog, Waiter};
+use super::wire::{self, Wire};
 
 /// A pipeline as built, not yet bound.
 pub(crate) trait PipelineDef: Send {
     fn name(&self) -> &str;
-    /// Binds the listeners and makes the inboxes.
+    /// Binds the listeners and makes the inboxes of the topology's pipeline `index`.
     fn prepare(
         self: Box<Self>,
+        index: usize,
         opts: &RunOptions,
         resumes: &Arc<Vec<Arc<Notify>>>,
         restored: Option<&Restored>,
@@ -52,12 +54,13 @@ pub(crate) trait PipelineDef: Send {
     ) -> io::Result<(Rc<RefCell<dyn Process>>, tokio::task::JoinHandle<()>)>;
 }
 
-pub(crate) struct Def<T, D, C, KF, K, U, P, O> {
+pub(crate) struct Def<T, D, C: Step<T>, KF, K, U, P, O> {
     pub(crate) name: String,
     pub(crate) source: Source,
     pub(crate) decode: D,
     pub(crate) chain: C,
     pub(crate) key: KF,
+    pub(crate) wire: Option<Arc<dyn Wire<K, <C as Step<T>>::Out>>>,
     pub(crate) step: U,
     pub(crate) post: P,
     pub(crate) sink: Sink<O>,
@@ -66,11 +69,15 @@ pub(crate) struct Def<T, D, C, KF, K, U, P, O> {
 
 /// A pipeline bound (listeners open) and ready to start on each worker.
 pub(crate) struct Prep {
+    /// The pipeline's place in its topology (the same in every process of a group).
+    pub(super) index: u16,
     pub(super) name: String,
     pub(super) def: Mutex<Box<dyn PipelineDef>>,
     pub(super) source: Source,
     pub(super) metrics: Arc<PipeMetrics>,
     pub(super) shared: Arc<dyn Any + Send + Sync>,
+    /// The same inboxes, for the links from the other processes of a group.
+    pub(super) wire_in: Arc<dyn WireIn + Send + Sync>,
     /// The source's server, for a TCP source: one share per worker, taken by the worker.
     pub(super) servers: Mutex<Vec<Option<ServerWorker>>>,
     /// Stops the source's server (its accept loops, then its connections).
@@ -103,11 +110,22 @@ where
 
     fn prepare(
         self: Box<Self>,
+        index: usize,
         opts: &RunOptions,
         resumes: &Arc<Vec<Arc<Notify>>>,
         restored: Option<&Restored>,
     ) -> io::Result<Arc<Prep>> {
         let workers = opts.workers;
+        if opts.group.is_some() && !is_local::<K>() && self.wire.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "pipeline {}: its records cross processes (RunOptions::group) and it has no \
+                     Wire to carry them (Keyed::wire)",
+                    self.name
+                ),
+            ));
+        }
         let mut names = Vec::new();
         self.chain.names(&mut names);
         let metrics = Arc::new(PipeMetrics::new(&self.name, names, workers));
@@ -117,8 +135,9 @@ where
         if let Source::Tcp { addr, .. } = &self.source {
             // Every worker's listener shares the port (SO_REUSEPORT), and so would another
             // process's that got there first, taking some of the connections: refuse a port
-            // anything listens on already.
-            if addr.port() != 0 {
+            // anything listens on already. The processes of a group share it: whoever starts
+            // them checks it first.
+            if addr.port() != 0 && opts.group.is_none() {
                 drop(StdListener::bind(addr).map_err(|e| {
                     io::Error::new(
                         e.kind(),
@@ -173,6 +192,7 @@ where
                     closed: AtomicBool::new(false),
                 })
                 .collect(),
+            wire: self.wire.clone(),
         });
         let state = self.step.state();
         let state = (state.name.to_string(), state.codec.is_some());
@@ -181,11 +201,14 @@ where
             .as_ref()
             .map(|_| Arc::new(Streams::new(&self.name, restored)));
         Ok(Arc::new(Prep {
+            index: u16::try_from(index)
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "too many pipelines"))?,
             state,
             streams,
             name: self.name.clone(),
             source: self.source.clone(),
             metrics,
+            wire_in: shared.clone(),
             shared,
             servers: Mutex::new(servers),
             server_shutdown,
@@ -293,10 +316,15 @@ where
             chain,
             key,
             tail: tail.clone(),
-            out: (0..env.workers).map(|_| Vec::new()).collect(),
+            out: (0..env.total).map(|_| Vec::new()).collect(),
             shared: shared.clone(),
             me,
-            workers: env.workers,
+            gid: env.gid,
+            base: env.base,
+            total: env.total,
+            pipe: prep.index,
+            links: env.links.clone(),
+            log_wire: RateLog::default(),
             read_ns: 0,
             records: 0,
             rejected: 0,
@@ -322,7 +350,7 @@ where
                     prep.streams.clone(),
                 ));
             }
-            Source::File { path, framing } if me == 0 => {
+            Source::File { path, framing } if env.gid == 0 => {
                 tokio::task::spawn_local(file_source(
                     path.clone(),
                     *framing,
@@ -331,7 +359,7 @@ where
                     prep.streams.clone(),
                 ));
             }
-            Source::Generate { count, make } if me == 0 => {
+            Source::Generate { count, make } if env.gid == 0 => {
                 tokio::task::spawn_local(generate_source(
                     *count,
                     make.clone(),
@@ -342,7 +370,7 @@ where
             }
             _ => {}
         }
-        let expected = if prep.finite() { 1 } else { env.workers };
+        let expected = if prep.finite() { 1 } else { env.total };
         let done = tokio::task::spawn_local(drain(
             shared,
             tail,
@@ -383,7 +411,7 @@ impl Prep {
 /// Runs what other workers sent this one for the pipeline, until every source has ended; then
 /// flushes windows and the sink. With checkpoints, the inbox's batches pass its [`Gate`]:
 /// those behind a barrier wait for this worker's snapshot.
-pub(super) async fn drain<K, X, Tl: TailOps<K, X>>(
+pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
     shared: Arc<Shared<K, X>>,
     tail: Rc<RefCell<Tl>>,
     env: Rc<Env>,
@@ -399,6 +427,8 @@ pub(super) async fn drain<K, X, Tl: TailOps<K, X>>(
         ck.join(wake.clone());
     }
     let mut ends = 0;
+    let mut wired = Vec::new();
+    let mut log = RateLog::default();
     loop {
         if let Some(ck) = &env.ckpt {
             if let Some(epoch) = ck.pending() {
@@ -448,6 +478,12 @@ pub(super) async fn drain<K, X, Tl: TailOps<K, X>>(
                     }
                     Batch::End(_) => ends += 1,
                     Batch::Barrier(..) => {}
+                    Batch::Wire(from, records, bytes) => {
+                        n += records;
+                        unwire(
+                            &shared, &mut *t, from, records, &bytes, &mut wired, &mut log,
+                        );
+                    }
                 }
             }
             t.end_turn();
@@ -479,5 +515,45 @@ pub(super) async fn drain<K, X, Tl: TailOps<K, X>>(
         buf.borrow_mut().closing_since = Some(clock());
         buf.borrow().wake_driver();
         flushed.notified().await;
+    }
+}
+
+/// Runs a batch that came from worker `from` of another process.
+fn unwire<K: 'static, X: 'static, Tl: TailOps<K, X>>(
+    shared: &Shared<K, X>,
+    t: &mut Tl,
+    from: usize,
+    records: usize,
+    bytes: &[u8],
+    items: &mut Vec<(K, X)>,
+    log: &mut RateLog,
+) {
+    let Some(wire) = &shared.wire else {
+        return;
+    };
+    let decoded = match wire::split_body(bytes, records) {
+        Some((times, batch)) => {
+            items.clear();
+            match wire.decode(batch, items) {
+                Ok(()) if items.len() == records => {
+                    for ((k, x), ns) in items.drain(..).zip(times) {
+                        t.process(k, x, ns, Rid::default());
+                    }
+                    Ok(())
+                }
+                Ok(()) => Err(format!("{} items for {records}", items.len())),
+                Err(e) => Err(e),
+            }
+        }
+        None => Err("shorter than its read times".to_owned()),
+    };
+    if let Err(e) = decoded {
+        items.clear();
+        if let Some(held) = log.allow() {
+            tracing::error!(
+                from, records, error = %e, held,
+                "a batch from another process did not decode; its records are lost"
+            );
+        }
     }
 }

@@ -19,11 +19,19 @@ use super::ckpt::WorkerCkpt;
 use super::lock;
 use super::sink_buf::SinkBuf;
 use super::wait::{Gauge, Waiter};
+use super::wire::{LinkBuf, Wire};
 
 /// What one worker shares among its pipelines' tasks.
 pub(crate) struct Env {
     pub(super) me: usize,
     pub(super) workers: usize,
+    /// This worker's number across a group of processes (`me` without one), the group's
+    /// first worker of this process, and the group's workers in all.
+    pub(super) gid: usize,
+    pub(super) base: usize,
+    pub(super) total: usize,
+    /// Links to the workers of the other processes of a group, by their number.
+    pub(super) links: Vec<Option<Rc<RefCell<LinkBuf>>>>,
     pub(super) opts: RunOptions,
     pub(super) stores: RefCell<HashMap<u64, Rc<dyn Any>>>,
     pub(super) sinks: RefCell<Vec<Rc<RefCell<SinkBuf>>>>,
@@ -50,9 +58,24 @@ impl Env {
         resumes: Arc<Vec<Arc<Notify>>>,
         ckpt: Option<WorkerCkpt>,
     ) -> Env {
+        let workers = opts.workers;
+        let (base, total) = match &opts.group {
+            Some(g) => (g.process * workers, g.processes * workers),
+            None => (0, workers),
+        };
+        let links = (0..total)
+            .map(|g| {
+                (!(base..base + workers).contains(&g))
+                    .then(|| Rc::new(RefCell::new(LinkBuf::new(opts.sink_high_water))))
+            })
+            .collect();
         Env {
             me,
-            workers: opts.workers,
+            workers,
+            gid: base + me,
+            base,
+            total,
+            links,
             opts,
             stores: RefCell::new(HashMap::new()),
             sinks: RefCell::new(Vec::new()),
@@ -100,6 +123,9 @@ impl Env {
         if self.sinks_full() {
             return true;
         }
+        if self.links.iter().flatten().any(|l| l.borrow().full()) {
+            return true;
+        }
         let cap = self.opts.inbox_capacity;
         for g in self.gauges.borrow().iter() {
             if g.pending.load(Ordering::Acquire) >= cap {
@@ -136,8 +162,14 @@ pub(super) struct Inbox<K, T> {
 
 impl<K, T> Inbox<K, T> {
     pub(super) fn push(&self, b: Batch<K, T>) {
-        if let Batch::Data(_, v) = &b {
-            self.gauge.pending.fetch_add(v.len(), Ordering::SeqCst);
+        match &b {
+            Batch::Data(_, v) => {
+                self.gauge.pending.fetch_add(v.len(), Ordering::SeqCst);
+            }
+            Batch::Wire(_, n, _) => {
+                self.gauge.pending.fetch_add(*n, Ordering::SeqCst);
+            }
+            _ => {}
         }
         lock(&self.queue).push(b);
         self.notify.notify_one();
@@ -158,4 +190,29 @@ impl<K, T> Inbox<K, T> {
 
 pub(super) struct Shared<K, T> {
     pub(super) inboxes: Vec<Inbox<K, T>>,
+    /// How the pipeline's records cross processes (in a group).
+    pub(super) wire: Option<Arc<dyn Wire<K, T>>>,
+}
+
+/// A pipeline's inboxes as the links from other processes see them: encoded batches in.
+pub(super) trait WireIn {
+    /// Hands worker `to` (of this process) `records` encoded records from worker `from`.
+    fn push_wire(&self, to: usize, from: usize, records: usize, bytes: Vec<u8>);
+    /// Worker `from`'s input has ended.
+    fn push_end(&self, to: usize, from: usize);
+    fn gauge(&self, to: usize) -> &Arc<Gauge>;
+}
+
+impl<K, T> WireIn for Shared<K, T> {
+    fn push_wire(&self, to: usize, from: usize, records: usize, bytes: Vec<u8>) {
+        self.inboxes[to].push(Batch::Wire(from, records, bytes));
+    }
+
+    fn push_end(&self, to: usize, from: usize) {
+        self.inboxes[to].push(Batch::End(from));
+    }
+
+    fn gauge(&self, to: usize) -> &Arc<Gauge> {
+        &self.inboxes[to].gauge
+    }
 }

@@ -17,16 +17,19 @@ mod ckpt;
 mod ckpt_task;
 mod def;
 mod env;
+mod link;
 mod process;
 mod sink;
 mod sink_buf;
 mod source;
 mod threads;
 mod wait;
+mod wire;
 
 pub(crate) use def::{Def, PipelineDef};
 pub(crate) use threads::start;
 pub use threads::{Running, Shutdown};
+pub use wire::{Group, Wire};
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())

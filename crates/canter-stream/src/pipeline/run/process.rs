@@ -21,6 +21,7 @@ use super::env::Shared;
 use super::now_ns;
 use super::sink::SinkOut;
 use super::wait::RateLog;
+use super::wire::{self, LinkBuf};
 
 pub(crate) trait Process {
     fn begin(&mut self);
@@ -122,7 +123,15 @@ pub(super) struct Head<T, D, C: Step<T>, KF, K, Tl> {
     pub(super) out: Vec<Vec<(K, C::Out, u64, Rid)>>,
     pub(super) shared: Arc<Shared<K, C::Out>>,
     pub(super) me: usize,
-    pub(super) workers: usize,
+    /// `me` across the group of processes, the group's first worker of this process, and the
+    /// group's workers in all (`me`, 0 and the workers without a group).
+    pub(super) gid: usize,
+    pub(super) base: usize,
+    pub(super) total: usize,
+    /// This pipeline's place in the topology, and the links to the other processes' workers.
+    pub(super) pipe: u16,
+    pub(super) links: Vec<Option<Rc<RefCell<LinkBuf>>>>,
+    pub(super) log_wire: RateLog,
     pub(super) read_ns: u64,
     pub(super) records: u64,
     pub(super) rejected: u64,
@@ -142,6 +151,7 @@ where
     E: Display,
     D: FnMut(&[u8]) -> Result<T, E>,
     C: Step<T>,
+    C::Out: 'static,
     KF: FnMut(&C::Out) -> K,
     K: Hash + 'static,
     Tl: TailOps<K, C::Out>,
@@ -162,20 +172,20 @@ where
                     key,
                     tail,
                     out,
-                    me,
-                    workers,
+                    gid,
+                    total,
                     read_ns,
                     ..
                 } = self;
-                let (me, workers, read_ns) = (*me, *workers, *read_ns);
+                let (gid, total, read_ns) = (*gid, *total, *read_ns);
                 chain.push(item, &mut |x| {
                     let k = key(&x);
                     let w = if is_local::<K>() {
-                        me
+                        gid
                     } else {
-                        owner(&k, workers)
+                        owner(&k, total)
                     };
-                    if w == me {
+                    if w == gid {
                         tail.borrow_mut().process(k, x, read_ns, origin);
                     } else {
                         out[w].push((k, x, read_ns, origin));
@@ -200,9 +210,21 @@ where
 
     fn end_turn(&mut self) {
         for (w, batch) in self.out.iter_mut().enumerate() {
-            if !batch.is_empty() {
-                let full = std::mem::replace(batch, Vec::with_capacity(batch.len()));
-                self.shared.inboxes[w].push(Batch::Data(self.me, full));
+            if batch.is_empty() {
+                continue;
+            }
+            match &self.links[w] {
+                None => {
+                    let full = std::mem::replace(batch, Vec::with_capacity(batch.len()));
+                    self.shared.inboxes[w - self.base].push(Batch::Data(self.gid, full));
+                }
+                Some(link) => send(
+                    &mut link.borrow_mut(),
+                    self.pipe,
+                    std::mem::take(batch),
+                    &self.shared,
+                    &mut self.log_wire,
+                ),
             }
         }
         self.tail.borrow_mut().end_turn();
@@ -229,7 +251,13 @@ where
         self.end_turn();
         self.ended = true;
         for inbox in &self.shared.inboxes {
-            inbox.push(Batch::End(self.me));
+            inbox.push(Batch::End(self.gid));
+        }
+        for link in self.links.iter().flatten() {
+            let mut l = link.borrow_mut();
+            let at = wire::begin_frame(&mut l.data, wire::END, self.pipe, 0);
+            wire::end_frame(&mut l.data, at);
+            l.wake.notify_one();
         }
     }
 
@@ -249,6 +277,43 @@ where
         for (w, inbox) in self.shared.inboxes.iter().enumerate() {
             if w != self.me && !inbox.closed.load(Ordering::SeqCst) {
                 inbox.push(Batch::Barrier(self.me, epoch));
+            }
+        }
+    }
+}
+
+/// Encodes a batch for a worker of another process onto its link.
+fn send<K: 'static, X: 'static>(
+    link: &mut LinkBuf,
+    pipe: u16,
+    batch: Vec<(K, X, u64, Rid)>,
+    shared: &Shared<K, X>,
+    log: &mut RateLog,
+) {
+    let n = batch.len();
+    let (Some(wire), false) = (&shared.wire, link.dead) else {
+        link.dropped += n as u64;
+        return;
+    };
+    let at = wire::begin_frame(&mut link.data, wire::DATA, pipe, n as u32);
+    let mut items = Vec::with_capacity(n);
+    for (k, x, ns, _) in batch {
+        link.data.extend_from_slice(&ns.to_le_bytes());
+        items.push((k, x));
+    }
+    match wire.encode(items, &mut link.data) {
+        Ok(()) => {
+            wire::end_frame(&mut link.data, at);
+            link.wake.notify_one();
+        }
+        Err(e) => {
+            link.data.truncate(at);
+            link.dropped += n as u64;
+            if let Some(held) = log.allow() {
+                tracing::error!(
+                    records = n, error = %e, held,
+                    "a batch for another process did not encode; its records are lost"
+                );
             }
         }
     }

@@ -19,6 +19,9 @@ use super::ckpt::{self, Coord, WorkerCkpt};
 use super::ckpt_task;
 use super::def::{PipelineDef, Prep};
 use super::env::Env;
+use super::link;
+use super::wire;
+use std::os::unix::net::UnixListener as StdUnixListener;
 
 pub(super) struct ShutdownInner {
     pub(super) flag: AtomicBool,
@@ -142,6 +145,10 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
     if defs.is_empty() {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "no pipelines"));
     }
+    let mut listeners = match &opts.group {
+        Some(g) => group_listeners(g, workers, opts.checkpoint.is_some())?,
+        None => Vec::new(),
+    };
     let resumes: Arc<Vec<Arc<Notify>>> =
         Arc::new((0..workers).map(|_| Arc::new(Notify::new())).collect());
     let restored = match &opts.checkpoint {
@@ -149,8 +156,8 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         None => None,
     };
     let mut preps = Vec::new();
-    for d in defs {
-        preps.push(d.prepare(&opts, &resumes, restored.as_ref())?);
+    for (i, d) in defs.into_iter().enumerate() {
+        preps.push(d.prepare(i, &opts, &resumes, restored.as_ref())?);
     }
     if opts.checkpoint.is_some() {
         if let Some(p) = preps.iter().find(|p| !p.state.1) {
@@ -212,18 +219,21 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         .map(|p| (p.name().to_owned(), p.source_addr()))
         .collect();
     let mut threads = Vec::new();
+    let base = opts.group.as_ref().map_or(0, |g| g.process * workers);
     for me in 0..workers {
         let preps = preps.clone();
         let opts = opts.clone();
         let resumes = resumes.clone();
         let stop = shutdown.0.notifies[me].clone();
         let coord = coord.clone();
+        let listener = (!listeners.is_empty()).then(|| listeners.remove(0));
+        // Numbered across the group (for pinning: the processes' workers on their own CPUs).
         threads.push(super::super::spawn_hooked(
-            me,
+            base + me,
             &config,
-            format!("canter-pipeline-{me}"),
+            format!("canter-pipeline-{}", base + me),
             opts.hooks.clone(),
-            move || worker(me, preps, opts, resumes, stop, coord),
+            move || worker(me, preps, opts, resumes, stop, coord, listener),
         )?);
     }
     let stop_sampler = Arc::new(AtomicBool::new(false));
@@ -286,11 +296,30 @@ pub(super) async fn worker(
     resumes: Arc<Vec<Arc<Notify>>>,
     stop: Arc<Notify>,
     coord: Option<Arc<Coord>>,
+    listener: Option<StdUnixListener>,
 ) -> io::Result<()> {
     let drain_timeout = opts.drain_timeout;
     {
         let ckpt = coord.clone().map(WorkerCkpt::new);
         let env = Rc::new(Env::new(me, opts, resumes.clone(), ckpt));
+        let mut link_tasks = Vec::new();
+        if let (Some(listener), Some(g)) = (listener, env.opts.group.clone()) {
+            let inboxes: link::Inboxes = Rc::new(preps.iter().map(|p| p.wire_in.clone()).collect());
+            tokio::task::spawn_local(link::serve_links(listener, env.clone(), inboxes));
+            for (to, buf) in env.links.iter().enumerate() {
+                if let Some(buf) = buf {
+                    link_tasks.push((
+                        buf.clone(),
+                        tokio::task::spawn_local(link::write_link(
+                            wire::socket_path(&g.dir, to),
+                            to,
+                            buf.clone(),
+                            env.clone(),
+                        )),
+                    ));
+                }
+            }
+        }
         {
             let env = env.clone();
             let resume = env.resumes[me].clone();
@@ -372,18 +401,82 @@ pub(super) async fn worker(
         };
         tokio::pin!(all);
         // Until the end, or a shutdown; then the drain is bounded.
+        let mut ended = false;
         while !stopped.get() {
             tokio::select! {
-                _ = &mut all => return Ok(()),
+                _ = &mut all => {
+                    ended = true;
+                    break;
+                }
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
         }
-        if tokio::time::timeout(drain_timeout + Duration::from_secs(1), &mut all)
-            .await
-            .is_err()
+        if !ended
+            && tokio::time::timeout(drain_timeout + Duration::from_secs(1), &mut all)
+                .await
+                .is_err()
         {
             tracing::warn!(worker = me, "pipelines did not drain in time at shutdown");
         }
+        // The links deliver what they hold (the other processes wait for this worker's ends).
+        for (buf, _) in &link_tasks {
+            let mut b = buf.borrow_mut();
+            b.closing = true;
+            b.wake.notify_one();
+        }
+        let links = async {
+            for (_, t) in link_tasks {
+                let _ = t.await;
+            }
+        };
+        if tokio::time::timeout(drain_timeout, links).await.is_err() {
+            tracing::warn!(
+                worker = me,
+                "group links did not deliver in time at shutdown"
+            );
+        }
         Ok(())
     }
+}
+
+/// The sockets of this process's workers in a group, after checking the group.
+fn group_listeners(
+    g: &super::wire::Group,
+    workers: usize,
+    checkpoints: bool,
+) -> io::Result<Vec<StdUnixListener>> {
+    let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    if g.processes == 0 || g.process >= g.processes {
+        return Err(invalid(format!(
+            "group: process {} of {}",
+            g.process, g.processes
+        )));
+    }
+    if g.processes * workers > 64 {
+        return Err(invalid(format!(
+            "group: {} processes of {workers} workers: at most 64 workers in all",
+            g.processes
+        )));
+    }
+    if checkpoints {
+        return Err(invalid(
+            "group: checkpoints are per topology, and a group's keys move between processes: \
+             run a group without checkpoints"
+                .to_owned(),
+        ));
+    }
+    (0..workers)
+        .map(|me| {
+            let path = wire::socket_path(&g.dir, g.process * workers + me);
+            match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            let l = StdUnixListener::bind(&path).map_err(|e| {
+                io::Error::new(e.kind(), format!("group socket {}: {e}", path.display()))
+            })?;
+            l.set_nonblocking(true)?;
+            Ok(l)
+        })
+        .collect()
 }
