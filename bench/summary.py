@@ -43,6 +43,8 @@ AREAS = [
     ("python-pipelines-cost", "Pipelines in Python: where the time goes",
      "bench/python_pipelines.py"),
     ("python-pipelines-kafka", "Pipelines in Python on Kafka: Market Spread", "bench/kafka.py"),
+    ("python-pipelines-processes", "Pipelines in Python across processes",
+     "bench/python_processes.py"),
     ("python", "The Python front end", "bench/python.py"),
 ]
 

@@ -46,6 +46,10 @@ def servers():
     return {
         "canter": (CANTER, lambda p: [CANTER, "serve", "--addr", f"127.0.0.1:{p}",
                                       "--workers", "1"], {}),
+        # Another build of canter (CANTER_BASE=path), to measure a change before and after.
+        "canter-base": (os.environ.get("CANTER_BASE", "/nonexistent"),
+                        lambda p: [os.environ["CANTER_BASE"], "serve", "--addr",
+                                   f"127.0.0.1:{p}", "--workers", "1"], {}),
         "bun": (BUN, lambda p: [BUN, os.path.join(NODE_DIR, "bun.js"), str(p)], {}),
         "fastwebsockets": (os.path.join(run.RUST_TARGET, "peer-ws-fast"),
                            lambda p: [os.path.join(run.RUST_TARGET, "peer-ws-fast"), str(p)], {}),
@@ -68,7 +72,7 @@ SCENARIOS = {
 }
 
 # The servers with a broadcast room at /ws/broadcast.
-ROOMS = {"canter", "bun", "axum (tungstenite)", "go (gorilla)", "node ws"}
+ROOMS = {"canter", "canter-base", "bun", "axum (tungstenite)", "go (gorilla)", "node ws"}
 
 UPGRADE = (b"GET /ws/echo HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -203,8 +207,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", default="5s")
     ap.add_argument("--idle", type=int, default=1000)
-    ap.add_argument("--servers", default=",".join(servers()))
+    ap.add_argument("--servers", default=",".join(n for n in servers() if n != "canter-base"))
     ap.add_argument("--base-port", type=int, default=24000)
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS),
+                    help="the scenarios to run (comma-separated; all by default)")
     args = ap.parse_args()
     run.raise_nofile()
     all_servers = servers()
@@ -224,6 +230,8 @@ def main():
             proc = start(name, all_servers[name], port)
             try:
                 for sc_name, sc in SCENARIOS.items():
+                    if sc_name not in args.scenarios.split(","):
+                        continue
                     if sc.get("broadcast") and name not in ROOMS:
                         continue
                     r = measure(proc, port, sc, args.duration)

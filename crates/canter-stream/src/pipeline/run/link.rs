@@ -33,7 +33,22 @@ pub(super) async fn write_link(path: PathBuf, to: usize, buf: Rc<RefCell<LinkBuf
             Ok(s) => break s,
             Err(e) => {
                 let waited = clock().saturating_duration_since(started);
-                if buf.borrow().closing && waited > env.opts.drain_timeout {
+                let (closing, empty) = {
+                    let b = buf.borrow();
+                    (b.closing, b.data.is_empty())
+                };
+                // This worker has ended with nothing for that one (a worker that read no
+                // input: a file's reader is the group's first), or that one has ended too
+                // (its socket refuses): nothing is left to deliver there.
+                if closing
+                    && (empty || e.kind() == std::io::ErrorKind::ConnectionRefused)
+                {
+                    if !empty {
+                        lost(&buf, &env, to, &format!("its worker has ended: {e}"));
+                    }
+                    return;
+                }
+                if closing && waited > env.opts.drain_timeout {
                     lost(&buf, &env, to, &format!("never connected: {e}"));
                     return;
                 }
