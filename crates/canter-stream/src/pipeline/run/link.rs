@@ -40,9 +40,7 @@ pub(super) async fn write_link(path: PathBuf, to: usize, buf: Rc<RefCell<LinkBuf
                 // This worker has ended with nothing for that one (a worker that read no
                 // input: a file's reader is the group's first), or that one has ended too
                 // (its socket refuses): nothing is left to deliver there.
-                if closing
-                    && (empty || e.kind() == std::io::ErrorKind::ConnectionRefused)
-                {
+                if closing && (empty || e.kind() == std::io::ErrorKind::ConnectionRefused) {
                     if !empty {
                         lost(&buf, &env, to, &format!("its worker has ended: {e}"));
                     }
