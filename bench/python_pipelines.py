@@ -8,7 +8,9 @@
    TCP sink (`canter receive`), with no step and with one trivial `map(lambda r: r)`, one
    worker thread on CPU 0, the tools on CPU 1. CPU per record from /proc. The call's own cost
    is measured apart (timeit of the same lambda on a bytes object, in the same interpreter);
-   what the map adds beyond it is the engine's overhead per call.
+   what the map adds beyond it is the engine's overhead per call. And the same flow with
+   `flat_map_batch(lambda rs: rs)`: one call per batch of a read's records instead of one per
+   record.
 2. Market Spread in Python (python/examples/market_spread.py at its peak, as
    `bench/market_spread.py --servers canter-py` runs it) and, in the same round, its Python
    functions alone: `on_nbbo` and `check_order` in a plain Python loop over records decoded
@@ -43,8 +45,7 @@ import sys
 import canter.pipeline as cp
 flow = cp.Flow()
 s = flow.source(cp.tcp({src!r})).named("in")
-if {with_map}:
-    s = s.map(lambda r: r)
+{step}
 s.sink(cp.tcp_out({out!r}))
 flow.start()
 print("ready", flush=True)
@@ -53,14 +54,18 @@ while not flow.wait(0.2):
 """
 
 
-def flow_run(python, with_map, duration):
-    """CPU ns per record of the pass-through flow, with or without the map."""
+STEPS = {"no step": "", "map(lambda r: r)": "s = s.map(lambda r: r)",
+         "flat_map_batch(lambda rs: rs)": "s = s.flat_map_batch(lambda rs: rs)"}
+
+
+def flow_run(python, step, duration):
+    """CPU ns per record of the pass-through flow with `step` (one of STEPS)."""
     subprocess.run(["pkill", "-f", "canter receive"], stderr=subprocess.DEVNULL)
     rx = subprocess.Popen(["taskset", "-c", "1", ms.CANTER, "receive", "--listen", ms.RECV,
                            "--duration", f"{duration + 8}s", "--json", "--interval", "0s"],
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     time.sleep(0.3)
-    code = FLOW.format(src=ms.NBBO, out=ms.RECV, with_map=with_map)
+    code = FLOW.format(src=ms.NBBO, out=ms.RECV, step=STEPS[step])
     srv = subprocess.Popen(["taskset", "-c", "0", python, "-c", code], stdout=subprocess.PIPE,
                            stderr=subprocess.DEVNULL, text=True, cwd=tempfile.gettempdir())
     assert srv.stdout.readline().strip() == "ready", "the flow did not start"
@@ -155,11 +160,11 @@ def main():
     python = ms.canter_python()
     opts = argparse.Namespace(duration=args.duration, fixed_batch=None, batch=1024,
                               rt_receiver=False, read_budget=None)
-    keys = ["no step", "map(lambda r: r)", "call", "market spread", "user code", "empty call"]
+    keys = list(STEPS) + ["call", "market spread", "user code", "empty call"]
     rows = {k: [] for k in keys}
     for rnd in range(args.rounds):
-        for name, with_map in (("no step", False), ("map(lambda r: r)", True)):
-            ns, rate = flow_run(python, with_map, args.duration)
+        for name in STEPS:
+            ns, rate = flow_run(python, name, args.duration)
             rows[name].append(ns)
             print(f"round {rnd} {name}: {ns:.0f} ns/record at {rate:,.0f} records/s", flush=True)
         rows["call"].append(float(subprocess.run(
@@ -185,6 +190,7 @@ def main():
         f"| the same with `map(lambda r: r)` | {med['map(lambda r: r)']:.0f} ({per_round('map(lambda r: r)')}) |",
         f"| the call itself (timeit of the lambda on a bytes object, loop taken out) | {med['call']:.0f} ({per_round('call')}) |",
         f"| **the map beyond its call: the engine's overhead per call** (target: at most 200) | **{added - med['call']:.0f}** |",
+        f"| the same with `flat_map_batch(lambda rs: rs)` instead (one call per batch of a read's records) | {med['flat_map_batch(lambda rs: rs)']:.0f} ({per_round('flat_map_batch(lambda rs: rs)')}) |",
         f"| Market Spread in Python (canter-py), at its peak | {med['market spread']:.0f} ({per_round('market spread')}) |",
         f"| its Python functions alone: the interpreter running the user's code | {med['user code']:.0f} ({per_round('user code')}) |",
         f"| (an empty function called in their place) | {med['empty call']:.0f} |",

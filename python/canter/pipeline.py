@@ -22,7 +22,7 @@ work (no hand-over per record). Built-in decoders and encoders (`raw`, `text`, `
 `struct(fmt)`) run in Rust, or with CPython's C code for JSON.
 
 A stream is used once: each step returns a new stream. A pipeline is a source, stateless steps
-(`map`, `filter`, `flat_map`, `inspect`), at most one `key_by` followed by one stateful step
+(`map`, `filter`, `flat_map`, `inspect`, and `flat_map_batch`, called once per batch of records), at most one `key_by` followed by one stateful step
 (`update`, `with_state`, `stateful_map`, `count_window`, `time_window`), stateless steps again,
 and a sink. Pipelines given the same keyed state share it (Market Spread's quotes update what
 its orders read).
@@ -252,6 +252,14 @@ class Stream:
         """Calls `f(record)` and passes the record on unchanged (for debugging)."""
         return self._step("inspect", f)
 
+    def flat_map_batch(self, f):
+        """Calls `f(records)` once per batch: the list of the records one read of the source
+        brought to this step (at most 1024), and passes on every item of the iterable it
+        gives. One call for many records, for code that works on a batch at once (a
+        vectorized library, one query for many records). If `f` raises, every record of the
+        batch counts as failed. Not with checkpoints or on Kafka flows yet."""
+        return self._step("flat_map_batch", f)
+
     def key_by(self, f):
         """Routes each record to the worker owning its key `f(record)` (str, int, bytes, None
         or a tuple of them), where the stateful step runs with that key's state. With
@@ -405,6 +413,14 @@ class Flow:
             if errors[0] != "dead_letter":
                 raise ValueError("errors= takes 'skip', 'stop' or dead_letter(path)")
         pipelines, states = self._spec()
+        batched = [p["name"] for p in pipelines
+                   if any(kind == "flat_map_batch" for kind, _ in p["pre"] + p["post"])]
+        if batched and checkpoint_dir is not None:
+            raise ValueError(f"pipeline {batched[0]}: flat_map_batch cannot be checkpointed yet "
+                             "(a batch's results have no position of their own)")
+        if batched and any(p["source"][0] == "kafka" for p in pipelines):
+            raise ValueError(f"pipeline {batched[0]}: flat_map_batch is not available on Kafka "
+                             "flows yet")
         kafka = {"exactly_once": bool(exactly_once)}
         if commit_interval is not None:
             kafka["commit_interval"] = float(commit_interval)

@@ -1,6 +1,7 @@
 """canter.pipeline: flows written in Python, run on the Rust pipeline engine (in this process,
 on worker threads), fed and read over real sockets and files."""
 
+import operator
 import os
 import re
 import signal
@@ -901,3 +902,64 @@ def test_a_killed_process_of_the_group_leaves_the_other_running(tmp_path):
     assert "lost the link" in err, err
     assert proc.returncode == 1, err
     assert f"ended with signal {signal.SIGKILL}" in err, err
+
+
+def test_flat_map_batch_calls_once_per_batch_before_and_after_the_state(tmp_path):
+    """A batch step before `key_by` gets the records of a read in lists of at most 1024 (far
+    fewer calls than records), one after the stateful step gets its outputs in batches too,
+    and every record comes through each once, over two workers."""
+    n = 5_000
+    src = write_framed(tmp_path / "in.bin", [b"k%d:%d" % (i % 7, i) for i in range(n)])
+    sizes, after, out = [], [], []
+    lock = threading.Lock()
+
+    def decode_all(batch):
+        with lock:
+            sizes.append(len(batch))
+        return [(r.split(b":")[0], int(r.split(b":")[1])) for r in batch]
+
+    def twice(batch):
+        with lock:
+            after.append(len(batch))
+        return [x for v in batch for x in (v, -v)]
+
+    flow = cp.Flow()
+    counts = flow.keyed_state(lambda: {"n": 0})
+
+    def count(state, rec):
+        state["n"] += 1
+        return rec[1]
+
+    (flow.source(cp.file(src))
+        .flat_map_batch(decode_all)
+        .key_by(operator.itemgetter(0))
+        .update(counts, count)
+        .flat_map_batch(twice)
+        .sink(cp.collect(out)))
+    stats = run(flow, workers=2)
+    assert sorted(out) == sorted(list(range(n)) + [-v for v in range(n)])
+    assert sum(sizes) == n and max(sizes) <= 1024 and len(sizes) < n // 100, sizes
+    assert sum(after) == n and len(after) < n // 100, after
+    assert stats["p1"]["source"] == n and stats["p1"]["failed"] == 0
+
+
+def test_a_failing_batch_counts_each_record_and_dead_letters_them(tmp_path):
+    src = write_framed(tmp_path / "in.bin", [b"1", b"2", b"3"])
+    dead = tmp_path / "dead.jsonl"
+
+    def boom(batch):
+        raise RuntimeError(f"a batch of {len(batch)}")
+
+    flow = cp.Flow()
+    flow.source(cp.file(src, decode=cp.text)).flat_map_batch(boom).sink(cp.discard())
+    stats = run(flow, errors=cp.dead_letter(dead))
+    assert stats["p1"]["failed"] == 3
+    import json
+    lines = [json.loads(l) for l in dead.read_text().splitlines()]
+    assert sorted(l["record"] for l in lines) == ["'1'", "'2'", "'3'"]
+    assert all("a batch of 3" in l["error"] and l["step"].endswith("flat_map_batch:boom")
+               for l in lines), lines
+    with pytest.raises(ValueError, match="checkpointed"):
+        flow = cp.Flow()
+        flow.source(cp.file(src)).flat_map_batch(list).sink(cp.discard())
+        flow.start(checkpoint_dir=str(tmp_path / "ck"))

@@ -166,11 +166,7 @@ fn chain(
             })
         })
         .collect::<PyResult<Vec<_>>>()?;
-    Ok(Chain {
-        counts: vec![0; ops.len()],
-        ops: ops.into(),
-        failures: failures.clone(),
-    })
+    Ok(Chain::new(ops.into(), failures.clone()))
 }
 
 /// A `key_by` function and its step name (`3:key_by:name`).

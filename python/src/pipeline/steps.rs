@@ -61,7 +61,19 @@ impl Failures {
 
     /// `step`'s function raised `e` on `record`.
     pub(crate) fn fail(&self, py: Python<'_>, step: &str, e: &PyErr, record: Option<&Obj>) {
-        let n = self.count.fetch_add(1, Ordering::Relaxed) + 1;
+        self.fail_many(
+            py,
+            step,
+            e,
+            record.map(std::slice::from_ref).unwrap_or(&[]),
+            1,
+        )
+    }
+
+    /// `records` (`n` of them: all given, or none for a record that is not kept) failed in
+    /// one call of `step`: counted each, logged once, each to the dead-letter file.
+    pub(crate) fn fail_many(&self, py: Python<'_>, step: &str, e: &PyErr, records: &[Obj], n: u64) {
+        let n = self.count.fetch_add(n, Ordering::Relaxed) + n;
         let held = {
             let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
@@ -98,19 +110,29 @@ impl Failures {
                 }
             }
             Policy::DeadLetter(file) => {
-                let record = record
-                    .and_then(|r| r.bind(py).repr().ok())
-                    .map(|r| r.to_string())
-                    .unwrap_or_default();
-                let line = serde_json::json!({
-                    "pipeline": &*self.pipeline,
-                    "step": step,
-                    "error": e.to_string(),
-                    "record": record,
-                });
                 let mut f = file.lock().unwrap_or_else(|e| e.into_inner());
-                if let Err(err) = writeln!(f, "{line}") {
-                    tracing::error!(pipeline = %self.pipeline, error = %err, "dead-letter file write failed");
+                let none = [py.None()];
+                let records = if records.is_empty() {
+                    &none[..]
+                } else {
+                    records
+                };
+                for r in records {
+                    let record = if r.is_none(py) {
+                        String::new()
+                    } else {
+                        r.bind(py).repr().map(|r| r.to_string()).unwrap_or_default()
+                    };
+                    let line = serde_json::json!({
+                        "pipeline": &*self.pipeline,
+                        "step": step,
+                        "error": e.to_string(),
+                        "record": record,
+                    });
+                    if let Err(err) = writeln!(f, "{line}") {
+                        tracing::error!(pipeline = %self.pipeline, error = %err, "dead-letter file write failed");
+                        break;
+                    }
                 }
             }
         }
@@ -355,9 +377,15 @@ pub(crate) enum Kind {
     Filter,
     FlatMap,
     Inspect,
+    /// The function takes a list of records (those of one read, at most [`BATCH`]) and gives
+    /// an iterable of outputs.
+    FlatMapBatch,
     /// The function gives the record's key: the record goes on as (key, record).
     Key,
 }
+
+/// The most records a batch step's function is called with at once.
+pub(crate) const BATCH: usize = 1024;
 
 impl Kind {
     pub(crate) fn parse(s: &str) -> PyResult<Kind> {
@@ -366,6 +394,7 @@ impl Kind {
             "filter" => Kind::Filter,
             "flat_map" => Kind::FlatMap,
             "inspect" => Kind::Inspect,
+            "flat_map_batch" => Kind::FlatMapBatch,
             other => {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(
                     "unknown step {other:?}"
@@ -380,6 +409,7 @@ impl Kind {
             Kind::Filter => "filter",
             Kind::FlatMap => "flat_map",
             Kind::Inspect => "inspect",
+            Kind::FlatMapBatch => "flat_map_batch",
             Kind::Key => "key_by",
         }
     }
@@ -398,24 +428,76 @@ pub(crate) struct Chain {
     pub(crate) ops: Arc<[Op]>,
     pub(crate) counts: Vec<u64>,
     pub(crate) failures: Arc<Failures>,
+    /// The records each batch step holds until the end of the read (empty for the others).
+    pub(crate) pending: Vec<Vec<Obj>>,
 }
 
 impl Clone for Chain {
     fn clone(&self) -> Self {
-        Chain {
-            ops: self.ops.clone(),
-            counts: vec![0; self.ops.len()],
-            failures: self.failures.clone(),
-        }
+        Chain::new(self.ops.clone(), self.failures.clone())
     }
 }
 
 impl Chain {
+    pub(crate) fn new(ops: Arc<[Op]>, failures: Arc<Failures>) -> Chain {
+        Chain {
+            counts: vec![0; ops.len()],
+            pending: ops.iter().map(|_| Vec::new()).collect(),
+            ops,
+            failures,
+        }
+    }
+
+    /// Calls batch step `i`'s function with the records it holds; runs what it gives through
+    /// the steps after it.
+    fn run_batch(
+        py: Python<'_>,
+        ops: &[Op],
+        counts: &mut [u64],
+        pending: &mut [Vec<Obj>],
+        failures: &Failures,
+        i: usize,
+        emit: &mut dyn FnMut(Obj),
+    ) {
+        let Some(held) = pending.get_mut(i) else {
+            return;
+        };
+        if held.is_empty() {
+            return;
+        }
+        let batch = std::mem::replace(held, Vec::with_capacity(held.len()));
+        let op = &ops[i];
+        let n = batch.len() as u64;
+        let list = match pyo3::types::PyList::new(py, &batch) {
+            Ok(l) => l,
+            Err(e) => return failures.fail_many(py, &op.name, &e, &batch, n),
+        };
+        let iter = op.f.bind(py).call1((list,)).and_then(|v| v.try_iter());
+        match iter {
+            Ok(iter) => {
+                for v in iter {
+                    match v {
+                        Ok(v) => {
+                            Chain::run(py, ops, counts, pending, failures, i + 1, v.unbind(), emit)
+                        }
+                        Err(e) => {
+                            failures.fail_many(py, &op.name, &e, &batch, n);
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => failures.fail_many(py, &op.name, &e, &batch, n),
+        }
+    }
+
     /// Runs `item` through the steps from `i` on.
+    #[allow(clippy::too_many_arguments)]
     fn run(
         py: Python<'_>,
         ops: &[Op],
         counts: &mut [u64],
+        pending: &mut [Vec<Obj>],
         failures: &Failures,
         i: usize,
         item: Obj,
@@ -431,16 +513,16 @@ impl Chain {
         let f = op.f.bind(py);
         match op.kind {
             Kind::Map => match f.call1((item.bind(py),)) {
-                Ok(v) => Chain::run(py, ops, counts, failures, i + 1, v.unbind(), emit),
+                Ok(v) => Chain::run(py, ops, counts, pending, failures, i + 1, v.unbind(), emit),
                 Err(e) => failures.fail(py, &op.name, &e, Some(&item)),
             },
             Kind::Filter => match f.call1((item.bind(py),)).and_then(|v| v.is_truthy()) {
-                Ok(true) => Chain::run(py, ops, counts, failures, i + 1, item, emit),
+                Ok(true) => Chain::run(py, ops, counts, pending, failures, i + 1, item, emit),
                 Ok(false) => {}
                 Err(e) => failures.fail(py, &op.name, &e, Some(&item)),
             },
             Kind::Inspect => match f.call1((item.bind(py),)) {
-                Ok(_) => Chain::run(py, ops, counts, failures, i + 1, item, emit),
+                Ok(_) => Chain::run(py, ops, counts, pending, failures, i + 1, item, emit),
                 Err(e) => failures.fail(py, &op.name, &e, Some(&item)),
             },
             Kind::FlatMap => {
@@ -449,9 +531,16 @@ impl Chain {
                     Ok(iter) => {
                         for v in iter {
                             match v {
-                                Ok(v) => {
-                                    Chain::run(py, ops, counts, failures, i + 1, v.unbind(), emit)
-                                }
+                                Ok(v) => Chain::run(
+                                    py,
+                                    ops,
+                                    counts,
+                                    pending,
+                                    failures,
+                                    i + 1,
+                                    v.unbind(),
+                                    emit,
+                                ),
                                 Err(e) => {
                                     failures.fail(py, &op.name, &e, Some(&item));
                                     break;
@@ -462,7 +551,32 @@ impl Chain {
                     Err(e) => failures.fail(py, &op.name, &e, Some(&item)),
                 }
             }
+            Kind::FlatMapBatch => {
+                if let Some(held) = pending.get_mut(i) {
+                    held.push(item);
+                    if held.len() >= BATCH {
+                        Chain::run_batch(py, ops, counts, pending, failures, i, emit);
+                    }
+                }
+            }
             Kind::Key => unreachable!("a key step is a KeyStep"),
+        }
+    }
+
+    /// Calls every batch step with what it holds, first to last (what one gives may fill a
+    /// later one's batch).
+    fn flush_all(
+        py: Python<'_>,
+        ops: &[Op],
+        counts: &mut [u64],
+        pending: &mut [Vec<Obj>],
+        failures: &Failures,
+        emit: &mut dyn FnMut(Obj),
+    ) {
+        for i in 0..ops.len() {
+            if ops[i].kind == Kind::FlatMapBatch {
+                Chain::run_batch(py, ops, counts, pending, failures, i, emit);
+            }
         }
     }
 }
@@ -473,9 +587,19 @@ impl Chain {
         self.ops.is_empty()
     }
 
-    /// Runs `item` through every step, uncounted (a Kafka task's chain, shared by workers).
+    /// Runs `item` through every step, uncounted (a Kafka task's chain, shared by workers;
+    /// Kafka flows refuse batch steps).
     pub(crate) fn run_all(&self, py: Python<'_>, item: Obj, emit: &mut dyn FnMut(Obj)) {
-        Chain::run(py, &self.ops, &mut [], &self.failures, 0, item, emit)
+        Chain::run(
+            py,
+            &self.ops,
+            &mut [],
+            &mut [],
+            &self.failures,
+            0,
+            item,
+            emit,
+        )
     }
 }
 
@@ -490,8 +614,22 @@ impl Step<Obj> for Chain {
             ops,
             counts,
             failures,
+            pending,
         } = self;
-        Chain::run(py(), ops, counts, failures, 0, item, emit)
+        Chain::run(py(), ops, counts, pending, failures, 0, item, emit)
+    }
+    #[inline]
+    fn flush<E: FnMut(Obj)>(&mut self, emit: &mut E) {
+        if self.pending.iter().all(Vec::is_empty) {
+            return;
+        }
+        let Chain {
+            ops,
+            counts,
+            failures,
+            pending,
+        } = self;
+        Chain::flush_all(py(), ops, counts, pending, failures, emit)
     }
     fn counts(&self, out: &mut Vec<u64>) {
         out.extend_from_slice(&self.counts);

@@ -10,6 +10,12 @@ pub trait Step<I>: Clone + Send + 'static {
     type Out;
     /// Runs `item` through the chain.
     fn push<E: FnMut(Self::Out)>(&mut self, item: I, emit: &mut E);
+    /// Hands on what the chain's steps hold back at the end of a read (a front end's step that
+    /// calls its function once per batch of items); nothing for the steps here.
+    #[inline]
+    fn flush<E: FnMut(Self::Out)>(&mut self, emit: &mut E) {
+        let _ = emit;
+    }
     /// Items each step has taken so far, first step first.
     fn counts(&self, out: &mut Vec<u64>);
     /// Each step's name, first step first.
@@ -86,6 +92,14 @@ where
             emit(f(x))
         })
     }
+    #[inline]
+    fn flush<E: FnMut(O)>(&mut self, emit: &mut E) {
+        let Map { chain, f, n, .. } = self;
+        chain.flush(&mut |x| {
+            *n += 1;
+            emit(f(x))
+        })
+    }
     fn counts(&self, out: &mut Vec<u64>) {
         self.chain.counts(out);
         out.push(self.n);
@@ -129,6 +143,16 @@ where
     fn push<E: FnMut(C::Out)>(&mut self, item: I, emit: &mut E) {
         let Filter { chain, f, n } = self;
         chain.push(item, &mut |x| {
+            *n += 1;
+            if f(&x) {
+                emit(x)
+            }
+        })
+    }
+    #[inline]
+    fn flush<E: FnMut(C::Out)>(&mut self, emit: &mut E) {
+        let Filter { chain, f, n } = self;
+        chain.flush(&mut |x| {
             *n += 1;
             if f(&x) {
                 emit(x)
@@ -192,6 +216,16 @@ where
             }
         })
     }
+    #[inline]
+    fn flush<E: FnMut(It::Item)>(&mut self, emit: &mut E) {
+        let FlatMap { chain, f, n, .. } = self;
+        chain.flush(&mut |x| {
+            *n += 1;
+            for y in f(x) {
+                emit(y)
+            }
+        })
+    }
     fn counts(&self, out: &mut Vec<u64>) {
         self.chain.counts(out);
         out.push(self.n);
@@ -226,6 +260,12 @@ where
     fn push<E: FnMut(N::Out)>(&mut self, item: I, emit: &mut E) {
         let Then { chain, next } = self;
         chain.push(item, &mut |x| next.push(x, emit))
+    }
+    #[inline]
+    fn flush<E: FnMut(N::Out)>(&mut self, emit: &mut E) {
+        let Then { chain, next } = self;
+        chain.flush(&mut |x| next.push(x, emit));
+        next.flush(emit)
     }
     fn counts(&self, out: &mut Vec<u64>) {
         self.chain.counts(out);
@@ -273,5 +313,48 @@ mod tests {
         let mut counts = Vec::new();
         chain.counts(&mut counts);
         assert_eq!(counts, [6, 6]);
+    }
+
+    /// A step that holds its items until the end of the read, as a front end's batch step.
+    #[derive(Clone, Default)]
+    struct Held(Vec<u32>);
+
+    impl Step<u32> for Held {
+        type Out = u32;
+        fn push<E: FnMut(u32)>(&mut self, item: u32, _emit: &mut E) {
+            self.0.push(item)
+        }
+        fn flush<E: FnMut(u32)>(&mut self, emit: &mut E) {
+            for x in self.0.drain(..) {
+                emit(x)
+            }
+        }
+        fn counts(&self, _: &mut Vec<u64>) {}
+        fn names(&self, _: &mut Vec<String>) {}
+    }
+
+    #[test]
+    fn what_a_step_holds_comes_out_on_flush_through_the_steps_after_it() {
+        // A held step first, then a map; a map, then a held step, then a filter.
+        let mut first = Map::new(Then::new(Id::<u32>::new(), Held::default()), |x: u32| x * 2);
+        let mut later = Filter::new(
+            Then::new(Map::new(Id::<u32>::new(), |x: u32| x + 1), Held::default()),
+            |x: &u32| *x != 3,
+        );
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for i in 1..=3 {
+            first.push(i, &mut |y| a.push(y));
+            later.push(i, &mut |y| b.push(y));
+        }
+        assert!(a.is_empty() && b.is_empty(), "held until the flush");
+        first.flush(&mut |y| a.push(y));
+        later.flush(&mut |y| b.push(y));
+        assert_eq!(a, [2, 4, 6]);
+        assert_eq!(b, [2, 4]);
+        let mut counts = Vec::new();
+        later.counts(&mut counts);
+        assert_eq!(counts, [3, 3], "the filter counts what the flush brought");
+        first.flush(&mut |y| a.push(y));
+        assert_eq!(a.len(), 3, "a second flush has nothing");
     }
 }

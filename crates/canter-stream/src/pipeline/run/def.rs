@@ -304,6 +304,7 @@ where
             sink,
             metrics: metrics.clone(),
             me,
+            last: (0, Rid::default()),
             _x: PhantomData,
         }));
         for (w, inbox) in shared.inboxes.iter().enumerate() {

@@ -51,6 +51,9 @@ pub(super) struct TailInst<K, U: Stateful<K, X>, X, P: Step<U::Out>> {
     pub(super) sink: SinkOut<P::Out>,
     pub(super) metrics: Arc<PipeMetrics>,
     pub(super) me: usize,
+    /// The read time and origin of the last item processed (for what the steps after the
+    /// stateful one hand on at the end of the turn).
+    pub(super) last: (u64, Rid),
     pub(super) _x: PhantomData<fn(X)>,
 }
 
@@ -62,6 +65,7 @@ where
 {
     #[inline]
     fn process(&mut self, key: K, item: X, read_ns: u64, origin: Rid) {
+        self.last = (read_ns, origin);
         let TailInst {
             store,
             step,
@@ -88,6 +92,13 @@ where
     }
 
     fn end_turn(&mut self) {
+        let (read_ns, origin) = self.last;
+        let TailInst { post, sink, .. } = self;
+        let mut index = 0u32;
+        post.flush(&mut |o| {
+            sink.write(o, read_ns, origin, index);
+            index = index.wrapping_add(1);
+        });
         self.sink.end_turn(&self.metrics, self.me);
         let m = &self.metrics.workers[self.me];
         m.sink.store(self.sink.count(), Ordering::Relaxed);
@@ -112,6 +123,7 @@ where
                 ),
             );
         }
+        post.flush(&mut |o| sink.write(o, 0, Rid::default(), 0));
     }
 }
 
@@ -179,17 +191,7 @@ where
                 } = self;
                 let (gid, total, read_ns) = (*gid, *total, *read_ns);
                 chain.push(item, &mut |x| {
-                    let k = key(&x);
-                    let w = if is_local::<K>() {
-                        gid
-                    } else {
-                        owner(&k, total)
-                    };
-                    if w == gid {
-                        tail.borrow_mut().process(k, x, read_ns, origin);
-                    } else {
-                        out[w].push((k, x, read_ns, origin));
-                    }
+                    route(key, tail, out, gid, total, x, read_ns, origin)
                 });
             }
             Err(e) => {
@@ -209,6 +211,22 @@ where
     }
 
     fn end_turn(&mut self) {
+        {
+            // What the steps held back for a batch call: routed as the read's last records.
+            let Head {
+                chain,
+                key,
+                tail,
+                out,
+                gid,
+                total,
+                read_ns,
+                origin,
+                ..
+            } = self;
+            let (gid, total, read_ns, origin) = (*gid, *total, *read_ns, *origin);
+            chain.flush(&mut |x| route(key, tail, out, gid, total, x, read_ns, origin));
+        }
         for (w, batch) in self.out.iter_mut().enumerate() {
             if batch.is_empty() {
                 continue;
@@ -279,6 +297,32 @@ where
                 inbox.push(Batch::Barrier(self.me, epoch));
             }
         }
+    }
+}
+
+/// Hands an item to its key's owner: this worker's tail at once, or the owner's batch.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn route<K: Hash + 'static, X, KF: FnMut(&X) -> K, Tl: TailOps<K, X>>(
+    key: &mut KF,
+    tail: &RefCell<Tl>,
+    out: &mut [Vec<(K, X, u64, Rid)>],
+    gid: usize,
+    total: usize,
+    x: X,
+    read_ns: u64,
+    origin: Rid,
+) {
+    let k = key(&x);
+    let w = if is_local::<K>() {
+        gid
+    } else {
+        owner(&k, total)
+    };
+    if w == gid {
+        tail.borrow_mut().process(k, x, read_ns, origin);
+    } else {
+        out[w].push((k, x, read_ns, origin));
     }
 }
 
