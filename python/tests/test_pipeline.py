@@ -963,3 +963,69 @@ def test_a_failing_batch_counts_each_record_and_dead_letters_them(tmp_path):
         flow = cp.Flow()
         flow.source(cp.file(src)).flat_map_batch(list).sink(cp.discard())
         flow.start(checkpoint_dir=str(tmp_path / "ck"))
+
+
+def shared_keys_flow(tmp, int_format):
+    """Two states, each updated by a pipeline whose key is read from the raw record in a group
+    (`struct` decoder, `itemgetter` key) and by one whose key a Python function gives: the same
+    key must be the same key both ways (negative integers, short bytes)."""
+    flow = cp.Flow()
+    ints = flow.keyed_state(lambda: [0])
+    names = flow.keyed_state(lambda: [0])
+
+    def count(state, rec):
+        state[0] += 1
+        k = rec[0] if isinstance(rec[0], bytes) else b"%d" % rec[0]
+        return b"%s %d %d" % (k, state[0], os.getpid())
+
+    out = cp.file_out(str(tmp / "out.bin"))
+    (flow.source(cp.file(str(tmp / "ints.bin"), decode=cp.struct(int_format + "Q")))
+        .named("raw-ints")
+        .key_by(operator.itemgetter(0)).update(ints, count).sink(out))
+    (flow.source(cp.file(str(tmp / "ints.txt"), frame="lines", decode=cp.text)).named("py-ints")
+        .map(lambda line: (int(line), 0)).key_by(lambda r: r[0]).update(ints, count).sink(out))
+    (flow.source(cp.file(str(tmp / "names.bin"), decode=cp.struct(">3sQ"))).named("raw-names")
+        .key_by(operator.itemgetter(0)).update(names, count).sink(out))
+    (flow.source(cp.file(str(tmp / "names.txt"), frame="lines")).named("py-names")
+        .map(lambda line: (line, 0)).key_by(lambda r: r[0]).update(names, count).sink(out))
+    return flow
+
+
+@pytest.mark.parametrize("int_format,values", [
+    (">h", [-3000, -2000, -1000, 0, 1000, 2000, 3000]),
+    ("<b", [-128, -3, -1, 0, 1, 2, 127]),
+    (">I", [0, 1, 2, 65535, 65536, 2**31, 2**32 - 1]),
+    ("<q", [-2**63, -2**40, -1, 0, 1, 2**40, 2**63 - 1]),
+    (">Q", [0, 1, 2, 3, 2**32, 2**62, 2**63 - 1]),
+    ("<?", [False, True, False, True, False, True, False]),
+])
+def test_raw_keys_in_a_group_match_the_keys_python_gives(tmp_path, int_format, values):
+    """In two processes, records keyed in Rust from their bytes cross raw (decoded by their
+    owner); the keys are those Python's values give: each key's count runs 1..n over both
+    pipelines sharing its state, in one process, for integers of every width, sign and order
+    (and bools) and for short bytes."""
+    ints = [values[i % 7] for i in range(700)]
+    names = [b"s%02d" % (i % 13) for i in range(650)]
+    write_framed(tmp_path / "ints.bin",
+                 [struct.pack(int_format + "Q", v, i) for i, v in enumerate(ints)])
+    (tmp_path / "ints.txt").write_text("".join(f"{int(v)}\n" for v in ints))
+    write_framed(tmp_path / "names.bin", [struct.pack(">3sQ", v, i) for i, v in enumerate(names)])
+    (tmp_path / "names.txt").write_bytes(b"".join(v + b"\n" for v in names))
+    flow_module(tmp_path, "from test_pipeline import shared_keys_flow\n"
+                          f"flow = shared_keys_flow(__import__('pathlib').Path({str(tmp_path)!r}), "
+                          f"{int_format!r})\n")
+    proc = subprocess.run([sys.executable, "-m", "canter", "pipeline", "pflow:flow",
+                           "--processes", "2"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    counts, pids = {}, {}
+    for r in unframe((tmp_path / "out.bin").read_bytes()):
+        k, n, pid = r.rsplit(b" ", 2)
+        counts.setdefault(k, []).append(int(n))
+        pids.setdefault(k, set()).add(pid)
+    assert len(counts) == len(set(values)) + 13, sorted(counts)
+    for k, ns in counts.items():
+        assert sorted(ns) == list(range(1, len(ns) + 1)), k
+    assert sum(len(ns) for ns in counts.values()) == 2 * (700 + 650)
+    assert all(len(p) == 1 for p in pids.values()), "a key counted in two processes"
+    assert len(set().union(*pids.values())) == 2, "both processes own keys"

@@ -8,6 +8,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyByteArray, PyBytes, PyString};
 
+use super::steps::Key;
 use super::Obj;
 
 /// One field of a `struct` format.
@@ -101,6 +102,40 @@ impl Format {
             size,
             values,
         })
+    }
+
+    /// A record's size in bytes.
+    pub(crate) fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Where value `item` (an index as `operator.itemgetter` takes it) lies in a record, when
+    /// the key `key_by` would make of it can be read there without unpacking: a bytes or an
+    /// integer field. None for the others (floats are no keys).
+    pub(crate) fn key_field(&self, item: isize) -> Option<KeyField> {
+        let item = if item < 0 {
+            usize::try_from(item + self.values as isize).ok()?
+        } else {
+            usize::try_from(item).ok()?
+        };
+        let (mut at, mut slot) = (0, 0);
+        for f in self.fields.iter() {
+            if !matches!(f, Field::Pad(_)) {
+                if slot == item {
+                    return match f {
+                        Field::F32 | Field::F64 => None,
+                        _ => Some(KeyField {
+                            at,
+                            field: *f,
+                            big: self.big,
+                        }),
+                    };
+                }
+                slot += 1;
+            }
+            at += width(*f);
+        }
+        None
     }
 
     /// Unpacks `rec` (exactly the format's size) into a tuple; short bytes fields from
@@ -310,6 +345,67 @@ impl Interner {
         let ptr = v.clone_ref(py).into_ptr();
         f.slots[at] = Some((key, v));
         Some(ptr)
+    }
+}
+
+/// A field a key is read from in place ([`Format::key_field`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeyField {
+    at: usize,
+    field: Field,
+    big: bool,
+}
+
+impl KeyField {
+    /// The key of a record of the format's size: the same [`Key`] as `Key::of` gives for the
+    /// value `unpack` makes (bytes as they are, integers as `i64`; an unsigned value past
+    /// `i64::MAX` is no key).
+    pub(crate) fn key(&self, rec: &[u8]) -> Result<Key, String> {
+        let n = width(self.field);
+        let b = rec
+            .get(self.at..self.at + n)
+            .ok_or_else(|| format!("a record of {} bytes", rec.len()))?;
+        let mut w = [0u8; 8];
+        let int = |w: &mut [u8; 8], signed: bool| -> i128 {
+            // Sign- or zero-extended to 8 bytes, in the format's order.
+            let fill = if signed && (if self.big { b[0] } else { b[n - 1] }) & 0x80 != 0 {
+                0xff
+            } else {
+                0
+            };
+            w.fill(fill);
+            if self.big {
+                w[8 - n..].copy_from_slice(b);
+                if signed {
+                    i64::from_be_bytes(*w) as i128
+                } else {
+                    u64::from_be_bytes(*w) as i128
+                }
+            } else {
+                w[..n].copy_from_slice(b);
+                if signed {
+                    i64::from_le_bytes(*w) as i128
+                } else {
+                    u64::from_le_bytes(*w) as i128
+                }
+            }
+        };
+        let v = match self.field {
+            Field::Bytes(_) => {
+                return Ok(if n <= super::steps::SMALL {
+                    Key::SmallBytes(super::steps::Small::new(b))
+                } else {
+                    Key::Bytes(b.into())
+                })
+            }
+            Field::Bool => i128::from(b[0] != 0),
+            Field::I8 | Field::I16 | Field::I32 | Field::I64 => int(&mut w, true),
+            Field::U8 | Field::U16 | Field::U32 | Field::U64 => int(&mut w, false),
+            Field::Pad(_) | Field::F32 | Field::F64 => return Err("not a key field".into()),
+        };
+        i64::try_from(v)
+            .map(Key::Int)
+            .map_err(|_| format!("a key of {v} (past a 64-bit integer)"))
     }
 }
 

@@ -17,15 +17,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use canter_stream::pipeline::{
-    Built, CheckpointOptions, Emit, Framing, Group, KeyedState, Pipeline, RunOptions, Running,
-    Sink, Source, Topology, WorkerHooks,
+    Built, CheckpointOptions, Emit, Framing, Group, Keyed, KeyedState, Pipeline, RunOptions,
+    Running, Sink, Source, Stateful, Step, Topology, WorkerHooks,
 };
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use codec::{Decoder, Encoder};
-use stateful::{Agg, Mode, Span, Update, Window};
+use stateful::{Agg, Decoded, Mode, Pass, Span, Update, Window};
 use steps::{step_name, Chain, Failures, Key, KeyFn, KeyStep, Kind, Op, Out, Policy, Stopper};
 
 /// A Python object held by the engine.
@@ -193,17 +193,17 @@ const MAX_WINDOWS_PER_RECORD: f64 = 10_000.0;
 /// The shared keyed states, by the id Python gave each.
 type States = HashMap<u64, KeyedState<Key, Obj>>;
 
-fn build(py: Python<'_>, s: Spec<'_>, states: &States, failures: Arc<Failures>) -> PyResult<Built> {
+fn build(
+    py: Python<'_>,
+    s: Spec<'_>,
+    states: &States,
+    failures: Arc<Failures>,
+    grouped: bool,
+) -> PyResult<Built> {
     let src = source(&s.source)?;
     let dec = Decoder::from_spec(py, &s.decode)?;
-    let mut cache = codec::Interner::default();
-    let decode = move |rec: &[u8]| {
-        dec.decode_cached(py_static(), rec, &mut cache)
-            .map_err(|e| e.to_string())
-    };
     let pre = chain(py, &s.pre, 1, &failures)?;
     let (sink, out) = sink(py, &s.sink, &failures)?;
-    let head = Pipeline::new(&s.name, src, decode).step(pre);
     let Some(key) = s.key else {
         if s.stateful.is_some() {
             return Err(PyValueError::new_err("a stateful step needs key_by first"));
@@ -216,7 +216,13 @@ fn build(py: Python<'_>, s: Spec<'_>, states: &States, failures: Arc<Failures>) 
             |_| Some(()),
         );
         let post = chain(py, &s.post, s.pre.len() + 1, &failures)?;
-        return Ok(head
+        let mut cache = codec::Interner::default();
+        let decode = move |rec: &[u8]| {
+            dec.decode_cached(py_static(), rec, &mut cache)
+                .map_err(|e| e.to_string())
+        };
+        return Ok(Pipeline::new(&s.name, src, decode)
+            .step(pre)
             .local()
             .update(&pass, |_: &mut (), x: Obj, out: &mut Emit<'_, Obj>| {
                 out.emit(x)
@@ -226,36 +232,139 @@ fn build(py: Python<'_>, s: Spec<'_>, states: &States, failures: Arc<Failures>) 
             .sink(sink));
     };
     let (f, name) = key_fn(py, &key, s.pre.len() + 1)?;
+    let post = chain(py, &s.post, s.pre.len() + 3, &failures)?;
+    let stage = match s.stateful {
+        Some(st) => stage(&st, s.pre.len(), states, failures.clone())?,
+        // key_by straight to the sink: records are routed by key, with no state.
+        None => Stage::Pass(Pass::new()),
+    };
+    // In a group of processes, a record whose key can be read from its bytes (a `struct`
+    // decoder, no step before `key_by`, an `itemgetter` key of a bytes or integer field)
+    // crosses raw and is decoded by its owner: nothing is pickled, and the decoding is
+    // shared out.
+    let raw = match (&dec, &f) {
+        (Decoder::Struct(format), KeyFn::Item(_, Some(i))) if grouped && s.pre.is_empty() => {
+            format.key_field(*i).map(|k| (format.clone(), k))
+        }
+        _ => None,
+    };
+    if let Some((format, field)) = raw {
+        let size = format.size();
+        let decode = move |rec: &[u8]| {
+            if rec.len() != size {
+                return Err(format!(
+                    "record of {} bytes, the format takes {size}",
+                    rec.len()
+                ));
+            }
+            let k = field.key(rec)?;
+            Ok((k, wire::Raw(rec.into())))
+        };
+        let keyed = Pipeline::new(&s.name, src, decode)
+            .key_by(|(k, _): &(Key, wire::Raw)| k.clone())
+            .wire(wire::RawWire);
+        return Ok(stage.attach(RawHead(keyed, format, failures), post, out, sink));
+    }
+    let mut cache = codec::Interner::default();
+    let decode = move |rec: &[u8]| {
+        dec.decode_cached(py_static(), rec, &mut cache)
+            .map_err(|e| e.to_string())
+    };
     let key_step = KeyStep {
         name,
         f: Arc::new(f),
         n: 0,
         failures: failures.clone(),
     };
-    let keyed = head
+    let keyed = Pipeline::new(&s.name, src, decode)
+        .step(pre)
         .step(key_step)
         .key_by(|(k, _): &(Key, Obj)| k.clone())
         .wire(wire::PyWire::new(py)?);
-    let post = chain(py, &s.post, s.pre.len() + 3, &failures)?;
-    let Some(st) = s.stateful else {
-        // key_by straight to the sink: records are routed by key, with no state.
-        let pass = KeyedState::new("pass", |_: &Key| ()).checkpointed(
-            |k: &Key, b: &mut Vec<u8>| k.tagged_bytes(b),
-            |b: &[u8]| Key::from_tagged(b),
-            |_, _| {},
-            |_| Some(()),
-        );
-        return Ok(keyed
-            .update(
-                &pass,
-                |_: &mut (), (_, x): (Key, Obj), out: &mut Emit<'_, Obj>| out.emit(x),
-            )
+    Ok(stage.attach(ObjHead(keyed), post, out, sink))
+}
+
+/// A keyed pipeline's stateful step, as built from its spec.
+enum Stage {
+    Pass(Pass),
+    Update(Update),
+    Window(Window),
+}
+
+impl Stage {
+    /// The pipeline: `head`, this step, the steps after it and the sink.
+    fn attach<H: Attach>(self, head: H, post: Chain, out: Out, sink: Sink<Vec<u8>>) -> Built {
+        match self {
+            Stage::Pass(u) => head.attach(u, post, out, sink),
+            Stage::Update(u) => head.attach(u, post, out, sink),
+            Stage::Window(u) => head.attach(u, post, out, sink),
+        }
+    }
+}
+
+/// A keyed head, ready for its stateful step: records decoded into Python objects, or raw
+/// records crossing a group (decoded by their owner).
+trait Attach {
+    fn attach<U>(self, step: U, post: Chain, out: Out, sink: Sink<Vec<u8>>) -> Built
+    where
+        U: Stateful<Key, (Key, Obj), Out = Obj>;
+}
+
+struct ObjHead<H>(H);
+
+impl<T, E, D, C, KF> Attach for ObjHead<Keyed<T, D, C, KF, Key>>
+where
+    T: 'static,
+    E: std::fmt::Display,
+    D: FnMut(&[u8]) -> Result<T, E> + Clone + Send + 'static,
+    C: Step<T, Out = (Key, Obj)>,
+    KF: FnMut(&(Key, Obj)) -> Key + Clone + Send + 'static,
+{
+    fn attach<U>(self, step: U, post: Chain, out: Out, sink: Sink<Vec<u8>>) -> Built
+    where
+        U: Stateful<Key, (Key, Obj), Out = Obj>,
+    {
+        self.0.stateful(step).step(post).step(out).sink(sink)
+    }
+}
+
+struct RawHead<H>(H, codec::Format, Arc<Failures>);
+
+impl<T, E, D, C, KF> Attach for RawHead<Keyed<T, D, C, KF, Key>>
+where
+    T: 'static,
+    E: std::fmt::Display,
+    D: FnMut(&[u8]) -> Result<T, E> + Clone + Send + 'static,
+    C: Step<T, Out = (Key, wire::Raw)>,
+    KF: FnMut(&(Key, wire::Raw)) -> Key + Clone + Send + 'static,
+{
+    fn attach<U>(self, step: U, post: Chain, out: Out, sink: Sink<Vec<u8>>) -> Built
+    where
+        U: Stateful<Key, (Key, Obj), Out = Obj>,
+    {
+        let RawHead(keyed, format, failures) = self;
+        keyed
+            .stateful(Decoded {
+                inner: step,
+                format,
+                cache: codec::Interner::default(),
+                failures,
+            })
             .step(post)
             .step(out)
-            .sink(sink));
-    };
+            .sink(sink)
+    }
+}
+
+/// The stateful step of a spec: `update`, `stateful_map` or a window.
+fn stage(
+    st: &Bound<'_, PyAny>,
+    pre: usize,
+    states: &States,
+    failures: Arc<Failures>,
+) -> PyResult<Stage> {
     let kind: String = st.get_item(0)?.extract()?;
-    let name: Arc<str> = format!("{}:{kind}", s.pre.len() + 2).into();
+    let name: Arc<str> = format!("{}:{kind}", pre + 2).into();
     match kind.as_str() {
         "update" | "stateful_map" => {
             let id: u64 = st.get_item(1)?.extract()?;
@@ -274,7 +383,7 @@ fn build(py: Python<'_>, s: Spec<'_>, states: &States, failures: Arc<Failures>) 
                 name,
                 failures,
             };
-            Ok(keyed.stateful(step).step(post).step(out).sink(sink))
+            Ok(Stage::Update(step))
         }
         "window" => {
             let by: String = st.get_item(1)?.extract()?;
@@ -332,7 +441,7 @@ fn build(py: Python<'_>, s: Spec<'_>, states: &States, failures: Arc<Failures>) 
                 failures,
                 late: 0,
             };
-            Ok(keyed.stateful(step).step(post).step(out).sink(sink))
+            Ok(Stage::Window(step))
         }
         other => Err(PyValueError::new_err(format!(
             "unknown stateful step {other:?}"
@@ -700,7 +809,7 @@ pub(crate) fn start_flow(
     }
     let mut topology = Topology::new();
     for (spec, f) in specs.into_iter().zip(&failures) {
-        topology.add(build(py, spec, &shared, f.clone())?);
+        topology.add(build(py, spec, &shared, f.clone(), group.is_some())?);
     }
     let mut opts = RunOptions::default().workers(workers).hooks(gil_hooks());
     if let Some(c) = checkpoint {

@@ -303,3 +303,82 @@ impl Stateful<Key, (Key, Obj)> for Window {
         self.late
     }
 }
+
+/// A stateful step over records that crossed processes raw (a group whose key is read from the
+/// records' bytes): each is decoded here, on the owner, then handed to `inner`.
+pub(crate) struct Decoded<U> {
+    pub(crate) inner: U,
+    pub(crate) format: super::codec::Format,
+    pub(crate) cache: super::codec::Interner,
+    pub(crate) failures: Arc<Failures>,
+}
+
+impl<U: Clone> Clone for Decoded<U> {
+    fn clone(&self) -> Self {
+        Decoded {
+            inner: self.inner.clone(),
+            format: self.format.clone(),
+            cache: self.cache.clone(),
+            failures: self.failures.clone(),
+        }
+    }
+}
+
+impl<U: Stateful<Key, (Key, Obj)>> Stateful<Key, (Key, super::wire::Raw)> for Decoded<U> {
+    type State = U::State;
+    type Out = U::Out;
+    fn state(&self) -> KeyedState<Key, U::State> {
+        self.inner.state()
+    }
+    #[inline]
+    fn update(
+        &mut self,
+        state: &mut U::State,
+        (key, raw): (Key, super::wire::Raw),
+        emit: &mut Emit<'_, U::Out>,
+    ) {
+        let py = py();
+        match self.format.unpack(py, &raw.0, Some(&mut self.cache)) {
+            Ok(item) => self.inner.update(state, (key, item.unbind()), emit),
+            Err(e) => self.failures.fail(py, "decode", &e, None),
+        }
+    }
+    fn finish(&mut self, state: &mut U::State, emit: &mut Emit<'_, U::Out>) {
+        self.inner.finish(state, emit)
+    }
+    fn late(&self) -> u64 {
+        self.inner.late()
+    }
+}
+
+/// No state: each record goes on as it came (`key_by` straight to the sink: routed by key).
+#[derive(Clone)]
+pub(crate) struct Pass {
+    state: KeyedState<Key, ()>,
+}
+
+impl Pass {
+    pub(crate) fn new() -> Pass {
+        // Its codec writes nothing but the key (checkpoints need one for every state).
+        Pass {
+            state: KeyedState::new("pass", |_: &Key| ()).checkpointed(
+                |k: &Key, b: &mut Vec<u8>| k.tagged_bytes(b),
+                |b: &[u8]| Key::from_tagged(b),
+                |_, _| {},
+                |_| Some(()),
+            ),
+        }
+    }
+}
+
+impl Stateful<Key, (Key, Obj)> for Pass {
+    type State = ();
+    type Out = Obj;
+    fn state(&self) -> KeyedState<Key, ()> {
+        self.state.clone()
+    }
+    #[inline]
+    fn update(&mut self, _: &mut (), (_, item): (Key, Obj), emit: &mut Emit<'_, Obj>) {
+        emit.emit(item)
+    }
+}

@@ -154,7 +154,7 @@ pub(crate) enum Key {
 }
 
 /// The longest str or bytes key kept in place.
-const SMALL: usize = 23;
+pub(crate) const SMALL: usize = 23;
 
 /// Up to 23 bytes in place: the length, then the bytes, zeros after them; compared and hashed
 /// as three words (a symbol's key is one).
@@ -163,7 +163,7 @@ pub(crate) struct Small([u8; 24]);
 
 impl Small {
     #[inline]
-    fn new(b: &[u8]) -> Small {
+    pub(crate) fn new(b: &[u8]) -> Small {
         let mut a = [0u8; 24];
         a[0] = b.len() as u8;
         a[1..=b.len()].copy_from_slice(b);

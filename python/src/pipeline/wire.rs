@@ -82,3 +82,45 @@ impl Wire<Key, (Key, Obj)> for PyWire {
         Ok(())
     }
 }
+
+/// A record as read, not decoded yet: what crosses processes when a pipeline's key is read
+/// from its raw bytes ([`RawWire`]).
+pub(crate) struct Raw(pub(crate) Box<[u8]>);
+
+/// Keys and raw records, a batch at a time: for each, the key's length and tagged bytes, then
+/// the record's length and bytes. Nothing is pickled: the owner decodes the records.
+pub(crate) struct RawWire;
+
+impl Wire<Key, (Key, Raw)> for RawWire {
+    fn encode(&self, items: Vec<(Key, (Key, Raw))>, out: &mut Vec<u8>) -> Result<(), String> {
+        for (k, (_, raw)) in items {
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            k.tagged_bytes(out);
+            let len = (out.len() - at - 4) as u32;
+            out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(&(raw.0.len() as u32).to_le_bytes());
+            out.extend_from_slice(&raw.0);
+        }
+        Ok(())
+    }
+
+    fn decode(&self, bytes: &[u8], out: &mut Vec<(Key, (Key, Raw))>) -> Result<(), String> {
+        fn take<'b>(bytes: &'b [u8], at: &mut usize, n: usize) -> Result<&'b [u8], String> {
+            let b = bytes.get(*at..*at + n).ok_or("a batch cut short")?;
+            *at += n;
+            Ok(b)
+        }
+        let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        let mut at = 0;
+        while at < bytes.len() {
+            let len = word(take(bytes, &mut at, 4)?);
+            let k =
+                Key::from_tagged(take(bytes, &mut at, len)?).ok_or("a key that does not decode")?;
+            let len = word(take(bytes, &mut at, 4)?);
+            let raw = Raw(take(bytes, &mut at, len)?.into());
+            out.push((k.clone(), (k, raw)));
+        }
+        Ok(())
+    }
+}
