@@ -139,8 +139,10 @@ def server_cmd(kind, read_budget=None):
     if kind == "bytewax":
         return ["taskset", "-c", "0", bytewax_python(), "-m", "bytewax.run",
                 "bench.market_spread_bytewax:tcp_flow"]
-    if kind == "canter-py":
-        return ["taskset", "-c", "0", canter_python(),
+    if kind in ("canter-py", "canter-py-base"):
+        # canter-py-base: another build of the Python package (CANTER_PY_BASE=its Python).
+        python = os.environ["CANTER_PY_BASE"] if kind == "canter-py-base" else canter_python()
+        return ["taskset", "-c", "0", python,
                 os.path.join(ROOT, "python", "examples", "market_spread.py"), "--nbbo", NBBO,
                 "--orders", ORDERS, "--out", RECV, "--metrics", METRICS, "--workers", "1"]
     if kind == "epoll":
@@ -292,7 +294,8 @@ def main():
     print(f"\n{len(runs)} runs, {args.duration} s each, --batch {args.batch}")
 
 
-COLORS = {"canter": "#d9480f", "canter-2w": "#f08c00", "canter-py": "#e8590c", "epoll": "#1c7ed6",
+COLORS = {"canter": "#d9480f", "canter-2w": "#f08c00", "canter-py": "#e8590c",
+          "canter-py-base": "#ffa94d", "epoll": "#1c7ed6",
           "bytewax": "#2b8a3e"}
 
 
