@@ -787,17 +787,24 @@ def flow_module(tmp_path, body):
         "from test_pipeline import keyed_count_flow\n" + body)
 
 
+def start_tcp_group(tmp_path):
+    """`keyed_count_flow` on a TCP source at a free port, into a `Receiver`, run by
+    `python -m canter pipeline --processes 2`: (receiver, port, the command's process)."""
+    rx = Receiver()
+    port = free_port()
+    flow_module(tmp_path, f"flow = keyed_count_flow(cp.tcp('127.0.0.1:{port}'), "
+                          f"cp.tcp_out({rx.addr!r}))\n")
+    proc = subprocess.Popen([sys.executable, "-m", "canter", "pipeline", "pflow:flow",
+                             "--processes", "2"], cwd=tmp_path, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    return rx, port, proc
+
+
 def test_tcp_flow_in_two_processes_owns_each_key_once(tmp_path):
     """`python -m canter pipeline --processes 2` on a TCP flow: both processes accept on the
     shared port, records cross to the process owning their key (pickled, in batches), and each
     of 200 keys is counted 1..100 in one process while both processes own keys."""
-    rx = Receiver()
-    port = free_port()
-    flow_module(tmp_path, f"flow = keyed_count_flow(cp.tcp('127.0.0.1:{port}'), "
-                     f"cp.tcp_out({rx.addr!r}))\n")
-    proc = subprocess.Popen([sys.executable, "-m", "canter", "pipeline", "pflow:flow",
-                             "--processes", "2"], cwd=tmp_path, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    rx, port, proc = start_tcp_group(tmp_path)
     try:
         records = [b"k%d:%d" % (i % 200, i) for i in range(20_000)]
         send_when_listening(port, records, conns=8)
@@ -859,13 +866,7 @@ def test_a_killed_process_of_the_group_leaves_the_other_running(tmp_path):
     """One of two processes is killed: the other logs the lost links, keeps counting the keys it
     owns (records for the dead one's keys are dropped, not queued), and stops cleanly on
     SIGTERM; the command reports the dead process."""
-    rx = Receiver()
-    port = free_port()
-    flow_module(tmp_path, f"flow = keyed_count_flow(cp.tcp('127.0.0.1:{port}'), "
-                          f"cp.tcp_out({rx.addr!r}))\n")
-    proc = subprocess.Popen([sys.executable, "-m", "canter", "pipeline", "pflow:flow",
-                             "--processes", "2"], cwd=tmp_path, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    rx, port, proc = start_tcp_group(tmp_path)
     try:
         records = [b"k%d:%d" % (i % 200, i) for i in range(4_000)]
         send_when_listening(port, records, conns=4)
