@@ -8,7 +8,11 @@
 //! task sit between the socket and the handler: a message read is put where
 //! [`WebSocket::recv`] takes it and the handler is polled again in the same turn; what
 //! [`WebSocket::send`] encodes is written when the handler yields. A handler may also hand a
-//! half to a task of its own ([`WebSocket::split`]); that task then wakes the connection.
+//! half to a task of its own ([`WebSocket::split`]). What such a task sends on a plain TCP
+//! connection whose output is all out is written by the worker's flusher task at the end of
+//! the worker's turn, one `send` per connection for everything sent to it in that turn, so a
+//! broadcast to many connections wakes none of their tasks (the socket's buffer full, a TLS
+//! connection, or output still queued: the connection's task is woken and writes it).
 //!
 //! Bounds, each with its reason:
 //! - **Sending** waits while the output holds [`WsConfig::high_water`] bytes or more, until
@@ -28,6 +32,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Poll, Waker};
@@ -379,6 +384,12 @@ pub(crate) struct State {
     pub(crate) driver: Option<Waker>,
     pub(crate) recv_waiter: Option<Waker>,
     pub(crate) send_waiter: Option<Waker>,
+    /// The socket, for the worker's flusher to write sends from other tasks to (plain TCP,
+    /// once the driver's first output is out); cleared when the connection ends, before its
+    /// transport is closed.
+    pub(crate) direct: Option<RawFd>,
+    /// In the worker's list for its flusher.
+    pub(crate) corked: bool,
 }
 
 impl State {
@@ -387,6 +398,61 @@ impl State {
             if let Some(w) = self.driver.take() {
                 w.wake();
             }
+        }
+    }
+
+    /// After a send: the driver polling the handler writes it when the handler yields; a send
+    /// from another task goes to the worker's flusher when the connection can take it
+    /// directly (see the module's documentation), else wakes the driver. A close always wakes
+    /// the driver, which times the peer's answer.
+    fn kick(state: &Rc<RefCell<State>>, close: bool) {
+        let mut s = state.borrow_mut();
+        if s.in_driver {
+            return;
+        }
+        if !close && s.direct.is_some() && s.queued == 0 && s.pieces.is_empty() {
+            if !s.corked {
+                s.corked = true;
+                drop(s);
+                cork(state);
+            }
+            return;
+        }
+        if let Some(w) = s.driver.take() {
+            w.wake();
+        }
+    }
+
+    /// The flusher's write of a corked connection's output: straight to its socket when
+    /// nothing is queued before it; whatever the socket does not take (full, or an error the
+    /// driver will find) is left for the driver, which is woken.
+    fn flush_corked(&mut self) {
+        self.corked = false;
+        if self.out.is_empty() {
+            return;
+        }
+        if let (Some(fd), false, 0, true) =
+            (self.direct, self.ended, self.queued, self.pieces.is_empty())
+        {
+            match send_now(fd, &self.out) {
+                Ok(n) if n == self.out.len() => {
+                    self.out.clear();
+                    if self.out.capacity() > OUT_KEEP {
+                        self.out = Vec::new();
+                    }
+                    if let Some(w) = self.send_waiter.take() {
+                        w.wake();
+                    }
+                    return;
+                }
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                Err(_) => {}
+            }
+        }
+        if let Some(w) = self.driver.take() {
+            w.wake();
         }
     }
 
@@ -416,7 +482,6 @@ impl State {
             self.pieces_bytes += frame.len();
             self.pieces.push_back(frame.clone());
         }
-        self.wake_driver();
         Ok(())
     }
 
@@ -441,9 +506,103 @@ impl State {
         done.map_err(|e| match e {
             canter_ws::Error::Closed => WsError::Closed,
             _ => WsError::ControlTooLong,
-        })?;
-        self.wake_driver();
-        Ok(())
+        })
+    }
+}
+
+/// Output a connection keeps allocated between sends (more is freed once written).
+pub(crate) const OUT_KEEP: usize = 32 * 1024;
+
+thread_local! {
+    /// This worker's connections whose output its flusher writes at the end of the turn.
+    static CORKED: RefCell<Corked> = RefCell::new(Corked::default());
+}
+
+#[derive(Default)]
+struct Corked {
+    states: Vec<Rc<RefCell<State>>>,
+    /// The flusher task's waker; `None` until the worker has one.
+    flusher: Option<Waker>,
+    started: bool,
+}
+
+/// Starts the worker's flusher task (once per worker thread). Called by a driver on the
+/// worker's event loop before it lets the flusher write its connection.
+pub(crate) fn start_flusher() {
+    let start = CORKED.with(|c| !std::mem::replace(&mut c.borrow_mut().started, true));
+    if start {
+        tokio::task::spawn_local(flusher());
+    }
+}
+
+/// Puts a connection into the flusher's list, waking the flusher for the first one.
+fn cork(state: &Rc<RefCell<State>>) {
+    let orphan = CORKED.with(|c| {
+        let mut c = c.borrow_mut();
+        match &c.flusher {
+            Some(w) => {
+                if c.states.is_empty() {
+                    w.wake_by_ref();
+                }
+                c.states.push(state.clone());
+                false
+            }
+            None => true,
+        }
+    });
+    if orphan {
+        // No flusher polled yet on this thread: the driver writes it.
+        let mut s = state.borrow_mut();
+        s.corked = false;
+        if let Some(w) = s.driver.take() {
+            w.wake();
+        }
+    }
+}
+
+/// The worker's flusher: each turn, the output of every connection corked since the last.
+async fn flusher() {
+    let mut batch: Vec<Rc<RefCell<State>>> = Vec::new();
+    poll_fn(|cx| {
+        CORKED.with(|c| {
+            let mut c = c.borrow_mut();
+            std::mem::swap(&mut c.states, &mut batch);
+            if !c.flusher.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                c.flusher = Some(cx.waker().clone());
+            }
+        });
+        for state in batch.drain(..) {
+            state.borrow_mut().flush_corked();
+        }
+        Poll::<()>::Pending
+    })
+    .await
+}
+
+/// One nonblocking `send` of `buf` to `fd`, `EINTR` retried.
+fn send_now(fd: RawFd, buf: &[u8]) -> std::io::Result<usize> {
+    loop {
+        // SAFETY: `fd` is an open socket: `State::direct` holds it only while the connection's
+        // transport is open (cleared by `Session::end`, which runs before the transport is
+        // closed, on this same thread); the pointer and length describe `buf`, readable for
+        // the call's duration.
+        let n = unsafe {
+            libc::send(
+                fd,
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            )
+        };
+        match usize::try_from(n) {
+            Ok(n) => return Ok(n),
+            Err(_) => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
     }
 }
 
@@ -499,7 +658,9 @@ impl WebSocket {
     /// Sends a message encoded once for many connections, waiting as [`WebSocket::send`] does.
     pub async fn send_prepared(&self, msg: &Prepared) -> Result<(), WsError> {
         wait_room(&self.state).await?;
-        self.state.borrow_mut().encode_prepared(msg)
+        self.state.borrow_mut().encode_prepared(msg)?;
+        State::kick(&self.state, false);
+        Ok(())
     }
 
     /// Sends this end's close with `code` and `reason` (once; later sends fail). The
@@ -510,7 +671,9 @@ impl WebSocket {
             .encode(Message::Close(Some(CloseFrame {
                 code,
                 reason: reason.to_owned(),
-            })))
+            })))?;
+        State::kick(&self.state, true);
+        Ok(())
     }
 
     /// The subprotocol the handshake chose (`Sec-WebSocket-Protocol`), if any.
@@ -571,7 +734,9 @@ impl WsSender {
     /// As [`WebSocket::send_prepared`].
     pub async fn send_prepared(&self, msg: &Prepared) -> Result<(), WsError> {
         wait_room(&self.state).await?;
-        self.state.borrow_mut().encode_prepared(msg)
+        self.state.borrow_mut().encode_prepared(msg)?;
+        State::kick(&self.state, false);
+        Ok(())
     }
 
     /// Sends a prepared message without waiting: `Ok(false)` when the output is at its
@@ -581,7 +746,10 @@ impl WsSender {
         if !s.ended && !s.room() {
             return Ok(false);
         }
-        s.encode_prepared(msg).map(|()| true)
+        s.encode_prepared(msg)?;
+        drop(s);
+        State::kick(&self.state, false);
+        Ok(true)
     }
 
     /// Whether the connection has ended.
@@ -646,17 +814,24 @@ pub enum TrySendError {
     Failed(WsError),
 }
 
-fn try_send(state: &RefCell<State>, msg: Message) -> Result<(), TrySendError> {
+fn try_send(state: &Rc<RefCell<State>>, msg: Message) -> Result<(), TrySendError> {
     let mut s = state.borrow_mut();
     if !s.ended && !s.room() {
         return Err(TrySendError::Full(msg));
     }
-    s.encode(msg).map_err(TrySendError::Failed)
+    let close = matches!(msg, Message::Close(_));
+    s.encode(msg).map_err(TrySendError::Failed)?;
+    drop(s);
+    State::kick(state, close);
+    Ok(())
 }
 
-async fn send(state: &RefCell<State>, msg: Message) -> Result<(), WsError> {
+async fn send(state: &Rc<RefCell<State>>, msg: Message) -> Result<(), WsError> {
     wait_room(state).await?;
-    state.borrow_mut().encode(msg)
+    let close = matches!(msg, Message::Close(_));
+    state.borrow_mut().encode(msg)?;
+    State::kick(state, close);
+    Ok(())
 }
 
 /// Waits until the output is below its high-water mark; fails once the connection ended.

@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::rc::Rc;
@@ -23,7 +24,7 @@ use crate::stats::ClientFault;
 use crate::transport::Transport;
 use crate::worker::{clock, later, Worker, READ_BUF};
 use crate::ws::{
-    Accepted, CloseFrame, Message, State, Text, Upgrade, WebSocket, WsConfig, WsError,
+    Accepted, CloseFrame, Message, State, Text, Upgrade, WebSocket, WsConfig, WsError, OUT_KEEP,
 };
 
 /// How a WebSocket connection ended, for the log.
@@ -95,6 +96,8 @@ impl Session {
             driver: None,
             recv_waiter: None,
             send_waiter: None,
+            direct: None,
+            corked: false,
         }));
         let peer = info.peer;
         let socket = WebSocket {
@@ -172,9 +175,42 @@ impl Session {
         }
         put(Piece::Copy(&s.out));
         s.out.clear();
-        if s.out.capacity() > 4 * READ_BUF {
+        if s.out.capacity() > OUT_KEEP {
             s.out = Vec::new();
         }
+    }
+
+    /// With nothing queued on the transport before it, writes what was sent straight from the
+    /// session's buffer (no copy into the connection's output, which then needs no buffer);
+    /// what the transport does not take now is left for [`Session::take_output`].
+    pub(crate) fn write_out<T: Transport>(
+        &mut self,
+        io: &mut T,
+        cx: &mut Context<'_>,
+    ) -> io::Result<()> {
+        let mut s = self.state.borrow_mut();
+        if s.out.is_empty() || !s.pieces.is_empty() {
+            return Ok(());
+        }
+        if let Poll::Ready(n) = io.poll_write(cx, &s.out) {
+            let n = n?;
+            if n == s.out.len() {
+                s.out.clear();
+                if s.out.capacity() > OUT_KEEP {
+                    s.out = Vec::new();
+                }
+            } else {
+                s.out.drain(..n);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets the worker's flusher write sends from other tasks straight to socket `fd` (see
+    /// [`crate::ws`]); the session's own output must be all out.
+    pub(crate) fn set_direct(&mut self, fd: std::os::fd::RawFd) {
+        crate::ws::start_flusher();
+        self.state.borrow_mut().direct = Some(fd);
     }
 
     /// Records what the transport still holds; below the low-water mark a waiting sender may
@@ -324,6 +360,8 @@ impl Session {
     pub(crate) fn end(&mut self, end: &End, worker: Option<&Worker>) {
         {
             let mut s = self.state.borrow_mut();
+            // The transport closes after this: the flusher must not write to it.
+            s.direct = None;
             if s.ended {
                 return;
             }
@@ -375,6 +413,7 @@ pub(crate) async fn serve<T: Transport>(
         read_budget,
         timer: Timer::new(),
         early_input: true,
+        direct: false,
     };
     let end = poll_fn(|cx| driver.poll(&mut io, &mut link, cx)).await;
     driver.session.end(&end, Some(&link.worker));
@@ -406,6 +445,8 @@ struct Driver {
     timer: Timer,
     /// The input may hold bytes read before the switch, not yet run through the engine.
     early_input: bool,
+    /// The flusher may write to the socket (set once the 101 is out).
+    direct: bool,
 }
 
 impl Driver {
@@ -418,6 +459,11 @@ impl Driver {
         loop {
             let now = link.worker.now();
             self.session.turn(cx, now, link.worker.draining());
+            if !link.has_output(io) {
+                if let Err(e) = self.session.write_out(io, cx) {
+                    return Poll::Ready(End::Io(e));
+                }
+            }
             self.session.take_output(|piece| {
                 link.prepare_output();
                 match piece {
@@ -434,6 +480,14 @@ impl Driver {
             let flushed = !link.has_output(io);
             if flushed {
                 link.release_idle();
+                if !self.direct {
+                    self.direct = true;
+                    if io.plain_tcp() && io.register().is_ok() {
+                        if let Some(tcp) = io.raw_tcp() {
+                            self.session.set_direct(tcp.as_raw_fd());
+                        }
+                    }
+                }
             }
             if let Some(end) = self.session.finished(flushed) {
                 return Poll::Ready(end);

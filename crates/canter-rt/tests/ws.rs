@@ -1,8 +1,8 @@
 //! WebSocket over HTTP/1.1 on real sockets (127.0.0.1): the upgrade and its refusals, echo of
 //! text and binary (fragmented, pipelined behind the upgrade, compressed), pings, both close
 //! handshakes, protocol errors closed with their codes, backpressure on a peer that stops
-//! reading, and the close a draining server sends. The client is canter-ws's engine in the
-//! client role over a blocking socket.
+//! reading, sends from another task, and the close a draining server sends. The client is
+//! canter-ws's engine in the client role over a blocking socket.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use canter_rt::ws::{Message, WebSocket};
+use canter_rt::ws::{CloseFrame, Message, WebSocket};
 use canter_rt::{Reply, Request, Response, WsUpgrade};
 use canter_ws::deflate::{self, DeflateConfig};
 use canter_ws::{Connection, Event, Limits};
@@ -49,6 +49,7 @@ fn app(sent: Arc<AtomicUsize>) -> impl Fn(Request) -> Reply {
                 })
                 .into()
             }
+            "/from-task" => ws.on_upgrade(from_task).into(),
             _ => Response::text("not found\n")
                 .with_status(canter_rt::http::StatusCode::NOT_FOUND)
                 .into(),
@@ -65,6 +66,28 @@ async fn echo(socket: WebSocket) {
             break;
         }
     }
+}
+
+/// A task of the handler's sends 2,000 numbered 4 KiB messages, then closes with 4000: sends
+/// from outside the connection's task, written by the worker's flusher while the socket takes
+/// them and by the connection's task once it is full.
+async fn from_task(socket: WebSocket) {
+    let (tx, rx) = socket.split();
+    tokio::task::spawn_local(async move {
+        for i in 0u32..2000 {
+            let mut m = vec![0u8; 4096];
+            m[..4].copy_from_slice(&i.to_be_bytes());
+            if tx.send(m).await.is_err() {
+                return;
+            }
+        }
+        let close = CloseFrame {
+            code: 4000,
+            reason: "done".into(),
+        };
+        let _ = tx.send(Message::Close(Some(close))).await;
+    });
+    while rx.recv().await.is_some() {}
 }
 
 fn start() -> (TestServer, Arc<AtomicUsize>) {
@@ -240,6 +263,25 @@ fn a_peer_that_stops_reading_holds_the_sender_at_the_high_water_mark() {
         }
     }
     assert!(sent.load(Ordering::SeqCst) > stuck);
+}
+
+#[test]
+fn sends_from_another_task_arrive_in_order_through_a_full_socket_and_close_after() {
+    let (server, _) = start();
+    let mut c = Client::open(server.addr, "/from-task", "");
+    // Not reading for a while: the socket's buffers fill, and the rest waits in the connection.
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0u32..2000 {
+        match c.next() {
+            Some(Event::Binary(b)) => {
+                assert_eq!(b.len(), 4096);
+                assert_eq!(u32::from_be_bytes([b[0], b[1], b[2], b[3]]), i);
+            }
+            other => panic!("message {i}: {other:?}"),
+        }
+    }
+    assert_eq!(c.next(), Some(Event::Close(Some((4000, "done".into())))));
+    c.expect_end();
 }
 
 #[test]

@@ -32,6 +32,10 @@ impl Utf8 {
                 Err(_) => {}
             }
         }
+        if bytes.is_ascii() {
+            // Most text is ASCII: checked a word at a time, no character decoding.
+            return Ok(());
+        }
         match std::str::from_utf8(bytes) {
             Ok(_) => Ok(()),
             Err(e) if e.error_len().is_some() => Err(InvalidUtf8),
