@@ -701,6 +701,45 @@ def test_struct_decoding_of_repeated_and_unique_short_fields(tmp_path):
     assert out == [(b"S%03d" % (i % 37), b"%06d" % i, i) for i in range(10_000)]
 
 
+def test_struct_records_kept_by_steps_and_states_keep_their_values(tmp_path):
+    """A decoded record's tuple that nothing holds any more is refilled for the next record,
+    with the floats in it that nothing else holds: a record, or a float of one, that a step or
+    a keyed state kept must keep its values however many records follow (two workers, so
+    records also wait in another worker's inbox)."""
+    fmt = ">Bdd4s"
+    n = 6000
+    recs = [struct.pack(fmt, i % 200, i / 8, -i / 16, b"S%03d" % (i % 50)) for i in range(n)]
+    want = [struct.unpack(fmt, r) for r in recs]
+    src = write_framed(tmp_path / "in.bin", recs)
+    kept, floats, sums, held = [], [], [], {}
+
+    def look(r):
+        if r[0] % 3 == 0:
+            kept.append(r)
+        elif r[0] % 3 == 1:
+            floats.append(r[1])
+        sums.append(r[1] + r[2])
+
+    def keep(state, r):
+        if r[0] % 7 == 0:
+            state.append(r)
+        held[r[3]] = state
+
+    flow = cp.Flow()
+    states = flow.keyed_state(list)
+    flow.source(cp.file(src, decode=cp.struct(fmt))).named("look").inspect(look) \
+        .sink(cp.discard())
+    flow.source(cp.file(src, decode=cp.struct(fmt))).named("keep") \
+        .key_by(operator.itemgetter(3)).update(states, keep).sink(cp.discard())
+    run(flow, workers=2)
+    assert kept == [w for w in want if w[0] % 3 == 0]
+    assert floats == [w[1] for w in want if w[0] % 3 == 1]
+    assert sums == [w[1] + w[2] for w in want]
+    assert {k: v for k, v in held.items()} == {
+        b"S%03d" % s: [w for w in want if w[3] == b"S%03d" % s and w[0] % 7 == 0]
+        for s in range(50)}
+
+
 def test_time_windows_take_event_times_at_the_ends_of_the_range(tmp_path):
     """Event times come from the records (from a peer): the first and last seconds the range
     holds open and close windows without an overflow, a time past the range is a failed
