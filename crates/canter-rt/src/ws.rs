@@ -562,6 +562,16 @@ fn cork(state: &Rc<RefCell<State>>) {
 
 /// The worker's flusher: each turn, the output of every connection corked since the last.
 async fn flusher() {
+    /// The flusher gone (its event loop dropped), the thread may run another event loop later
+    /// (a server run on the caller's thread, started again): that one starts its own.
+    struct Gone;
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let old = CORKED.try_with(|c| c.try_borrow_mut().map(|mut c| std::mem::take(&mut *c)));
+            drop(old);
+        }
+    }
+    let _gone = Gone;
     let mut batch: Vec<Rc<RefCell<State>>> = Vec::new();
     poll_fn(|cx| {
         CORKED.with(|c| {

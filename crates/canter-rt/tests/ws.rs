@@ -285,6 +285,37 @@ fn sends_from_another_task_arrive_in_order_through_a_full_socket_and_close_after
 }
 
 #[test]
+fn a_second_server_on_the_same_thread_writes_sends_from_other_tasks() {
+    // Each server's worker runs on this one thread in turn (`serve_inline`, as the Python
+    // front end runs its worker): the second must have a flusher of its own.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        for _ in 0..2 {
+            let server = canter_rt::Server::bind(test_config()).unwrap();
+            tx.send((server.local_addr(), server.shutdown_handle()))
+                .unwrap();
+            let sent = Arc::new(AtomicUsize::new(0));
+            server.serve_inline(move |_| app(sent.clone())).unwrap();
+        }
+    });
+    for round in 0..2 {
+        let (addr, shutdown) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let mut c = Client::open(addr, "/from-task", "");
+        for i in 0u32..3 {
+            match c.next() {
+                Some(Event::Binary(b)) => {
+                    assert_eq!(u32::from_be_bytes([b[0], b[1], b[2], b[3]]), i)
+                }
+                other => panic!("server {round}, message {i}: {other:?}"),
+            }
+        }
+        drop(c);
+        shutdown.shutdown();
+    }
+    worker.join().unwrap();
+}
+
+#[test]
 fn a_draining_server_closes_websockets_with_going_away() {
     let (server, _) = start();
     let mut c = Client::open(server.addr, "/echo", "");
