@@ -180,7 +180,13 @@ def proc_tree(pid):
 
 def cpu_seconds(pid):
     """utime+stime (all threads) summed over the process tree, in seconds."""
-    total = 0
+    return sum(cpu_user_system(pid))
+
+
+def cpu_user_system(pid):
+    """(utime, stime) (all threads) summed over the process tree, in seconds: time in the
+    program's own code and time in the kernel on its behalf."""
+    user = system = 0
     for p in proc_tree(pid):
         try:
             with open(f"/proc/{p}/stat") as f:
@@ -188,8 +194,9 @@ def cpu_seconds(pid):
         except OSError:
             continue
         rest = s[s.rfind(")") + 2:].split()
-        total += int(rest[11]) + int(rest[12])  # fields 14, 15: utime, stime
-    return total / CLK_TCK
+        user += int(rest[11])  # field 14: utime
+        system += int(rest[12])  # field 15: stime
+    return user / CLK_TCK, system / CLK_TCK
 
 
 def cpu_busy_ticks():

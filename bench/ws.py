@@ -19,9 +19,11 @@ runtime, GOMAXPROCS=1, Node's and Bun's single JavaScript thread); the load gene
   idle-memory        RSS growth per idle WebSocket connection (after the upgrade; no deflate)
 
 CPU per message is the server's utime+stime (the whole process tree) over the measured run
-divided by the messages echoed (delivered, for the broadcast); wire bytes per message is what the server sent per message
-(the client's bytes read). Every round starts each server in turn (the order rotating), and the
-tables give medians over the rounds. Results go to bench/results/ws-<time>.json.
+divided by the messages echoed (delivered, for the broadcast), also given as its two parts:
+user (the server's own code) and kernel (system calls and the TCP stack on its behalf; on
+loopback that includes delivering to the client's socket); wire bytes per message is what
+the server sent per message (the client's bytes read). Every round starts each server in
+turn (the order rotating), and the tables give medians over the rounds. Results go to bench/results/ws-<time>.json.
 """
 import argparse
 import json
@@ -121,9 +123,10 @@ def load(port, sc, duration):
 
 
 def measure(proc, port, sc, duration):
-    c0, t0 = run.cpu_seconds(proc.pid), time.time()
+    (u0, s0), t0 = run.cpu_user_system(proc.pid), time.time()
     rep = load(port, sc, duration)
-    c1, t1 = run.cpu_seconds(proc.pid), time.time()
+    (u1, s1), t1 = run.cpu_user_system(proc.pid), time.time()
+    c0, c1 = u0 + s0, u1 + s1
     # The warm-up second is in the CPU time too: scale it to the measured part by wall time.
     measured = rep["duration_s"] / max(t1 - t0, 1e-9)
     msgs = max(rep["requests"], 1)
@@ -132,6 +135,8 @@ def measure(proc, port, sc, duration):
     return dict(rps=rep["rps"], messages=rep["requests"], errors=errors,
                 delivered_pct=(100.0 * rep["rps"] / want) if want else 100.0,
                 cpu_us_per_msg=(c1 - c0) * measured / msgs * 1e6,
+                user_us_per_msg=(u1 - u0) * measured / msgs * 1e6,
+                kernel_us_per_msg=(s1 - s0) * measured / msgs * 1e6,
                 wire_bytes_per_msg=rep["bytes_read"] / msgs,
                 p50_us=rep["latency_us"]["p50"], p99_us=rep["latency_us"]["p99"])
 
@@ -175,8 +180,8 @@ def markdown(results):
     for sc in SCENARIOS:
         lines += [f"#### {sc}", "",
                   "| server | messages/s | delivered | CPU µs/message | × canter's CPU "
-                  "| wire B/message | p50 | p99 | errors |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| of it user | of it kernel | wire B/message | p50 | p99 | errors |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         cells = {}
         for name in names:
             rs = [r for r in runs if r["server"] == name and r["scenario"] == sc]
@@ -188,6 +193,8 @@ def markdown(results):
             ratio = f"{c['cpu_us_per_msg'] / base:.2f}" if base else "–"
             lines.append(f"| {name} | {c['rps']:,.0f} | {c['delivered_pct']:.1f}% | "
                          f"{c['cpu_us_per_msg']:.2f} | {ratio} | "
+                         f"{c.get('user_us_per_msg', 0):.2f} | "
+                         f"{c.get('kernel_us_per_msg', 0):.2f} | "
                          f"{c['wire_bytes_per_msg']:.0f} | {c['p50_us']:.0f} µs | "
                          f"{c['p99_us']:.0f} µs | {c['errors']:.0f} |")
         lines.append("")
