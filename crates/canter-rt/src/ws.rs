@@ -423,6 +423,14 @@ impl State {
         }
     }
 
+    /// Everything in `out` is written: emptied, and freed if it grew large.
+    pub(crate) fn out_written(&mut self) {
+        self.out.clear();
+        if self.out.capacity() > OUT_KEEP {
+            self.out = Vec::new();
+        }
+    }
+
     /// The flusher's write of a corked connection's output: straight to its socket when
     /// nothing is queued before it; whatever the socket does not take (full, or an error the
     /// driver will find) is left for the driver, which is woken.
@@ -436,10 +444,7 @@ impl State {
         {
             match send_now(fd, &self.out) {
                 Ok(n) if n == self.out.len() => {
-                    self.out.clear();
-                    if self.out.capacity() > OUT_KEEP {
-                        self.out = Vec::new();
-                    }
+                    self.out_written();
                     if let Some(w) = self.send_waiter.take() {
                         w.wake();
                     }
@@ -511,7 +516,7 @@ impl State {
 }
 
 /// Output a connection keeps allocated between sends (more is freed once written).
-pub(crate) const OUT_KEEP: usize = 32 * 1024;
+const OUT_KEEP: usize = 32 * 1024;
 
 thread_local! {
     /// This worker's connections whose output its flusher writes at the end of the turn.
@@ -591,29 +596,20 @@ async fn flusher() {
 
 /// One nonblocking `send` of `buf` to `fd`, `EINTR` retried.
 fn send_now(fd: RawFd, buf: &[u8]) -> std::io::Result<usize> {
-    loop {
+    crate::transport::retry(|| {
         // SAFETY: `fd` is an open socket: `State::direct` holds it only while the connection's
         // transport is open (cleared by `Session::end`, which runs before the transport is
         // closed, on this same thread); the pointer and length describe `buf`, readable for
         // the call's duration.
-        let n = unsafe {
+        unsafe {
             libc::send(
                 fd,
                 buf.as_ptr().cast(),
                 buf.len(),
                 libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
             )
-        };
-        match usize::try_from(n) {
-            Ok(n) => return Ok(n),
-            Err(_) => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
         }
-    }
+    })
 }
 
 /// A WebSocket connection as its handler holds it.
