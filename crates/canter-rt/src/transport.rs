@@ -262,7 +262,7 @@ impl LazyTcp {
 }
 
 /// A nonblocking system call's result, with `EINTR` retried.
-pub(crate) fn retry(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+fn retry(mut call: impl FnMut() -> isize) -> io::Result<usize> {
     loop {
         match usize::try_from(call()) {
             Ok(n) => return Ok(n),

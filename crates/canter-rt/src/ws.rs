@@ -423,14 +423,6 @@ impl State {
         }
     }
 
-    /// Everything in `out` is written: emptied, and freed if it grew large.
-    pub(crate) fn out_written(&mut self) {
-        self.out.clear();
-        if self.out.capacity() > OUT_KEEP {
-            self.out = Vec::new();
-        }
-    }
-
     /// The flusher's write of a corked connection's output: straight to its socket when
     /// nothing is queued before it; whatever the socket does not take (full, or an error the
     /// driver will find) is left for the driver, which is woken.
@@ -444,7 +436,10 @@ impl State {
         {
             match send_now(fd, &self.out) {
                 Ok(n) if n == self.out.len() => {
-                    self.out_written();
+                    self.out.clear();
+                    if self.out.capacity() > OUT_KEEP {
+                        self.out = Vec::new();
+                    }
                     if let Some(w) = self.send_waiter.take() {
                         w.wake();
                     }
@@ -516,7 +511,7 @@ impl State {
 }
 
 /// Output a connection keeps allocated between sends (more is freed once written).
-const OUT_KEEP: usize = 32 * 1024;
+pub(crate) const OUT_KEEP: usize = 32 * 1024;
 
 thread_local! {
     /// This worker's connections whose output its flusher writes at the end of the turn.
@@ -596,20 +591,29 @@ async fn flusher() {
 
 /// One nonblocking `send` of `buf` to `fd`, `EINTR` retried.
 fn send_now(fd: RawFd, buf: &[u8]) -> std::io::Result<usize> {
-    crate::transport::retry(|| {
+    loop {
         // SAFETY: `fd` is an open socket: `State::direct` holds it only while the connection's
         // transport is open (cleared by `Session::end`, which runs before the transport is
         // closed, on this same thread); the pointer and length describe `buf`, readable for
         // the call's duration.
-        unsafe {
+        let n = unsafe {
             libc::send(
                 fd,
                 buf.as_ptr().cast(),
                 buf.len(),
                 libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
             )
+        };
+        match usize::try_from(n) {
+            Ok(n) => return Ok(n),
+            Err(_) => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
         }
-    })
+    }
 }
 
 /// A WebSocket connection as its handler holds it.

@@ -24,7 +24,7 @@ use crate::stats::ClientFault;
 use crate::transport::Transport;
 use crate::worker::{clock, later, Worker, READ_BUF};
 use crate::ws::{
-    Accepted, CloseFrame, Message, State, Text, Upgrade, WebSocket, WsConfig, WsError,
+    Accepted, CloseFrame, Message, State, Text, Upgrade, WebSocket, WsConfig, WsError, OUT_KEEP,
 };
 
 /// How a WebSocket connection ended, for the log.
@@ -174,7 +174,10 @@ impl Session {
             return;
         }
         put(Piece::Copy(&s.out));
-        s.out_written();
+        s.out.clear();
+        if s.out.capacity() > OUT_KEEP {
+            s.out = Vec::new();
+        }
     }
 
     /// With nothing queued on the transport before it, writes what was sent straight from the
@@ -192,7 +195,10 @@ impl Session {
         if let Poll::Ready(n) = io.poll_write(cx, &s.out) {
             let n = n?;
             if n == s.out.len() {
-                s.out_written();
+                s.out.clear();
+                if s.out.capacity() > OUT_KEEP {
+                    s.out = Vec::new();
+                }
             } else {
                 s.out.drain(..n);
             }
