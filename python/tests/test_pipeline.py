@@ -703,22 +703,32 @@ def test_struct_decoding_of_repeated_and_unique_short_fields(tmp_path):
 
 def test_struct_records_kept_by_steps_and_states_keep_their_values(tmp_path):
     """A decoded record's tuple that nothing holds any more is refilled for the next record,
-    with the floats in it that nothing else holds: a record, or a float of one, that a step or
-    a keyed state kept must keep its values however many records follow (two workers, so
-    records also wait in another worker's inbox)."""
-    fmt = ">Bdd4s"
+    with the floats, ints and bytes in it that nothing else holds: a record, or a value of
+    one, that a step or a keyed state kept must keep its value however many records follow
+    (two workers, so records also wait in another worker's inbox), and a bytes value hashed
+    and let go hashes as its new value when refilled."""
+    fmt = ">Bdd4sIq6sQ"
     n = 6000
-    recs = [struct.pack(fmt, i % 200, i / 8, -i / 16, b"S%03d" % (i % 50)) for i in range(n)]
+    recs = [struct.pack(fmt, i % 200, i / 8, -i / 16, b"S%03d" % (i % 50),
+                        (i * 2654435761) % 2**32, (i - 3000) * (1 << 35) + i, b"%06d" % i,
+                        2**64 - 1 - i if i % 5 == 0 else i * 977)
+            for i in range(n)]
     want = [struct.unpack(fmt, r) for r in recs]
     src = write_framed(tmp_path / "in.bin", recs)
     kept, floats, sums, held = [], [], [], {}
+    ints, ids, hashes, seen = [], [], [], []
 
     def look(r):
         if r[0] % 3 == 0:
             kept.append(r)
         elif r[0] % 3 == 1:
             floats.append(r[1])
+            ints.append((r[4], r[5], r[7]))
+            ids.append(r[6])
+        else:  # nothing of it kept: seen as text, its bytes refilled by the next record
+            seen.append((str(r[4]), str(r[5]), r[6].hex(), str(r[7])))
         sums.append(r[1] + r[2])
+        hashes.append(hash(r[6]))
 
     def keep(state, r):
         if r[0] % 7 == 0:
@@ -734,7 +744,11 @@ def test_struct_records_kept_by_steps_and_states_keep_their_values(tmp_path):
     run(flow, workers=2)
     assert kept == [w for w in want if w[0] % 3 == 0]
     assert floats == [w[1] for w in want if w[0] % 3 == 1]
+    assert ints == [(w[4], w[5], w[7]) for w in want if w[0] % 3 == 1]
+    assert ids == [w[6] for w in want if w[0] % 3 == 1]
     assert sums == [w[1] + w[2] for w in want]
+    assert hashes == [hash(w[6]) for w in want]
+    assert seen == [(str(w[4]), str(w[5]), w[6].hex(), str(w[7])) for w in want if w[0] % 3 == 2]
     assert {k: v for k, v in held.items()} == {
         b"S%03d" % s: [w for w in want if w[3] == b"S%03d" % s and w[0] % 7 == 0]
         for s in range(50)}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{IntoPyDict, PyByteArray, PyBytes, PyString};
+use pyo3::types::{IntoPyDict, PyByteArray, PyBytes, PyList, PyString, PyTuple};
 
 use super::steps::Key;
 use super::Obj;
@@ -194,10 +194,7 @@ impl Format {
                         let b = &rec[at - n..at];
                         match cache.as_deref_mut().and_then(|c| c.get(py, slot, b)) {
                             Some(v) => v,
-                            None => ffi::PyBytes_FromStringAndSize(
-                                b.as_ptr().cast(),
-                                n as ffi::Py_ssize_t,
-                            ),
+                            None => bytes(tuple.as_ptr(), slot, fresh, b),
                         }
                     }
                     Field::Bool => {
@@ -206,12 +203,18 @@ impl Format {
                     }
                     Field::I8 => ffi::PyLong_FromLong(num!(i8).into()),
                     Field::U8 => ffi::PyLong_FromLong(num!(u8).into()),
-                    Field::I16 => ffi::PyLong_FromLong(num!(i16).into()),
-                    Field::U16 => ffi::PyLong_FromLong(num!(u16).into()),
-                    Field::I32 => ffi::PyLong_FromLong(num!(i32).into()),
-                    Field::U32 => ffi::PyLong_FromLongLong(num!(u32).into()),
-                    Field::I64 => ffi::PyLong_FromLongLong(num!(i64)),
-                    Field::U64 => ffi::PyLong_FromUnsignedLongLong(num!(u64)),
+                    Field::I16 => int(tuple.as_ptr(), slot, fresh, num!(i16).into()),
+                    Field::U16 => int(tuple.as_ptr(), slot, fresh, num!(u16).into()),
+                    Field::I32 => int(tuple.as_ptr(), slot, fresh, num!(i32).into()),
+                    Field::U32 => int(tuple.as_ptr(), slot, fresh, num!(u32).into()),
+                    Field::I64 => int(tuple.as_ptr(), slot, fresh, num!(i64)),
+                    Field::U64 => {
+                        let x = num!(u64);
+                        match i64::try_from(x) {
+                            Ok(x) => int(tuple.as_ptr(), slot, fresh, x),
+                            Err(_) => ffi::PyLong_FromUnsignedLongLong(x),
+                        }
+                    }
                     Field::F32 => float(tuple.as_ptr(), slot, fresh, f64::from(num!(f32))),
                     Field::F64 => float(tuple.as_ptr(), slot, fresh, num!(f64)),
                 }
@@ -244,21 +247,47 @@ impl Format {
         Ok(tuple)
     }
 
-    /// Packs the sequence `v` (one value per field) onto `buf`.
+    /// Packs the sequence `v` (one value per field) onto `buf`: a tuple's or a list's items
+    /// taken in place, any other sequence's through `len` and `__getitem__`.
     pub(crate) fn pack(&self, v: &Bound<'_, PyAny>, buf: &mut Vec<u8>) -> PyResult<()> {
-        let n = v.len()?;
+        if let Ok(t) = v.cast::<PyTuple>() {
+            self.values_are(t.len())?;
+            return self.pack_items(buf, |i| t.get_item(i));
+        }
+        if let Ok(l) = v.cast::<PyList>() {
+            self.values_are(l.len())?;
+            return self.pack_items(buf, |i| l.get_item(i));
+        }
+        self.values_are(v.len()?)?;
+        self.pack_items(buf, |i| v.get_item(i))
+    }
+
+    fn values_are(&self, n: usize) -> PyResult<()> {
         if n != self.values {
             return Err(PyValueError::new_err(format!(
                 "the format packs {} values, got {n}",
                 self.values
             )));
         }
+        Ok(())
+    }
+
+    /// Packs the values `item(0)`, `item(1)`, ... (one per field) onto `buf`.
+    #[inline]
+    fn pack_items<'py>(
+        &self,
+        buf: &mut Vec<u8>,
+        item: impl Fn(usize) -> PyResult<Bound<'py, PyAny>>,
+    ) -> PyResult<()> {
         buf.reserve(self.size);
         let mut i = 0;
+        let mut next = || {
+            i += 1;
+            item(i - 1)
+        };
         macro_rules! put {
             ($t:ty) => {{
-                let x: $t = v.get_item(i)?.extract()?;
-                i += 1;
+                let x: $t = next()?.extract()?;
                 if self.big {
                     buf.extend_from_slice(&x.to_be_bytes())
                 } else {
@@ -270,16 +299,13 @@ impl Format {
             match *f {
                 Field::Pad(n) => buf.resize(buf.len() + n, 0),
                 Field::Bytes(n) => {
-                    let item = v.get_item(i)?;
-                    i += 1;
-                    let b = bytes_of(&item)?;
-                    let take = b.len().min(n);
-                    buf.extend_from_slice(&b[..take]);
-                    buf.resize(buf.len() + n - take, 0);
+                    let v = next()?;
+                    let at = buf.len();
+                    with_bytes(&v, |b| buf.extend_from_slice(&b[..b.len().min(n)]))?;
+                    buf.resize(at + n, 0);
                 }
                 Field::Bool => {
-                    let x = v.get_item(i)?.is_truthy()?;
-                    i += 1;
+                    let x = next()?.is_truthy()?;
                     buf.push(u8::from(x));
                 }
                 Field::I8 => put!(i8),
@@ -320,6 +346,152 @@ unsafe fn float(tuple: *mut ffi::PyObject, slot: usize, fresh: bool, x: f64) -> 
         }
         ffi::PyFloat_FromDouble(x)
     }
+}
+
+/// A bytes object of `b` for a tuple's value `slot`: in a reused tuple, the bytes already
+/// there are refilled in place when the tuple is their only holder and they have `b`'s length
+/// (as `float` does; the hash a bytes object caches is forgotten); otherwise new ones. A new
+/// reference either way.
+///
+/// # Safety
+/// As for [`float`].
+#[inline(always)]
+unsafe fn bytes(
+    tuple: *mut ffi::PyObject,
+    slot: usize,
+    fresh: bool,
+    b: &[u8],
+) -> *mut ffi::PyObject {
+    // SAFETY: as in `float`; the copy stays within the object's `b.len()` bytes of value.
+    unsafe {
+        if !fresh {
+            let old = ffi::PyTuple_GET_ITEM(tuple, slot as ffi::Py_ssize_t);
+            if ffi::PyBytes_CheckExact(old) != 0
+                && ffi::Py_REFCNT(old) == 1
+                && ffi::Py_SIZE(old) == b.len() as ffi::Py_ssize_t
+            {
+                let o = old.cast::<ffi::PyBytesObject>();
+                let at = std::ptr::addr_of_mut!((*o).ob_sval).cast::<u8>();
+                std::ptr::copy_nonoverlapping(b.as_ptr(), at, b.len());
+                #[allow(deprecated)]
+                {
+                    (*o).ob_shash = -1;
+                }
+                ffi::Py_INCREF(old);
+                return old;
+            }
+        }
+        ffi::PyBytes_FromStringAndSize(b.as_ptr().cast(), b.len() as ffi::Py_ssize_t)
+    }
+}
+
+/// An int of `x` for a tuple's value `slot`: in a reused tuple, an int already there is
+/// refilled in place when the tuple is its only holder, it is not one of the interpreter's
+/// shared small ints (`x` past 256) and it has as many digits as `x` needs (positive values
+/// below 2^60: one or two of CPython's 30-bit digits), on an interpreter whose layout of ints
+/// was recognised ([`int_layout`]); otherwise a new one. A new reference either way.
+///
+/// # Safety
+/// As for [`float`].
+#[inline(always)]
+unsafe fn int(tuple: *mut ffi::PyObject, slot: usize, fresh: bool, x: i64) -> *mut ffi::PyObject {
+    // SAFETY: as in `float`; the digits written are the ones the object has (its size word
+    // says so, read in the layout `int_layout` recognised).
+    unsafe {
+        if !fresh && x > 256 && x < 1 << 60 {
+            let old = ffi::PyTuple_GET_ITEM(tuple, slot as ffi::Py_ssize_t);
+            if ffi::PyLong_CheckExact(old) != 0 && ffi::Py_REFCNT(old) == 1 {
+                let layout = int_layout();
+                let n: usize = if x < 1 << 30 { 1 } else { 2 };
+                let word = old.cast::<u8>().add(std::mem::size_of::<ffi::PyObject>());
+                if layout != IntLayout::Unknown
+                    && word.cast::<isize>().read() == layout.size_word(n)
+                {
+                    let digits = word.add(std::mem::size_of::<isize>()).cast::<u32>();
+                    digits.write((x & DIGIT_MASK) as u32);
+                    if n == 2 {
+                        digits.add(1).write((x >> 30) as u32);
+                    }
+                    ffi::Py_INCREF(old);
+                    return old;
+                }
+            }
+        }
+        ffi::PyLong_FromLongLong(x)
+    }
+}
+
+const DIGIT_MASK: i64 = (1 << 30) - 1;
+
+/// Where an int keeps its number of digits: the word after the object's header, as its size
+/// (CPython up to 3.11: the count, negative for a negative value) or as a tag (3.12 on: the
+/// count shifted left by 3, the sign in the low bits, 0 for a positive value).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum IntLayout {
+    Unknown,
+    Size,
+    Tag,
+}
+
+impl IntLayout {
+    /// The size word of a positive int of `n` digits.
+    fn size_word(self, n: usize) -> isize {
+        match self {
+            IntLayout::Size => n as isize,
+            IntLayout::Tag => (n as isize) << 3,
+            IntLayout::Unknown => -1,
+        }
+    }
+}
+
+/// This interpreter's layout of ints, probed once: two ints made by the interpreter (one and
+/// two 30-bit digits) must show their digit counts and digits where the layout says. Any other
+/// layout (15-bit digits, a new one) is `Unknown`, and ints are then always made anew.
+fn int_layout() -> IntLayout {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static LAYOUT: AtomicU8 = AtomicU8::new(0);
+    match LAYOUT.load(Ordering::Relaxed) {
+        1 => return IntLayout::Unknown,
+        2 => return IntLayout::Size,
+        3 => return IntLayout::Tag,
+        _ => {}
+    }
+    let probe = |layout: IntLayout| {
+        [(1i64 << 20) + 7, (5i64 << 30) + 9]
+            .iter()
+            .enumerate()
+            .all(|(i, &x)| {
+                // SAFETY: an int made here and released below; its first words are read only
+                // (its header, then at least one more word and a digit, whatever the layout).
+                unsafe {
+                    let o = ffi::PyLong_FromLongLong(x);
+                    if o.is_null() {
+                        ffi::PyErr_Clear();
+                        return false;
+                    }
+                    let word = o.cast::<u8>().add(std::mem::size_of::<ffi::PyObject>());
+                    let n = i + 1;
+                    let ok = word.cast::<isize>().read() == layout.size_word(n) && {
+                        let d = word.add(std::mem::size_of::<isize>()).cast::<u32>();
+                        d.read() == (x & DIGIT_MASK) as u32
+                            && (n == 1 || d.add(1).read() == (x >> 30) as u32)
+                    };
+                    ffi::Py_DECREF(o);
+                    ok
+                }
+            })
+    };
+    let found = [IntLayout::Size, IntLayout::Tag]
+        .into_iter()
+        .find(|&l| probe(l))
+        .unwrap_or(IntLayout::Unknown);
+    let code = match found {
+        IntLayout::Unknown => 1,
+        IntLayout::Size => 2,
+        IntLayout::Tag => 3,
+    };
+    LAYOUT.store(code, Ordering::Relaxed);
+    found
 }
 
 /// Short bytes fields (at most 7 bytes: symbols, codes) whose values repeat, handed out from
@@ -490,16 +662,16 @@ fn width(f: Field) -> usize {
     }
 }
 
-/// The bytes of a bytes-like value or a str (UTF-8).
-fn bytes_of(v: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+/// Calls `f` with the bytes of a bytes-like value or a str (UTF-8).
+fn with_bytes<R>(v: &Bound<'_, PyAny>, f: impl FnOnce(&[u8]) -> R) -> PyResult<R> {
     if let Ok(b) = v.cast::<PyBytes>() {
-        return Ok(b.as_bytes().to_vec());
+        return Ok(f(b.as_bytes()));
     }
     if let Ok(s) = v.cast::<PyString>() {
-        return Ok(s.to_str()?.as_bytes().to_vec());
+        return Ok(f(s.to_str()?.as_bytes()));
     }
     if let Ok(b) = v.cast::<PyByteArray>() {
-        return Ok(b.to_vec());
+        return Ok(f(&b.to_vec()));
     }
     Err(PyTypeError::new_err(format!(
         "expected bytes or str, got {}",
@@ -633,10 +805,5 @@ impl Encoder {
 
 /// Appends a bytes-like value, or a str's UTF-8.
 fn raw(v: &Bound<'_, PyAny>, buf: &mut Vec<u8>) -> PyResult<()> {
-    if let Ok(b) = v.cast::<PyBytes>() {
-        buf.extend_from_slice(b.as_bytes());
-        return Ok(());
-    }
-    buf.extend_from_slice(&bytes_of(v)?);
-    Ok(())
+    with_bytes(v, |b| buf.extend_from_slice(b))
 }
