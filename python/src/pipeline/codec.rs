@@ -600,6 +600,15 @@ pub(crate) struct KeyField {
 }
 
 impl KeyField {
+    /// Whether [`KeyField::key`] gives a key for every record of the format's size (a bytes
+    /// or an integer field that fits an `i64`; not a bool, whose value `Key::of` refuses).
+    pub(crate) fn infallible(&self) -> bool {
+        !matches!(
+            self.field,
+            Field::U64 | Field::Bool | Field::Pad(_) | Field::F32 | Field::F64
+        )
+    }
+
     /// The key of a record of the format's size: the same [`Key`] as `Key::of` gives for the
     /// value `unpack` makes (bytes as they are, integers as `i64`; an unsigned value past
     /// `i64::MAX` is no key).

@@ -26,7 +26,9 @@ use pyo3::types::{PyDict, PyList};
 
 use codec::{Decoder, Encoder};
 use stateful::{Agg, Decoded, Mode, Pass, Span, Update, Window};
-use steps::{step_name, Chain, Failures, Key, KeyFn, KeyStep, Kind, Op, Out, Policy, Stopper};
+use steps::{
+    step_name, Chain, Failures, Key, KeyFn, KeyStep, KeyedAlready, Kind, Op, Out, Policy, Stopper,
+};
 
 /// A Python object held by the engine.
 pub(crate) type Obj = Py<PyAny>;
@@ -264,6 +266,29 @@ fn build(
             .key_by(|(k, _): &(Key, wire::Raw)| k.clone())
             .wire(wire::RawWire);
         return Ok(stage.attach(RawHead(keyed, format, failures), post, out, sink));
+    }
+    // In one process, the same key read from the record's bytes as it is decoded: no Python
+    // item lookup and no key made of a Python value (fields whose key cannot fail only: a
+    // u64 past i64 is a failed record of the key step, as when read from the value).
+    let direct = match (&dec, &f) {
+        (Decoder::Struct(format), KeyFn::Item(_, Some(i))) if s.pre.is_empty() => {
+            format.key_field(*i).filter(|k| k.infallible())
+        }
+        _ => None,
+    };
+    if let Some(field) = direct {
+        let mut cache = codec::Interner::default();
+        let decode = move |rec: &[u8]| {
+            let item = dec
+                .decode_cached(py_static(), rec, &mut cache)
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((field.key(rec)?, item))
+        };
+        let keyed = Pipeline::new(&s.name, src, decode)
+            .step(KeyedAlready::new(name))
+            .key_by(|(k, _): &(Key, Obj)| k.clone())
+            .wire(wire::PyWire::new(py)?);
+        return Ok(stage.attach(ObjHead(keyed), post, out, sink));
     }
     let mut cache = codec::Interner::default();
     let decode = move |rec: &[u8]| {

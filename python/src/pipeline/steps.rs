@@ -708,6 +708,35 @@ impl Step<Obj> for KeyStep {
     }
 }
 
+/// `key_by` when the decoder made the key already (read from the record's bytes): counted
+/// and named as the key step is, for the metrics.
+#[derive(Clone)]
+pub(crate) struct KeyedAlready {
+    n: u64,
+    name: String,
+}
+
+impl KeyedAlready {
+    pub(crate) fn new(name: String) -> KeyedAlready {
+        KeyedAlready { n: 0, name }
+    }
+}
+
+impl Step<(Key, Obj)> for KeyedAlready {
+    type Out = (Key, Obj);
+    #[inline]
+    fn push<E: FnMut((Key, Obj))>(&mut self, item: (Key, Obj), emit: &mut E) {
+        self.n += 1;
+        emit(item)
+    }
+    fn counts(&self, out: &mut Vec<u64>) {
+        out.push(self.n);
+    }
+    fn names(&self, out: &mut Vec<String>) {
+        out.push(self.name.clone());
+    }
+}
+
 /// The end of a pipeline: records encoded for a framed sink, or appended to a Python list.
 pub(crate) enum Out {
     Encode(Encoder, Arc<Failures>),
