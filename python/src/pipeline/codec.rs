@@ -1,6 +1,7 @@
 //! Decoders and encoders of records: built-in ones run in Rust (raw bytes, UTF-8 text,
 //! `struct` formats; JSON through CPython's C parser), or a Python function.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -35,6 +36,8 @@ enum Field {
 pub(crate) struct Format {
     big: bool,
     fields: Arc<[Field]>,
+    /// The fields that make values (no padding), each with where it starts in a record.
+    vals: Arc<[(usize, Field)]>,
     size: usize,
     values: usize,
 }
@@ -96,9 +99,18 @@ impl Format {
                 values += 1;
             }
         }
+        let mut at = 0;
+        let mut vals = Vec::with_capacity(values);
+        for f in &fields {
+            if !matches!(f, Field::Pad(_)) {
+                vals.push((at, *f));
+            }
+            at += width(*f);
+        }
         Ok(Format {
             big,
             fields: fields.into(),
+            vals: vals.into(),
             size,
             values,
         })
@@ -166,78 +178,33 @@ impl Format {
                 Bound::from_owned_ptr_or_err(py, t)?
             },
         };
-        let mut at = 0;
-        let mut slot = 0;
-        macro_rules! num {
-            ($t:ty) => {{
-                const N: usize = std::mem::size_of::<$t>();
-                let mut b = [0u8; N];
-                b.copy_from_slice(&rec[at..at + N]);
-                at += N;
-                if self.big {
-                    <$t>::from_be_bytes(b)
-                } else {
-                    <$t>::from_le_bytes(b)
-                }
-            }};
-        }
-        for f in self.fields.iter() {
-            // SAFETY: each arm makes a new reference (or fails with NULL and an exception set).
-            let v: *mut ffi::PyObject = unsafe {
-                match *f {
-                    Field::Pad(n) => {
-                        at += n;
-                        continue;
-                    }
-                    Field::Bytes(n) => {
-                        at += n;
-                        let b = &rec[at - n..at];
-                        match cache.as_deref_mut().and_then(|c| c.get(py, slot, b)) {
-                            Some(v) => v,
-                            None => bytes(tuple.as_ptr(), slot, fresh, b),
-                        }
-                    }
-                    Field::Bool => {
-                        at += 1;
-                        ffi::PyBool_FromLong(std::os::raw::c_long::from(rec[at - 1] != 0))
-                    }
-                    Field::I8 => ffi::PyLong_FromLong(num!(i8).into()),
-                    Field::U8 => ffi::PyLong_FromLong(num!(u8).into()),
-                    Field::I16 => int(tuple.as_ptr(), slot, fresh, num!(i16).into()),
-                    Field::U16 => int(tuple.as_ptr(), slot, fresh, num!(u16).into()),
-                    Field::I32 => int(tuple.as_ptr(), slot, fresh, num!(i32).into()),
-                    Field::U32 => int(tuple.as_ptr(), slot, fresh, num!(u32).into()),
-                    Field::I64 => int(tuple.as_ptr(), slot, fresh, num!(i64)),
-                    Field::U64 => {
-                        let x = num!(u64);
-                        match i64::try_from(x) {
-                            Ok(x) => int(tuple.as_ptr(), slot, fresh, x),
-                            Err(_) => ffi::PyLong_FromUnsignedLongLong(x),
-                        }
-                    }
-                    Field::F32 => float(tuple.as_ptr(), slot, fresh, f64::from(num!(f32))),
-                    Field::F64 => float(tuple.as_ptr(), slot, fresh, num!(f64)),
-                }
-            };
-            if v.is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            // SAFETY: `slot` < `values` (one value per non-pad field); the tuple takes `v`. A
-            // reused tuple's old value there (one of ours: an int, float, bool or bytes, whose
-            // release runs no Python code) is released after it is replaced, unless the value
-            // was refilled in place (`v` is then the same object, its reference taken back).
+        let t = tuple.as_ptr();
+        let ints = if fresh {
+            IntLayout::Unknown
+        } else {
+            int_layout()
+        };
+        for (slot, &(at, field)) in self.vals.iter().enumerate() {
+            // SAFETY: `vals` holds the format's fields with their offsets, each within its
+            // size, which is `rec`'s; `slot` < `values` (one per value field), and the tuple's
+            // slots are all set unless `fresh`.
             unsafe {
-                let t = tuple.as_ptr();
-                let at = slot as ffi::Py_ssize_t;
-                if fresh {
-                    ffi::PyTuple_SET_ITEM(t, at, v);
+                let v = Value {
+                    t,
+                    slot: slot as ffi::Py_ssize_t,
+                    fresh,
+                };
+                let made = if self.big {
+                    v.make::<true>(py, rec, at, field, ints, cache.as_deref_mut())
                 } else {
-                    let old = ffi::PyTuple_GET_ITEM(t, at);
-                    ffi::PyTuple_SET_ITEM(t, at, v);
-                    ffi::Py_DECREF(old);
+                    v.make::<false>(py, rec, at, field, ints, cache.as_deref_mut())
+                };
+                match made {
+                    Made::Refilled => {}
+                    Made::New(o) if o.is_null() => return Err(PyErr::fetch(py)),
+                    Made::New(o) => v.set(o),
                 }
             }
-            slot += 1;
         }
         if fresh {
             if let Some(c) = cache {
@@ -324,100 +291,196 @@ impl Format {
     }
 }
 
-/// A float for a tuple's value `slot`: in a reused tuple (`fresh` false), the float already
-/// there is refilled in place when the tuple is its only holder (nobody can see the change);
-/// otherwise a new one. A new reference either way.
-///
-/// # Safety
-/// `tuple` is a tuple with at least `slot + 1` values, all set unless `fresh`.
-#[inline(always)]
-unsafe fn float(tuple: *mut ffi::PyObject, slot: usize, fresh: bool, x: f64) -> *mut ffi::PyObject {
-    // SAFETY: per the contract, the slot holds a valid object when not fresh; a float's
-    // value is written only while the tuple's reference is its only one, and the returned
-    // reference is counted like a new one.
-    unsafe {
-        if !fresh {
-            let old = ffi::PyTuple_GET_ITEM(tuple, slot as ffi::Py_ssize_t);
-            if ffi::PyFloat_CheckExact(old) != 0 && ffi::Py_REFCNT(old) == 1 {
-                (*old.cast::<ffi::PyFloatObject>()).ob_fval = x;
-                ffi::Py_INCREF(old);
-                return old;
-            }
-        }
-        ffi::PyFloat_FromDouble(x)
-    }
+/// What [`Value::make`] did.
+enum Made {
+    /// The object in the slot was given the new value in place (nothing else holds it).
+    Refilled,
+    /// A new reference for the slot (NULL with an exception set on a failure).
+    New(*mut ffi::PyObject),
 }
 
-/// A bytes object of `b` for a tuple's value `slot`: in a reused tuple, the bytes already
-/// there are refilled in place when the tuple is their only holder and they have `b`'s length
-/// (as `float` does; the hash a bytes object caches is forgotten); otherwise new ones. A new
-/// reference either way.
+/// One value of a tuple being filled: slot `slot` of `t`, which is a new tuple (`fresh`) or
+/// the last record's, nothing but the decoder holding it.
 ///
-/// # Safety
-/// As for [`float`].
-#[inline(always)]
-unsafe fn bytes(
-    tuple: *mut ffi::PyObject,
-    slot: usize,
+/// In a reused tuple, a float, an int or a bytes object in the slot that the tuple alone holds
+/// (reference count 1: no step, state or sink kept it) is given the new value in place rather
+/// than freed and made again (nobody can see the change): floats always, bytes of the same
+/// length (the hash they cache is forgotten), ints that are not the interpreter's shared small
+/// ones (values past 256) with as many digits as the new value needs (positive values below
+/// 2^60, one or two of CPython's 30-bit digits), on an interpreter whose layout of ints was
+/// recognised ([`int_layout`]).
+#[derive(Clone, Copy)]
+struct Value {
+    t: *mut ffi::PyObject,
+    slot: ffi::Py_ssize_t,
     fresh: bool,
-    b: &[u8],
-) -> *mut ffi::PyObject {
-    // SAFETY: as in `float`; the copy stays within the object's `b.len()` bytes of value.
-    unsafe {
-        if !fresh {
-            let old = ffi::PyTuple_GET_ITEM(tuple, slot as ffi::Py_ssize_t);
-            if ffi::PyBytes_CheckExact(old) != 0
-                && ffi::Py_REFCNT(old) == 1
-                && ffi::Py_SIZE(old) == b.len() as ffi::Py_ssize_t
-            {
-                let o = old.cast::<ffi::PyBytesObject>();
-                let at = std::ptr::addr_of_mut!((*o).ob_sval).cast::<u8>();
-                std::ptr::copy_nonoverlapping(b.as_ptr(), at, b.len());
-                #[allow(deprecated)]
-                {
-                    (*o).ob_shash = -1;
-                }
-                ffi::Py_INCREF(old);
-                return old;
-            }
-        }
-        ffi::PyBytes_FromStringAndSize(b.as_ptr().cast(), b.len() as ffi::Py_ssize_t)
-    }
 }
 
-/// An int of `x` for a tuple's value `slot`: in a reused tuple, an int already there is
-/// refilled in place when the tuple is its only holder, it is not one of the interpreter's
-/// shared small ints (`x` past 256) and it has as many digits as `x` needs (positive values
-/// below 2^60: one or two of CPython's 30-bit digits), on an interpreter whose layout of ints
-/// was recognised ([`int_layout`]); otherwise a new one. A new reference either way.
-///
-/// # Safety
-/// As for [`float`].
-#[inline(always)]
-unsafe fn int(tuple: *mut ffi::PyObject, slot: usize, fresh: bool, x: i64) -> *mut ffi::PyObject {
-    // SAFETY: as in `float`; the digits written are the ones the object has (its size word
-    // says so, read in the layout `int_layout` recognised).
-    unsafe {
-        if !fresh && x > 256 && x < 1 << 60 {
-            let old = ffi::PyTuple_GET_ITEM(tuple, slot as ffi::Py_ssize_t);
-            if ffi::PyLong_CheckExact(old) != 0 && ffi::Py_REFCNT(old) == 1 {
-                let layout = int_layout();
-                let n: usize = if x < 1 << 30 { 1 } else { 2 };
-                let word = old.cast::<u8>().add(std::mem::size_of::<ffi::PyObject>());
-                if layout != IntLayout::Unknown
-                    && word.cast::<isize>().read() == layout.size_word(n)
-                {
-                    let digits = word.add(std::mem::size_of::<isize>()).cast::<u32>();
-                    digits.write((x & DIGIT_MASK) as u32);
-                    if n == 2 {
-                        digits.add(1).write((x >> 30) as u32);
-                    }
-                    ffi::Py_INCREF(old);
-                    return old;
+impl Value {
+    /// The value of `field` at `at` in `rec` (`BIG`: big-endian numbers).
+    ///
+    /// # Safety
+    /// `at + width(field)` <= `rec.len()`; the tuple has the slot, set unless `fresh`.
+    #[inline(always)]
+    unsafe fn make<const BIG: bool>(
+        self,
+        py: Python<'_>,
+        rec: &[u8],
+        at: usize,
+        field: Field,
+        ints: IntLayout,
+        cache: Option<&mut Interner>,
+    ) -> Made {
+        // Used inside the `unsafe` block below: the read is within `rec` (the caller's promise).
+        macro_rules! num {
+            ($t:ty) => {{
+                let b = rec
+                    .as_ptr()
+                    .add(at)
+                    .cast::<[u8; std::mem::size_of::<$t>()]>()
+                    .read_unaligned();
+                if BIG {
+                    <$t>::from_be_bytes(b)
+                } else {
+                    <$t>::from_le_bytes(b)
                 }
+            }};
+        }
+        // SAFETY: the caller's promises; each arm gives a new reference or refills in place.
+        unsafe {
+            match field {
+                // Never: `vals` holds no padding.
+                Field::Pad(_) => Made::New(ffi::Py_NewRef(ffi::Py_None())),
+                Field::Bytes(n) => {
+                    let b = rec.get_unchecked(at..at + n);
+                    match cache.and_then(|c| c.get(py, self.slot as usize, b)) {
+                        Some(v) => Made::New(v),
+                        None => self.bytes(b),
+                    }
+                }
+                Field::Bool => Made::New(ffi::PyBool_FromLong(std::os::raw::c_long::from(
+                    *rec.get_unchecked(at) != 0,
+                ))),
+                Field::I8 => Made::New(ffi::PyLong_FromLong(num!(i8).into())),
+                Field::U8 => Made::New(ffi::PyLong_FromLong(num!(u8).into())),
+                Field::I16 => self.int(num!(i16).into(), ints),
+                Field::U16 => self.int(num!(u16).into(), ints),
+                Field::I32 => self.int(num!(i32).into(), ints),
+                Field::U32 => self.int(num!(u32).into(), ints),
+                Field::I64 => self.int(num!(i64), ints),
+                Field::U64 => {
+                    let x = num!(u64);
+                    match i64::try_from(x) {
+                        Ok(x) => self.int(x, ints),
+                        Err(_) => Made::New(ffi::PyLong_FromUnsignedLongLong(x)),
+                    }
+                }
+                Field::F32 => self.float(f64::from(num!(f32))),
+                Field::F64 => self.float(num!(f64)),
             }
         }
-        ffi::PyLong_FromLongLong(x)
+    }
+
+    /// The object in the slot, if it may be refilled: the tuple is not new, and the object
+    /// is of type `ty` and held by the tuple alone.
+    ///
+    /// # Safety
+    /// As for [`Value::make`].
+    #[inline(always)]
+    unsafe fn refillable(self, ty: *mut ffi::PyTypeObject) -> Option<*mut ffi::PyObject> {
+        if self.fresh {
+            return None;
+        }
+        // SAFETY: the slot is set (not fresh).
+        unsafe {
+            let old = ffi::PyTuple_GET_ITEM(self.t, self.slot);
+            (ffi::Py_TYPE(old) == ty && ffi::Py_REFCNT(old) == 1).then_some(old)
+        }
+    }
+
+    /// # Safety
+    /// As for [`Value::make`].
+    #[inline(always)]
+    unsafe fn float(self, x: f64) -> Made {
+        // SAFETY: a float the tuple alone holds; nobody sees its value change.
+        unsafe {
+            match self.refillable(std::ptr::addr_of_mut!(ffi::PyFloat_Type)) {
+                Some(old) => {
+                    (*old.cast::<ffi::PyFloatObject>()).ob_fval = x;
+                    Made::Refilled
+                }
+                None => Made::New(ffi::PyFloat_FromDouble(x)),
+            }
+        }
+    }
+
+    /// # Safety
+    /// As for [`Value::make`].
+    #[inline(always)]
+    unsafe fn bytes(self, b: &[u8]) -> Made {
+        // SAFETY: bytes the tuple alone holds, of `b.len()` bytes of value.
+        unsafe {
+            match self.refillable(std::ptr::addr_of_mut!(ffi::PyBytes_Type)) {
+                Some(old) if ffi::Py_SIZE(old) == b.len() as ffi::Py_ssize_t => {
+                    let o = old.cast::<ffi::PyBytesObject>();
+                    let to = std::ptr::addr_of_mut!((*o).ob_sval).cast::<u8>();
+                    std::ptr::copy_nonoverlapping(b.as_ptr(), to, b.len());
+                    #[allow(deprecated)]
+                    {
+                        (*o).ob_shash = -1;
+                    }
+                    Made::Refilled
+                }
+                _ => Made::New(ffi::PyBytes_FromStringAndSize(
+                    b.as_ptr().cast(),
+                    b.len() as ffi::Py_ssize_t,
+                )),
+            }
+        }
+    }
+
+    /// # Safety
+    /// As for [`Value::make`].
+    #[inline(always)]
+    unsafe fn int(self, x: i64, layout: IntLayout) -> Made {
+        // SAFETY: an int the tuple alone holds; the digits written are the ones it has (its
+        // size word says so, read in the layout `int_layout` recognised).
+        unsafe {
+            if layout != IntLayout::Unknown && x > 256 && x < 1 << 60 {
+                if let Some(old) = self.refillable(std::ptr::addr_of_mut!(ffi::PyLong_Type)) {
+                    let n: usize = if x < 1 << 30 { 1 } else { 2 };
+                    let word = old.cast::<u8>().add(std::mem::size_of::<ffi::PyObject>());
+                    if word.cast::<isize>().read() == layout.size_word(n) {
+                        let digits = word.add(std::mem::size_of::<isize>()).cast::<u32>();
+                        digits.write((x & DIGIT_MASK) as u32);
+                        if n == 2 {
+                            digits.add(1).write((x >> 30) as u32);
+                        }
+                        return Made::Refilled;
+                    }
+                }
+            }
+            Made::New(ffi::PyLong_FromLongLong(x))
+        }
+    }
+
+    /// Puts the new reference `v` in the slot, releasing what a reused tuple held there (one
+    /// of ours: an int, float, bool or bytes, whose release runs no Python code).
+    ///
+    /// # Safety
+    /// As for [`Value::make`]; `v` is a new reference, not NULL.
+    #[inline(always)]
+    unsafe fn set(self, v: *mut ffi::PyObject) {
+        // SAFETY: the tuple takes `v`; the old value (set unless fresh) is released after.
+        unsafe {
+            if self.fresh {
+                ffi::PyTuple_SET_ITEM(self.t, self.slot, v);
+            } else {
+                let old = ffi::PyTuple_GET_ITEM(self.t, self.slot);
+                ffi::PyTuple_SET_ITEM(self.t, self.slot, v);
+                ffi::Py_DECREF(old);
+            }
+        }
     }
 }
 
@@ -447,15 +510,20 @@ impl IntLayout {
 /// This interpreter's layout of ints, probed once: two ints made by the interpreter (one and
 /// two 30-bit digits) must show their digit counts and digits where the layout says. Any other
 /// layout (15-bit digits, a new one) is `Unknown`, and ints are then always made anew.
+#[inline]
 fn int_layout() -> IntLayout {
-    use std::sync::atomic::{AtomicU8, Ordering};
-    static LAYOUT: AtomicU8 = AtomicU8::new(0);
-    match LAYOUT.load(Ordering::Relaxed) {
-        1 => return IntLayout::Unknown,
-        2 => return IntLayout::Size,
-        3 => return IntLayout::Tag,
-        _ => {}
+    match INT_LAYOUT.load(Ordering::Relaxed) {
+        1 => IntLayout::Unknown,
+        2 => IntLayout::Size,
+        3 => IntLayout::Tag,
+        _ => probe_int_layout(),
     }
+}
+
+static INT_LAYOUT: AtomicU8 = AtomicU8::new(0);
+
+#[cold]
+fn probe_int_layout() -> IntLayout {
     let probe = |layout: IntLayout| {
         [(1i64 << 20) + 7, (5i64 << 30) + 9]
             .iter()
@@ -490,7 +558,7 @@ fn int_layout() -> IntLayout {
         IntLayout::Size => 2,
         IntLayout::Tag => 3,
     };
-    LAYOUT.store(code, Ordering::Relaxed);
+    INT_LAYOUT.store(code, Ordering::Relaxed);
     found
 }
 
@@ -562,33 +630,70 @@ impl Interner {
         if !f.on {
             return None;
         }
-        if f.slots.is_empty() {
-            f.slots.resize_with(CACHE_SLOTS, || None);
-        }
-        let mut w = [0u8; 8];
-        w[..b.len()].copy_from_slice(b);
-        w[7] = b.len() as u8;
-        let key = u64::from_le_bytes(w);
+        let key = le_word(b) | (b.len() as u64) << 56;
         let at = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CACHE_BITS)) as usize;
         if f.looks < CACHE_TRIAL {
-            f.looks += 1;
-            if f.looks == CACHE_TRIAL && f.hits < CACHE_TRIAL / 2 {
-                f.on = false;
-                f.slots = Vec::new();
-                return None;
-            }
+            return f.trial(py, at, key, b);
         }
-        if let Some((k, v)) = &f.slots[at] {
+        match f.slots.get(at) {
+            Some(Some((k, v))) if *k == key => {
+                // SAFETY: a live object of the cache's; the new reference is the caller's.
+                Some(unsafe { ffi::Py_NewRef(v.as_ptr()) })
+            }
+            _ => Some(f.fill(py, at, key, b)),
+        }
+    }
+}
+
+impl FieldCache {
+    /// A lookup while the cache is on trial: counted, and the cache turned off (None) after
+    /// `CACHE_TRIAL` lookups of which fewer than half hit.
+    #[cold]
+    #[inline(never)]
+    fn trial(
+        &mut self,
+        py: Python<'_>,
+        at: usize,
+        key: u64,
+        b: &[u8],
+    ) -> Option<*mut ffi::PyObject> {
+        if self.slots.is_empty() {
+            self.slots.resize_with(CACHE_SLOTS, || None);
+        }
+        self.looks += 1;
+        if self.looks == CACHE_TRIAL && self.hits < CACHE_TRIAL / 2 {
+            self.on = false;
+            self.slots = Vec::new();
+            return None;
+        }
+        if let Some((k, v)) = &self.slots[at] {
             if *k == key {
-                f.hits = f.hits.saturating_add(1);
+                self.hits += 1;
                 return Some(v.clone_ref(py).into_ptr());
             }
         }
+        Some(self.fill(py, at, key, b))
+    }
+
+    /// A miss: a new bytes object of `b`, kept in slot `at` (the one there released).
+    #[cold]
+    #[inline(never)]
+    fn fill(&mut self, py: Python<'_>, at: usize, key: u64, b: &[u8]) -> *mut ffi::PyObject {
         let v = PyBytes::new(py, b).into_any().unbind();
         let ptr = v.clone_ref(py).into_ptr();
-        f.slots[at] = Some((key, v));
-        Some(ptr)
+        self.slots[at] = Some((key, v));
+        ptr
     }
+}
+
+/// Up to 8 bytes as a little-endian word (zeros after them), without a call to `memcpy`.
+#[inline(always)]
+pub(crate) fn le_word(b: &[u8]) -> u64 {
+    let mut w = 0u64;
+    for (i, &x) in b.iter().take(8).enumerate() {
+        w |= u64::from(x) << (8 * i);
+    }
+    w
 }
 
 /// A field a key is read from in place ([`Format::key_field`]).

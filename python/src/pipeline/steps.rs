@@ -165,8 +165,14 @@ impl Small {
     #[inline]
     pub(crate) fn new(b: &[u8]) -> Small {
         let mut a = [0u8; 24];
-        a[0] = b.len() as u8;
-        a[1..=b.len()].copy_from_slice(b);
+        if b.len() <= 7 {
+            // A symbol's key: one word, built without a call to `memcpy`.
+            let w = b.len() as u64 | super::codec::le_word(b) << 8;
+            a[..8].copy_from_slice(&w.to_le_bytes());
+        } else {
+            a[0] = b.len() as u8;
+            a[1..=b.len()].copy_from_slice(b);
+        }
         Small(a)
     }
 
