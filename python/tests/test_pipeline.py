@@ -754,6 +754,38 @@ def test_struct_records_kept_by_steps_and_states_keep_their_values(tmp_path):
         for s in range(50)}
 
 
+def test_short_bytes_fields_of_every_length_decode_and_key_apart(tmp_path):
+    """Short bytes fields (1 to 7 bytes, and 8) are cached and keyed as words made of their
+    bytes: values that differ in any one byte, of every length, decode as themselves and key
+    apart (a state per value), one worker and two."""
+    for n in range(1, 9):
+        fmt = f">{n}sH"
+        values = [bytes((65 + (i // n + j) % 26 if j != i % n else 48 + i % 10)
+                        for j in range(n)) for i in range(400)]
+        recs = [struct.pack(fmt, values[i % len(values)], i) for i in range(4000)]
+        want = [struct.unpack(fmt, r) for r in recs]
+        for workers in (1, 2):
+            src = write_framed(tmp_path / f"in{n}.bin", recs)
+            got, counts = [], {}
+
+            def count(state, r):
+                state[0] += 1
+                counts[r[0]] = state
+
+            flow = cp.Flow()
+            states = flow.keyed_state(lambda: [0])
+            flow.source(cp.file(src, decode=cp.struct(fmt))).named("look") \
+                .inspect(lambda r: got.append(r)).sink(cp.discard())
+            flow.source(cp.file(src, decode=cp.struct(fmt))).named("count") \
+                .key_by(operator.itemgetter(0)).update(states, count).sink(cp.discard())
+            run(flow, workers=workers)
+            assert got == want, (n, workers)
+            expect = {}
+            for v, _ in want:
+                expect[v] = expect.get(v, 0) + 1
+            assert {k: s[0] for k, s in counts.items()} == expect, (n, workers)
+
+
 def test_time_windows_take_event_times_at_the_ends_of_the_range(tmp_path):
     """Event times come from the records (from a peer): the first and last seconds the range
     holds open and close windows without an overflow, a time past the range is a failed

@@ -613,7 +613,7 @@ impl Interner {
 
     /// A new reference to a bytes object equal to `b` from value `slot`'s cache (made and
     /// kept there on a miss); None when the field is not cached.
-    #[inline]
+    #[inline(always)]
     fn get(&mut self, py: Python<'_>, slot: usize, b: &[u8]) -> Option<*mut ffi::PyObject> {
         if b.len() > 7 {
             return None;
@@ -686,14 +686,26 @@ impl FieldCache {
     }
 }
 
-/// Up to 8 bytes as a little-endian word (zeros after them), without a call to `memcpy`.
+/// Up to 8 bytes as a little-endian word (zeros after them): a few loads, no loop and no call
+/// to `memcpy` (reads that overlap put the same bytes in the same places).
 #[inline(always)]
 pub(crate) fn le_word(b: &[u8]) -> u64 {
-    let mut w = 0u64;
-    for (i, &x) in b.iter().take(8).enumerate() {
-        w |= u64::from(x) << (8 * i);
+    let n = b.len();
+    if n >= 8 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[..8]);
+        u64::from_le_bytes(w)
+    } else if n >= 4 {
+        let lo = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let hi = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);
+        u64::from(lo) | u64::from(hi) << (8 * (n - 4))
+    } else if n > 0 {
+        u64::from(b[0])
+            | u64::from(b[n / 2]) << (8 * (n / 2))
+            | u64::from(b[n - 1]) << (8 * (n - 1))
+    } else {
+        0
     }
-    w
 }
 
 /// A field a key is read from in place ([`Format::key_field`]).
@@ -717,7 +729,19 @@ impl KeyField {
     /// The key of a record of the format's size: the same [`Key`] as `Key::of` gives for the
     /// value `unpack` makes (bytes as they are, integers as `i64`; an unsigned value past
     /// `i64::MAX` is no key).
+    #[inline]
     pub(crate) fn key(&self, rec: &[u8]) -> Result<Key, String> {
+        if let Field::Bytes(n) = self.field {
+            if let Some(b) = rec.get(self.at..self.at + n) {
+                if n <= super::steps::SMALL {
+                    return Ok(Key::SmallBytes(super::steps::Small::new(b)));
+                }
+            }
+        }
+        self.other_key(rec)
+    }
+
+    fn other_key(&self, rec: &[u8]) -> Result<Key, String> {
         let n = width(self.field);
         let b = rec
             .get(self.at..self.at + n)
