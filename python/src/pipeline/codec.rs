@@ -308,7 +308,7 @@ enum Made {
 /// length (the hash they cache is forgotten), ints that are not the interpreter's shared small
 /// ones (values past 256) with as many digits as the new value needs (positive values below
 /// 2^60, one or two of CPython's 30-bit digits), on an interpreter whose layout of ints was
-/// recognised ([`int_layout`]).
+/// recognised ([`int_layout`]); and an int that has the new value already stays as it is.
 #[derive(Clone, Copy)]
 struct Value {
     t: *mut ffi::PyObject,
@@ -361,8 +361,8 @@ impl Value {
                 Field::Bool => Made::New(ffi::PyBool_FromLong(std::os::raw::c_long::from(
                     *rec.get_unchecked(at) != 0,
                 ))),
-                Field::I8 => Made::New(ffi::PyLong_FromLong(num!(i8).into())),
-                Field::U8 => Made::New(ffi::PyLong_FromLong(num!(u8).into())),
+                Field::I8 => self.int(num!(i8).into(), ints),
+                Field::U8 => self.int(num!(u8).into(), ints),
                 Field::I16 => self.int(num!(i16).into(), ints),
                 Field::U16 => self.int(num!(u16).into(), ints),
                 Field::I32 => self.int(num!(i32).into(), ints),
@@ -443,20 +443,29 @@ impl Value {
     /// As for [`Value::make`].
     #[inline(always)]
     unsafe fn int(self, x: i64, layout: IntLayout) -> Made {
-        // SAFETY: an int the tuple alone holds; the digits written are the ones it has (its
-        // size word says so, read in the layout `int_layout` recognised).
+        // SAFETY: an int in the slot, read in the layout `int_layout` recognised: kept as it
+        // is when it has the value already (ints are immutable: an equal one serves), or
+        // refilled when the tuple alone holds it and it has the digits the value needs.
         unsafe {
-            if layout != IntLayout::Unknown && x > 256 && x < 1 << 60 {
-                if let Some(old) = self.refillable(std::ptr::addr_of_mut!(ffi::PyLong_Type)) {
+            if layout != IntLayout::Unknown && !self.fresh && x > 0 && x < 1 << 60 {
+                let old = ffi::PyTuple_GET_ITEM(self.t, self.slot);
+                if ffi::Py_TYPE(old) == std::ptr::addr_of_mut!(ffi::PyLong_Type) {
                     let n: usize = if x < 1 << 30 { 1 } else { 2 };
                     let word = old.cast::<u8>().add(std::mem::size_of::<ffi::PyObject>());
                     if word.cast::<isize>().read() == layout.size_word(n) {
                         let digits = word.add(std::mem::size_of::<isize>()).cast::<u32>();
-                        digits.write((x & DIGIT_MASK) as u32);
-                        if n == 2 {
-                            digits.add(1).write((x >> 30) as u32);
+                        let (lo, hi) = ((x & DIGIT_MASK) as u32, (x >> 30) as u32);
+                        if digits.read() == lo && (n == 1 || digits.add(1).read() == hi) {
+                            return Made::Refilled;
                         }
-                        return Made::Refilled;
+                        // Not one of the interpreter's shared small ints (-5 to 256).
+                        if x > 256 && ffi::Py_REFCNT(old) == 1 {
+                            digits.write(lo);
+                            if n == 2 {
+                                digits.add(1).write(hi);
+                            }
+                            return Made::Refilled;
+                        }
                     }
                 }
             }
