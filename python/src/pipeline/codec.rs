@@ -590,14 +590,15 @@ fn probe_int_layout() -> IntLayout {
 
 /// Short bytes fields (at most 7 bytes: symbols, codes) whose values repeat, handed out from
 /// the objects already made (bytes are immutable: an equal object serves as well as a new one),
-/// a small direct-mapped cache per field. A field whose values seldom repeat (an order id) turns
-/// its cache off after 4,096 lookups. One per worker (a decoder's clone starts empty).
+/// a small direct-mapped cache per field, for records decoded into new tuples. A field whose
+/// values seldom repeat (an order id) turns its cache off after 4,096 lookups. One per worker
+/// (a decoder's clone starts empty).
 ///
 /// It also keeps the last record's tuple: when the next record is decoded and nothing else
 /// holds that tuple any more (the steps and the user's functions are done with it and kept
 /// no reference), it is refilled instead of freed and made again, as CPython's `zip` and
-/// `enumerate` reuse their result tuples; floats in it that nothing else holds are refilled
-/// in place too. A tuple someone kept is left alone.
+/// `enumerate` reuse their result tuples; the floats, ints and bytes in it that nothing else
+/// holds get their new values in place too ([`Value`]). A tuple someone kept is left alone.
 #[derive(Default)]
 pub(crate) struct Interner {
     fields: Vec<FieldCache>,
