@@ -393,6 +393,14 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// The output was all written: emptied, and freed when it had grown past [`OUT_KEEP`].
+    pub(crate) fn out_written(&mut self) {
+        self.out.clear();
+        if self.out.capacity() > OUT_KEEP {
+            self.out = Vec::new();
+        }
+    }
+
     pub(crate) fn wake_driver(&mut self) {
         if !self.in_driver {
             if let Some(w) = self.driver.take() {
@@ -436,10 +444,7 @@ impl State {
         {
             match send_now(fd, &self.out) {
                 Ok(n) if n == self.out.len() => {
-                    self.out.clear();
-                    if self.out.capacity() > OUT_KEEP {
-                        self.out = Vec::new();
-                    }
+                    self.out_written();
                     if let Some(w) = self.send_waiter.take() {
                         w.wake();
                     }

@@ -24,7 +24,7 @@ use crate::stats::ClientFault;
 use crate::transport::Transport;
 use crate::worker::{clock, later, Worker, READ_BUF};
 use crate::ws::{
-    Accepted, CloseFrame, Message, State, Text, Upgrade, WebSocket, WsConfig, WsError, OUT_KEEP,
+    Accepted, CloseFrame, Message, State, Text, Upgrade, WebSocket, WsConfig, WsError,
 };
 
 /// How a WebSocket connection ended, for the log.
@@ -174,10 +174,7 @@ impl Session {
             return;
         }
         put(Piece::Copy(&s.out));
-        s.out.clear();
-        if s.out.capacity() > OUT_KEEP {
-            s.out = Vec::new();
-        }
+        s.out_written();
     }
 
     /// With nothing queued on the transport before it, writes what was sent straight from the
@@ -195,10 +192,7 @@ impl Session {
         if let Poll::Ready(n) = io.poll_write(cx, &s.out) {
             let n = n?;
             if n == s.out.len() {
-                s.out.clear();
-                if s.out.capacity() > OUT_KEEP {
-                    s.out = Vec::new();
-                }
+                s.out_written();
             } else {
                 s.out.drain(..n);
             }
