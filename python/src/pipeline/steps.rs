@@ -481,8 +481,36 @@ impl Chain {
             Ok(l) => l,
             Err(e) => return failures.fail_many(py, &op.name, &e, &batch, n),
         };
-        let iter = op.f.bind(py).call1((list,)).and_then(|v| v.try_iter());
-        match iter {
+        let made = op.f.bind(py).call1((list,));
+        Chain::run_each(
+            py,
+            ops,
+            counts,
+            pending,
+            failures,
+            i,
+            made,
+            emit,
+            &mut |e| failures.fail_many(py, &op.name, e, &batch, n),
+        );
+    }
+
+    /// Runs each item of `made` (what step `i`'s function gave, an iterable) through the steps
+    /// after it; a failure, of the call or of the iteration, goes to `fail` and ends it.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn run_each(
+        py: Python<'_>,
+        ops: &[Op],
+        counts: &mut [u64],
+        pending: &mut [Vec<Obj>],
+        failures: &Failures,
+        i: usize,
+        made: PyResult<Bound<'_, PyAny>>,
+        emit: &mut dyn FnMut(Obj),
+        fail: &mut dyn FnMut(&PyErr),
+    ) {
+        match made.and_then(|v| v.try_iter()) {
             Ok(iter) => {
                 for v in iter {
                     match v {
@@ -490,13 +518,13 @@ impl Chain {
                             Chain::run(py, ops, counts, pending, failures, i + 1, v.unbind(), emit)
                         }
                         Err(e) => {
-                            failures.fail_many(py, &op.name, &e, &batch, n);
+                            fail(&e);
                             break;
                         }
                     }
                 }
             }
-            Err(e) => failures.fail_many(py, &op.name, &e, &batch, n),
+            Err(e) => fail(&e),
         }
     }
 
@@ -535,30 +563,18 @@ impl Chain {
                 Err(e) => failures.fail(py, &op.name, &e, Some(&item)),
             },
             Kind::FlatMap => {
-                let iter = f.call1((item.bind(py),)).and_then(|v| v.try_iter());
-                match iter {
-                    Ok(iter) => {
-                        for v in iter {
-                            match v {
-                                Ok(v) => Chain::run(
-                                    py,
-                                    ops,
-                                    counts,
-                                    pending,
-                                    failures,
-                                    i + 1,
-                                    v.unbind(),
-                                    emit,
-                                ),
-                                Err(e) => {
-                                    failures.fail(py, &op.name, &e, Some(&item));
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    Err(e) => failures.fail(py, &op.name, &e, Some(&item)),
-                }
+                let made = f.call1((item.bind(py),));
+                Chain::run_each(
+                    py,
+                    ops,
+                    counts,
+                    pending,
+                    failures,
+                    i,
+                    made,
+                    emit,
+                    &mut |e| failures.fail(py, &op.name, e, Some(&item)),
+                );
             }
             Kind::FlatMapBatch => {
                 if let Some(held) = pending.get_mut(i) {
