@@ -90,6 +90,24 @@ fn python_package_builds_and_passes_its_tests() {
     market_spread_in_python_gives_the_reference_results(&python);
 }
 
+/// The Python package's crate is a workspace of its own, outside `cargo test --workspace`: its
+/// unit tests (the parts that need no interpreter) run here, in a target directory of their own
+/// (the outer `cargo test` holds its own).
+#[test]
+fn python_crate_unit_tests_pass() {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    run(
+        Command::new(cargo)
+            .args(["test", "--quiet", "--locked", "--lib", "--manifest-path"])
+            .arg(root().join("python/Cargo.toml"))
+            .env(
+                "CARGO_TARGET_DIR",
+                Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-crate"),
+            ),
+        "cargo test --manifest-path python/Cargo.toml --lib",
+    );
+}
+
 struct Killed(Child);
 
 impl Drop for Killed {

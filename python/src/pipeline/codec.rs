@@ -972,3 +972,19 @@ impl Encoder {
 fn raw(v: &Bound<'_, PyAny>, buf: &mut Vec<u8>) -> PyResult<()> {
     with_bytes(v, |b| buf.extend_from_slice(b))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::le_word;
+
+    #[test]
+    fn le_word_is_the_bytes_as_a_little_endian_word() {
+        for n in 0..=9usize {
+            let b: Vec<u8> = (1..=n as u8).map(|i| i.wrapping_mul(37) | 1).collect();
+            let mut w = [0u8; 8];
+            let take = n.min(8);
+            w[..take].copy_from_slice(&b[..take]);
+            assert_eq!(le_word(&b), u64::from_le_bytes(w), "{n} bytes");
+        }
+    }
+}
