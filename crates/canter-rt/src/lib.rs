@@ -45,6 +45,7 @@ pub mod proxy;
 mod server;
 mod service;
 mod stats;
+mod syscall;
 #[cfg(feature = "tls")]
 mod tls;
 mod transport;

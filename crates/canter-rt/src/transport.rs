@@ -13,6 +13,8 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::syscall::retry;
+
 /// A byte stream the connection actor can drive.
 ///
 /// Besides reading and writing it answers one question the actor needs for its memory
@@ -257,21 +259,6 @@ impl LazyTcp {
         match &mut self.0 {
             Lazy::Inside(tcp) => Ok(tcp),
             _ => Err(io::Error::from(io::ErrorKind::NotConnected)),
-        }
-    }
-}
-
-/// A nonblocking system call's result, with `EINTR` retried.
-fn retry(mut call: impl FnMut() -> isize) -> io::Result<usize> {
-    loop {
-        match usize::try_from(call()) {
-            Ok(n) => return Ok(n),
-            Err(_) => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
         }
     }
 }

@@ -596,29 +596,20 @@ async fn flusher() {
 
 /// One nonblocking `send` of `buf` to `fd`, `EINTR` retried.
 fn send_now(fd: RawFd, buf: &[u8]) -> std::io::Result<usize> {
-    loop {
+    crate::syscall::retry(|| {
         // SAFETY: `fd` is an open socket: `State::direct` holds it only while the connection's
         // transport is open (cleared by `Session::end`, which runs before the transport is
         // closed, on this same thread); the pointer and length describe `buf`, readable for
         // the call's duration.
-        let n = unsafe {
+        unsafe {
             libc::send(
                 fd,
                 buf.as_ptr().cast(),
                 buf.len(),
                 libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
             )
-        };
-        match usize::try_from(n) {
-            Ok(n) => return Ok(n),
-            Err(_) => {
-                let e = std::io::Error::last_os_error();
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
         }
-    }
+    })
 }
 
 /// A WebSocket connection as its handler holds it.

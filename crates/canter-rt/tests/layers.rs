@@ -10,6 +10,7 @@ use std::path::Path;
 
 /// Lowest first. A module may import from any layer below its own, never from its own or above.
 const LAYERS: &[(&str, &[&str])] = &[
+    ("system calls", &["syscall"]),
     ("leaf data", &["stats", "transport", "ws"]),
     (
         "worker state, TLS, WebSocket broadcast",
