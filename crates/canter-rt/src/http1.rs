@@ -120,14 +120,8 @@ pub(crate) async fn serve<S: Service, T: Transport>(
     #[cfg(feature = "http2")]
     if sniff_h2 {
         match driver.sniff_h2().await {
-            Ok(Sniffed::Http1) => {}
-            Ok(Sniffed::NotHttp) => {
-                worker.fault(ClientFault::Protocol);
-                tracing::debug!(%peer, "first line names a version that is neither HTTP/1 nor HTTP/2; closing");
-                driver.link.release_idle();
-                return None;
-            }
-            Ok(Sniffed::Http2) => return Some(driver.hand_off(registration, None)),
+            Ok(false) => {}
+            Ok(true) => return Some(driver.hand_off(registration, None)),
             Err(e) => {
                 if let Stop::Io(e) = e {
                     count_io_fault(&worker, &e);
@@ -284,31 +278,19 @@ impl<S: Service, T: Transport> Driver<S, T> {
 
     #[cfg(feature = "http2")]
     /// Reads until the input either starts with the HTTP/2 connection preface or cannot. What
-    /// is not the preface is HTTP/1.1's to answer, malformed request lines included (a line
-    /// without a version gets its 400 there), except a complete first line whose third field
-    /// names a version that is no HTTP's: that is neither protocol (an HTTP/2 client whose
-    /// preface is corrupt), and the connection closes without an HTTP/1.1 answer, as RFC 9113
-    /// section 3.4 asks of an invalid preface.
-    async fn sniff_h2(&mut self) -> Res<Sniffed> {
+    /// is not the preface is HTTP/1.1's to answer, malformed request lines included: a line
+    /// with a missing, doubled or extra field, or a version that is no HTTP's (h2spec's
+    /// invalid preface among them), gets its 400 and a close there, as over TLS and as nginx
+    /// answers on a listener that also takes h2c.
+    async fn sniff_h2(&mut self) -> Res<bool> {
         let preface = canter_h2::PREFACE;
         loop {
             let n = self.link.input.len().min(preface.len());
             if self.link.input[..n] != preface[..n] {
-                let Some(end) = self.link.input.iter().position(|&b| b == b'\n') else {
-                    return Ok(Sniffed::Http1);
-                };
-                let line = self.link.input[..end]
-                    .strip_suffix(b"\r")
-                    .unwrap_or(&self.link.input[..end]);
-                let version = line.splitn(3, |&b| b == b' ').nth(2).unwrap_or_default();
-                return Ok(if version.is_empty() || version.starts_with(b"HTTP/") {
-                    Sniffed::Http1
-                } else {
-                    Sniffed::NotHttp
-                });
+                return Ok(false);
             }
             if n == preface.len() {
-                return Ok(Sniffed::Http2);
+                return Ok(true);
             }
             self.read().await?;
         }
@@ -1191,14 +1173,6 @@ fn base64url(s: &[u8]) -> Option<Vec<u8>> {
         }
     }
     Some(out)
-}
-
-#[cfg(feature = "http2")]
-/// What the first bytes of a plain connection say it speaks.
-enum Sniffed {
-    Http1,
-    Http2,
-    NotHttp,
 }
 
 /// What [`Driver::process`] does after answering what was ready.
