@@ -269,3 +269,37 @@ impl ReceiveArgs {
         o
     }
 }
+
+/// A duration flag whose bare number is milliseconds (`5000`, as before units were taken);
+/// with a unit, as [`parse_duration`] reads it.
+pub(crate) fn millis(input: &str) -> Result<Duration, canter_load::DurationError> {
+    bare_in(input, Duration::from_millis)
+}
+
+/// A duration flag whose bare number is microseconds; with a unit, as [`parse_duration`].
+pub(crate) fn micros(input: &str) -> Result<Duration, canter_load::DurationError> {
+    bare_in(input, Duration::from_micros)
+}
+
+fn bare_in(input: &str, unit: fn(u64) -> Duration) -> Result<Duration, canter_load::DurationError> {
+    match input.trim().parse::<u64>() {
+        Ok(n) => Ok(unit(n)),
+        Err(_) => parse_duration(input),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_bare_number_keeps_the_flags_unit_and_a_unit_is_honoured() {
+        assert_eq!(millis("5000").unwrap(), Duration::from_secs(5));
+        assert_eq!(millis("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(micros("50").unwrap(), Duration::from_micros(50));
+        assert_eq!(micros("1ms").unwrap(), Duration::from_millis(1));
+        assert!(millis("5 parsecs").is_err());
+        assert!(micros("-1").is_err());
+    }
+}

@@ -14,8 +14,9 @@ mod args;
 mod demo;
 mod techempower;
 
-use args::{Generate, LoadArgs, ReceiveArgs, SendArgs};
+use args::{micros, millis, Generate, LoadArgs, ReceiveArgs, SendArgs};
 use canter_cli::market_spread;
+use canter_load::parse_duration;
 
 #[derive(Parser)]
 #[command(name = "canter", version, about = "Fast, strict HTTP server toolkit")]
@@ -180,12 +181,13 @@ struct ServeArgs {
     /// Database connections each worker opens.
     #[arg(long, value_name = "N", default_value_t = 2)]
     db_connections: usize,
-    /// Milliseconds a database query may take before the request is answered 503.
-    #[arg(long, value_name = "MS", default_value_t = 5000)]
-    db_query_timeout: u64,
-    /// Milliseconds connecting to the database may take.
-    #[arg(long, value_name = "MS", default_value_t = 3000)]
-    db_connect_timeout: u64,
+    /// How long a database query may take before the request is answered 503 (`5s`, `500ms`;
+    /// a bare number is milliseconds).
+    #[arg(long, value_name = "TIME", value_parser = millis, default_value = "5000")]
+    db_query_timeout: Duration,
+    /// How long connecting to the database may take (a bare number is milliseconds).
+    #[arg(long, value_name = "TIME", value_parser = millis, default_value = "3000")]
+    db_connect_timeout: Duration,
     /// Address to listen on (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: SocketAddr,
@@ -195,9 +197,10 @@ struct ServeArgs {
     /// Pin worker i to CPU i.
     #[arg(long)]
     pin: bool,
-    /// Seconds a keep-alive connection may stay idle.
-    #[arg(long, default_value_t = 60)]
-    idle_timeout: u64,
+    /// How long a keep-alive connection may stay idle (`60s`, `2m`; a bare number is seconds,
+    /// as in every flag that is a time unless its help says otherwise).
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "60s")]
+    idle_timeout: Duration,
     /// Expect a PROXY protocol header (v1 or v2, from HAProxy or a cloud load balancer) at the
     /// start of every connection; the client it names is the peer for handlers and logs.
     #[arg(long)]
@@ -207,15 +210,15 @@ struct ServeArgs {
     #[arg(long, value_name = "CIDR", requires = "proxy_protocol")]
     proxy_from: Vec<canter_rt::proxy::Cidr>,
     /// Client faults (bad requests, timeouts, resets, failed handshakes) are logged one by one at
-    /// debug; at info, one line every SECS seconds counts them by kind (0: no summary).
-    #[arg(long, value_name = "SECS", default_value_t = 10)]
-    fault_log_interval: u64,
-    /// Seconds a client may take to send a request head.
-    #[arg(long, default_value_t = 10)]
-    head_timeout: u64,
-    /// Seconds a request body may go without progress.
-    #[arg(long, default_value_t = 30)]
-    body_timeout: u64,
+    /// debug; at info, one line every TIME counts them by kind (0: no summary).
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "10s")]
+    fault_log_interval: Duration,
+    /// How long a client may take to send a request head.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "10s")]
+    head_timeout: Duration,
+    /// How long a request body may go without progress.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "30s")]
+    body_timeout: Duration,
     /// Maximum size of the request header section, in bytes.
     #[arg(long, default_value_t = 16 * 1024)]
     max_head: usize,
@@ -228,18 +231,18 @@ struct ServeArgs {
     /// Pipelined requests answered per connection turn before flushing and yielding.
     #[arg(long, default_value_t = 64)]
     max_pipeline: usize,
-    /// Event coalescing: a busy worker that runs out of work sleeps this many microseconds
-    /// before it waits for events, so that what arrives meanwhile is taken in one turn, without
-    /// a wake-up from the process that sent it (a database above all). Adds up to that, plus
-    /// the kernel's timer slack, to each turn's latency. 0: off.
-    #[arg(long, value_name = "US", default_value_t = 0)]
-    coalesce: u64,
-    /// Seconds a handler may run before the request is answered 503.
-    #[arg(long, default_value_t = 60)]
-    handler_timeout: u64,
-    /// Seconds a response may wait for the client to read before the connection is closed.
-    #[arg(long, default_value_t = 30)]
-    write_timeout: u64,
+    /// Event coalescing: a busy worker that runs out of work sleeps this long (`50us`; a bare
+    /// number is microseconds) before it waits for events, so that what arrives meanwhile is
+    /// taken in one turn, without a wake-up from the process that sent it (a database above
+    /// all). Adds up to that, plus the kernel's timer slack, to each turn's latency. 0: off.
+    #[arg(long, value_name = "TIME", value_parser = micros, default_value = "0")]
+    coalesce: Duration,
+    /// How long a handler may run before the request is answered 503.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "60s")]
+    handler_timeout: Duration,
+    /// How long a response may wait for the client to read before the connection is closed.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "30s")]
+    write_timeout: Duration,
     /// Minimum request body data rate in bytes/s, after a 5 s grace (0: off).
     #[arg(long, default_value_t = 240)]
     min_body_rate: u64,
@@ -258,6 +261,11 @@ struct ServeArgs {
     /// then).
     #[arg(long)]
     no_defer_accept: bool,
+    /// Share the port with another process already listening on it (SO_REUSEPORT), for a
+    /// deliberate hand-over from an old server to a new one. Without it a port in use is
+    /// refused at start ("address in use"), as nginx refuses it.
+    #[arg(long)]
+    reuse_port: bool,
     /// Log every request (target `canter::access`) and give each one an `x-request-id`.
     #[arg(long)]
     access_log: bool,
@@ -270,8 +278,8 @@ struct ServeArgs {
     /// How long caches may use a --static file without asking again (Cache-Control max-age);
     /// 0 sends no-cache (revalidate each time, a 304 by ETag). Names with a content hash
     /// (app.3f9a2c1e.js) get a year and immutable either way.
-    #[arg(long, value_name = "SECS", default_value_t = 0)]
-    static_max_age: u64,
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "0")]
+    static_max_age: Duration,
     /// Compress responses (zstd, br or gzip, as the client accepts) of text types from 1 KiB;
     /// --static files too, from a cache of compressed copies, when they have no .zst, .br or .gz
     /// sibling.
@@ -292,9 +300,9 @@ struct ServeArgs {
     /// fingerprint is logged).
     #[arg(long, conflicts_with = "tls_cert")]
     tls_self_signed: bool,
-    /// Seconds a client may take to complete the TLS handshake.
-    #[arg(long, default_value_t = 10)]
-    tls_handshake_timeout: u64,
+    /// How long a client may take to complete the TLS handshake.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "10s")]
+    tls_handshake_timeout: Duration,
     /// Require client certificates signed by a CA in this PEM bundle.
     #[arg(long, value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
@@ -814,8 +822,8 @@ fn db_config(
     let mut config = canter::db::DbConfig::new(url)
         .map_err(ServeError::Db)?
         .connections(args.db_connections)
-        .query_timeout(Duration::from_millis(args.db_query_timeout))
-        .connect_timeout(Duration::from_millis(args.db_connect_timeout));
+        .query_timeout(args.db_query_timeout)
+        .connect_timeout(args.db_connect_timeout);
     let statements = techempower::Statements::prepare(&mut config);
     Ok((std::sync::Arc::new(config), statements))
 }
@@ -833,8 +841,7 @@ fn tls_acceptor(args: &ServeArgs) -> Result<Option<canter_rt::TlsAcceptor>, Serv
     if args.tls_cert.len() != args.tls_key.len() {
         return Err(ServeError::Usage("give one --tls-key for each --tls-cert"));
     }
-    let mut tls = canter_rt::ServerTls::new()
-        .handshake_timeout(Duration::from_secs(args.tls_handshake_timeout));
+    let mut tls = canter_rt::ServerTls::new().handshake_timeout(args.tls_handshake_timeout);
     for (cert, key) in args.tls_cert.iter().zip(&args.tls_key) {
         tls = tls.cert(cert, key);
     }
@@ -852,10 +859,10 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
         tracing::warn!(error = %e, "could not raise the open files limit");
     }
     let timeouts = canter_rt::Timeouts::builder()
-        .idle(Duration::from_secs(args.idle_timeout))
-        .head(Duration::from_secs(args.head_timeout))
-        .body(Duration::from_secs(args.body_timeout))
-        .write(Duration::from_secs(args.write_timeout))
+        .idle(args.idle_timeout)
+        .head(args.head_timeout)
+        .body(args.body_timeout)
+        .write(args.write_timeout)
         .build()
         .map_err(ServeError::Config)?;
     let limits = canter_rt::Limits::builder()
@@ -870,18 +877,19 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
         .pin_workers(args.pin)
         .timeouts(timeouts)
         .limits(limits)
-        .fault_log_interval(Duration::from_secs(args.fault_log_interval))
+        .fault_log_interval(args.fault_log_interval)
         .max_pipeline(args.max_pipeline)
         .min_body_rate(args.min_body_rate)
-        .handler_timeout(Duration::from_secs(args.handler_timeout))
+        .handler_timeout(args.handler_timeout)
         .max_connections(args.max_connections)
         .half_close(args.half_close)
-        .defer_accept(!args.no_defer_accept);
+        .defer_accept(!args.no_defer_accept)
+        .reuse_port(args.reuse_port);
     if let Some(n) = args.workers {
         config = config.workers(n);
     }
-    if args.coalesce > 0 {
-        config = config.coalesce(Some(Duration::from_micros(args.coalesce)));
+    if !args.coalesce.is_zero() {
+        config = config.coalesce(Some(args.coalesce));
     }
     if args.proxy_protocol {
         let pp = canter_rt::proxy::ProxyProtocol::builder()
@@ -905,8 +913,7 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
     };
     let files = match &args.static_dir {
         Some(dir) if dir.is_dir() => {
-            let files =
-                canter::ServeDir::new(dir).max_age(Duration::from_secs(args.static_max_age));
+            let files = canter::ServeDir::new(dir).max_age(args.static_max_age);
             Some(match args.compress {
                 true => files.compress(canter::StaticCompression::new(
                     canter::middleware::Compression::new(),

@@ -27,19 +27,25 @@ fn until_closed(c: &mut common::Client) -> (Vec<u8>, Duration) {
     (data, start.elapsed())
 }
 
+/// Every flag that is a time takes a duration (`1s`, `1500ms`) or a bare number of seconds.
 #[test]
 fn half_a_request_head_gets_408() {
-    let server = Server::start_with(&["--head-timeout", "1"]);
-    let mut c = server.client();
-    let start = Instant::now();
-    c.send("GET /plaintext HTTP/1.1\r\nHo");
-    let r = c.response();
-    assert_eq!(r.status, 408, "{r:?}");
-    assert_eq!(r.reason, "Request Timeout");
-    assert!(r.closes());
-    c.expect_eof();
-    let took = start.elapsed();
-    assert!(took < Duration::from_secs(3), "408 after {took:?}");
+    for timeout in ["1", "1s", "1500ms"] {
+        let server = Server::start_with(&["--head-timeout", timeout, "--write-timeout", "5s"]);
+        let mut c = server.client();
+        let start = Instant::now();
+        c.send("GET /plaintext HTTP/1.1\r\nHo");
+        let r = c.response();
+        assert_eq!(r.status, 408, "{timeout}: {r:?}");
+        assert_eq!(r.reason, "Request Timeout");
+        assert!(r.closes());
+        c.expect_eof();
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_secs(4),
+            "{timeout}: 408 after {took:?}"
+        );
+    }
 }
 
 #[test]
@@ -113,7 +119,7 @@ fn dribbling_head_is_cut_off_and_others_are_served() {
 
 #[test]
 fn idle_keep_alive_connection_is_closed() {
-    let server = Server::start_with(&["--idle-timeout", "1"]);
+    let server = Server::start_with(&["--idle-timeout", "1000ms"]);
     let mut c = server.client();
     assert_eq!(c.get("/plaintext").text(), "Hello, World!");
     let (data, took) = until_closed(&mut c);
