@@ -70,6 +70,22 @@ impl ThreadStats {
         self.hist.saturating_record(us);
     }
 
+    /// Records one echoed WebSocket message: a completed exchange, with no status of its own.
+    #[inline]
+    pub fn message(&mut self, latency: Duration) {
+        self.requests += 1;
+        let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.hist.saturating_record(us);
+    }
+
+    /// Counts the status of a WebSocket handshake's answer (101 for an upgrade), not as a
+    /// completed exchange.
+    pub fn handshake(&mut self, status: u16) {
+        if let Some(slot) = self.status.get_mut(usize::from(status)) {
+            *slot += 1;
+        }
+    }
+
     /// Counts an error.
     #[inline]
     pub fn error(&mut self, kind: ErrorKind, n: u64) {

@@ -6,7 +6,8 @@
 //! more than it needs them secret), pings are answered, and permessage-deflate is offered with
 //! `--ws-deflate`. A message's latency runs from the write of its batch (closed loop) or from
 //! its slot (open loop) to the read that completed its echo; `requests` counts echoes and
-//! `status` counts them under 101.
+//! `status` counts the handshakes' answers (101 for each connection upgraded, another code for
+//! each refused).
 
 use std::time::{Duration, Instant};
 
@@ -155,6 +156,11 @@ impl Conn<'_> {
             }
         };
         let head = String::from_utf8_lossy(&head);
+        let status = head
+            .get(9..12)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or(0);
+        self.shared.stats.borrow_mut().handshake(status);
         if !head.starts_with("HTTP/1.1 101") {
             crate::explain::ws_refused(head.lines().next().unwrap_or_default());
             return Err(ErrorKind::Parse);
@@ -247,7 +253,7 @@ impl Conn<'_> {
                     done += 1;
                     if self.now >= self.cfg.measure_start {
                         let lat = latency(self.now);
-                        self.shared.stats.borrow_mut().record(101, lat);
+                        self.shared.stats.borrow_mut().message(lat);
                     }
                     continue;
                 }
@@ -384,7 +390,7 @@ impl Conn<'_> {
                                         ns.copy_from_slice(&b[..8]);
                                         let at = origin + Duration::from_nanos(u64::from_be_bytes(ns));
                                         let lat = self.now.saturating_duration_since(at);
-                                        self.shared.stats.borrow_mut().record(101, lat);
+                                        self.shared.stats.borrow_mut().message(lat);
                                     }
                                 }
                                 Ok(Some(Event::Close(_))) | Err(_) => {
