@@ -819,3 +819,67 @@ fn canter_load_over_tls() {
     let why = format!("connection refused (is a server listening on {plain}?)");
     assert_eq!(err.matches(&why).count(), 1, "{err}");
 }
+
+/// `canter load --cacert` trusts a certificate that is itself the anchor given: a self-signed
+/// one from a plain `openssl req -x509` (OpenSSL 3 marks it CA:TRUE), as curl, Python, Node and
+/// browsers do; still only for the names it holds.
+#[test]
+fn canter_load_trusts_a_self_signed_certificate_given_as_its_own_ca() {
+    let pki = Pki::new();
+    let x509 = |stem: &str, names: &str| {
+        let (cert, key) = (
+            pki.dir().join(format!("{stem}.pem")),
+            pki.dir().join(format!("{stem}.key")),
+        );
+        let out = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args(["-nodes", "-days", "2", "-subj", "/CN=localhost", "-addext"])
+            .arg(format!("subjectAltName={names}"))
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .output()
+            .expect("openssl is needed and could not run");
+        assert!(out.status.success(), "{out:?}");
+        let text = Command::new("openssl")
+            .args(["x509", "-noout", "-text", "-in"])
+            .arg(&cert)
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&text.stdout).contains("CA:TRUE"),
+            "the case needs a CA:TRUE certificate"
+        );
+        (
+            cert.to_str().unwrap().to_owned(),
+            key.to_str().unwrap().to_owned(),
+        )
+    };
+    let load = |cert: &(String, String)| -> serde_json::Value {
+        let server = tls_server(&["--tls-cert", &cert.0, "--tls-key", &cert.1]);
+        let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+            .args(["load", "--json", "--no-progress", "-c", "2", "-n", "200"])
+            .args(["-d", "3s", "--cacert", &cert.0])
+            .arg(format!("https://127.0.0.1:{}/plaintext", server.tls_port()))
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let report = load(&x509("ip", "DNS:localhost,IP:127.0.0.1"));
+    assert_eq!(report["status"]["200"], 200, "{report}");
+    // One that does not hold the name asked for: refused.
+    let report = load(&x509("name", "DNS:example.test"));
+    assert_eq!(report["requests"], 0, "{report}");
+    assert!(
+        report["errors"]["connect"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+}

@@ -529,13 +529,33 @@ impl ClientTls {
         ClientTls::with_roots(roots, alpn)
     }
 
-    /// Verifies servers against the CA certificates in `pem` only.
+    /// Verifies servers against the CA certificates in `pem` only. A server certificate that
+    /// is itself one of them is trusted for the names it holds, as curl, Python, Node and
+    /// browsers trust it: a self-signed certificate from a plain `openssl req -x509` is marked
+    /// CA:TRUE by OpenSSL 3, which chain validation alone refuses as an end entity.
     pub fn ca_file(pem: impl AsRef<Path>, alpn: &[&[u8]]) -> Result<ClientTls, TlsError> {
+        let anchors = read_certs(pem.as_ref(), "CA certificate")?;
         let mut roots = rustls::RootCertStore::empty();
-        for cert in read_certs(pem.as_ref(), "CA certificate")? {
-            roots.add(cert)?;
+        for cert in &anchors {
+            roots.add(cert.clone())?;
         }
-        Ok(ClientTls::with_roots(roots, alpn))
+        let provider = provider();
+        let chain = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(VERSIONS)
+            .expect("the ring provider supports TLS 1.2 and 1.3")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnchorsOrChain { anchors, chain }))
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Ok(ClientTls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+        })
     }
 
     /// Accepts any server certificate: no authentication at all, for testing against a
@@ -583,6 +603,70 @@ impl ClientTls {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let stream = self.connector.connect(name, tcp).await?;
         Ok(tokio_rustls::TlsStream::Client(stream))
+    }
+}
+
+/// The verifier behind [`ClientTls::ca_file`]: the chain to one of the anchors, as webpki
+/// checks it, or else a certificate that is byte for byte one of the anchors and valid for the
+/// name asked for.
+#[derive(Debug)]
+struct AnchorsOrChain {
+    anchors: Vec<CertificateDer<'static>>,
+    chain: Arc<rustls::client::WebPkiServerVerifier>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for AnchorsOrChain {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let refused =
+            match self
+                .chain
+                .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+            {
+                Ok(verified) => return Ok(verified),
+                Err(e) => e,
+            };
+        if !self
+            .anchors
+            .iter()
+            .any(|a| a.as_ref() == end_entity.as_ref())
+        {
+            return Err(refused);
+        }
+        let cert = webpki::EndEntityCert::try_from(end_entity).map_err(|_| refused)?;
+        cert.verify_is_valid_for_subject_name(server_name)
+            .map_err(|_| {
+                rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName)
+            })?;
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.chain.supported_verify_schemes()
     }
 }
 
