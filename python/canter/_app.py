@@ -4,6 +4,7 @@ import asyncio
 import inspect
 import logging
 import os
+import errno
 import re
 import signal
 import socket
@@ -127,7 +128,9 @@ class App:
         `idle_timeout`, `head_timeout`, `body_timeout`, `write_timeout`, `handler_timeout`
         and `drain_timeout` (seconds), `half_close`, `server_name`, `http2` (h2c with prior
         knowledge, default on), `tls_port`, `tls_cert`, `tls_key` (PEM files) for an HTTPS
-        listener beside the plain one (HTTP/2 by ALPN), and `pin` (worker i on CPU i)."""
+        listener beside the plain one (HTTP/2 by ALPN), `pin` (worker i on CPU i), and
+        `reuse_port` (share the port with another process already listening on it, for a
+        deliberate hand-over; by default such a port is refused: OSError "address in use")."""
         _configure_logging()
         Supervisor(self.routes, host, port, workers, options).run()
 
@@ -154,6 +157,7 @@ class Supervisor:
         self.workers = workers
         self.options = {k: v for k, v in options.items() if v is not None}
         self.pin = bool(self.options.pop("pin", False))
+        self.reuse_port = bool(self.options.pop("reuse_port", False))
         # Every engine setting is checked here, once, rather than by each worker as it starts.
         _native.check_settings(**self.options)
         self.serve = serve or self._serve_native
@@ -168,8 +172,27 @@ class Supervisor:
 
     def _reserve(self, host, port):
         """Holds the port without listening on it (so it gets no connections): with port 0 the
-        workers all bind the port picked here, and no other program takes it meanwhile."""
+        workers all bind the port picked here, and no other program takes it meanwhile.
+
+        A port another process listens on is refused (OSError EADDRINUSE, "address in use"),
+        as nginx refuses it, unless `reuse_port` allows sharing it for a hand-over: the workers
+        share theirs through SO_REUSEPORT, and so would a second server started by mistake,
+        taking some of the connections."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        if port and not self.reuse_port:
+            # Without SO_REUSEPORT the bind fails beside any listener, with or without it.
+            probe = socket.socket(family, socket.SOCK_STREAM)
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise OSError(errno.EADDRINUSE, "%s:%d: %s (another process listens on "
+                                  "it; pass reuse_port=True to share it on purpose)"
+                                  % (host, port, os.strerror(errno.EADDRINUSE))) from None
+                raise
+            finally:
+                probe.close()
         s = socket.socket(family, socket.SOCK_STREAM)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)

@@ -193,6 +193,9 @@ def main(argv=None):
     s.add_argument("--half-close", action="store_true",
                    help="answer a client that half-closes while its request runs")
     s.add_argument("--pin", action="store_true", help="pin worker i to CPU i")
+    s.add_argument("--reuse-port", action="store_true",
+                   help="share the port with a process already listening on it (a hand-over);"
+                        " by default such a port is refused")
     s.add_argument("--server-name", default="canter")
     s.add_argument("--no-http2", action="store_true", help="HTTP/1.1 only (no h2c)")
     s.add_argument("--tls-port", type=int, default=None,
@@ -210,7 +213,9 @@ def main(argv=None):
               idle_timeout=a.idle_timeout, head_timeout=a.head_timeout,
               body_timeout=a.body_timeout, write_timeout=a.write_timeout,
               handler_timeout=a.handler_timeout, drain_timeout=a.drain_timeout,
-              half_close=a.half_close or None, pin=a.pin, server_name=a.server_name,
-              http2=not a.no_http2, tls_port=a.tls_port, tls_cert=a.tls_cert, tls_key=a.tls_key)
+              half_close=a.half_close or None, pin=a.pin, reuse_port=a.reuse_port,
+              server_name=a.server_name, http2=not a.no_http2, tls_port=a.tls_port, tls_cert=a.tls_cert, tls_key=a.tls_key)
     except (ValueError, TypeError) as e:
         p.error(str(e))  # a setting out of range: a usage error, before any worker starts
+    except OSError as e:
+        sys.exit("canter: %s" % e)  # the port is taken (or the host unknown): said, no traceback

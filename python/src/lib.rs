@@ -625,7 +625,10 @@ fn serve(
         body_limit,
         tls,
     } = Settings::from_kwargs(settings)?;
-    let mut config = config.addr(addr);
+    // The supervisor holds the ports (bound, not listening, with SO_REUSEPORT) while its
+    // workers bind them, and it has refused a port another process listens on: the workers
+    // share theirs.
+    let mut config = config.addr(addr).reuse_port(true);
     if let Some((tls_port, cert, key)) = tls {
         let acceptor = canter_rt::ServerTls::new()
             .cert(cert, key)

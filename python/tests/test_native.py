@@ -301,20 +301,41 @@ def test_a_worker_that_cannot_start_stops_the_server_with_an_error(tmp_path):
     assert "serving http" not in out.stderr and "restarting" not in out.stderr, out.stderr
 
 
-def test_a_taken_port_is_an_error_at_once(tmp_path):
-    taken = socket.socket()  # without SO_REUSEPORT: nobody may share it
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_taken_port_is_an_error_at_once(tmp_path, shared):
+    # With SO_REUSEPORT on the other listener, a bind with it would succeed and share the
+    # port's connections: refused all the same, unless reuse_port=True asks for it.
+    taken = socket.socket()
+    if shared:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     taken.bind(("127.0.0.1", 0))
     taken.listen()
-    (tmp_path / "app.py").write_text(
-        f"import canter\ncanter.App().run(port={taken.getsockname()[1]})\n")
+    port = taken.getsockname()[1]
+    (tmp_path / "app.py").write_text(f"import canter\ncanter.App().run(port={port})\n")
     import subprocess
 
     try:
         out = subprocess.run([sys.executable, str(tmp_path / "app.py")], capture_output=True,
                              text=True, timeout=60)
+        assert out.returncode != 0, out.stderr
+        assert f"127.0.0.1:{port}: Address already in use" in out.stderr, out.stderr
+        if shared:
+            # Asked for: the server starts beside the other listener.
+            (tmp_path / "app.py").write_text(
+                f"import canter\ncanter.App().run(port={port}, reuse_port=True)\n")
+            proc = subprocess.Popen([sys.executable, str(tmp_path / "app.py")],
+                                    stderr=subprocess.PIPE, text=True)
+            try:
+                for line in proc.stderr:
+                    if "serving http" in line:
+                        break
+                else:
+                    raise AssertionError("the server with reuse_port=True did not start")
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
     finally:
         taken.close()
-    assert out.returncode != 0 and "Address already in use" in out.stderr, out.stderr
 
 
 def test_a_client_that_leaves_cancels_its_async_handler(native):

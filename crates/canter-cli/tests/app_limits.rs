@@ -151,3 +151,45 @@ fn out_of_range_flags_are_refused_at_startup() {
         assert!(err.contains(setting), "{flag} {value}: {err}");
     }
 }
+
+/// A port another process listens on is refused at start ("address in use"), whether that
+/// listener shares it through SO_REUSEPORT (a second `canter serve`) or not; `--reuse-port`
+/// starts beside it on purpose, for a hand-over.
+#[test]
+fn a_port_in_use_is_refused_unless_sharing_is_asked_for() {
+    let first = common::Server::start();
+    let addr = first.addr().to_string();
+    let args = ["serve", "--addr", &addr].map(std::ffi::OsStr::new);
+    let (status, err) = common::canter_exits(&args);
+    assert!(!status.success(), "{err}");
+    assert!(err.contains(&format!("{addr}: address in use")), "{err}");
+    // The TLS listener's port too.
+    let tls = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let tls_addr = tls.local_addr().unwrap().to_string();
+    let args = [
+        "serve",
+        "--addr",
+        "127.0.0.1:0",
+        "--tls-self-signed",
+        "--tls-addr",
+        &tls_addr,
+    ]
+    .map(std::ffi::OsStr::new);
+    let (status, err) = common::canter_exits(&args);
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("address in use"), "{err}");
+    drop(tls);
+    // Asked for: it starts and serves beside the first.
+    let mut second = std::process::Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(["serve", "--addr", &addr, "--workers", "1", "--reuse-port"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(second.stderr.take().unwrap());
+    let started = std::io::BufRead::lines(stderr)
+        .map_while(Result::ok)
+        .any(|line| line.contains(&format!("app on http://{addr}")));
+    let _ = second.kill();
+    let _ = second.wait();
+    assert!(started, "the second server with --reuse-port did not start");
+}

@@ -43,6 +43,7 @@ pub struct Config {
     pub(crate) drain_timeout: Duration,
     pub(crate) half_close: bool,
     pub(crate) defer_accept: bool,
+    pub(crate) reuse_port: bool,
     pub(crate) server_name: String,
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<TlsListener>,
@@ -158,6 +159,16 @@ impl Config {
     /// never defer: their server may have to speak first.
     pub fn defer_accept(&self) -> bool {
         self.defer_accept
+    }
+
+    /// Whether the server may share its port with another process's listeners. `false` (the
+    /// default): binding an address that another process is already listening on fails with
+    /// `AddrInUse`, as nginx's does, although the server's own workers share their port through
+    /// `SO_REUSEPORT` (a second server started by mistake would otherwise take a share of the
+    /// connections, with its own certificate and routes). `true` lets a new process start
+    /// beside the old one for a deliberate hand-over.
+    pub fn reuse_port(&self) -> bool {
+        self.reuse_port
     }
 
     /// Value of the Server header: 1 to [`MAX_SERVER_NAME`] visible ASCII characters or spaces
@@ -334,6 +345,12 @@ impl ConfigBuilder {
         self
     }
 
+    /// See [`Config::reuse_port`].
+    pub fn reuse_port(mut self, reuse_port: bool) -> Self {
+        self.0.reuse_port = reuse_port;
+        self
+    }
+
     /// See [`Config::server_name`].
     pub fn server_name(mut self, server_name: impl Into<String>) -> Self {
         self.0.server_name = server_name.into();
@@ -469,6 +486,7 @@ impl Default for Config {
             drain_timeout: Duration::from_secs(10),
             half_close: false,
             defer_accept: true,
+            reuse_port: false,
             server_name: "canter".to_owned(),
             #[cfg(feature = "tls")]
             tls: None,

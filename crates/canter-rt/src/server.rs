@@ -60,9 +60,13 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds one SO_REUSEPORT listener per worker.
+    /// Binds one SO_REUSEPORT listener per worker. An address another process listens on is
+    /// refused with `AddrInUse` unless [`Config::reuse_port`] allows sharing it.
     pub fn bind(config: Config) -> io::Result<Server> {
         let workers = config.workers;
+        if !config.reuse_port {
+            ensure_unused(config.addr)?;
+        }
         let first = listen(config.addr, config.backlog)?;
         let local_addr = first.local_addr()?;
         let mut listeners = vec![first];
@@ -75,6 +79,9 @@ impl Server {
         let mut tls_local_addr = None;
         #[cfg(feature = "tls")]
         if let Some(tls) = &config.tls {
+            if !config.reuse_port {
+                ensure_unused(tls.addr)?;
+            }
             let first = listen(tls.addr, config.backlog)?;
             let addr = first.local_addr()?;
             tls_listeners.push(first);
@@ -317,6 +324,31 @@ pub fn listen(addr: SocketAddr, backlog: i32) -> io::Result<StdListener> {
     socket.bind(&addr.into())?;
     socket.listen(backlog)?;
     Ok(socket.into())
+}
+
+/// Fails with `AddrInUse` when another socket listens on `addr` (port 0 asks for a free port:
+/// nothing to check). The check binds a socket without SO_REUSEPORT, which the kernel refuses
+/// beside any listener on the address, with or without it; SO_REUSEADDR keeps connections in
+/// TIME_WAIT from counting. The socket is closed at once: the listeners bind just after.
+pub fn ensure_unused(addr: SocketAddr) -> io::Result<()> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    probe.set_reuse_address(true)?;
+    probe.bind(&addr.into()).map_err(|e| {
+        if e.kind() == io::ErrorKind::AddrInUse {
+            io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!(
+                    "{addr}: address in use (another process listens on it; to share the port \
+                     on purpose, for a hand-over, allow it with reuse_port)"
+                ),
+            )
+        } else {
+            e
+        }
+    })
 }
 
 /// A worker's listening sockets.

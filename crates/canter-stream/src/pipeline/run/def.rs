@@ -8,7 +8,7 @@ use std::fmt::Display;
 use std::hash::Hash;
 use std::io;
 use std::marker::PhantomData;
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
@@ -133,24 +133,15 @@ where
         let mut server_shutdown = None;
         let mut bound = None;
         if let Source::Tcp { addr, .. } = &self.source {
-            // Every worker's listener shares the port (SO_REUSEPORT), and so would another
-            // process's that got there first, taking some of the connections: refuse a port
-            // anything listens on already. The processes of a group share it: whoever starts
-            // them checks it first.
-            if addr.port() != 0 && opts.group.is_none() {
-                drop(StdListener::bind(addr).map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("pipeline {}: {addr} is taken: {e}", self.name),
-                    )
-                })?);
-            }
             // The source is a server of the runtime's, on the pipeline's workers: one
             // SO_REUSEPORT listener each, its accept loop, drain and counters. The pipeline
             // bounds its source connections itself (one over is closed at once, with a
-            // warning), so the server's own bound (which leaves them in the backlog) is off.
+            // warning), so the server's own bound (which leaves them in the backlog) is off. A
+            // port another process listens on is refused (the runtime checks), except in a
+            // group, whose processes share it: whoever starts them checks it first.
             let config = canter_rt::Config::builder()
                 .addr(*addr)
+                .reuse_port(opts.group.is_some())
                 .workers(workers)
                 .backlog(1024)
                 .max_connections(usize::MAX)
