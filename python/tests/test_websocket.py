@@ -279,6 +279,104 @@ def test_websocket_over_http2_extended_connect(demo, deflate, tls):
     sock.close()
 
 
+def masked_frame(opcode, payload):
+    """One final client frame (masked, as RFC 6455 requires of clients)."""
+    mask = os.urandom(4)
+    n = len(payload)
+    if n < 126:
+        head = bytes([0x80 | opcode, 0x80 | n])
+    elif n < 65536:
+        head = bytes([0x80 | opcode, 0x80 | 126]) + n.to_bytes(2, "big")
+    else:
+        head = bytes([0x80 | opcode, 0x80 | 127]) + n.to_bytes(8, "big")
+    key = int.from_bytes((mask * (n // 4 + 1))[:n], "big")
+    return head + mask + (int.from_bytes(payload, "big") ^ key).to_bytes(n, "big")
+
+
+@pytest.mark.parametrize("tls,opcode", [(False, 1), (True, 2)])
+def test_echoes_beyond_the_clients_stream_window_over_http2_do_not_stall(demo, tls, opcode):
+    """`h2` with a 16 MiB stream window, acknowledging data as it comes (it sends
+    WINDOW_UPDATE once half a window is used): a 1 MiB echo, then a 16 MiB one, on one stream.
+    The server stopped at exactly 16 MiB of stream data and went on only at its keepalive ping,
+    30 s later, although the client's WINDOW_UPDATE had arrived."""
+    import time
+
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+
+    sock = socket.create_connection(("127.0.0.1", demo.tls_port if tls else demo.port))
+    if tls:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.set_alpn_protocols(["h2"])
+        sock = ctx.wrap_socket(sock)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.local_settings = h2.settings.Settings(client=True, initial_values={
+        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 16 << 20})
+    conn.initiate_connection()
+    conn.increment_flow_control_window(64 << 20)
+    sock.sendall(conn.data_to_send())
+    got = {"head": None, "data": bytearray(), "settings": False}
+
+    def pump(until, within):
+        """Reads until `until()`; False when `within` seconds pass first."""
+        deadline = time.monotonic() + within
+        while not until():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            sock.settimeout(left)
+            try:
+                data = sock.recv(1 << 20)
+            except socket.timeout:
+                return False
+            assert data, "the server closed the connection"
+            for ev in conn.receive_data(data):
+                if isinstance(ev, h2.events.RemoteSettingsChanged):
+                    got["settings"] = True
+                elif isinstance(ev, h2.events.ResponseReceived):
+                    got["head"] = dict(ev.headers)
+                elif isinstance(ev, h2.events.DataReceived):
+                    got["data"] += ev.data
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                elif isinstance(ev, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
+                    raise AssertionError(ev)
+            sock.sendall(conn.data_to_send())
+        return True
+
+    assert pump(lambda: got["settings"], 10)
+    stream = conn.get_next_available_stream_id()
+    conn.send_headers(stream, [(":method", "CONNECT"), (":protocol", "websocket"),
+                               (":scheme", "https" if tls else "http"), (":path", "/ws/echo"),
+                               (":authority", "localhost"), ("sec-websocket-version", "13")])
+    sock.sendall(conn.data_to_send())
+    assert pump(lambda: got["head"] is not None, 10)
+    assert got["head"][b":status"] == b"200", got["head"]
+    for size in (1 << 20, 16 << 20):
+        payload = os.urandom(size) if opcode == 2 else b"t" * size
+        data = masked_frame(opcode, payload)
+        want = len(data) - 4  # the echo is the same frame, unmasked
+        got["data"].clear()
+        start = time.monotonic()
+        while data:
+            room = min(conn.local_flow_control_window(stream), conn.max_outbound_frame_size)
+            if room == 0:
+                assert pump(lambda: conn.local_flow_control_window(stream) > 0, 20), \
+                    "the server's window stayed shut"
+                continue
+            conn.send_data(stream, data[:room])
+            sock.sendall(conn.data_to_send())
+            data = data[room:]
+        # Far less than the 30 s the stall lasted; a whole 16 MiB echo takes about a second.
+        assert pump(lambda: len(got["data"]) >= want, 20), \
+            f"{size}-byte echo: {len(got['data'])} of {want} bytes after {time.monotonic() - start:.1f} s"
+        assert got["data"][-size:] == payload
+    sock.close()
+
+
 def test_our_client_against_the_websockets_server():
     """`canter load ws://` (canter-ws's engine as a client) against Python's `websockets`
     server: every message echoed, with and without permessage-deflate (which that server agrees

@@ -271,7 +271,12 @@ impl<S: Service, T: Transport> H2<S, T> {
             // Input already buffered (the sniffed preface and what came with it) is parsed
             // before anything is read.
             let mut input = std::mem::take(&mut self.unparsed);
-            if !input && !self.eof && self.link.out.len() < self.cfg.high_water {
+            // Reading waits while the output is above its high-water mark; once this turn's
+            // writes bring it below, the read must be tried again here: the wake-up that
+            // brought the client's next frames (a WINDOW_UPDATE that reopens a stream) may
+            // already have been spent on this turn, and no other would come.
+            let read_held = !input && !self.eof && self.link.out.len() >= self.cfg.high_water;
+            if !input && !self.eof && !read_held {
                 if self.link.budget_spent(self.cfg.read_budget) {
                     // Let the worker's other connections run.
                     cx.waker().wake_by_ref();
@@ -303,6 +308,9 @@ impl<S: Service, T: Transport> H2<S, T> {
             }
             self.conn.flush(&mut self.link.out);
             self.poll_write(cx)?;
+            if read_held && self.link.out.len() < self.cfg.high_water {
+                again = true;
+            }
             // Bodies whose queue the flush emptied can give more now, while the socket takes it.
             if !again && self.link.out.len() < self.cfg.high_water && self.wants_pull() {
                 if self.pulled_in_turn >= PULL_TURN {

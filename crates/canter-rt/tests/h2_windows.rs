@@ -152,3 +152,70 @@ fn a_slow_response_stream_does_not_keep_the_worker_busy() {
         got.extend_from_slice(&chunk[..n]);
     }
 }
+
+/// A WINDOW_UPDATE that reopens a stream whose window ran out is acted on at once. It arrives
+/// while the server's output is far above its high-water mark (reading waits then, and the
+/// event that announced it is spent); when the output then drains, the server must read it
+/// without another event, not at its next timer (the keepalive ping, 30 s, was the only thing
+/// that woke it: an echo over WebSocket on HTTP/2 stalled at exactly the client's window).
+#[test]
+fn a_window_update_that_arrives_while_output_backs_up_is_acted_on_at_once() {
+    const WINDOW: u32 = 16 << 20;
+    const BODY: usize = 24 << 20;
+    // Timers far beyond the test's bound, so that none of them hides a stall.
+    let timeouts = common::test_timeouts()
+        .idle(Duration::from_secs(120))
+        .write(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let config = common::test_builder().timeouts(timeouts).build().unwrap();
+    let server = TestServer::start(config, |_| {
+        |_req: Request| -> Reply { Response::text(vec![b'x'; BODY]).into() }
+    });
+    let mut h2 = TcpStream::connect(server.addr).unwrap();
+    h2.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    let mut settings = 4u16.to_be_bytes().to_vec(); // SETTINGS_INITIAL_WINDOW_SIZE
+    settings.extend_from_slice(&WINDOW.to_be_bytes());
+    out.extend(frame(4, 0, 0, &settings));
+    out.extend(frame(8, 0, 0, &(64u32 << 20).to_be_bytes()));
+    let mut block = vec![0x82, 0x86, 0x04, 1, b'/', 0x01, 1, b'x'];
+    out.extend(frame(1, 0x4 | 0x1, 1, &std::mem::take(&mut block)));
+    h2.write_all(&out).unwrap();
+    // Read until the server has sent a first part of its window and is held by the socket.
+    let (mut buf, mut data, mut updated) = (Vec::new(), 0usize, false);
+    let mut chunk = vec![0u8; 1 << 20];
+    let start = std::time::Instant::now();
+    loop {
+        while buf.len() >= 9 {
+            let len = (buf[0] as usize) << 16 | (buf[1] as usize) << 8 | buf[2] as usize;
+            if buf.len() < 9 + len {
+                break;
+            }
+            let (kind, flags) = (buf[3], buf[4]);
+            assert_ne!(kind, 7, "GOAWAY: {:?}", &buf[9..9 + len]);
+            buf.drain(..9 + len);
+            if kind == 0 {
+                data += len;
+                if flags & 1 != 0 {
+                    assert_eq!(data, BODY);
+                    let took = start.elapsed();
+                    assert!(took < Duration::from_secs(20), "the body took {took:?}");
+                    return;
+                }
+            }
+        }
+        if !updated && data > 0 {
+            // The server's output is backed up with most of the window: the update arrives
+            // while it cannot read.
+            std::thread::sleep(Duration::from_millis(200));
+            h2.write_all(&frame(8, 0, 1, &((BODY as u32) - WINDOW).to_be_bytes()))
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            updated = true;
+        }
+        let n = h2.read(&mut chunk).unwrap();
+        assert!(n > 0, "closed after {data} bytes of data");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
