@@ -36,6 +36,7 @@ async def _run(app, scope, receive, send):
     """Runs one request's app call; an exception is logged (and answered 500 if no response
     was started). A client that went away is no server error: a debug line (the engine counts
     the connection's end)."""
+    failed = False
     try:
         await app(scope, receive, send)
     except (asyncio.CancelledError, ClientDisconnected):
@@ -46,8 +47,12 @@ async def _run(app, scope, receive, send):
                       scope.get("path"), type(e).__name__)
         else:
             log_exception(e)
+            failed = True
     finally:
-        send.ended()
+        if scope["type"] == "websocket":
+            send.ended(failed)  # an open WebSocket closes with 1011 after a failure
+        else:
+            send.ended()
 
 
 class Lifespan:

@@ -41,6 +41,9 @@ enum Phase {
     Accepted(Option<String>, Vec<(HeaderName, HeaderValue)>),
     /// The app closed before accepting: 403.
     Refused,
+    /// The app denies the upgrade with a response of its own (the `websocket.http.response`
+    /// extension): its status and header fields, the body so far, and whether it is complete.
+    Denied(StatusCode, Vec<(HeaderName, HeaderValue)>, Vec<u8>, bool),
     /// The socket is open (or was).
     Open,
 }
@@ -119,6 +122,38 @@ impl Exchange {
             }
         }
     }
+}
+
+/// The largest body of a denial response (`websocket.http.response.body`), held whole.
+const MAX_DENIAL_BODY: usize = 1 << 20;
+
+/// The `headers` of an ASGI message: `[(name, value), ...]` as bytes.
+fn header_fields(
+    py: Python<'_>,
+    message: &Bound<'_, PyAny>,
+) -> PyResult<Vec<(HeaderName, HeaderValue)>> {
+    let mut headers = Vec::new();
+    if let Some(list) = field(message, pyo3::intern!(py, "headers"))? {
+        for pair in list.try_iter()? {
+            let pair = pair?;
+            let (name, value) = (pair.get_item(0)?, pair.get_item(1)?);
+            let (name, value) = (
+                name.cast::<PyBytes>()?.as_bytes(),
+                value.cast::<PyBytes>()?.as_bytes(),
+            );
+            let bad = || {
+                PyValueError::new_err(format!(
+                    "invalid header {:?}",
+                    String::from_utf8_lossy(name)
+                ))
+            };
+            headers.push((
+                HeaderName::from_bytes(name).map_err(|_| bad())?,
+                HeaderValue::from_bytes(value).map_err(|_| bad())?,
+            ));
+        }
+    }
+    Ok(headers)
 }
 
 fn message<'py>(py: Python<'py>, msg: &Message) -> PyResult<Bound<'py, PyDict>> {
@@ -209,27 +244,7 @@ impl WsSend {
                     Some(p) if !p.is_none() => Some(p.extract::<String>()?),
                     _ => None,
                 };
-                let mut headers = Vec::new();
-                if let Some(list) = field(message, pyo3::intern!(py, "headers"))? {
-                    for pair in list.try_iter()? {
-                        let pair = pair?;
-                        let (name, value) = (pair.get_item(0)?, pair.get_item(1)?);
-                        let (name, value) = (
-                            name.cast::<PyBytes>()?.as_bytes(),
-                            value.cast::<PyBytes>()?.as_bytes(),
-                        );
-                        let bad = || {
-                            PyValueError::new_err(format!(
-                                "invalid header {:?}",
-                                String::from_utf8_lossy(name)
-                            ))
-                        };
-                        headers.push((
-                            HeaderName::from_bytes(name).map_err(|_| bad())?,
-                            HeaderValue::from_bytes(value).map_err(|_| bad())?,
-                        ));
-                    }
-                }
+                let headers = header_fields(py, message)?;
                 ex.phase = Phase::Accepted(subprotocol, headers);
                 ex.wake();
                 ready(py, None)
@@ -237,6 +252,52 @@ impl WsSend {
             ("websocket.close", Phase::Connecting) => {
                 ex.phase = Phase::Refused;
                 ex.wake();
+                ready(py, None)
+            }
+            ("websocket.http.response.start", Phase::Connecting) => {
+                let status = match field(message, pyo3::intern!(py, "status"))? {
+                    Some(s) => s.extract::<u16>()?,
+                    None => {
+                        return Err(PyValueError::new_err(
+                            "websocket.http.response.start needs a status",
+                        ))
+                    }
+                };
+                let status = StatusCode::from_u16(status)
+                    .ok()
+                    .filter(|s| !s.is_informational() && !s.is_success())
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!(
+                            "websocket.http.response.start: {status} is no denial's status \
+                             (4xx or 5xx, or a redirect)"
+                        ))
+                    })?;
+                ex.phase = Phase::Denied(status, header_fields(py, message)?, Vec::new(), false);
+                ready(py, None)
+            }
+            ("websocket.http.response.body", Phase::Denied(_, _, _, false)) => {
+                let more = match field(message, pyo3::intern!(py, "more_body"))? {
+                    Some(m) => m.is_truthy()?,
+                    None => false,
+                };
+                let piece = field(message, pyo3::intern!(py, "body"))?;
+                let Phase::Denied(_, _, body, complete) = &mut ex.phase else {
+                    return ready(py, None);
+                };
+                if let Some(piece) = piece.filter(|b| !b.is_none()) {
+                    let piece = piece.cast::<PyBytes>()?.as_bytes();
+                    if body.len() + piece.len() > MAX_DENIAL_BODY {
+                        return Err(PyValueError::new_err(format!(
+                            "websocket.http.response.body: a denial's body is at most \
+                             {MAX_DENIAL_BODY} bytes"
+                        )));
+                    }
+                    body.extend_from_slice(piece);
+                }
+                if !more {
+                    *complete = true;
+                    ex.wake();
+                }
                 ready(py, None)
             }
             ("websocket.send", Phase::Accepted(..) | Phase::Open) => {
@@ -288,10 +349,19 @@ impl WsSend {
         }
     }
 
-    /// Called by the task wrapper when the app returned or raised.
-    fn ended(&self) -> PyResult<()> {
+    /// Called by the task wrapper when the app returned, or raised (`failed`): an open
+    /// connection then closes with 1011 (internal error), unless the app closed it itself.
+    #[pyo3(signature = (failed = false))]
+    fn ended(&self, failed: bool) -> PyResult<()> {
         let mut ex = self.ex.get()?.borrow_mut();
         ex.app_ended = true;
+        if failed && matches!(ex.phase, Phase::Accepted(..) | Phase::Open) && !ex.close_sent {
+            ex.close_sent = true;
+            ex.outbound.push_back(Message::Close(Some(CloseFrame {
+                code: 1011,
+                reason: String::new(),
+            })));
+        }
         ex.wake();
         Ok(())
     }
@@ -313,6 +383,19 @@ impl Asgi {
             scope.del_item(pyo3::intern!(py, "method"))?;
             let offered = PyList::new(py, upgrade.offered_protocols())?;
             scope.set_item(pyo3::intern!(py, "subprotocols"), offered)?;
+            // The denial response: the app may answer the upgrade with a response of its own.
+            let extensions = match scope.get_item(pyo3::intern!(py, "extensions"))? {
+                Some(e) => e.cast_into::<PyDict>()?,
+                None => {
+                    let e = PyDict::new(py);
+                    scope.set_item(pyo3::intern!(py, "extensions"), &e)?;
+                    e
+                }
+            };
+            extensions.set_item(
+                pyo3::intern!(py, "websocket.http.response"),
+                PyDict::new(py),
+            )?;
             self.run
                 .bind(py)
                 .call1((self.app.bind(py), scope, receive, send))
@@ -395,6 +478,29 @@ impl Future for Accepting {
                 ex.waker = Some(cx.waker().clone());
                 Poll::Pending
             }
+            Phase::Denied(status, headers, body, complete) if complete || ex.app_ended => {
+                if !complete {
+                    tracing::warn!("ASGI app ended inside its WebSocket denial response");
+                }
+                ex.phase = Phase::Open;
+                drop(ex);
+                Python::attach(|py| shared.borrow_mut().close(py, 1006, ""));
+                let mut res = RtResponse::new(status);
+                // The body is whole: the server frames it (the app's own length would repeat).
+                for (n, v) in headers {
+                    if n != canter_rt::http::header::CONTENT_LENGTH
+                        && n != canter_rt::http::header::TRANSFER_ENCODING
+                    {
+                        res.append_header(n, v);
+                    }
+                }
+                Poll::Ready(res.with_body(body))
+            }
+            denying @ Phase::Denied(..) => {
+                ex.phase = denying;
+                ex.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
             Phase::Refused | Phase::Open => {
                 ex.phase = Phase::Open;
                 drop(ex);
@@ -432,8 +538,24 @@ impl Drop for Accepting {
     }
 }
 
+/// Tells the app its connection is over when the bridge is dropped before it could say so:
+/// the connection's driver drops its handler (this bridge) when the peer goes without a close
+/// frame (a FIN or an RST), when an HTTP/2 stream is reset, or when the server stops. The app's
+/// `receive` then gives `websocket.disconnect` with 1006 and its pending `send` fails, so its
+/// loop ends and its memory goes.
+struct Hangup(Shared);
+
+impl Drop for Hangup {
+    fn drop(&mut self) {
+        if self.0.borrow().closed.is_none() {
+            Python::attach(|py| self.0.borrow_mut().close(py, 1006, ""));
+        }
+    }
+}
+
 /// Moves messages between the socket and the app until either side ends.
 async fn run_bridge(socket: WebSocket, ex: Shared) {
+    let _hangup = Hangup(ex.clone());
     let (tx, rx) = socket.split();
     let (code, reason) = loop {
         // What the app sent, in order, as the peer takes it.

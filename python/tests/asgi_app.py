@@ -122,9 +122,18 @@ async def background(request):
     return PlainTextResponse("queued", background=BackgroundTask(after))
 
 
+#: Echo handlers running now (`/ws/live`): a client that leaves must end its handler.
+WS_LIVE = [0]
+
+
+async def ws_live(request):
+    return JSONResponse({"live": WS_LIVE[0]})
+
+
 async def ws_echo(websocket):
     """Echoes text and bytes until the client closes; logs the close code it was told."""
     await websocket.accept()
+    WS_LIVE[0] += 1
     try:
         while True:
             message = await websocket.receive()
@@ -136,6 +145,7 @@ async def ws_echo(websocket):
             else:
                 await websocket.send_bytes(message["bytes"])
     finally:
+        WS_LIVE[0] -= 1
         print("ws echo done", flush=True)
 
 
@@ -143,10 +153,27 @@ async def ws_refuse(websocket):
     await websocket.close(code=1008)
 
 
+async def ws_boom(websocket):
+    """Fails after accepting: the client gets 1011."""
+    await websocket.accept()
+    await websocket.receive_text()
+    raise RuntimeError("ws boom after accept")
+
+
+async def ws_deny(websocket):
+    """Denies the upgrade with a response of its own (the websocket.http.response extension)."""
+    await websocket.send_denial_response(
+        PlainTextResponse("no entry without a token", status_code=401,
+                          headers={"www-authenticate": "Bearer", "x-why": "token"}))
+
+
 app = Starlette(
     routes=[
         WebSocketRoute("/ws", ws_echo),
         WebSocketRoute("/ws/refuse", ws_refuse),
+        WebSocketRoute("/ws/boom", ws_boom),
+        WebSocketRoute("/ws/deny", ws_deny),
+        Route("/ws/live", ws_live),
         Route("/", plaintext),
         Route("/json", json_endpoint),
         Route("/echo", echo, methods=["POST"]),

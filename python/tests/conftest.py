@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -122,3 +123,50 @@ def curl_h2(url):
                          capture_output=True, text=True, timeout=20)
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def websockets_that_leave(port, path, n, rst):
+    """Opens `n` WebSockets on `path` (HTTP/1.1 upgrades), sends each a text message and reads
+    its echo, then leaves them without a close frame: a FIN, or an RST with `rst`."""
+    import base64
+    import struct
+
+    socks = []
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        key = base64.b64encode(os.urandom(16)).decode()
+        s.sendall((f"GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                   f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                   "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            piece = s.recv(4096)
+            assert piece, "closed during the upgrade"
+            head += piece
+        assert head.startswith(b"HTTP/1.1 101"), head
+        # One masked text frame ("hi"), and its echo back: the handler is in its loop.
+        s.sendall(bytes([0x81, 0x82]) + b"\x00\x00\x00\x00" + b"hi")
+        echo = head.split(b"\r\n\r\n", 1)[1]
+        while len(echo) < 4:
+            echo += s.recv(4096)
+        assert echo[:4] == b"\x81\x02hi", echo
+        socks.append(s)
+    for s in socks:
+        if rst:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+
+
+def wait_until_no_websocket_is_live(port, within=10.0):
+    """Polls `/ws/live` until the app counts no running echo handler; the seconds it took."""
+    import json
+    import urllib.request
+
+    start = time.time()
+    while True:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ws/live", timeout=10) as r:
+            live = json.load(r)["live"]
+        if live == 0:
+            return time.time() - start
+        assert time.time() - start < within, f"{live} WebSocket handler(s) still running"
+        time.sleep(0.02)

@@ -76,11 +76,24 @@ def inspect(req):
     }
 
 
+#: Echo handlers running now (`/ws/live`): a client that leaves must end its handler.
+WS_LIVE = [0]
+
+
+@app.get("/ws/live")
+async def ws_live(req):
+    return {"live": WS_LIVE[0]}
+
+
 @app.websocket("/ws/echo")
 async def ws_echo(ws):
-    async for message in ws:
-        await ws.send(message)
-    print("native ws closed", ws.close_code, flush=True)
+    WS_LIVE[0] += 1
+    try:
+        async for message in ws:
+            await ws.send(message)
+        print("native ws closed", ws.close_code, flush=True)
+    finally:
+        WS_LIVE[0] -= 1
 
 
 @app.websocket("/ws/room/{name}", subprotocols=["chat.v2"])

@@ -96,3 +96,39 @@ def test_a_websocket_route_over_http2(fastapi_app):
         sock.sendall(conn.data_to_send())
     assert json.loads(got[0].data) == {"room": "h2room", "scope": "websocket", "scheme": "ws"}
     sock.close()
+
+
+@pytest.mark.parametrize("rst", [False, True])
+def test_a_client_that_leaves_without_a_close_frame_ends_the_apps_handler(starlette_app, rst):
+    """A FIN or an RST without a close frame: the app gets `websocket.disconnect` with 1006
+    at once (not at a keepalive timer), its loop ends and its `finally` runs; none of 200 such
+    handlers is left behind."""
+    from conftest import wait_until_no_websocket_is_live, websockets_that_leave
+
+    before = starlette_app.log().count("ws disconnect 1006")
+    websockets_that_leave(starlette_app.port, "/ws", 200, rst)
+    took = wait_until_no_websocket_is_live(starlette_app.port, within=5)
+    print(f"200 handlers ended {took:.2f} s after their clients left")
+    assert starlette_app.log().count("ws disconnect 1006") == before + 200
+
+
+def test_an_exception_after_accept_closes_with_1011_and_is_logged_once(starlette_app):
+    with connect(f"ws://127.0.0.1:{starlette_app.port}/ws/boom") as ws:
+        ws.send("go")
+        with pytest.raises(Exception):
+            ws.recv()
+    assert ws.protocol.close_rcvd is not None and ws.protocol.close_rcvd.code == 1011
+    starlette_app.wait_for(r"RuntimeError: ws boom after accept")
+    assert starlette_app.log().count("RuntimeError: ws boom after accept") == 1
+
+
+def test_a_denial_response_reaches_the_client(starlette_app):
+    """Starlette's `send_denial_response` (ASGI's `websocket.http.response` extension): the
+    client gets the app's status, header fields and body instead of a 403."""
+    with pytest.raises(InvalidStatus) as denied:
+        connect(f"ws://127.0.0.1:{starlette_app.port}/ws/deny")
+    response = denied.value.response
+    assert response.status_code == 401
+    assert response.headers["x-why"] == "token"
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert response.body == b"no entry without a token"

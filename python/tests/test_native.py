@@ -338,6 +338,20 @@ def test_a_taken_port_is_an_error_at_once(tmp_path, shared):
         taken.close()
 
 
+@pytest.mark.parametrize("rst", [False, True])
+def test_a_websocket_client_that_leaves_without_a_close_frame_ends_the_handler(native, rst):
+    """A FIN or an RST without a close frame: `async for` over the socket ends at once (not
+    at a keepalive timer) with close code 1006, and the handler's `finally` runs; none of 200
+    such handlers is left behind."""
+    from conftest import wait_until_no_websocket_is_live, websockets_that_leave
+
+    before = native.log().count("native ws closed 1006")
+    websockets_that_leave(native.port, "/ws/echo", 200, rst)
+    took = wait_until_no_websocket_is_live(native.port, within=5)
+    print(f"200 handlers ended {took:.2f} s after their clients left")
+    assert native.log().count("native ws closed 1006") == before + 200
+
+
 def test_a_client_that_leaves_cancels_its_async_handler(native):
     before = get(native, "/cancelled").json()["n"]
     with socket.create_connection(("127.0.0.1", native.port), timeout=10) as s:
