@@ -105,6 +105,9 @@ pub(crate) struct Worker {
     /// The worker runs on a server's event loop (a `LocalSet`): a connection may hand its
     /// transport to a task of its own ([`Worker::spawns`]).
     spawns: Cell<bool>,
+    /// Bytes the worker's WebSocket connections hold in messages still being assembled
+    /// (`WsConfig::worker_budget`).
+    ws_assembling: Cell<usize>,
 }
 
 /// Wakers of live connections, so draining can wake the idle ones. A slot per connection,
@@ -139,9 +142,23 @@ impl Worker {
             draining: Cell::new(false),
             conns: RefCell::new(Slab::default()),
             spawns: Cell::new(false),
+            ws_assembling: Cell::new(0),
         };
         w.tick();
         w
+    }
+
+    /// A WebSocket connection's bytes held in messages being assembled go from `was` to `now`:
+    /// false (and nothing counted) when that growth would take the worker's total past
+    /// `budget`. Shrinking always counts.
+    #[cfg_attr(not(feature = "ws"), allow(dead_code))]
+    pub(crate) fn ws_hold(&self, was: usize, now: usize, budget: usize) -> bool {
+        let others = self.ws_assembling.get().saturating_sub(was);
+        if now > was && others + now > budget {
+            return false;
+        }
+        self.ws_assembling.set(others + now);
+        true
     }
 
     /// Marks the worker as a server's, whose event loop runs local tasks.
@@ -160,6 +177,7 @@ impl Worker {
     /// [`TICK`] by the worker's ticker.
     pub(crate) fn tick(&self) {
         self.now.set(clock());
+
         let wall = SystemTime::now();
         let second = wall
             .duration_since(SystemTime::UNIX_EPOCH)

@@ -290,8 +290,13 @@ impl std::error::Error for WsError {}
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WsConfig {
-    /// Frame, message and fragment limits (16 MiB frames, 64 MiB messages, 65,536 fragments).
+    /// Frame, message and fragment limits (16 MiB frames, 16 MiB messages, 65,536 fragments).
     pub limits: Limits,
+    /// Bytes that all WebSocket connections of a worker may hold at once in messages still
+    /// being assembled (frames still arriving and the fragments so far; 64 MiB). A message
+    /// that would take the worker past it fails its connection with 1013 (try again later):
+    /// many large messages at once cost this much memory at most, never more.
+    pub worker_budget: usize,
     /// Output bytes at or above which [`WebSocket::send`] waits (64 KiB).
     pub high_water: usize,
     /// Bytes of received messages held for the handler before reading pauses (64 KiB; one
@@ -312,6 +317,7 @@ impl Default for WsConfig {
     fn default() -> Self {
         WsConfig {
             limits: Limits::default(),
+            worker_budget: 64 << 20,
             high_water: 64 * 1024,
             read_buffer: 64 * 1024,
             deflate: Some(DeflateConfig::default()),

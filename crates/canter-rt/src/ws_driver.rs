@@ -27,6 +27,10 @@ use crate::ws::{
     Accepted, CloseFrame, Message, State, Text, Upgrade, WebSocket, WsConfig, WsError,
 };
 
+/// An input buffer above this capacity is given back once it is empty (it grew for a large
+/// frame).
+const BIG_INPUT: usize = 1 << 20;
+
 /// How a WebSocket connection ended, for the log.
 #[derive(Debug)]
 pub(crate) enum End {
@@ -69,11 +73,16 @@ pub(crate) struct Session {
     /// The peer ended its side.
     pub(crate) eof: bool,
     pub(crate) peer: Option<SocketAddr>,
+    /// Bytes this connection holds in a message still being assembled, counted in the
+    /// worker's budget ([`WsConfig::worker_budget`]).
+    held: usize,
+    worker: Rc<Worker>,
 }
 
 impl Session {
     /// Starts the handler on the socket.
-    pub(crate) fn start(upgrade: Upgrade, now: Instant) -> Session {
+    pub(crate) fn start(upgrade: Upgrade, worker: Rc<Worker>) -> Session {
+        let now = worker.now();
         let Accepted {
             engine,
             config,
@@ -114,6 +123,8 @@ impl Session {
             failed: false,
             eof: false,
             peer,
+            held: 0,
+            worker,
         };
         match catch_unwind(AssertUnwindSafe(|| handler(socket))) {
             Ok(fut) => session.handler = Some(fut),
@@ -298,6 +309,34 @@ impl Session {
                 }
             }
         }
+        // What a message still being assembled holds: counted in the worker's budget, where
+        // more than the budget allows fails this connection (1013) instead of taking memory.
+        let held = if self.failed {
+            0
+        } else {
+            input.len() + s.engine.assembling()
+        };
+        if !self
+            .worker
+            .ws_hold(self.held, held, self.config.worker_budget)
+        {
+            tracing::debug!(peer = ?self.peer, held, budget = self.config.worker_budget, "WebSocket message refused: the worker's budget for messages being assembled is in use; closing with 1013");
+            let State { engine, out, .. } = &mut *s;
+            engine.close(canter_ws::Error::Busy.close_code(), "", out);
+            s.failure = Some(WsError::Protocol(canter_ws::Error::Busy));
+            self.failed = true;
+            input.clear();
+            woke = true;
+            self.worker.ws_hold(self.held, 0, usize::MAX);
+            self.held = 0;
+        } else {
+            self.held = held;
+        }
+        // A buffer grown for a large frame goes back once it is empty: an idle connection
+        // keeps no megabytes.
+        if input.is_empty() && input.capacity() > BIG_INPUT {
+            *input = BytesMut::new();
+        }
         if woke {
             if let Some(w) = s.recv_waiter.take() {
                 // A waiter in this task is polled again by the driver's loop.
@@ -360,6 +399,9 @@ impl Session {
                 return;
             }
             s.ended = true;
+            self.worker.ws_hold(self.held, 0, usize::MAX);
+            self.held = 0;
+
             if !matches!(end, End::Closed | End::Failed(_)) && s.failure.is_none() {
                 s.failure = Some(WsError::Abnormal);
             }
@@ -402,7 +444,7 @@ pub(crate) async fn serve<T: Transport>(
     read_budget: usize,
 ) {
     let mut driver = Driver {
-        session: Session::start(upgrade, link.worker.now()),
+        session: Session::start(upgrade, link.worker.clone()),
         write_timeout,
         read_budget,
         timer: Timer::new(),

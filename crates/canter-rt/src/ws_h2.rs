@@ -31,7 +31,7 @@ impl H2Tunnel {
     pub(crate) fn new(upgrade: Upgrade, body: RequestBody, worker: Rc<Worker>) -> H2Tunnel {
         let now = clock();
         H2Tunnel {
-            session: Session::start(upgrade, now),
+            session: Session::start(upgrade, worker.clone()),
             body,
             input: BytesMut::new(),
             sleep: Box::pin(tokio::time::sleep_until(now.into())),

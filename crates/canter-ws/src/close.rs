@@ -20,6 +20,8 @@ pub const TOO_BIG: u16 = 1009;
 pub const MANDATORY_EXTENSION: u16 = 1010;
 /// The server met an unexpected condition.
 pub const INTERNAL_ERROR: u16 = 1011;
+/// The server is overloaded: try again later.
+pub const TRY_AGAIN_LATER: u16 = 1013;
 
 /// Whether `code` may travel in a close frame: the codes RFC 6455 and its registry define for
 /// the wire (1000–1003, 1007–1014), and those left to libraries and applications (3000–4999).

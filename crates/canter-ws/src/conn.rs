@@ -43,7 +43,8 @@ impl std::fmt::Debug for Role {
 }
 
 /// Size limits on what a peer sends; over one, the connection fails with close code 1009
-/// before the payload is read.
+/// before the payload is read. The defaults are uvicorn's and Bun's message limit (16 MiB), so
+/// a message, and what a compressed one inflates to, holds at most that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// The largest frame payload.
@@ -58,7 +59,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_frame: 16 << 20,
-            max_message: 64 << 20,
+            max_message: 16 << 20,
             max_fragments: 1 << 16,
         }
     }
@@ -169,6 +170,12 @@ impl Connection {
             own_reset: own_reset.then_some(bits),
         });
         self
+    }
+
+    /// Bytes held for the message being assembled: its fragments so far (a frame still
+    /// arriving is in the caller's input).
+    pub fn assembling(&self) -> usize {
+        self.message.as_ref().map_or(0, |m| m.data.len())
     }
 
     /// Whether this end sent its close.

@@ -42,6 +42,9 @@ pub enum Error {
     InvalidUtf8,
     /// A frame or message over the limits (1009).
     TooBig,
+    /// The server has no room for the message now (1013, try again later): the memory its
+    /// messages still being assembled may hold is in use.
+    Busy,
     /// This end already sent its close: nothing more can be sent.
     Closed,
 }
@@ -53,6 +56,7 @@ impl Error {
             Error::Protocol(_) => close::PROTOCOL_ERROR,
             Error::InvalidUtf8 => close::INVALID_PAYLOAD,
             Error::TooBig => close::TOO_BIG,
+            Error::Busy => close::TRY_AGAIN_LATER,
             Error::Closed => close::NORMAL,
         }
     }
@@ -64,6 +68,7 @@ impl std::fmt::Display for Error {
             Error::Protocol(what) => write!(f, "protocol error: {what}"),
             Error::InvalidUtf8 => f.write_str("text is not UTF-8"),
             Error::TooBig => f.write_str("frame or message over the limit"),
+            Error::Busy => f.write_str("no memory for more messages being assembled now"),
             Error::Closed => f.write_str("the close was sent already"),
         }
     }
