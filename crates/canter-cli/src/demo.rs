@@ -97,8 +97,8 @@ document.getElementById("f").onsubmit = (e) => {
 "#;
 
 /// `/ws/echo`: every text and binary message back as it came, until the client closes.
-async fn ws_echo(ws: WebSocketUpgrade) -> Response {
-    ws.on_upgrade(|socket| async move {
+async fn ws_echo(State(store): State<Arc<Store>>, ws: WebSocketUpgrade) -> Response {
+    ws.config(store.ws.clone()).on_upgrade(|socket| async move {
         while let Some(Ok(msg)) = socket.recv().await {
             if matches!(msg, canter_rt::ws::Message::Close(_)) || socket.send(msg).await.is_err() {
                 break;
@@ -112,17 +112,18 @@ async fn ws_echo(ws: WebSocketUpgrade) -> Response {
 /// rather than holding the room back.
 async fn ws_broadcast(State(store): State<Arc<Store>>, ws: WebSocketUpgrade) -> Response {
     let room = store.room.clone();
-    ws.on_upgrade(move |socket| async move {
-        let (tx, rx) = socket.split();
-        room.subscribe(tx);
-        while let Some(Ok(msg)) = rx.recv().await {
-            match msg {
-                canter_rt::ws::Message::Text(t) => room.publish(&Prepared::text(&t)),
-                canter_rt::ws::Message::Binary(b) => room.publish(&Prepared::binary(b)),
-                _ => break,
+    ws.config(store.ws.clone())
+        .on_upgrade(move |socket| async move {
+            let (tx, rx) = socket.split();
+            room.subscribe(tx);
+            while let Some(Ok(msg)) = rx.recv().await {
+                match msg {
+                    canter_rt::ws::Message::Text(t) => room.publish(&Prepared::text(&t)),
+                    canter_rt::ws::Message::Binary(b) => room.publish(&Prepared::binary(b)),
+                    _ => break,
+                }
             }
-        }
-    })
+        })
 }
 
 /// The demo router over `store` (shared by every worker that gets a clone of it): what
@@ -239,6 +240,18 @@ pub struct Store {
     items: RwLock<HashMap<u64, Item>>,
     /// The `/ws/broadcast` room, shared by every worker.
     room: canter_rt::WsHub,
+    /// The settings of the WebSocket routes (`canter serve --ws-*`).
+    ws: canter_rt::ws::WsConfig,
+}
+
+impl Store {
+    /// An empty store whose WebSocket routes run with `ws`.
+    pub fn new(ws: canter_rt::ws::WsConfig) -> Store {
+        Store {
+            ws,
+            ..Store::default()
+        }
+    }
 }
 
 /// An item as posted.

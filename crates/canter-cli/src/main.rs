@@ -306,6 +306,52 @@ struct ServeArgs {
     /// Require client certificates signed by a CA in this PEM bundle.
     #[arg(long, value_name = "FILE")]
     tls_client_ca: Option<PathBuf>,
+    /// WebSocket: the largest message, all its fragments (and, compressed, what it inflates
+    /// to) together, in bytes; larger ones close with 1009.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    ws_max_message: usize,
+    /// WebSocket: the largest frame payload, in bytes (1009 above it).
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    ws_max_frame: u64,
+    /// WebSocket: bytes all connections of a worker may hold at once in messages still being
+    /// assembled; a message that would go past it closes its connection with 1013.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    ws_worker_budget: usize,
+    /// WebSocket: bytes of received messages held for a handler before reading pauses.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024)]
+    ws_read_buffer: usize,
+    /// WebSocket: output bytes queued per connection at which a handler's send waits.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 * 1024)]
+    ws_high_water: usize,
+    /// WebSocket: a ping goes out after this long without input (0: no pings).
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "30s")]
+    ws_ping_interval: Duration,
+    /// WebSocket: input must arrive within this long after a ping, or the connection closes.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "20s")]
+    ws_ping_timeout: Duration,
+    /// WebSocket: how long the peer has to answer this end's close.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "5s")]
+    ws_close_timeout: Duration,
+    /// WebSocket: decline permessage-deflate (compression) when a client offers it.
+    #[arg(long)]
+    ws_no_deflate: bool,
+}
+
+/// The demo's WebSocket settings from `canter serve`'s `--ws-*` flags.
+fn ws_config(args: &ServeArgs) -> canter_rt::ws::WsConfig {
+    let mut ws = canter_rt::ws::WsConfig::default();
+    ws.limits.max_message = args.ws_max_message;
+    ws.limits.max_frame = args.ws_max_frame;
+    ws.worker_budget = args.ws_worker_budget;
+    ws.read_buffer = args.ws_read_buffer;
+    ws.high_water = args.ws_high_water;
+    ws.ping_interval = (!args.ws_ping_interval.is_zero()).then_some(args.ws_ping_interval);
+    ws.ping_timeout = args.ws_ping_timeout;
+    ws.close_timeout = args.ws_close_timeout;
+    if args.ws_no_deflate {
+        ws.deflate = None;
+    }
+    ws
 }
 
 /// Log lines are coloured on a terminal only, and not where `NO_COLOR` is set (no-color.org).
@@ -952,7 +998,7 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
         server.local_addr()
     );
     // One router per worker (built on that worker's thread), one item store for the process.
-    let store = std::sync::Arc::new(demo::Store::default());
+    let store = std::sync::Arc::new(demo::Store::new(ws_config(&args)));
     let metrics = args
         .metrics
         .then(|| Metrics::new().with_stats(server.stats()));

@@ -136,3 +136,198 @@ fn canter_load_speaks_wss() {
         assert_eq!(n, 0, "{kind} errors: {report}\n{stderr}");
     }
 }
+
+/// A WebSocket on the demo's `/ws/echo` over a plain socket, upgraded.
+fn upgraded(port: u16) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    s.write_all(
+        b"GET /ws/echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "closed in the upgrade");
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    s
+}
+
+/// The head of a client frame (masked with a zero key, so the payload goes as it is) of
+/// `len` payload bytes.
+fn frame_head(fin: bool, opcode: u8, len: usize) -> Vec<u8> {
+    let mut f = vec![if fin { 0x80 } else { 0 } | opcode];
+    match len {
+        0..=125 => f.push(0x80 | len as u8),
+        126..=65535 => {
+            f.push(0x80 | 126);
+            f.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        _ => {
+            f.push(0x80 | 127);
+            f.extend_from_slice(&(len as u64).to_be_bytes());
+        }
+    }
+    f.extend_from_slice(&[0; 4]);
+    f
+}
+
+/// Reads frames until the server's close; its code. Data frames before it are skipped.
+fn close_code(s: &mut std::net::TcpStream) -> u16 {
+    use std::io::Read;
+    loop {
+        let mut h = [0u8; 2];
+        s.read_exact(&mut h).unwrap();
+        let len = match h[1] & 0x7f {
+            126 => {
+                let mut l = [0u8; 2];
+                s.read_exact(&mut l).unwrap();
+                u16::from_be_bytes(l) as usize
+            }
+            127 => {
+                let mut l = [0u8; 8];
+                s.read_exact(&mut l).unwrap();
+                u64::from_be_bytes(l) as usize
+            }
+            n => n as usize,
+        };
+        let mut payload = vec![0u8; len];
+        s.read_exact(&mut payload).unwrap();
+        if h[0] & 0x0f == 8 {
+            return u16::from_be_bytes([payload[0], payload[1]]);
+        }
+    }
+}
+
+/// The default message limit is 16 MiB (uvicorn's and Bun's): a 17 MiB message in 1 MiB
+/// fragments is refused with 1009 once its fragments pass the limit; `--ws-max-message`
+/// moves it.
+#[test]
+fn a_message_over_16_mib_is_refused_with_1009() {
+    use std::io::Write;
+    let server = Server::start();
+    let mut s = upgraded(server.port);
+    let piece = vec![b'z'; 1 << 20];
+    let mut sent = 0;
+    for i in 0..17 {
+        let opcode = if i == 0 { 2 } else { 0 };
+        let mut frame = frame_head(i == 16, opcode, piece.len());
+        frame.extend_from_slice(&piece);
+        // The server may close while the rest is still on its way.
+        if s.write_all(&frame).is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    assert!(sent >= 16, "the server closed after {sent} fragments");
+    assert_eq!(close_code(&mut s), 1009);
+    let server = Server::start_with(&["--ws-max-message", "1048576"]);
+    let mut s = upgraded(server.port);
+    let mut frame = frame_head(true, 2, (1 << 20) + 1);
+    frame.extend_from_slice(&vec![0; (1 << 20) + 1]);
+    let _ = s.write_all(&frame);
+    assert_eq!(close_code(&mut s), 1009);
+}
+
+/// Messages still being assembled on one worker hold at most `--ws-worker-budget` bytes at
+/// once: a message that would go past it closes its connection with 1013 (try again later),
+/// while the messages within it go on and are echoed whole.
+#[test]
+fn messages_being_assembled_share_a_bounded_budget_per_worker() {
+    use std::io::{Read, Write};
+    let server = Server::start_with(&["--workers", "1", "--ws-worker-budget", "4194304"]);
+    const FRAME: usize = 2 << 20;
+    const PART: usize = 1536 << 10;
+    let body = vec![b'q'; FRAME];
+    // Two connections each hold 1.5 MiB of a 2 MiB frame: 3 MiB of the 4 MiB budget.
+    let mut held: Vec<_> = (0..2)
+        .map(|_| {
+            let mut s = upgraded(server.port);
+            let mut f = frame_head(true, 2, FRAME);
+            f.extend_from_slice(&body[..PART]);
+            s.write_all(&f).unwrap();
+            s
+        })
+        .collect();
+    // Wait until the server has read them (an echo on a third connection passes through).
+    let mut probe = upgraded(server.port);
+    let mut f = frame_head(true, 1, 2);
+    f.extend_from_slice(b"hi");
+    probe.write_all(&f).unwrap();
+    let mut echo = [0u8; 4];
+    probe.read_exact(&mut echo).unwrap();
+    assert_eq!(&echo, b"\x81\x02hi");
+    // A third large message would take the worker past its budget: refused with 1013.
+    let mut late = upgraded(server.port);
+    let mut f = frame_head(true, 2, FRAME);
+    f.extend_from_slice(&body[..PART]);
+    let _ = late.write_all(&f);
+    assert_eq!(close_code(&mut late), 1013);
+    // The two within the budget complete and are echoed whole.
+    for s in &mut held {
+        s.write_all(&body[PART..]).unwrap();
+        let mut head = [0u8; 10];
+        s.read_exact(&mut head).unwrap();
+        assert_eq!(head[..2], [0x82, 127]);
+        assert_eq!(
+            u64::from_be_bytes(head[2..].try_into().unwrap()),
+            FRAME as u64
+        );
+        let mut echoed = vec![0u8; FRAME];
+        s.read_exact(&mut echoed).unwrap();
+        assert!(echoed == body);
+    }
+    // Their share is given back: a new large message fits again.
+    let mut again = upgraded(server.port);
+    let mut f = frame_head(true, 2, FRAME);
+    f.extend_from_slice(&body);
+    again.write_all(&f).unwrap();
+    let mut head = [0u8; 10];
+    again.read_exact(&mut head).unwrap();
+    assert_eq!(head[..2], [0x82, 127]);
+}
+
+/// Big messages' buffers go back to the system once they are done with: after four 16 MiB
+/// echoes the server's resident memory returns to near where it was (it stayed at the peak
+/// of the largest messages: 124 MiB from 10).
+#[test]
+fn memory_of_big_messages_is_given_back() {
+    use std::io::{Read, Write};
+    let server = Server::start_with(&["--workers", "1"]);
+    // Settled: one small echo first, so that the buffers any connection needs exist.
+    let mut s = upgraded(server.port);
+    let mut f = frame_head(true, 1, 2);
+    f.extend_from_slice(b"hi");
+    s.write_all(&f).unwrap();
+    let mut echo = [0u8; 4];
+    s.read_exact(&mut echo).unwrap();
+    drop(s);
+    let before = server.rss_kib();
+    let body = vec![b'm'; 16 << 20];
+    for _ in 0..4 {
+        let mut s = upgraded(server.port);
+        let mut f = frame_head(true, 2, body.len());
+        f.extend_from_slice(&body);
+        s.write_all(&f).unwrap();
+        let mut echoed = vec![0u8; body.len() + 10];
+        s.read_exact(&mut echoed).unwrap();
+        s.write_all(&[0x88, 0x82, 0, 0, 0, 0, 0x03, 0xe8]).unwrap();
+        assert_eq!(close_code(&mut s), 1000);
+    }
+    // Wait for what the connections held to be freed (an event: the resident size falls).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut after = server.rss_kib();
+    while after > before + 12 * 1024 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        after = server.rss_kib();
+    }
+    assert!(
+        after <= before + 12 * 1024,
+        "resident memory {before} KiB before four 16 MiB echoes, {after} KiB after"
+    );
+}
