@@ -68,8 +68,12 @@ pub(crate) struct Session {
     ping_sent: bool,
     /// When the peer must have answered our close.
     close_at: Option<Instant>,
-    /// The peer broke the protocol: our close is queued, nothing more is read.
+    /// The peer broke the protocol: nothing more is read, and our close is queued (once the
+    /// handler took what arrived before the fault, see `failing`).
     failed: bool,
+    /// The peer's fault, and when to give up waiting for the handler, while the handler still
+    /// has messages that arrived before it: their answers go out before the close.
+    failing: Option<(canter_ws::Error, Instant)>,
     /// The peer ended its side.
     pub(crate) eof: bool,
     pub(crate) peer: Option<SocketAddr>,
@@ -121,6 +125,7 @@ impl Session {
             ping_sent: false,
             close_at: None,
             failed: false,
+            failing: None,
             eof: false,
             peer,
             held: 0,
@@ -136,6 +141,21 @@ impl Session {
     fn handler_panicked(&mut self) {
         tracing::error!(peer = ?self.peer, "WebSocket handler panicked; closing with 1011");
         self.close(close::INTERNAL_ERROR, "");
+    }
+
+    /// The peer's fault (see `failing`) takes effect: our close with its code is queued and the
+    /// handler's `recv` gives the error.
+    fn fail_now(&mut self) {
+        let Some((e, _)) = self.failing.take() else {
+            return;
+        };
+        let mut s = self.state.borrow_mut();
+        let State { engine, out, .. } = &mut *s;
+        engine.close(e.close_code(), "", out);
+        s.failure = Some(WsError::Protocol(e));
+        if let Some(w) = s.recv_waiter.take() {
+            w.wake();
+        }
     }
 
     /// Queues this end's close (once).
@@ -163,6 +183,12 @@ impl Session {
                     self.handler = None;
                     self.handler_panicked();
                 }
+            }
+        }
+        if let Some((_, by)) = self.failing {
+            let taken = self.state.borrow().inbound.is_empty();
+            if taken || self.handler.is_none() || by <= now {
+                self.fail_now();
             }
         }
         if draining {
@@ -299,9 +325,10 @@ impl Session {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    let State { engine, out, .. } = &mut *s;
-                    engine.close(e.close_code(), "", out);
-                    s.failure = Some(WsError::Protocol(e));
+                    // Messages that came before the fault are the handler's first (Autobahn's
+                    // strict verdict: an echo of the valid message precedes the close); the
+                    // close follows once it took them, or after the close timeout.
+                    self.failing = Some((e, later(now, self.config.close_timeout)));
                     self.failed = true;
                     input.clear();
                     woke = true;
@@ -356,7 +383,11 @@ impl Session {
                 later(self.last_input, every)
             }
         });
-        [self.close_at, keepalive].into_iter().flatten().min()
+        let failing = self.failing.as_ref().map(|(_, by)| *by);
+        [self.close_at, keepalive, failing]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// At `now`, after [`Session::next_deadline`]: how the session ends, if a timer says so;
