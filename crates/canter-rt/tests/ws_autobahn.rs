@@ -1,6 +1,7 @@
 //! The server against the cases of Autobahn|Testsuite, family by family, each asserting what
-//! the suite's strict verdict asks (the suite itself runs on Python 2 only, which no registry
-//! here offers). The client sends raw frames where a case breaks the protocol. Families: 1
+//! the suite's strict verdict asks, case by case and without a server process (the original
+//! suite also runs whole against `canter serve`: crates/canter-cli/tests/autobahn.rs). The
+//! client sends raw frames where a case breaks the protocol. Families: 1
 //! framing, 2 pings and pongs, 3 reserved bits, 4 opcodes, 5 fragmentation, 6 UTF-8, 7 close
 //! handling, 9 limits and sizes, 12 and 13 compression.
 
