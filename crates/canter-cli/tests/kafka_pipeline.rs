@@ -202,19 +202,29 @@ fn two_processes_share_the_group_and_a_killed_ones_partitions_move_with_their_st
     let t = Topics::new("ms-share");
     let d = dir("share");
     t.create(&bootstrap(), 4, 1);
-    // A 2 s session (set on the group): A's tasks move to B 2 s after it dies.
-    let flags = [t.flags(), vec!["--session-timeout".into(), "2s".into()]].concat();
+    // A 5 s session (set on the group): A's tasks move to B 5 s after it dies; long enough
+    // that neither is dropped for a late heartbeat on a busy machine.
+    let flags = [
+        t.flags(),
+        ["--session-timeout", "5s", "--metrics", "127.0.0.1:0"]
+            .map(String::from)
+            .to_vec(),
+    ]
+    .concat();
     let a = KafkaPipeline::start(&bootstrap(), "ms-share", &flags);
     let b = KafkaPipeline::start(&bootstrap(), "ms-share", &flags);
     // Both own tasks before the data flows.
     a.wait_for("task started", Duration::from_secs(30));
     b.wait_for("task started", Duration::from_secs(30));
-    // 150,000 records over about 3 s; A is killed a second in.
+    // 150,000 records over about 3 s; A is killed once it has state in the changelog and
+    // has committed after it (events, not a time: a busy machine may take longer).
     let sender = {
         let (d, t) = (d.clone(), t.clone());
         thread::spawn(move || send(&d, 150_000, Some(&t), &["--rate", "50000"]))
     };
-    thread::sleep(Duration::from_millis(1_000));
+    a.wait_counter("changelog_out", 1, Duration::from_secs(60));
+    let commits = a.counter_now("commits");
+    a.wait_counter("commits", commits + 1, Duration::from_secs(60));
     let a_pid = a.pid();
     a.kill();
     sender.join().unwrap();
@@ -390,10 +400,13 @@ fn exactly_once_holds_when_a_process_dies_inside_a_commit_or_a_hand_over() {
         let flags = |instance: &str| {
             [
                 t.flags(),
+                // A 5 s session: a member is not dropped for a late heartbeat on a busy
+                // machine (it then rejoined, and the failpoint's count went astray); a
+                // process that restarts with its instance id takes its place at once.
                 [
                     "--exactly-once",
                     "--session-timeout",
-                    "1s",
+                    "5s",
                     "--instance-id",
                     instance,
                 ]

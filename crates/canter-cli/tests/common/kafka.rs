@@ -333,6 +333,15 @@ impl KafkaPipeline {
         }
     }
 
+    /// A counter's value now (`/metrics.json`).
+    pub fn counter_now(&self, name: &str) -> u64 {
+        let r = super::fetch(self.metrics_addr(), "GET", "/metrics.json", "");
+        let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+        v[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no counter {name}: {v}"))
+    }
+
     /// Lines logged so far.
     pub fn log(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()
