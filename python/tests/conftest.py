@@ -65,6 +65,19 @@ class Server:
                     raise AssertionError(f"no log line matches {pattern!r}:\n" + "".join(self.lines))
                 self._seen.wait(0.1)
 
+    def wait_for_count(self, text, n, timeout=10):
+        """Waits until `text` has been logged `n` times (lines are read by a thread of their
+        own: what the server printed may not be here yet)."""
+        deadline = time.time() + timeout
+        with self._seen:
+            while True:
+                seen = "".join(self.lines).count(text)
+                if seen >= n:
+                    return seen
+                if time.time() > deadline:
+                    raise AssertionError(f"{text!r} logged {seen} times, not {n}")
+                self._seen.wait(0.1)
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

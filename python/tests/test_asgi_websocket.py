@@ -109,7 +109,7 @@ def test_a_client_that_leaves_without_a_close_frame_ends_the_apps_handler(starle
     websockets_that_leave(starlette_app.port, "/ws", 200, rst)
     took = wait_until_no_websocket_is_live(starlette_app.port, within=5)
     print(f"200 handlers ended {took:.2f} s after their clients left")
-    assert starlette_app.log().count("ws disconnect 1006") == before + 200
+    assert starlette_app.wait_for_count("ws disconnect 1006", before + 200) == before + 200
 
 
 def test_an_exception_after_accept_closes_with_1011_and_is_logged_once(starlette_app):

@@ -349,7 +349,7 @@ def test_a_websocket_client_that_leaves_without_a_close_frame_ends_the_handler(n
     websockets_that_leave(native.port, "/ws/echo", 200, rst)
     took = wait_until_no_websocket_is_live(native.port, within=5)
     print(f"200 handlers ended {took:.2f} s after their clients left")
-    assert native.log().count("native ws closed 1006") == before + 200
+    assert native.wait_for_count("native ws closed 1006", before + 200) == before + 200
 
 
 def test_a_client_that_leaves_cancels_its_async_handler(native):
