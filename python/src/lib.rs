@@ -641,6 +641,8 @@ fn serve(
     }
     let server = Server::bind(config.build().map_err(invalid)?)
         .map_err(|e| PyOSError::new_err(format!("{addr}: {e}")))?;
+    // Big messages' and bodies' memory goes back once they are done with.
+    canter_rt::map_large_blocks();
     let local = server.local_addr();
     on_ready.call1(py, (local.port(),))?;
     canter_rt::shutdown_on_signals(server.shutdown_handle())?;

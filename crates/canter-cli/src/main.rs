@@ -971,6 +971,8 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
         None => None,
     };
     let server = canter_rt::Server::bind(config).map_err(|e| ServeError::Listen(args.addr, e))?;
+    // Big messages' and bodies' memory goes back once they are done with.
+    canter_rt::map_large_blocks();
     canter_rt::shutdown_on_signals(server.shutdown_handle()).map_err(ServeError::Runtime)?;
     if let Some(acceptor) = &acceptor {
         canter_rt::reload_on_sighup(acceptor.clone()).map_err(ServeError::Runtime)?;

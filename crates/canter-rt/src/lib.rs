@@ -75,8 +75,8 @@ pub use log_bridge::route_log_records;
 pub use outbound::connect_tls;
 pub use outbound::{connect, connect_tcp};
 pub use server::{
-    listen, on_signals, pin_to_cpu, run_here, shutdown_on_signals, spawn_worker, Server,
-    ServerWorker, ShutdownHandle,
+    listen, map_large_blocks, on_signals, pin_to_cpu, run_here, shutdown_on_signals, spawn_worker,
+    Server, ServerWorker, ShutdownHandle,
 };
 pub use service::{ConnectProtocol, Reply, Request, Response, Service};
 pub use stats::{ClientFault, Stats};

@@ -63,7 +63,6 @@ impl Server {
     /// Binds one SO_REUSEPORT listener per worker. An address another process listens on is
     /// refused with `AddrInUse` unless [`Config::reuse_port`] allows sharing it.
     pub fn bind(config: Config) -> io::Result<Server> {
-        map_large_blocks();
         let workers = config.workers;
         if !config.reuse_port {
             ensure_unused(config.addr)?;
@@ -327,13 +326,16 @@ pub fn listen(addr: SocketAddr, backlog: i32) -> io::Result<StdListener> {
     Ok(socket.into())
 }
 
-/// Makes the allocator give every block of 1 MiB or more a mapping of its own,
-/// returned to the system when freed (glibc's malloc; elsewhere nothing is done). By default
-/// glibc raises that threshold to the size of each large block freed, after which blocks of up
-/// to 32 MiB come from its heaps and stay there once freed: a server that once assembled a
-/// few 16 MiB WebSocket messages or request bodies kept that memory for good (124 MiB where it
-/// started at 10). Blocks that large are few and each costs its page faults anyway.
-fn map_large_blocks() {
+/// Makes the allocator give every block of 1 MiB or more a mapping of its own, returned to
+/// the system when freed (glibc's malloc; elsewhere nothing is done), for the whole process.
+/// By default glibc raises that threshold to the size of each large block freed, after which
+/// blocks of up to 32 MiB come from its heaps and stay there once freed: a server that once
+/// assembled a few 16 MiB WebSocket messages or request bodies kept that memory for good (124
+/// MiB where it started at 10). For servers of requests and messages, where blocks that large
+/// are rare and each costs its page faults anyway (`canter serve` and the Python server call
+/// it); not for a program that allocates and frees large buffers at a high rate (a stream
+/// pipeline's batches), which would pay a mapping and its page faults for each.
+pub fn map_large_blocks() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         static ONCE: std::sync::Once = std::sync::Once::new();
