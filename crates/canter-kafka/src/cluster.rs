@@ -3,7 +3,7 @@
 //! time. One `Cluster` per worker: nothing here is shared between threads.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
@@ -15,8 +15,9 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
-use crate::conn::Conn;
+use crate::conn::{BrokerAddr, Conn};
 use crate::error::Error;
+use crate::security::{Security, Transport};
 
 /// How to reach a cluster.
 #[derive(Debug, Clone)]
@@ -31,6 +32,8 @@ pub struct Config {
     pub request_timeout: Duration,
     /// How long [`Cluster::connect`] tries the bootstrap brokers before it gives up.
     pub bootstrap_timeout: Duration,
+    /// TLS and SASL.
+    pub security: Security,
 }
 
 impl Config {
@@ -42,6 +45,7 @@ impl Config {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
             bootstrap_timeout: Duration::from_secs(30),
+            security: Security::default(),
         }
     }
 }
@@ -81,17 +85,26 @@ pub enum OffsetSpec {
 /// Brokers, topics and a control connection.
 pub struct Cluster {
     config: Config,
-    brokers: HashMap<i32, SocketAddr>,
+    bootstrap: Vec<BrokerAddr>,
+    transport: Arc<Transport>,
+    brokers: HashMap<i32, BrokerAddr>,
     topics: HashMap<String, TopicInfo>,
     control: Option<Conn>,
 }
 
 impl Cluster {
     /// Connects to the first bootstrap broker that answers, retrying the list with backoff
-    /// until `bootstrap_timeout`; then an [`Error::Unreachable`] names what was tried.
+    /// until `bootstrap_timeout`; then an [`Error::Unreachable`] names what was tried. Settings
+    /// that cannot work (an address without a port, a certificate file that does not load), a
+    /// TLS verdict and a refused authentication fail at once: trying again would not change
+    /// them.
     pub async fn connect(config: Config) -> Result<Cluster, Error> {
+        let bootstrap = BrokerAddr::parse_list(&config.bootstrap)?;
+        let transport = config.security.build()?;
         let mut cluster = Cluster {
             config,
+            bootstrap,
+            transport,
             brokers: HashMap::new(),
             topics: HashMap::new(),
             control: None,
@@ -105,6 +118,7 @@ impl Cluster {
                     cluster.refresh(&[]).await?;
                     return Ok(cluster);
                 }
+                Err(e) if !e.is_retriable() => return Err(e),
                 Err(e) => e.to_string(),
             };
             if tokio::time::Instant::now() + backoff > deadline {
@@ -120,19 +134,11 @@ impl Cluster {
 
     async fn bootstrap_once(&self) -> Result<Conn, Error> {
         let mut last = Error::Unreachable(self.config.bootstrap.clone());
-        for host in self.config.bootstrap.split(',').map(str::trim) {
-            let addrs = match tokio::net::lookup_host(host).await {
-                Ok(a) => a,
-                Err(e) => {
-                    last = e.into();
-                    continue;
-                }
-            };
-            for addr in addrs {
-                match self.open(addr).await {
-                    Ok(c) => return Ok(c),
-                    Err(e) => last = e,
-                }
+        for addr in &self.bootstrap {
+            match self.open(addr).await {
+                Ok(c) => return Ok(c),
+                Err(e) if !e.is_retriable() => return Err(e),
+                Err(e) => last = e,
             }
         }
         Err(last)
@@ -145,16 +151,21 @@ impl Cluster {
 
     /// Opens a new connection to `addr` (each producer, fetcher and group member keeps its
     /// own, so a fetch waiting at the broker holds up nothing else).
-    pub async fn open(&self, addr: SocketAddr) -> Result<Conn, Error> {
-        let mut c =
-            Conn::connect(addr, &self.config.client_id, self.config.connect_timeout).await?;
+    pub async fn open(&self, addr: &BrokerAddr) -> Result<Conn, Error> {
+        let mut c = Conn::connect(
+            addr,
+            &self.transport,
+            &self.config.client_id,
+            self.config.connect_timeout,
+        )
+        .await?;
         c.set_timeout(self.config.request_timeout);
         Ok(c)
     }
 
     /// A broker's address.
-    pub fn broker(&self, id: i32) -> Option<SocketAddr> {
-        self.brokers.get(&id).copied()
+    pub fn broker(&self, id: i32) -> Option<BrokerAddr> {
+        self.brokers.get(&id).cloned()
     }
 
     /// How many brokers the last metadata listed.
@@ -174,9 +185,9 @@ impl Cluster {
 
     async fn control(&mut self) -> Result<&mut Conn, Error> {
         if self.control.is_none() {
-            let any = self.brokers.values().copied().collect::<Vec<_>>();
+            let any = self.brokers.values().cloned().collect::<Vec<_>>();
             let mut last = Error::Unreachable(self.config.bootstrap.clone());
-            for addr in any {
+            for addr in &any {
                 match self.open(addr).await {
                     Ok(c) => {
                         self.control = Some(c);
@@ -221,7 +232,7 @@ impl Cluster {
 
     /// The address of `group`'s coordinator, retrying while it moves or loads (up to the
     /// request timeout).
-    pub async fn find_coordinator(&mut self, group: &str) -> Result<SocketAddr, Error> {
+    pub async fn find_coordinator(&mut self, group: &str) -> Result<BrokerAddr, Error> {
         self.find_coordinator_of(0, group).await
     }
 
@@ -229,12 +240,12 @@ impl Cluster {
     pub async fn find_transaction_coordinator(
         &mut self,
         transactional_id: &str,
-    ) -> Result<SocketAddr, Error> {
+    ) -> Result<BrokerAddr, Error> {
         self.find_coordinator_of(1, transactional_id).await
     }
 
     /// A coordinator by key type (0: group, 1: transaction), retrying while it moves or loads.
-    async fn find_coordinator_of(&mut self, key_type: i8, key: &str) -> Result<SocketAddr, Error> {
+    async fn find_coordinator_of(&mut self, key_type: i8, key: &str) -> Result<BrokerAddr, Error> {
         let deadline = tokio::time::Instant::now() + self.config.request_timeout;
         let mut last;
         loop {
@@ -244,10 +255,12 @@ impl Cluster {
             match self.call_any(req, 4, 6).await {
                 Ok(resp) => match resp.coordinators.into_iter().next() {
                     Some(c) if c.error_code == 0 => {
-                        if let Some(a) = self
-                            .broker(c.node_id.0)
-                            .or_else(|| format!("{}:{}", c.host.as_str(), c.port).parse().ok())
-                        {
+                        if let Some(a) = self.broker(c.node_id.0).or_else(|| {
+                            u16::try_from(c.port).ok().map(|port| BrokerAddr {
+                                host: c.host.to_string(),
+                                port,
+                            })
+                        }) {
                             return Ok(a);
                         }
                         last = Error::broker("FindCoordinator", 15, None);
@@ -296,15 +309,14 @@ impl Cluster {
             .brokers
             .iter()
             .filter_map(|b| {
-                let ip = if b.host.as_str() == "localhost" {
-                    "127.0.0.1"
-                } else {
-                    b.host.as_str()
-                };
-                format!("{ip}:{}", b.port)
-                    .parse()
-                    .ok()
-                    .map(|a| (b.node_id.0, a))
+                let port = u16::try_from(b.port).ok()?;
+                Some((
+                    b.node_id.0,
+                    BrokerAddr {
+                        host: b.host.to_string(),
+                        port,
+                    },
+                ))
             })
             .collect();
         for t in resp.topics {
@@ -485,7 +497,7 @@ impl Cluster {
             let addr = self
                 .broker(leader)
                 .ok_or(Error::broker("ListOffsets", 5, None))?;
-            let mut conn = self.open(addr).await?;
+            let mut conn = self.open(&addr).await?;
             let req = ListOffsetsRequest::default()
                 .with_replica_id(BrokerId(-1))
                 .with_isolation_level(i8::from(spec == OffsetSpec::LastStable))

@@ -35,6 +35,15 @@ pub enum Error {
     },
     /// Topic or partition unknown to the cluster.
     UnknownTopic(String),
+    /// Settings that cannot work: an unknown key, a bad value, a certificate file that does
+    /// not load, settings that contradict each other.
+    Config(String),
+    /// TLS failed for a reason the settings decide (a CA that did not sign the broker, a
+    /// certificate for another name, a client certificate missing or refused).
+    Tls(String),
+    /// SASL authentication was refused (a wrong password, a mechanism the broker does not
+    /// enable).
+    Auth(String),
 }
 
 impl Error {
@@ -58,9 +67,10 @@ impl Error {
         Error::Broker {
             api,
             code,
-            message: message
-                .filter(|m| !m.is_empty())
-                .map_or_else(|| code_name(code).to_owned(), str::to_owned),
+            message: match message.filter(|m| !m.is_empty()) {
+                Some(m) => format!("{}: {m}", code_name(code)),
+                None => code_name(code),
+            },
         }
     }
 }
@@ -79,32 +89,32 @@ pub(crate) fn retriable_code(code: i16) -> bool {
     )
 }
 
-fn code_name(code: i16) -> &'static str {
-    match code {
-        1 => "OFFSET_OUT_OF_RANGE",
-        2 => "CORRUPT_MESSAGE",
-        3 => "UNKNOWN_TOPIC_OR_PARTITION",
-        5 => "LEADER_NOT_AVAILABLE",
-        6 => "NOT_LEADER_OR_FOLLOWER",
-        7 => "REQUEST_TIMED_OUT",
-        10 => "MESSAGE_TOO_LARGE",
-        14 => "COORDINATOR_LOAD_IN_PROGRESS",
-        15 => "COORDINATOR_NOT_AVAILABLE",
-        16 => "NOT_COORDINATOR",
-        19 => "NOT_ENOUGH_REPLICAS",
-        22 => "ILLEGAL_GENERATION",
-        25 => "UNKNOWN_MEMBER_ID",
-        27 => "REBALANCE_IN_PROGRESS",
-        35 => "UNSUPPORTED_VERSION",
-        45 => "OUT_OF_ORDER_SEQUENCE_NUMBER",
-        46 => "DUPLICATE_SEQUENCE_NUMBER",
-        47 => "INVALID_PRODUCER_EPOCH",
-        59 => "UNKNOWN_PRODUCER_ID",
-        110 => "FENCED_MEMBER_EPOCH",
-        111 => "UNRELEASED_INSTANCE_ID",
-        112 => "UNSUPPORTED_ASSIGNOR",
-        113 => "STALE_MEMBER_EPOCH",
-        _ => "kafka error",
+/// Kafka's name for an error code (`PRODUCER_FENCED`, `SASL_AUTHENTICATION_FAILED`), from the
+/// protocol crate's table of every code.
+pub(crate) fn code_name(code: i16) -> String {
+    use kafka_protocol::error::ResponseError;
+    match ResponseError::try_from_code(code) {
+        None => "NONE".to_owned(),
+        Some(ResponseError::Unknown(c)) => format!("UNKNOWN_ERROR_CODE_{c}"),
+        Some(e) => {
+            // The variants are Kafka's names in camel case.
+            let camel = format!("{e:?}");
+            let mut out = String::with_capacity(camel.len() + 8);
+            for (i, ch) in camel.chars().enumerate() {
+                if ch.is_ascii_uppercase() && i > 0 {
+                    out.push('_');
+                }
+                out.push(ch.to_ascii_uppercase());
+            }
+            out
+        }
+    }
+}
+
+impl Error {
+    /// Kafka's name for an error code, e.g. 90 is `PRODUCER_FENCED`.
+    pub fn code_name(code: i16) -> String {
+        code_name(code)
     }
 }
 
@@ -127,6 +137,9 @@ impl fmt::Display for Error {
                 )
             }
             Error::UnknownTopic(t) => write!(f, "kafka: unknown topic {t}"),
+            Error::Config(what) => write!(f, "kafka: settings: {what}"),
+            Error::Tls(what) => write!(f, "kafka: TLS: {what}"),
+            Error::Auth(what) => write!(f, "kafka: authentication: {what}"),
         }
     }
 }
@@ -136,5 +149,27 @@ impl std::error::Error for Error {}
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Error {
         Error::Io(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn every_code_has_kafkas_name() {
+        assert_eq!(code_name(90), "PRODUCER_FENCED");
+        assert_eq!(code_name(58), "SASL_AUTHENTICATION_FAILED");
+        assert_eq!(code_name(29), "TOPIC_AUTHORIZATION_FAILED");
+        assert_eq!(code_name(30), "GROUP_AUTHORIZATION_FAILED");
+        assert_eq!(code_name(6), "NOT_LEADER_OR_FOLLOWER");
+        assert_eq!(code_name(-1), "UNKNOWN_SERVER_ERROR");
+        assert_eq!(code_name(9999), "UNKNOWN_ERROR_CODE_9999");
+        let e = Error::broker("Produce", 90, None);
+        assert_eq!(
+            e.to_string(),
+            "kafka: Produce failed: PRODUCER_FENCED (error 90)"
+        );
     }
 }

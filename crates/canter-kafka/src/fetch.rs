@@ -369,7 +369,7 @@ impl Fetcher {
                 let Some(addr) = self.cluster.broker(leader) else {
                     continue;
                 };
-                match self.cluster.open(addr).await {
+                match self.cluster.open(&addr).await {
                     Ok(c) => {
                         self.version = c.version::<FetchRequest>(12, 12)?;
                         self.conns.insert(leader, c);

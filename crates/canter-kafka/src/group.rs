@@ -115,7 +115,7 @@ impl Member {
     async fn coordinator(&mut self, cluster: &mut Cluster) -> Result<&mut Conn, Error> {
         if self.coordinator.is_none() {
             let addr = cluster.find_coordinator(&self.group).await?;
-            self.coordinator = Some(cluster.open(addr).await?);
+            self.coordinator = Some(cluster.open(&addr).await?);
         }
         self.coordinator
             .as_mut()

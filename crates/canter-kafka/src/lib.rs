@@ -25,9 +25,12 @@ mod fetch;
 mod group;
 mod producer;
 pub mod records;
+mod sasl;
+mod security;
+mod settings;
 
 pub use cluster::{Cluster, Config, OffsetSpec, PartitionInfo, TopicInfo};
-pub use conn::Conn;
+pub use conn::{BrokerAddr, Conn};
 pub use error::Error;
 pub use fetch::{DataBatches, FetchConfig, Fetched, Fetcher};
 pub use group::{Change, Member, Tp};
@@ -35,3 +38,6 @@ pub use producer::{
     murmur2, partition_for, Producer, ProducerConfig, ProducerStats, TopicHandle, TxnId,
 };
 pub use records::Compression;
+pub use sasl::SaslError;
+pub use security::{Mechanism, Protocol, Secret, Security};
+pub use settings::{ClientSettings, GroupProtocol};

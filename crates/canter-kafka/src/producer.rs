@@ -647,7 +647,7 @@ impl Producer {
                 .cluster
                 .broker(leader)
                 .ok_or(Error::broker("Produce", 5, None))?;
-            let c = self.cluster.open(addr).await?;
+            let c = self.cluster.open(&addr).await?;
             self.conns.insert(leader, c);
         }
         let conn = self
@@ -715,7 +715,7 @@ async fn txn_call<R: kafka_protocol::protocol::Request>(
 ) -> Result<R::Response, Error> {
     if t.coordinator.is_none() {
         let addr = cluster.find_transaction_coordinator(&t.id).await?;
-        t.coordinator = Some(cluster.open(addr).await?);
+        t.coordinator = Some(cluster.open(&addr).await?);
     }
     let conn = t
         .coordinator

@@ -513,6 +513,8 @@ pub fn reload_on_sighup(acceptor: TlsAcceptor) -> io::Result<()> {
 #[derive(Clone)]
 pub struct ClientTls {
     connector: tokio_rustls::TlsConnector,
+    /// The config's verifier (rustls has no getter), for [`ClientTls::without_name_check`].
+    verifier: Arc<dyn rustls::client::danger::ServerCertVerifier>,
 }
 
 impl fmt::Debug for ClientTls {
@@ -546,43 +548,130 @@ impl ClientTls {
         )
         .build()
         .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_protocol_versions(VERSIONS)
-            .expect("the ring provider supports TLS 1.2 and 1.3")
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnchorsOrChain { anchors, chain }))
-            .with_no_client_auth();
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        Ok(ClientTls {
-            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
-        })
+        Ok(ClientTls::from_verifier(
+            provider,
+            Arc::new(AnchorsOrChain { anchors, chain }),
+            alpn,
+        ))
     }
 
     /// Accepts any server certificate: no authentication at all, for testing against a
     /// development certificate only. The handshake's signatures are still checked.
     pub fn insecure(alpn: &[&[u8]]) -> ClientTls {
         let provider = provider();
-        let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_protocol_versions(VERSIONS)
-            .expect("the ring provider supports TLS 1.2 and 1.3")
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
-            .with_no_client_auth();
-        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        ClientTls {
-            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
-        }
+        ClientTls::from_verifier(provider.clone(), Arc::new(NoVerification(provider)), alpn)
     }
 
     fn with_roots(roots: rustls::RootCertStore, alpn: &[&[u8]]) -> ClientTls {
-        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        let provider = provider();
+        match rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        {
+            Ok(verifier) => ClientTls::from_verifier(provider, verifier, alpn),
+            // Only an empty store fails to build: no server can then be trusted.
+            Err(_) => ClientTls::from_verifier(provider, Arc::new(Nobody), alpn),
+        }
+    }
+
+    fn from_verifier(
+        provider: Arc<CryptoProvider>,
+        verifier: Arc<dyn rustls::client::danger::ServerCertVerifier>,
+        alpn: &[&[u8]],
+    ) -> ClientTls {
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(VERSIONS)
             .expect("the ring provider supports TLS 1.2 and 1.3")
-            .with_root_certificates(roots)
+            .dangerous()
+            .with_custom_certificate_verifier(verifier.clone())
             .with_no_client_auth();
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         ClientTls {
             connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            verifier,
+        }
+    }
+
+    /// Verifies servers against the system's CA certificates (the bundle OpenSSL reads:
+    /// `SSL_CERT_FILE`, or the first of the distributions' usual paths that exists), with
+    /// the Mozilla root store where the system has none.
+    pub fn system_roots(alpn: &[&[u8]]) -> Result<ClientTls, TlsError> {
+        let from_env = std::env::var_os("SSL_CERT_FILE").map(PathBuf::from);
+        let bundle = from_env
+            .into_iter()
+            .chain(SYSTEM_BUNDLES.iter().map(PathBuf::from))
+            .find(|p| p.is_file());
+        match bundle {
+            Some(path) => {
+                let mut roots = rustls::RootCertStore::empty();
+                // A system bundle may hold a certificate webpki cannot parse; the rest still count.
+                let (added, _) =
+                    roots.add_parsable_certificates(read_certs(&path, "CA certificate")?);
+                if added == 0 {
+                    return Err(TlsError::Pem {
+                        path,
+                        expected: "CA certificate",
+                    });
+                }
+                Ok(ClientTls::with_roots(roots, alpn))
+            }
+            None => Ok(ClientTls::webpki_roots(alpn)),
+        }
+    }
+
+    /// The same settings, presenting the certificate chain in `chain` with the private key in
+    /// `key` (PEM files) to servers that ask for one (mutual TLS).
+    pub fn with_client_cert(
+        self,
+        chain: impl AsRef<Path>,
+        key: impl AsRef<Path>,
+    ) -> Result<ClientTls, TlsError> {
+        let (chain, key) = (chain.as_ref(), key.as_ref());
+        let chain_der = read_certs(chain, "certificate")?;
+        let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+            if is_encrypted_key(key) {
+                TlsError::EncryptedKey {
+                    path: key.to_owned(),
+                }
+            } else {
+                pem_error(key, e)
+            }
+        })?;
+        let certified = match CertifiedKey::from_der(chain_der, key_der, &provider()) {
+            Err(rustls::Error::InconsistentKeys(_)) => {
+                return Err(TlsError::KeyMismatch {
+                    cert: chain.to_owned(),
+                    key: key.to_owned(),
+                    pair: 1,
+                    pairs: 1,
+                })
+            }
+            other => other?,
+        };
+        let mut config = rustls::ClientConfig::clone(self.connector.config());
+        config.client_auth_cert_resolver =
+            Arc::new(rustls::sign::SingleCertAndKey::from(certified));
+        Ok(ClientTls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            verifier: self.verifier,
+        })
+    }
+
+    /// The same settings, checking the server's chain but not that its certificate names the
+    /// server (librdkafka's `ssl.endpoint.identification.algorithm=none`): for servers whose
+    /// certificates do not name the address clients use.
+    pub fn without_name_check(self) -> ClientTls {
+        let mut config = rustls::ClientConfig::clone(self.connector.config());
+        let verifier: Arc<dyn rustls::client::danger::ServerCertVerifier> =
+            Arc::new(AnyName(self.verifier));
+        config
+            .dangerous()
+            .set_certificate_verifier(verifier.clone());
+        ClientTls {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            verifier,
         }
     }
 
@@ -593,6 +682,7 @@ impl ClientTls {
         config.resumption = rustls::client::Resumption::disabled();
         ClientTls {
             connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            verifier: self.verifier,
         }
     }
 
@@ -667,6 +757,111 @@ impl rustls::client::danger::ServerCertVerifier for AnchorsOrChain {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.chain.supported_verify_schemes()
+    }
+}
+
+/// Where distributions keep the system's CA bundle (what OpenSSL and Go look for).
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// The verifier behind [`ClientTls::without_name_check`]: another verifier's verdict, except
+/// that a certificate for another name passes.
+#[derive(Debug)]
+struct AnyName(Arc<dyn rustls::client::danger::ServerCertVerifier>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyName {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName
+                | rustls::CertificateError::NotValidForNameContext { .. },
+            )) => Ok(rustls::client::danger::ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// The verifier of an empty root store: every server certificate is refused.
+#[derive(Debug)]
+struct Nobody;
+
+impl rustls::client::danger::ServerCertVerifier for Nobody {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ))
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
