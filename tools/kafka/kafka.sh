@@ -3,12 +3,22 @@
 # Maven Central and a Java runtime (Debian's openjdk-17-jre-headless is enough).
 #
 #   kafka.sh fetch                      the jars, once, into $CANTER_KAFKA_JARS
+#                                       ($CANTER_KAFKA_VERSION: another release, e.g. 3.9.1)
 #   kafka.sh start DIR [options]        format and start a cluster whose files live in DIR;
 #                                       prints its bootstrap address when every broker serves
 #       --brokers N     nodes, each broker and controller (default 1; 3 for failover tests)
 #       --port P        the first broker's port (default: free ones); node i listens on P+i-1
 #       --watch PID     stop the cluster when process PID exits (a test binary that dies)
 #       --heap SIZE     each node's JVM heap (default 512m)
+#       --secure TLSDIR listeners with security too (one node only), from the PEM files in
+#                       TLSDIR: localhost.keystore.pem (key and chain for "localhost"),
+#                       ip.keystore.pem (key and chain for 127.0.0.1), client-ca.pem (the CA
+#                       of client certificates). DIR/listeners then names them:
+#                         sasl_ssl=localhost:P   PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512
+#                         ssl=127.0.0.1:P        TLS requiring a client certificate (mTLS)
+#                         sasl_plaintext=127.0.0.1:P
+#                       users: alice / alice-secret (every mechanism), bob / bob-secret (SCRAM)
+#       --reauth-ms MS  SASL sessions last MS (connections.max.reauth.ms; KIP-368)
 #   kafka.sh stop DIR                   stop every node of DIR's cluster (SIGTERM, then SIGKILL)
 #   kafka.sh kill DIR NODE [SIGNAL]     signal one node (default KILL): failover tests
 #   kafka.sh restart DIR NODE           start one node again (after kill), same storage
@@ -19,7 +29,10 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
-jars="${CANTER_KAFKA_JARS:-${XDG_CACHE_HOME:-$HOME/.cache}/canter/kafka-jars}"
+# CANTER_KAFKA_VERSION picks another release than tools/kafka/pom.xml's (3.9.1: the classic
+# group protocol only); each version's jars have their own directory.
+version="${CANTER_KAFKA_VERSION:-}"
+jars="${CANTER_KAFKA_JARS:-${XDG_CACHE_HOME:-$HOME/.cache}/canter/kafka-jars}${version:+-$version}"
 
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 
@@ -43,7 +56,7 @@ fetch() {
       || die "no mvn, and apt-get could not install maven"
   }
   rm -rf "$jars.tmp"
-  mvn -q -B -f "$here/pom.xml" dependency:copy-dependencies \
+  mvn -q -B -f "$here/pom.xml" dependency:copy-dependencies ${version:+-Dkafka.version=$version} \
     -DoutputDirectory="$jars.tmp" -DincludeScope=runtime >&2 \
     || die "mvn could not fetch Kafka's jars from Maven Central (tools/kafka/pom.xml)"
   rm -rf "$jars"
@@ -88,7 +101,7 @@ wait_ready() {
 }
 
 start() {
-  local dir="" n=1 port="" watch="" 
+  local dir="" n=1 port="" watch="" secure="" reauth=""
   heap=512m
   dir="$1"; shift
   while [ $# -gt 0 ]; do
@@ -97,6 +110,8 @@ start() {
       --port) port="$2"; shift 2 ;;
       --watch) watch="$2"; shift 2 ;;
       --heap) heap="$2"; shift 2 ;;
+      --secure) secure="$(cd "$2" && pwd)" || die "no directory $2"; shift 2 ;;
+      --reauth-ms) reauth="$2"; shift 2 ;;
       *) die "unknown option $1" ;;
     esac
   done
@@ -124,20 +139,38 @@ EOF
     cports[i]=$(free_port)
     voters+="${voters:+,}$i@127.0.0.1:${cports[i]}"
   done
+  if [ -n "$secure" ]; then
+    ((n == 1)) || die "--secure makes one node"
+    for f in localhost.keystore.pem ip.keystore.pem client-ca.pem; do
+      [ -f "$secure/$f" ] || die "--secure $secure: no $f"
+    done
+  fi
   local rf=$((n < 3 ? n : 3)) isr=$((n < 3 ? 1 : 2)) bootstrap=""
   for ((i = 1; i <= n; i++)); do
     local node="$dir/node-$i"
     mkdir -p "$node/data"
     : >"$node/log"
     bootstrap+="${bootstrap:+,}127.0.0.1:${bports[i]}"
+    local listeners="PLAINTEXT://127.0.0.1:${bports[i]},CONTROLLER://127.0.0.1:${cports[i]}"
+    local advertised="PLAINTEXT://127.0.0.1:${bports[i]}"
+    local protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+    if [ -n "$secure" ]; then
+      local sasl_ssl ssl sasl_plain
+      sasl_ssl=$(free_port); ssl=$(free_port); sasl_plain=$(free_port)
+      listeners+=",SASL_SSL://127.0.0.1:$sasl_ssl,SSL://127.0.0.1:$ssl,SASL_PLAINTEXT://127.0.0.1:$sasl_plain"
+      advertised+=",SASL_SSL://localhost:$sasl_ssl,SSL://127.0.0.1:$ssl,SASL_PLAINTEXT://127.0.0.1:$sasl_plain"
+      protocols+=",SASL_SSL:SASL_SSL,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT"
+      printf 'sasl_ssl=localhost:%s\nssl=127.0.0.1:%s\nsasl_plaintext=127.0.0.1:%s\n' \
+        "$sasl_ssl" "$ssl" "$sasl_plain" >"$dir/listeners"
+    fi
     cat >"$node/server.properties" <<EOF
 process.roles=broker,controller
 node.id=$i
 controller.quorum.voters=$voters
-listeners=PLAINTEXT://127.0.0.1:${bports[i]},CONTROLLER://127.0.0.1:${cports[i]}
-advertised.listeners=PLAINTEXT://127.0.0.1:${bports[i]}
+listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=$protocols
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$node/data
 num.partitions=4
@@ -164,13 +197,44 @@ log.cleaner.dedupe.buffer.size=16777216
 num.network.threads=2
 num.io.threads=4
 EOF
+    if [ -n "$secure" ]; then
+      local plain='org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret";'
+      local scram='org.apache.kafka.common.security.scram.ScramLoginModule required;'
+      cat >>"$node/server.properties" <<EOF
+sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+listener.name.sasl_ssl.plain.sasl.jaas.config=$plain
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=$scram
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=$scram
+listener.name.sasl_plaintext.plain.sasl.jaas.config=$plain
+listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=$scram
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=$scram
+listener.name.sasl_ssl.ssl.keystore.type=PEM
+listener.name.sasl_ssl.ssl.keystore.location=$secure/localhost.keystore.pem
+listener.name.ssl.ssl.keystore.type=PEM
+listener.name.ssl.ssl.keystore.location=$secure/ip.keystore.pem
+listener.name.ssl.ssl.truststore.type=PEM
+listener.name.ssl.ssl.truststore.location=$secure/client-ca.pem
+listener.name.ssl.ssl.client.auth=required
+EOF
+      if [ -n "$reauth" ]; then
+        printf 'listener.name.sasl_ssl.connections.max.reauth.ms=%s\nlistener.name.sasl_plaintext.connections.max.reauth.ms=%s\n' \
+          "$reauth" "$reauth" >>"$node/server.properties"
+      fi
+    fi
   done
+  local scram_users=()
+  if [ -n "$secure" ]; then
+    scram_users=(--add-scram 'SCRAM-SHA-256=[name=alice,password=alice-secret]'
+      --add-scram 'SCRAM-SHA-512=[name=alice,password=alice-secret]'
+      --add-scram 'SCRAM-SHA-256=[name=bob,password=bob-secret]'
+      --add-scram 'SCRAM-SHA-512=[name=bob,password=bob-secret]')
+  fi
   local cluster
   cluster="$("$(java_bin)" -cp "$jars/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -1)"
   for ((i = 1; i <= n; i++)); do
     "$(java_bin)" -Dlog4j2.configurationFile="$dir/log4j2.properties" -cp "$jars/*" \
       kafka.tools.StorageTool format -t "$cluster" -c "$dir/node-$i/server.properties" \
-      --ignore-formatted >>"$dir/node-$i/log" 2>&1 || { tail -20 "$dir/node-$i/log" >&2; die "format of node $i failed"; }
+      --ignore-formatted "${scram_users[@]}" >>"$dir/node-$i/log" 2>&1 || { tail -20 "$dir/node-$i/log" >&2; die "format of node $i failed"; }
   done
   echo "$heap" >"$dir/heap"
   for ((i = 1; i <= n; i++)); do start_node "$dir" "$i"; done

@@ -512,7 +512,7 @@ fn tls_error(addr: &BrokerAddr, e: std::io::Error, handshake: bool) -> Error {
         return Error::Io(e);
     };
     let what = match tls {
-        R::InvalidCertificate(C::UnknownIssuer) => format!(
+        R::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => format!(
             "the certificate of broker {addr} is not signed by a CA this client trusts \
              (ssl.ca.location)"
         ),

@@ -9,12 +9,32 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
+use crate::pki::{CertFiles, Pki};
+
 /// A running cluster; stopped when dropped (or when the test process exits).
 #[derive(Debug)]
 pub struct KafkaCluster {
     dir: PathBuf,
     bootstrap: String,
     brokers: usize,
+    secure: Option<Secured>,
+}
+
+/// What a secured cluster's clients need: its listeners and the PKI behind them.
+#[derive(Debug)]
+pub struct Secured {
+    /// SASL over TLS (`localhost:PORT`; the certificate names `localhost` only), PLAIN and
+    /// SCRAM-SHA-256/512: users `alice`/`alice-secret` (all three), `bob`/`bob-secret` (SCRAM).
+    pub sasl_ssl: String,
+    /// TLS requiring a client certificate signed by [`Pki::client_ca`] (`127.0.0.1:PORT`; the
+    /// certificate names the address 127.0.0.1 only).
+    pub ssl: String,
+    /// SASL without TLS (`127.0.0.1:PORT`).
+    pub sasl_plaintext: String,
+    /// The CA that signed the brokers' certificates ([`Pki::ca`]) and client certificates.
+    pub pki: Pki,
+    /// A client certificate the SSL listener accepts.
+    pub client: CertFiles,
 }
 
 fn script() -> PathBuf {
@@ -25,6 +45,56 @@ impl KafkaCluster {
     /// Starts a cluster of `brokers` nodes (each broker and controller). Panics, with the
     /// script's output, if it cannot: the tests that need Kafka fail rather than skip.
     pub fn start(brokers: usize) -> KafkaCluster {
+        KafkaCluster::launch(brokers, None, &[])
+    }
+
+    /// Starts one node with secured listeners besides its plaintext one ([`Secured`]), SASL
+    /// sessions lasting `reauth_ms` if given (KIP-368 re-authentication).
+    pub fn start_secure(reauth_ms: Option<u64>) -> KafkaCluster {
+        let pki = Pki::new();
+        let keystore = |stem: &str, names: &[&str]| {
+            let files = pki.server(stem, names);
+            let key = std::fs::read_to_string(&files.key).expect("the key just written");
+            let chain = std::fs::read_to_string(&files.cert).expect("the chain just written");
+            std::fs::write(
+                pki.dir().join(format!("{stem}.keystore.pem")),
+                format!("{key}{chain}"),
+            )
+            .expect("write a keystore");
+        };
+        keystore("localhost", &["localhost"]);
+        keystore("ip", &["127.0.0.1"]);
+        let client = pki.client("client", "canter-test-client");
+        let mut extra = vec!["--secure".to_owned(), pki.dir().display().to_string()];
+        if let Some(ms) = reauth_ms {
+            extra.extend(["--reauth-ms".to_owned(), ms.to_string()]);
+        }
+        let mut cluster = KafkaCluster::launch(1, None, &extra);
+        let listeners = std::fs::read_to_string(cluster.dir.join("listeners"))
+            .expect("the cluster's listeners file");
+        let get = |name: &str| {
+            listeners
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}=")))
+                .unwrap_or_else(|| panic!("no {name} listener in {listeners}"))
+                .to_owned()
+        };
+        cluster.secure = Some(Secured {
+            sasl_ssl: get("sasl_ssl"),
+            ssl: get("ssl"),
+            sasl_plaintext: get("sasl_plaintext"),
+            pki,
+            client,
+        });
+        cluster
+    }
+
+    /// The secured listeners, if started by [`KafkaCluster::start_secure`].
+    pub fn secured(&self) -> Option<&Secured> {
+        self.secure.as_ref()
+    }
+
+    fn launch(brokers: usize, version: Option<&str>, extra: &[String]) -> KafkaCluster {
         let dir = std::env::temp_dir().join(format!(
             "canter-kafka-{}-{}",
             std::process::id(),
@@ -38,14 +108,17 @@ impl KafkaCluster {
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
         ));
-        let out = Command::new("bash")
-            .arg(script())
+        let mut cmd = Command::new("bash");
+        cmd.arg(script())
             .arg("start")
             .arg(&dir)
             .args(["--brokers", &brokers.to_string()])
             .args(["--watch", &std::process::id().to_string()])
-            .output()
-            .expect("run tools/kafka/kafka.sh");
+            .args(extra);
+        if let Some(v) = version {
+            cmd.env("CANTER_KAFKA_VERSION", v);
+        }
+        let out = cmd.output().expect("run tools/kafka/kafka.sh");
         assert!(
             out.status.success(),
             "tools/kafka/kafka.sh start failed:\n{}\n{}",
@@ -60,6 +133,7 @@ impl KafkaCluster {
             dir,
             bootstrap,
             brokers,
+            secure: None,
         }
     }
 

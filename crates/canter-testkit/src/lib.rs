@@ -18,6 +18,6 @@ mod process;
 
 pub use client::{chunked, connect_stream, Client, Response, IO_TIMEOUT};
 pub use data::random_bytes;
-pub use kafka::KafkaCluster;
+pub use kafka::{KafkaCluster, Secured};
 pub use pki::{fingerprint, CertFiles, Pki};
 pub use process::{open_files_limit, rss_kib};
