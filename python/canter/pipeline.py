@@ -125,19 +125,58 @@ def file(path, frame="u32be", decode=None, max_record=MAX_RECORD):
     return _Source(("file", os.fspath(path), _frame(frame), max_record), _decoder(decode))
 
 
-def kafka(topic, bootstrap, group="canter", decode=None):
+def _kafka_config(config):
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise TypeError("config= takes a dict of librdkafka settings")
+    return dict(config)
+
+
+def kafka_config(pairs=(), file=None):
+    """Kafka settings from the command line's form: a properties `file` (``key=value`` or
+    ``key: value`` lines, ``#`` and ``!`` comments), then ``KEY=VALUE`` `pairs` over it — what
+    `canter pipeline --kafka-config-file/--kafka-config` take. Returns a dict for
+    ``config=``."""
+    out = {}
+    if file is not None:
+        with open(file, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line or line[0] in "#!":
+                    continue
+                cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+                if cut < 0:
+                    raise ValueError(f"{file} line {n}: not key=value")
+                out[line[:cut].strip()] = line[cut + 1:].strip()
+    for p in pairs:
+        k, eq, v = p.partition("=")
+        if not eq:
+            raise ValueError(f"{p!r} is not KEY=VALUE")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def kafka(topic, bootstrap, group="canter", decode=None, config=None):
     """A Kafka topic's record values, read as a member of consumer group `group` from the
     brokers at `bootstrap` ("host:port,..."). A flow's sources are all Kafka topics or none;
     its topics are co-partitioned and partitioned by the key `key_by` gives (as Kafka Streams
     requires): each partition is a task owning the state of its keys, kept in a compacted
     changelog topic (`<group>-<state>-changelog`, states pickled) and moved with the
-    partition when workers or processes join or leave."""
-    return _Source(("kafka", topic, bootstrap, group), _decoder(decode))
+    partition when workers or processes join or leave.
+
+    `config` takes client settings by librdkafka's names, as confluent-kafka does:
+    ``{"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+    "sasl.username": ..., "sasl.password": ..., "ssl.ca.location": "ca.pem"}``, and
+    ``linger.ms``, ``compression.type``, ``session.timeout.ms``, ``fetch.max.bytes``, … An
+    unknown key is a ValueError naming it."""
+    return _Source(("kafka", topic, bootstrap, group, _kafka_config(config)), _decoder(decode))
 
 
-def kafka_out(topic, encode=None):
-    """Results to a Kafka topic, keyed (and partitioned) by their input's key."""
-    return ("kafka", topic, _encoder(encode))
+def kafka_out(topic, encode=None, config=None):
+    """Results to a Kafka topic, keyed (and partitioned) by their input's key. `config`, as
+    for `kafka()`, must agree with the sources' where both set a key."""
+    return ("kafka", topic, _encoder(encode), _kafka_config(config))
 
 
 def tcp_out(addr, encode=None):

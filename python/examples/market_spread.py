@@ -5,7 +5,8 @@ result for every order of a symbol whose spread is too wide), with the steps wri
     python examples/market_spread.py --nbbo 127.0.0.1:7001 --orders 127.0.0.1:7002 \\
         --out 127.0.0.1:7000 [--workers 2]
     python examples/market_spread.py --kafka 127.0.0.1:9092 --group ms \\
-        --nbbo-topic nbbo --orders-topic orders --results-topic results
+        --nbbo-topic nbbo --orders-topic orders --results-topic results \\
+        [--kafka-config security.protocol=SASL_SSL ... | --kafka-config-file client.properties]
 
 Feed it with `canter send market-spread --nbbo ... --orders ...` and read the results with
 `canter receive`. Records are decoded and encoded by built-in `struct` codecs and keyed by
@@ -46,11 +47,12 @@ def flow(nbbo, orders, out):
                          cp.tcp_out(out, encode=RESULT))
 
 
-def kafka_flow(bootstrap, group, nbbo, orders, results):
-    """Market Spread on Kafka: topics `nbbo` and `orders` (keyed by symbol) in, `results` out."""
-    return market_spread(cp.kafka(nbbo, bootstrap, group=group, decode=NBBO),
-                         cp.kafka(orders, bootstrap, group=group, decode=ORDER),
-                         cp.kafka_out(results, encode=RESULT))
+def kafka_flow(bootstrap, group, nbbo, orders, results, config=None):
+    """Market Spread on Kafka: topics `nbbo` and `orders` (keyed by symbol) in, `results` out;
+    `config`: client settings by librdkafka's names."""
+    return market_spread(cp.kafka(nbbo, bootstrap, group=group, decode=NBBO, config=config),
+                         cp.kafka(orders, bootstrap, group=group, decode=ORDER, config=config),
+                         cp.kafka_out(results, encode=RESULT, config=config))
 
 
 def market_spread(nbbo, orders, out):
@@ -80,10 +82,15 @@ def main():
     ap.add_argument("--orders-topic", default="orders")
     ap.add_argument("--results-topic", default="results")
     ap.add_argument("--exactly-once", action="store_true")
+    ap.add_argument("--kafka-config", metavar="KEY=VALUE", action="append", default=[],
+                    help="a Kafka client setting by librdkafka's name (repeatable)")
+    ap.add_argument("--kafka-config-file", metavar="FILE",
+                    help="a properties file of Kafka client settings")
     args = ap.parse_args()
     if args.kafka:
+        config = cp.kafka_config(args.kafka_config, args.kafka_config_file)
         f = kafka_flow(args.kafka, args.group, args.nbbo_topic, args.orders_topic,
-                       args.results_topic)
+                       args.results_topic, config)
         f.start(workers=args.workers, metrics=args.metrics, exactly_once=args.exactly_once)
     else:
         f = flow(args.nbbo, args.orders, args.out)

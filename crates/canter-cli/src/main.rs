@@ -120,6 +120,9 @@ struct MarketSpreadPipelineArgs {
     /// with its --instance-id wait.
     #[arg(long, value_parser = canter_load::parse_duration, default_value = "10s")]
     transaction_timeout: std::time::Duration,
+    /// Kafka client settings (with --kafka).
+    #[command(flatten)]
+    kafka_config: canter_cli::market_spread_kafka::KafkaConfigArgs,
     /// Serve the live metrics page (/), /metrics (Prometheus) and /metrics.json here (with
     /// --kafka: /metrics and /metrics.json of the Kafka job's counters).
     #[arg(long, value_name = "ADDR")]
@@ -634,6 +637,14 @@ fn send_market_spread_kafka(
         count: ms.count,
         rate: ms.rate,
         seed: ms.seed,
+        settings: ms.kafka_config.settings().map_err(|e| {
+            CliError::Pipeline(
+                "send market-spread --kafka",
+                io::Error::other(e.to_string()),
+            )
+        })?,
+        bootstrap_timeout: ms.bootstrap_timeout,
+        delivery_timeout: ms.delivery_timeout,
     };
     let kafka = |e: canter_kafka::Error| {
         CliError::Pipeline(
@@ -688,6 +699,11 @@ fn market_spread_kafka(args: &MarketSpreadPipelineArgs, bootstrap: &str) -> Resu
         job.instance_id = id.clone();
     }
     job.transaction_timeout = args.transaction_timeout;
+    let settings = args
+        .kafka_config
+        .settings()
+        .map_err(|e| fail("settings", e))?;
+    job.configure(&settings).map_err(|e| fail("settings", e))?;
     let running = start(job, canter_cli::market_spread_kafka::MarketSpreadTask)
         .map_err(|e| fail("start", e))?;
     let stats = running.stats();

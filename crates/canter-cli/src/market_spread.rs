@@ -568,6 +568,16 @@ pub struct SendArgs {
     /// Replication of the topics --create-topics creates.
     #[arg(long, default_value_t = 1, requires = "create_topics")]
     pub replication: i16,
+    /// With --kafka: how long the brokers may be unreachable at start before the send gives up.
+    #[arg(long, value_parser = canter_load::parse_duration, default_value = "30s", requires = "kafka")]
+    pub bootstrap_timeout: Duration,
+    /// With --kafka: how long records may go unacknowledged by the brokers (retried meanwhile)
+    /// before the send fails (librdkafka's delivery.timeout.ms).
+    #[arg(long, value_parser = canter_load::parse_duration, default_value = "120s", requires = "kafka")]
+    pub delivery_timeout: Duration,
+    /// Kafka client settings (with --kafka).
+    #[command(flatten)]
+    pub kafka_config: crate::market_spread_kafka::KafkaConfigArgs,
     /// Speak the resend protocol to a checkpointing pipeline (the NBBO stream as stream 1,
     /// orders as 2): records are kept until a checkpoint acknowledges them and sent again
     /// after the pipeline restarts; the orders start once a checkpoint holds every symbol's

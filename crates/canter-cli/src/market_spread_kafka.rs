@@ -8,7 +8,9 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use canter_kafka::{partition_for, Cluster, Config, Error, Producer, ProducerConfig};
+use std::path::PathBuf;
+
+use canter_kafka::{partition_for, ClientSettings, Cluster, Error, Producer, ProducerConfig};
 use canter_stream::kafka::{Keyed, KeyedTask, Out, Refused};
 use serde::Serialize;
 
@@ -71,6 +73,35 @@ impl KeyedTask for MarketSpreadTask {
     }
 }
 
+/// The Kafka client settings every Kafka command takes, by librdkafka's names.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct KafkaConfigArgs {
+    /// A Kafka client setting by librdkafka's name (repeatable), as confluent-kafka takes it:
+    /// `security.protocol=SASL_SSL`, `sasl.mechanism=SCRAM-SHA-512`, `sasl.username=…`,
+    /// `ssl.ca.location=ca.pem`, `linger.ms=10`, … Wins over --kafka-config-file and over
+    /// this command's own flags for the same thing.
+    #[arg(long = "kafka-config", value_name = "KEY=VALUE", requires = "kafka")]
+    pub pairs: Vec<String>,
+    /// A properties file of such settings (`key=value` lines, `#` comments), e.g. the
+    /// client.properties a managed cluster's console gives.
+    #[arg(long = "kafka-config-file", value_name = "FILE", requires = "kafka")]
+    pub file: Option<PathBuf>,
+}
+
+impl KafkaConfigArgs {
+    /// The settings: the file's, then the pairs'.
+    pub fn settings(&self) -> Result<ClientSettings, Error> {
+        let mut s = ClientSettings::new();
+        if let Some(f) = &self.file {
+            s.load_file(f)?;
+        }
+        for p in &self.pairs {
+            s.set_pair(p)?;
+        }
+        Ok(s)
+    }
+}
+
 /// What `canter send market-spread --kafka` does.
 #[derive(Debug, Clone)]
 pub struct KafkaSend {
@@ -96,6 +127,12 @@ pub struct KafkaSend {
     pub rate: Option<f64>,
     /// The generator's seed.
     pub seed: u64,
+    /// Client settings (security, linger, compression, …).
+    pub settings: ClientSettings,
+    /// How long the brokers may be unreachable at start.
+    pub bootstrap_timeout: Duration,
+    /// How long a batch may go unacknowledged before the send fails.
+    pub delivery_timeout: Duration,
 }
 
 /// What a Kafka send did.
@@ -116,13 +153,26 @@ pub struct KafkaSendReport {
 /// the rest, quotes and orders interleaved, paced to `rate` if given.
 pub async fn send(args: &KafkaSend) -> Result<KafkaSendReport, Error> {
     let g = generate(args.symbols, args.reject_share, args.count, args.seed);
-    let mut cluster = Cluster::connect(Config::new(args.bootstrap.clone())).await?;
+    let s = &args.settings;
+    s.check_agrees(&args.bootstrap, None)?;
+    let mut config = s.cluster_config(&args.bootstrap);
+    config.bootstrap_timeout = args.bootstrap_timeout;
+    let mut cluster = Cluster::connect(config).await?;
     if let Some(n) = args.partitions {
+        let replication = s.replication_factor.unwrap_or(args.replication);
         for t in [&args.nbbo_topic, &args.orders_topic, &args.results_topic] {
-            cluster.create_topic(t, n, args.replication, &[]).await?;
+            cluster.create_topic(t, n, replication, &[]).await?;
         }
     }
-    let mut p = Producer::new(cluster, ProducerConfig::default()).await?;
+    let defaults = ProducerConfig::default();
+    let producer = ProducerConfig {
+        linger: s.linger.unwrap_or(defaults.linger),
+        compression: s.compression.unwrap_or(defaults.compression),
+        max_record: s.message_max_bytes.unwrap_or(defaults.max_record),
+        delivery_timeout: s.delivery_timeout.unwrap_or(args.delivery_timeout),
+        ..defaults
+    };
+    let mut p = Producer::new(cluster, producer).await?;
     let (nbbo_t, nbbo_n) = p.topic(&args.nbbo_topic).await?;
     let (orders_t, orders_n) = p.topic(&args.orders_topic).await?;
     let frames = |data: &[u8]| {

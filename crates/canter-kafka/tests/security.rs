@@ -7,7 +7,9 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use canter_kafka::{ClientSettings, Cluster, Error, FetchConfig, Fetcher, Producer, ProducerConfig};
+use canter_kafka::{
+    ClientSettings, Cluster, Error, FetchConfig, Fetcher, Producer, ProducerConfig,
+};
 use canter_testkit::{KafkaCluster, Pki, Secured};
 
 /// SASL sessions of this broker last 4 s, so a test can watch a connection renew its own.
@@ -53,7 +55,10 @@ fn mtls() -> ClientSettings {
     settings(&[
         ("security.protocol", "SSL"),
         ("ssl.ca.location", &s.pki.ca().display().to_string()),
-        ("ssl.certificate.location", &s.client.cert.display().to_string()),
+        (
+            "ssl.certificate.location",
+            &s.client.cert.display().to_string(),
+        ),
         ("ssl.key.location", &s.client.key.display().to_string()),
     ])
 }
@@ -73,8 +78,14 @@ async fn round_trip(bootstrap: &str, s: &ClientSettings, topic: &str, n: usize) 
     let (t, parts) = p.topic(topic).await.unwrap();
     for i in 0..n {
         let v = format!("record {i}");
-        p.send(t, (i % parts as usize) as i32, None, v.as_bytes(), 1_700_000_000_000)
-            .unwrap();
+        p.send(
+            t,
+            (i % parts as usize) as i32,
+            None,
+            v.as_bytes(),
+            1_700_000_000_000,
+        )
+        .unwrap();
     }
     assert_eq!(p.flush().await.unwrap(), n as u64);
     let c = connect(bootstrap, s).await.unwrap();
@@ -196,7 +207,10 @@ fn tls_refusals_name_the_setting_that_fixes_them() {
             connect(&by_ip, &s).await,
             t,
             "tls",
-            &["not valid for \"127.0.0.1\"", "ssl.endpoint.identification.algorithm"],
+            &[
+                "not valid for \"127.0.0.1\"",
+                "ssl.endpoint.identification.algorithm",
+            ],
         );
         // ... which the user may accept, as librdkafka's `none` does. The brokers it then
         // learns of are named "localhost" in the metadata, and are checked the same way.
@@ -233,7 +247,10 @@ fn a_client_without_the_listeners_security_is_told_what_to_set() {
         let mut c = ClientSettings::new().cluster_config(&secured().sasl_plaintext);
         c.bootstrap_timeout = Duration::from_secs(3);
         let e = Cluster::connect(c).await.err().unwrap().to_string();
-        assert!(e.contains("SASL listener") && e.contains("security.protocol"), "{e}");
+        assert!(
+            e.contains("SASL listener") && e.contains("security.protocol"),
+            "{e}"
+        );
     });
 }
 

@@ -896,6 +896,28 @@ fn start_kafka(
 ) -> PyResult<FlowHandle> {
     let bad = |why: String| PyValueError::new_err(why);
     let (mut bootstrap, mut group) = (None::<String>, None::<String>);
+    // librdkafka-named settings of every source and the sink, merged: one key, one value.
+    let mut config: std::collections::BTreeMap<String, String> = Default::default();
+    let mut merge = |d: Option<Bound<'_, PyAny>>| -> PyResult<()> {
+        let Some(d) = d else { return Ok(()) };
+        let d = d.cast_into::<PyDict>()?;
+        for (k, v) in d.iter() {
+            let k: String = k.extract()?;
+            let v = match v.extract::<bool>() {
+                Ok(b) if v.is_instance_of::<pyo3::types::PyBool>() => b.to_string(),
+                _ => v.str()?.to_string(),
+            };
+            if let Some(old) = config.get(&k) {
+                if *old != v {
+                    return Err(PyValueError::new_err(format!(
+                        "Kafka setting {k} differs between the flow's sources and sink"
+                    )));
+                }
+            }
+            config.insert(k, v);
+        }
+        Ok(())
+    };
     let mut inputs = Vec::new();
     let mut output: Option<String> = None;
     let mut state_id: Option<u64> = None;
@@ -914,6 +936,7 @@ fn start_kafka(
             ));
         }
         inputs.push(topic);
+        merge(s.source.get_item(4).ok())?;
         let sink_kind: String = s.sink.get_item(0)?.extract()?;
         let encode = match sink_kind.as_str() {
             "kafka" => {
@@ -921,6 +944,7 @@ fn start_kafka(
                 if output.get_or_insert_with(|| t.clone()) != &t {
                     return Err(bad("a Kafka flow writes one output topic".into()));
                 }
+                merge(s.sink.get_item(3).ok())?;
                 Some(Encoder::from_spec(py, &s.sink.get_item(2)?)?)
             }
             "discard" => None,
@@ -985,6 +1009,14 @@ fn start_kafka(
     let mut job = canter_stream::kafka::KafkaJob::new(&bootstrap, &group, &inputs, &output);
     job.workers = workers.max(1);
     job.hooks = Some(gil_hooks());
+    let mut client = canter_stream::kafka::ClientSettings::new();
+    for (k, v) in &config {
+        client
+            .set(k, v)
+            .map_err(|e| bad(e.to_string().trim_start_matches("kafka: settings: ").to_owned()))?;
+    }
+    job.configure(&client)
+        .map_err(|e| bad(e.to_string().trim_start_matches("kafka: settings: ").to_owned()))?;
     if let Some(k) = settings {
         if let Some(v) = k.get_item("exactly_once")? {
             job.exactly_once = v.extract()?;

@@ -10,10 +10,54 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use canter_kafka::{
-    partition_for, Cluster, Config, FetchConfig, Fetcher, Producer, ProducerConfig,
+    partition_for, ClientSettings, Cluster, Config, FetchConfig, Fetcher, Producer, ProducerConfig,
 };
 
 use super::market_spread::{reference, unframe};
+
+/// Client settings (librdkafka's names) of the clusters a test binary uses, by bootstrap
+/// address: a secured listener's. Every helper here, and the processes it starts, use them.
+static SECURITY: Mutex<Vec<(String, Pairs)>> = Mutex::new(Vec::new());
+
+type Pairs = Vec<(String, String)>;
+
+/// Makes every helper connect to `bootstrap` with `pairs` (`security.protocol`, …).
+pub fn register_settings(bootstrap: &str, pairs: &[(&str, &str)]) {
+    SECURITY.lock().unwrap().push((
+        bootstrap.to_owned(),
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    ));
+}
+
+fn pairs_for(bootstrap: &str) -> Vec<(String, String)> {
+    SECURITY
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(b, _)| b == bootstrap)
+        .map(|(_, p)| p.clone())
+        .unwrap_or_default()
+}
+
+/// The cluster settings for `bootstrap`, with what [`register_settings`] gave it.
+pub fn cluster_config(bootstrap: &str) -> Config {
+    let mut s = ClientSettings::new();
+    for (k, v) in pairs_for(bootstrap) {
+        s.set(&k, &v).unwrap();
+    }
+    s.cluster_config(bootstrap)
+}
+
+/// The `--kafka-config KEY=VALUE` flags of `bootstrap`'s settings, for the CLI.
+pub fn config_flags(bootstrap: &str) -> Vec<String> {
+    pairs_for(bootstrap)
+        .into_iter()
+        .flat_map(|(k, v)| ["--kafka-config".to_owned(), format!("{k}={v}")])
+        .collect()
+}
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -42,7 +86,7 @@ impl Topics {
     /// Creates the three with `partitions` each.
     pub fn create(&self, bootstrap: &str, partitions: i32, replication: i16) {
         rt().block_on(async {
-            let mut c = Cluster::connect(Config::new(bootstrap)).await.unwrap();
+            let mut c = Cluster::connect(cluster_config(bootstrap)).await.unwrap();
             for t in [&self.nbbo, &self.orders, &self.results] {
                 c.create_topic(t, partitions, replication, &[])
                     .await
@@ -67,7 +111,7 @@ impl Topics {
 /// Creates one topic with `partitions`.
 pub fn create_topic(bootstrap: &str, name: &str, partitions: i32) {
     rt().block_on(async {
-        let mut c = Cluster::connect(Config::new(bootstrap)).await.unwrap();
+        let mut c = Cluster::connect(cluster_config(bootstrap)).await.unwrap();
         c.create_topic(name, partitions, 1, &[]).await.unwrap();
     });
 }
@@ -92,7 +136,7 @@ pub fn produce(
     records: impl IntoIterator<Item = (Vec<u8>, Vec<u8>)>,
 ) -> u64 {
     rt().block_on(async {
-        let c = Cluster::connect(Config::new(bootstrap)).await.unwrap();
+        let c = Cluster::connect(cluster_config(bootstrap)).await.unwrap();
         let mut p = Producer::new(c, ProducerConfig::default()).await.unwrap();
         let (t, n) = p.topic(topic).await.unwrap();
         let mut count = 0;
@@ -144,7 +188,7 @@ fn read_topic(
     read_committed: bool,
 ) -> Vec<Vec<u8>> {
     rt().block_on(async {
-        let mut c = Cluster::connect(Config::new(bootstrap)).await.unwrap();
+        let mut c = Cluster::connect(cluster_config(bootstrap)).await.unwrap();
         c.refresh(&[topic]).await.unwrap();
         let n = c.topic(topic).unwrap().partitions.len() as i32;
         let config = FetchConfig {
@@ -262,6 +306,7 @@ impl KafkaPipeline {
                 "--group",
                 group,
             ])
+            .args(config_flags(bootstrap))
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -372,6 +417,17 @@ impl KafkaPipeline {
             self.log()
         );
         let log = self.log();
+        // No secret of the settings in any line.
+        for (_, pairs) in SECURITY.lock().unwrap().iter() {
+            for (k, v) in pairs {
+                if k == "sasl.password" {
+                    assert!(
+                        !log.iter().any(|l| l.contains(v.as_str())),
+                        "the password in the log"
+                    );
+                }
+            }
+        }
         let line = log
             .iter()
             .find(|l| l.contains("pipeline stopped"))

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use canter_kafka::{Compression, Error as KafkaError};
+pub use canter_kafka::{ClientSettings, Compression, Error as KafkaError, GroupProtocol};
 pub use state::Keyed;
 pub use task::{KeyedTask, Out, Refused};
 
@@ -93,6 +93,17 @@ pub struct KafkaJob {
     /// Called on each worker's thread around its run and its waits (a front end holding an
     /// interpreter lock while the worker works).
     pub hooks: Option<crate::pipeline::WorkerHooks>,
+    /// How long the producer retries a batch the brokers do not take before the job fails.
+    pub delivery_timeout: Duration,
+    /// Bytes one fetch response may hold.
+    pub fetch_max_bytes: i32,
+    /// Bytes of one partition one fetch response may hold.
+    pub max_partition_fetch_bytes: i32,
+    /// The consumer-group protocol.
+    pub group_protocol: GroupProtocol,
+    /// The connections' settings: security (TLS, SASL), client id, timeouts. Set with
+    /// [`KafkaJob::configure`].
+    pub client: ClientSettings,
 }
 
 impl KafkaJob {
@@ -117,7 +128,50 @@ impl KafkaJob {
             instance_id: format!("{:x}", std::process::id()),
             transaction_timeout: Duration::from_secs(10),
             hooks: None,
+            delivery_timeout: Duration::from_secs(120),
+            fetch_max_bytes: 50 << 20,
+            max_partition_fetch_bytes: 4 << 20,
+            group_protocol: GroupProtocol::Auto,
+            client: ClientSettings::new(),
         }
+    }
+
+    /// Applies settings given by librdkafka's names (`security.protocol`, `linger.ms`,
+    /// `session.timeout.ms`, …): they win over the job's own values. `bootstrap.servers` and
+    /// `group.id`, if given, must agree with the job's.
+    pub fn configure(&mut self, settings: &ClientSettings) -> Result<(), KafkaError> {
+        settings.check_agrees(&self.bootstrap, Some(&self.group))?;
+        let s = settings;
+        if let Some(v) = s.linger {
+            self.linger = v;
+        }
+        if let Some(v) = s.compression {
+            self.compression = v;
+        }
+        if let Some(v) = s.delivery_timeout {
+            self.delivery_timeout = v;
+        }
+        if let Some(v) = s.session_timeout {
+            self.session_timeout = Some(v);
+        }
+        if let Some(v) = s.fetch_max_bytes {
+            self.fetch_max_bytes = v;
+        }
+        if let Some(v) = s.max_partition_fetch_bytes {
+            self.max_partition_fetch_bytes = v;
+        }
+        if let Some(v) = s.message_max_bytes {
+            self.max_record = v;
+        }
+        if let Some(v) = s.replication_factor {
+            self.changelog_replication = v;
+        }
+        if let Some(v) = s.transaction_timeout {
+            self.transaction_timeout = v;
+        }
+        self.group_protocol = s.group_protocol;
+        self.client = s.clone();
+        Ok(())
     }
 
     /// Worker `me`'s transactional id.

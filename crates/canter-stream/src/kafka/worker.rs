@@ -23,6 +23,7 @@ fn config(job: &KafkaJob) -> Config {
     let mut c = Config::new(job.bootstrap.clone());
     c.client_id = format!("canter-{}", job.group);
     c.bootstrap_timeout = job.bootstrap_timeout;
+    job.client.apply(&mut c);
     c
 }
 
@@ -154,6 +155,8 @@ struct Worker<T: KeyedTask> {
 fn fetch_config(job: &KafkaJob) -> FetchConfig {
     FetchConfig {
         read_committed: job.exactly_once,
+        max_bytes: job.fetch_max_bytes,
+        partition_max_bytes: job.max_partition_fetch_bytes,
         ..FetchConfig::default()
     }
 }
@@ -190,6 +193,7 @@ pub(super) async fn run<T: KeyedTask>(
             max_record: job.max_record,
             transactional_id: job.exactly_once.then(|| job.transactional_id(me)),
             transaction_timeout: job.transaction_timeout,
+            delivery_timeout: job.delivery_timeout,
             ..ProducerConfig::default()
         },
     )
