@@ -471,28 +471,64 @@ def kafka_bootstrap(tmp_path_factory):
     subprocess.run(["bash", script, "stop", str(d)], capture_output=True, timeout=120)
 
 
-def kafka_topics(bootstrap, *names, partitions=2):
+@pytest.fixture(scope="session")
+def kafka_secure(tmp_path_factory):
+    """A broker with secured listeners (kafka.sh --secure; a throwaway CA from trustme): its
+    SASL_SSL address and the librdkafka settings of user alice with SCRAM-SHA-256, which
+    confluent-kafka and canter both take."""
+    import trustme
+    tls = tmp_path_factory.mktemp("kafka-tls")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tls / "ca.pem"))
+    ca.cert_pem.write_to_path(str(tls / "client-ca.pem"))
+    from cryptography.hazmat.primitives import serialization as ser
+
+    def keystore(name, path):
+        # Kafka's PEM keystore reads PKCS#8 keys only; trustme writes OpenSSL's older form.
+        cert = ca.issue_cert(name)
+        key = ser.load_pem_private_key(cert.private_key_pem.bytes(), None)
+        pkcs8 = key.private_bytes(ser.Encoding.PEM, ser.PrivateFormat.PKCS8,
+                                  ser.NoEncryption())
+        path.write_bytes(pkcs8 + b"".join(c.bytes() for c in cert.cert_chain_pems))
+
+    keystore("localhost", tls / "localhost.keystore.pem")
+    keystore("127.0.0.1", tls / "ip.keystore.pem")
+    script = os.path.join(ROOT, "tools", "kafka", "kafka.sh")
+    d = tmp_path_factory.mktemp("kafka-secure")
+    r = subprocess.run(["bash", script, "start", str(d), "--secure", str(tls),
+                        "--watch", str(os.getpid())],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"kafka.sh start --secure failed:\n{r.stdout}\n{r.stderr}"
+    listeners = dict(line.split("=", 1) for line in (d / "listeners").read_text().split())
+    config = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-256",
+              "sasl.username": "alice", "sasl.password": "alice-secret",
+              "ssl.ca.location": str(tls / "ca.pem")}
+    yield listeners["sasl_ssl"], config
+    subprocess.run(["bash", script, "stop", str(d)], capture_output=True, timeout=120)
+
+
+def kafka_topics(bootstrap, *names, partitions=2, config=None):
     from confluent_kafka.admin import AdminClient, NewTopic
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **(config or {})})
     for name, f in admin.create_topics(
             [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in names]).items():
         f.result(30)
 
 
-def kafka_produce(bootstrap, topic, records):
+def kafka_produce(bootstrap, topic, records, config=None):
     from confluent_kafka import Producer
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, **(config or {})})
     for k, v in records:
         p.produce(topic, key=k, value=v)
     assert p.flush(30) == 0
 
 
-def kafka_read(bootstrap, topic, n, timeout=60):
+def kafka_read(bootstrap, topic, n, timeout=60, config=None):
     """The first `n` committed values of `topic` (all partitions)."""
     from confluent_kafka import Consumer
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{time.time_ns()}",
                   "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-                  "enable.auto.commit": False})
+                  "enable.auto.commit": False, **(config or {})})
     c.subscribe([topic])
     out = []
     deadline = time.time() + timeout
@@ -507,7 +543,7 @@ def kafka_read(bootstrap, topic, n, timeout=60):
     return out
 
 
-def word_count_flow(bootstrap, group, src, dst):
+def word_count_flow(bootstrap, group, src, dst, config=None):
     flow = cp.Flow()
     counts = flow.keyed_state(lambda: {"n": 0}, name="counts")
 
@@ -515,11 +551,60 @@ def word_count_flow(bootstrap, group, src, dst):
         state["n"] += 1
         return f"{word} {state['n']}"
 
-    (flow.source(cp.kafka(src, bootstrap, group=group, decode=cp.text))
+    (flow.source(cp.kafka(src, bootstrap, group=group, decode=cp.text, config=config))
         .key_by(lambda w: w)
         .update(counts, count)
-        .sink(cp.kafka_out(dst, encode=cp.text)))
+        .sink(cp.kafka_out(dst, encode=cp.text, config=config)))
     return flow
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_kafka_flow_over_sasl_ssl_with_librdkafkas_settings(kafka_secure, exactly_once):
+    """The settings dict confluent-kafka takes (SASL_SSL, SCRAM-SHA-256, a CA file) is the one
+    `config=` takes: word counts over the secured listener, written and read by
+    confluent-kafka with the same dict."""
+    bootstrap, config = kafka_secure
+    tag = f"wcs{int(exactly_once)}{time.time_ns() % 10**9}"
+    src, dst = f"{tag}-in", f"{tag}-out"
+    kafka_topics(bootstrap, src, dst, config=config)
+    words = [f"w{i % 20}" for i in range(400)]
+    kafka_produce(bootstrap, src, [(w.encode(), w.encode()) for w in words], config=config)
+    flow = word_count_flow(bootstrap, tag, src, dst, config=config)
+    flow.start(workers=2, exactly_once=exactly_once, commit_interval=0.2)
+    try:
+        got = kafka_read(bootstrap, dst, 400, config=config)
+    finally:
+        flow.shutdown()
+        assert flow.wait(60)
+    per_word = {}
+    for _, v in got:
+        w, n = v.decode().split()
+        per_word.setdefault(w, []).append(int(n))
+    assert {w: sorted(ns) for w, ns in per_word.items()} == {
+        f"w{i}": list(range(1, 21)) for i in range(20)}
+
+
+def test_kafka_settings_that_cannot_work_are_refused_by_name(kafka_secure):
+    bootstrap, config = kafka_secure
+    with pytest.raises(ValueError, match="sasl.jaas.config"):
+        word_count_flow(bootstrap, "g", "a", "b",
+                        config={**config, "sasl.jaas.config": "x"}).start()
+    # A wrong password: the start fails at once, naming the user and the mechanism, and the
+    # password is nowhere in the message.
+    flow = word_count_flow(bootstrap, "g", "a", "b",
+                           config={**config, "sasl.password": "not-the-one"})
+    t0 = time.monotonic()
+    with pytest.raises(Exception) as e:
+        flow.start()
+    assert "SCRAM-SHA-256" in str(e.value) and "alice" in str(e.value), str(e.value)
+    assert "not-the-one" not in str(e.value)
+    assert time.monotonic() - t0 < 20
+    # Settings that disagree between a source and the sink.
+    f2 = cp.Flow()
+    (f2.source(cp.kafka("a", bootstrap, config={**config, "linger.ms": 5}))
+        .sink(cp.kafka_out("b", config={**config, "linger.ms": 50})))
+    with pytest.raises(ValueError, match="linger.ms differs"):
+        f2.start()
 
 
 @pytest.mark.parametrize("exactly_once", [False, True])
