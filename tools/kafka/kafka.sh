@@ -19,6 +19,8 @@
 #                         sasl_plaintext=127.0.0.1:P
 #                       users: alice / alice-secret (every mechanism), bob / bob-secret (SCRAM)
 #       --reauth-ms MS  SASL sessions last MS (connections.max.reauth.ms; KIP-368)
+#       --classic-only  the group coordinators speak the classic group protocol only
+#                       (group.coordinator.rebalance.protocols=classic), as before Kafka 4.0
 #   kafka.sh stop DIR                   stop every node of DIR's cluster (SIGTERM, then SIGKILL)
 #   kafka.sh kill DIR NODE [SIGNAL]     signal one node (default KILL): failover tests
 #   kafka.sh restart DIR NODE           start one node again (after kill), same storage
@@ -101,7 +103,7 @@ wait_ready() {
 }
 
 start() {
-  local dir="" n=1 port="" watch="" secure="" reauth=""
+  local dir="" n=1 port="" watch="" secure="" reauth="" protocols_line=""
   heap=512m
   dir="$1"; shift
   while [ $# -gt 0 ]; do
@@ -112,6 +114,7 @@ start() {
       --heap) heap="$2"; shift 2 ;;
       --secure) secure="$(cd "$2" && pwd)" || die "no directory $2"; shift 2 ;;
       --reauth-ms) reauth="$2"; shift 2 ;;
+      --classic-only) protocols_line="group.coordinator.rebalance.protocols=classic"; shift ;;
       *) die "unknown option $1" ;;
     esac
   done
@@ -189,6 +192,8 @@ group.consumer.heartbeat.interval.ms=500
 group.consumer.min.heartbeat.interval.ms=100
 group.consumer.session.timeout.ms=6000
 group.consumer.min.session.timeout.ms=1000
+group.min.session.timeout.ms=1000
+$protocols_line
 auto.create.topics.enable=false
 log.segment.bytes=67108864
 log.retention.check.interval.ms=60000
@@ -237,6 +242,7 @@ EOF
       --ignore-formatted "${scram_users[@]}" >>"$dir/node-$i/log" 2>&1 || { tail -20 "$dir/node-$i/log" >&2; die "format of node $i failed"; }
   done
   echo "$heap" >"$dir/heap"
+  echo "$jars" >"$dir/jars"
   for ((i = 1; i <= n; i++)); do start_node "$dir" "$i"; done
   echo "$bootstrap" >"$dir/bootstrap"
   echo "$n" >"$dir/nodes"
@@ -271,6 +277,7 @@ case "${1:-}" in
   restart)
     [ $# -ge 3 ] || die "restart DIR NODE"
     heap="$(cat "$2/heap")"
+    [ -f "$2/jars" ] && jars="$(cat "$2/jars")"
     sed -i '/Kafka Server started/d' "$2/node-$3/log"
     start_node "$2" "$3"
     node="$2/node-$3"

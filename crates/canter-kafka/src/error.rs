@@ -44,6 +44,9 @@ pub enum Error {
     /// SASL authentication was refused (a wrong password, a mechanism the broker does not
     /// enable).
     Auth(String),
+    /// The consumer group went on without this member (classic protocol: its generation or
+    /// id is no longer the coordinator's): what it owned is lost.
+    Fenced(String),
 }
 
 impl Error {
@@ -60,7 +63,10 @@ impl Error {
     /// The group no longer knows this member (its session expired, or the coordinator lost
     /// it): what it owned is lost, and it must join again ([`crate::Member::reset`]).
     pub fn is_fenced(&self) -> bool {
-        matches!(self, Error::Broker { code: 25 | 110, .. })
+        matches!(
+            self,
+            Error::Broker { code: 25 | 110, .. } | Error::Fenced(_)
+        )
     }
 
     pub(crate) fn broker(api: &'static str, code: i16, message: Option<&str>) -> Error {
@@ -140,6 +146,7 @@ impl fmt::Display for Error {
             Error::Config(what) => write!(f, "kafka: settings: {what}"),
             Error::Tls(what) => write!(f, "kafka: TLS: {what}"),
             Error::Auth(what) => write!(f, "kafka: authentication: {what}"),
+            Error::Fenced(what) => write!(f, "kafka: fenced from the group: {what}"),
         }
     }
 }

@@ -1,7 +1,9 @@
-//! Consumer-group membership by KIP-848's protocol: the member heartbeats its subscription
+//! Consumer-group membership. By KIP-848's protocol the member heartbeats its subscription
 //! and the partitions it owns; the group coordinator (a broker) computes the assignment and
 //! hands each member its share, giving a partition to a new owner only after the old owner
-//! said it let it go. Offsets are committed to the coordinator under the member's epoch.
+//! said it let it go. By the classic protocol (classic.rs: Kafka before 4.0, Redpanda) the
+//! members join, one of them assigns, and all sync. Offsets are committed to the coordinator
+//! under the member's epoch or generation.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -46,16 +48,19 @@ pub struct Change {
 
 /// One member of a consumer group.
 pub struct Member {
-    group: String,
-    member_id: String,
-    epoch: i32,
-    topics: Vec<String>,
-    owned: BTreeSet<Tp>,
-    coordinator: Option<Conn>,
-    interval: Duration,
-    next: Instant,
-    rebalance_timeout: Duration,
+    pub(crate) group: String,
+    pub(crate) member_id: String,
+    /// The member epoch (KIP-848) or the generation (classic).
+    pub(crate) epoch: i32,
+    pub(crate) topics: Vec<String>,
+    pub(crate) owned: BTreeSet<Tp>,
+    pub(crate) coordinator: Option<Conn>,
+    pub(crate) interval: Duration,
+    pub(crate) next: Instant,
+    pub(crate) rebalance_timeout: Duration,
     assignor: Option<String>,
+    /// `Some` under the classic protocol.
+    pub(crate) classic: Option<crate::classic::Classic>,
 }
 
 impl Member {
@@ -73,7 +78,22 @@ impl Member {
             next: Instant::now(),
             rebalance_timeout: Duration::from_secs(30),
             assignor: None,
+            classic: None,
         }
+    }
+
+    /// Speaks the classic group protocol (JoinGroup, SyncGroup, Heartbeat) instead of
+    /// KIP-848's, with this session timeout; this client's members assign partitions by
+    /// range, which gives a member the same partitions of every topic of equal partition count.
+    pub fn classic(mut self, session_timeout: Duration) -> Member {
+        self.classic = Some(crate::classic::Classic::new(session_timeout));
+        self.member_id = String::new();
+        self
+    }
+
+    /// Whether the member speaks the classic protocol.
+    pub fn is_classic(&self) -> bool {
+        self.classic.is_some()
     }
 
     /// Asks the coordinator for one of its assignors: `range` gives every member the same
@@ -105,6 +125,9 @@ impl Member {
         self.owned.clear();
         self.epoch = 0;
         self.next = Instant::now();
+        if let Some(c) = &mut self.classic {
+            c.rejoin = true;
+        }
     }
 
     /// When the next heartbeat is due.
@@ -112,7 +135,7 @@ impl Member {
         self.next
     }
 
-    async fn coordinator(&mut self, cluster: &mut Cluster) -> Result<&mut Conn, Error> {
+    pub(crate) async fn coordinator(&mut self, cluster: &mut Cluster) -> Result<&mut Conn, Error> {
         if self.coordinator.is_none() {
             let addr = cluster.find_coordinator(&self.group).await?;
             self.coordinator = Some(cluster.open(&addr).await?);
@@ -126,6 +149,9 @@ impl Member {
     /// assignment it brings. Errors that go away (coordinator moving) leave the member as it
     /// was; the caller heartbeats again at [`Member::next_heartbeat`].
     pub async fn heartbeat(&mut self, cluster: &mut Cluster) -> Result<Change, Error> {
+        if self.classic.is_some() {
+            return self.heartbeat_classic(cluster).await;
+        }
         for t in &self.topics {
             if cluster.topic(t).is_none() {
                 let names: Vec<&str> = self.topics.iter().map(String::as_str).collect();
@@ -264,19 +290,35 @@ impl Member {
                 ),
             }
         }
-        let req = OffsetFetchRequest::default()
-            .with_groups(vec![OffsetFetchRequestGroup::default()
-                .with_group_id(GroupId(StrBytes::from_string(self.group.clone())))
-                .with_member_id(Some(StrBytes::from_string(self.member_id.clone())))
-                .with_member_epoch(self.epoch)
-                .with_topics(Some(topics))])
-            .with_require_stable(true);
         let deadline = Instant::now() + cluster.config().request_timeout;
         loop {
-            let r = {
+            let (classic, group, member, epoch) = (
+                self.classic.is_some(),
+                self.group.clone(),
+                self.member_id.clone(),
+                self.epoch,
+            );
+            let r = async {
                 let conn = self.coordinator(cluster).await?;
-                conn.call(req.clone(), 9, 9).await
-            };
+                // v9 carries the KIP-848 member (checked by a consumer group); a classic
+                // group's fetch needs none, and brokers before 4.0 speak v8 at most.
+                let v = conn.version::<OffsetFetchRequest>(8, if classic { 8 } else { 9 })?;
+                let mut g = OffsetFetchRequestGroup::default()
+                    .with_group_id(GroupId(StrBytes::from_string(group)))
+                    .with_topics(Some(topics.clone()));
+                if v >= 9 {
+                    g = g
+                        .with_member_id(Some(StrBytes::from_string(member)))
+                        .with_member_epoch(epoch);
+                }
+                let req = OffsetFetchRequest::default()
+                    .with_groups(vec![g])
+                    .with_require_stable(true);
+                conn.send(&req, v)?;
+                conn.flush().await?;
+                conn.recv::<OffsetFetchRequest>(v).await
+            }
+            .await;
             let resp = match r {
                 Ok(r) => r,
                 Err(e) => {
@@ -346,7 +388,7 @@ impl Member {
             .with_topics(topics);
         let r = {
             let conn = self.coordinator(cluster).await?;
-            conn.call(req, 9, 9).await
+            conn.call(req, 8, 9).await
         };
         let resp = match r {
             Ok(r) => r,
@@ -365,7 +407,7 @@ impl Member {
                         // STALE_MEMBER_EPOCH: heartbeat now for the current epoch.
                         self.next = Instant::now();
                     }
-                    return Err(Error::broker("OffsetCommit", p.error_code, None));
+                    return Err(self.classic_fenced("OffsetCommit", p.error_code));
                 }
             }
         }
@@ -443,15 +485,35 @@ impl Member {
                         // ILLEGAL_GENERATION: the epoch moved on; heartbeat for the new one.
                         self.next = Instant::now();
                     }
-                    return Err(Error::broker("TxnOffsetCommit", c, None));
+                    return Err(self.classic_fenced("TxnOffsetCommit", c));
                 }
             }
         }
     }
 
+    /// The error for a commit refused with `code`: under the classic protocol, a generation
+    /// or member the coordinator no longer knows means the group went on without this member
+    /// ([`Error::Fenced`]; it joins again as new).
+    fn classic_fenced(&mut self, api: &'static str, code: i16) -> Error {
+        if self.classic.is_some() && matches!(code, 22 | 25 | 82) {
+            self.reset();
+            if code == 25 {
+                self.member_id.clear();
+            }
+            return Error::Fenced(format!(
+                "{api}: {} (the group moved on without this member)",
+                crate::error::code_name(code)
+            ));
+        }
+        Error::broker(api, code, None)
+    }
+
     /// Leaves the group (epoch -1): its partitions go to the others at once instead of after
     /// the session timeout.
     pub async fn leave(&mut self, cluster: &mut Cluster) -> Result<(), Error> {
+        if self.classic.is_some() {
+            return self.leave_classic(cluster).await;
+        }
         if self.epoch <= 0 {
             return Ok(());
         }
@@ -472,6 +534,26 @@ impl Member {
         }
         Ok(())
     }
+}
+
+/// Whether `group`'s coordinator takes KIP-848's protocol: asked with a leave heartbeat of a
+/// member that never joined (which changes nothing). A broker without the request, or one
+/// that lists it and answers UNSUPPORTED_VERSION (Kafka 3.9 as shipped, a 4.x cluster limited
+/// to `classic`), does not.
+pub async fn accepts_consumer_protocol(cluster: &mut Cluster, group: &str) -> Result<bool, Error> {
+    let addr = cluster.find_coordinator(group).await?;
+    let mut conn = cluster.open(&addr).await?;
+    let Ok(v) = conn.version::<ConsumerGroupHeartbeatRequest>(0, 1) else {
+        return Ok(false);
+    };
+    let req = ConsumerGroupHeartbeatRequest::default()
+        .with_group_id(GroupId(StrBytes::from_string(group.to_owned())))
+        .with_member_id(StrBytes::from_string(random_id()))
+        .with_member_epoch(-1);
+    conn.send(&req, v)?;
+    conn.flush().await?;
+    let resp = conn.recv::<ConsumerGroupHeartbeatRequest>(v).await?;
+    Ok(resp.error_code != 35)
 }
 
 /// 22 characters of URL-safe base64 over 128 bits, as Kafka's own member ids look.

@@ -18,6 +18,7 @@
 //!
 //! `tools/kafka/kafka.sh` starts a real broker (or three) for tests and for your own use.
 
+mod classic;
 mod cluster;
 mod conn;
 mod error;
@@ -33,7 +34,7 @@ pub use cluster::{Cluster, Config, OffsetSpec, PartitionInfo, TopicInfo};
 pub use conn::{BrokerAddr, Conn};
 pub use error::Error;
 pub use fetch::{DataBatches, FetchConfig, Fetched, Fetcher};
-pub use group::{Change, Member, Tp};
+pub use group::{accepts_consumer_protocol, Change, Member, Tp};
 pub use producer::{
     murmur2, partition_for, Producer, ProducerConfig, ProducerStats, TopicHandle, TxnId,
 };

@@ -48,6 +48,18 @@ impl KafkaCluster {
         KafkaCluster::launch(brokers, None, &[])
     }
 
+    /// Starts a cluster of another Kafka release than tools/kafka/pom.xml's (its jars fetched
+    /// into a directory of their own): `3.9.1` speaks the classic group protocol only.
+    pub fn start_release(brokers: usize, version: &str) -> KafkaCluster {
+        KafkaCluster::launch(brokers, Some(version), &[])
+    }
+
+    /// Starts a cluster whose group coordinators speak the classic group protocol only
+    /// (`group.coordinator.rebalance.protocols=classic`).
+    pub fn start_classic_only(brokers: usize) -> KafkaCluster {
+        KafkaCluster::launch(brokers, None, &["--classic-only".to_owned()])
+    }
+
     /// Starts one node with secured listeners besides its plaintext one ([`Secured`]), SASL
     /// sessions lasting `reauth_ms` if given (KIP-368 re-authentication).
     pub fn start_secure(reauth_ms: Option<u64>) -> KafkaCluster {

@@ -382,8 +382,8 @@ impl KafkaRunning {
 /// Starts `job` with `task` on its workers. Fails at once if the brokers cannot be reached
 /// within `bootstrap_timeout`, an input or the output topic does not exist, or the inputs are
 /// not co-partitioned.
-pub fn start<T: KeyedTask>(job: KafkaJob, task: T) -> Result<KafkaRunning, KafkaError> {
-    worker::prepare(&job)?;
+pub fn start<T: KeyedTask>(mut job: KafkaJob, task: T) -> Result<KafkaRunning, KafkaError> {
+    job.group_protocol = worker::prepare(&job)?;
     let stop = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(Stats::default());
     let task = Arc::new(task);

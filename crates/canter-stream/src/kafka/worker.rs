@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::state::Keyed;
 use super::task::{KeyedTask, Out};
-use super::{KafkaJob, Stats};
+use super::{GroupProtocol, KafkaJob, Stats};
 use crate::failpoint::Failpoint;
 
 fn config(job: &KafkaJob) -> Config {
@@ -27,14 +27,39 @@ fn config(job: &KafkaJob) -> Config {
     c
 }
 
-/// Checks the topics (inputs and output exist, inputs co-partitioned) and creates the
-/// changelog topic if it is missing (as many partitions as the inputs).
-pub(super) fn prepare(job: &KafkaJob) -> Result<(), Error> {
+/// Checks the topics (inputs and output exist, inputs co-partitioned), creates the changelog
+/// topic if it is missing (as many partitions as the inputs), and settles the group protocol
+/// (`Auto`: KIP-848 where the coordinator takes it, else classic), which it returns.
+pub(super) fn prepare(job: &KafkaJob) -> Result<GroupProtocol, Error> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
         let mut cluster = Cluster::connect(config(job)).await?;
+        let protocol = match job.group_protocol {
+            GroupProtocol::Auto => {
+                match canter_kafka::accepts_consumer_protocol(&mut cluster, &job.group).await? {
+                    true => GroupProtocol::Consumer,
+                    false => {
+                        tracing::info!(group = %job.group,
+                            "kafka: the group coordinator does not take KIP-848's protocol; the group speaks the classic one");
+                        GroupProtocol::Classic
+                    }
+                }
+            }
+            GroupProtocol::Consumer => {
+                if !canter_kafka::accepts_consumer_protocol(&mut cluster, &job.group).await? {
+                    return Err(Error::Config(format!(
+                        "group.protocol=consumer, but the coordinator of group {} refuses \
+                         KIP-848's protocol (UNSUPPORTED_VERSION): a broker before Kafka 4.0 \
+                         or one limited to classic; set group.protocol=classic or leave it unset",
+                        job.group
+                    )));
+                }
+                GroupProtocol::Consumer
+            }
+            GroupProtocol::Classic => GroupProtocol::Classic,
+        };
         let mut names: Vec<&str> = job.inputs.iter().map(String::as_str).collect();
         names.push(&job.output);
         cluster.refresh(&names).await?;
@@ -52,7 +77,9 @@ pub(super) fn prepare(job: &KafkaJob) -> Result<(), Error> {
                 counts[0].0
             )));
         }
-        if let Some(t) = job.session_timeout {
+        // A KIP-848 group's session is the group's setting; a classic member asks for its
+        // own when it joins.
+        if let (Some(t), GroupProtocol::Consumer) = (job.session_timeout, protocol) {
             let session = t.as_millis().to_string();
             let heartbeat = (t.as_millis() / 3).max(1).to_string();
             cluster
@@ -88,7 +115,7 @@ pub(super) fn prepare(job: &KafkaJob) -> Result<(), Error> {
                 "changelog topic {changelog} has {have} partitions, the inputs {n}"
             )));
         }
-        Ok(())
+        Ok(protocol)
     })
 }
 
@@ -202,7 +229,11 @@ pub(super) async fn run<T: KeyedTask>(
     let output = producer.topic(&job.output).await.map_err(io)?;
     let (changelog, _) = producer.topic(&job.changelog()).await.map_err(io)?;
     let inputs: Vec<&str> = job.inputs.iter().map(String::as_str).collect();
-    let member = Member::new(&job.group, &inputs).with_assignor("range");
+    let member = match job.group_protocol {
+        GroupProtocol::Classic => Member::new(&job.group, &inputs)
+            .classic(job.session_timeout.unwrap_or(Duration::from_secs(45))),
+        _ => Member::new(&job.group, &inputs).with_assignor("range"),
+    };
     let mut w = Worker {
         me,
         task,
