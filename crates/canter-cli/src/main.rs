@@ -120,6 +120,11 @@ struct MarketSpreadPipelineArgs {
     /// with its --instance-id wait.
     #[arg(long, value_parser = canter_load::parse_duration, default_value = "10s")]
     transaction_timeout: std::time::Duration,
+    /// After SIGINT or SIGTERM, how long the workers may take to commit and leave the group
+    /// (with --kafka); past it they give up, saying what was not committed (its next owner
+    /// repeats it), so brokers that do not answer cannot hold the process.
+    #[arg(long, value_parser = canter_load::parse_duration, default_value = "10s")]
+    shutdown_timeout: std::time::Duration,
     /// Kafka client settings (with --kafka).
     #[command(flatten)]
     kafka_config: canter_cli::market_spread_kafka::KafkaConfigArgs,
@@ -699,6 +704,7 @@ fn market_spread_kafka(args: &MarketSpreadPipelineArgs, bootstrap: &str) -> Resu
         job.instance_id = id.clone();
     }
     job.transaction_timeout = args.transaction_timeout;
+    job.shutdown_timeout = args.shutdown_timeout;
     let settings = args
         .kafka_config
         .settings()

@@ -34,6 +34,9 @@ pub struct Config {
     pub bootstrap_timeout: Duration,
     /// TLS and SASL.
     pub security: Security,
+    /// Where connections report brokers that stop or start answering; clusters made from
+    /// clones of one `Config` share it.
+    pub health: Arc<crate::health::Health>,
 }
 
 impl Config {
@@ -46,6 +49,7 @@ impl Config {
             request_timeout: Duration::from_secs(30),
             bootstrap_timeout: Duration::from_secs(30),
             security: Security::default(),
+            health: Arc::default(),
         }
     }
 }
@@ -100,7 +104,7 @@ impl Cluster {
     /// them.
     pub async fn connect(config: Config) -> Result<Cluster, Error> {
         let bootstrap = BrokerAddr::parse_list(&config.bootstrap)?;
-        let transport = config.security.build()?;
+        let transport = config.security.build(config.health.clone())?;
         let mut cluster = Cluster {
             config,
             bootstrap,
@@ -152,13 +156,20 @@ impl Cluster {
     /// Opens a new connection to `addr` (each producer, fetcher and group member keeps its
     /// own, so a fetch waiting at the broker holds up nothing else).
     pub async fn open(&self, addr: &BrokerAddr) -> Result<Conn, Error> {
-        let mut c = Conn::connect(
+        let mut c = match Conn::connect(
             addr,
             &self.transport,
             &self.config.client_id,
             self.config.connect_timeout,
         )
-        .await?;
+        .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                self.transport.health.failure(addr, &e);
+                return Err(e);
+            }
+        };
         c.set_timeout(self.config.request_timeout);
         Ok(c)
     }
@@ -319,6 +330,7 @@ impl Cluster {
                 ))
             })
             .collect();
+        self.config.health.set_known(self.brokers.len());
         for t in resp.topics {
             let Some(name) = t.name else { continue };
             let name = name.0.to_string();

@@ -359,6 +359,14 @@ impl Conn {
     /// Writes what [`Conn::send`] queued; first renews the SASL session if it is due and no
     /// answer is outstanding (the exchange must not interleave with other responses).
     pub async fn flush(&mut self) -> Result<(), Error> {
+        let r = self.flush_inner().await;
+        if let Err(e) = &r {
+            self.transport.health.failure(&self.addr, e);
+        }
+        r
+    }
+
+    async fn flush_inner(&mut self) -> Result<(), Error> {
         if self
             .reauth_at
             .is_some_and(|at| Instant::now() >= at && self.pending.len() == self.unflushed)
@@ -406,7 +414,20 @@ impl Conn {
 
     /// Reads the answer to the oldest request in flight, which was an `R` at version `v`.
     pub async fn recv<R: Request>(&mut self, v: i16) -> Result<R::Response, Error> {
-        let mut frame = self.read_frame(self.timeout).await?;
+        let frame = match self.read_frame(self.timeout).await {
+            Ok(f) => {
+                self.transport.health.answered(&self.addr);
+                f
+            }
+            Err(e) => {
+                self.transport.health.failure(&self.addr, &e);
+                return Err(e);
+            }
+        };
+        self.decode::<R>(frame, v)
+    }
+
+    fn decode<R: Request>(&mut self, mut frame: Bytes, v: i16) -> Result<R::Response, Error> {
         let header = ResponseHeader::decode(&mut frame, R::Response::header_version(v))
             .map_err(|e| Error::Corrupt(format!("response header: {e}")))?;
         let want = self.pending.pop_front();

@@ -251,6 +251,15 @@ impl Fetcher {
             .is_some_and(|o| o.high_watermark >= 0 && o.position >= o.high_watermark)
     }
 
+    /// A partition's high watermark (its last stable offset under `read_committed`) as of the
+    /// last answer.
+    pub fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.owned
+            .get(&(topic.to_owned(), partition))
+            .map(|o| o.high_watermark)
+            .filter(|h| *h >= 0)
+    }
+
     /// A partition's position.
     pub fn position(&self, topic: &str, partition: i32) -> Option<i64> {
         self.owned

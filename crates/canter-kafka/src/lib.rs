@@ -24,6 +24,7 @@ mod conn;
 mod error;
 mod fetch;
 mod group;
+mod health;
 mod producer;
 pub mod records;
 mod sasl;
@@ -35,6 +36,7 @@ pub use conn::{BrokerAddr, Conn};
 pub use error::Error;
 pub use fetch::{DataBatches, FetchConfig, Fetched, Fetcher};
 pub use group::{accepts_consumer_protocol, Change, Member, Tp};
+pub use health::Health;
 pub use producer::{
     murmur2, partition_for, Producer, ProducerConfig, ProducerStats, TopicHandle, TxnId,
 };

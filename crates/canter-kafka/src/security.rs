@@ -124,6 +124,8 @@ pub struct Security {
 pub(crate) struct Transport {
     pub(crate) tls: Option<ClientTls>,
     pub(crate) sasl: Option<Sasl>,
+    /// Where connections report brokers that stop or start answering.
+    pub(crate) health: Arc<crate::health::Health>,
 }
 
 /// SASL credentials.
@@ -135,7 +137,10 @@ pub(crate) struct Sasl {
 
 impl Security {
     /// Reads the certificate files and checks the settings fit together.
-    pub(crate) fn build(&self) -> Result<Arc<Transport>, Error> {
+    pub(crate) fn build(
+        &self,
+        health: Arc<crate::health::Health>,
+    ) -> Result<Arc<Transport>, Error> {
         let config = |what: String| Error::Config(what);
         let tls = if self.protocol.tls() {
             let base = match &self.ca_location {
@@ -205,6 +210,6 @@ impl Security {
             }
             None
         };
-        Ok(Arc::new(Transport { tls, sasl }))
+        Ok(Arc::new(Transport { tls, sasl, health }))
     }
 }

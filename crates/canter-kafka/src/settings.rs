@@ -434,11 +434,21 @@ mod tests {
     fn tls_files_without_tls_are_refused() {
         let mut s = ClientSettings::new();
         s.set("ssl.ca.location", "/tmp/ca.pem").unwrap();
-        let e = s.security.build().err().unwrap().to_string();
+        let e = s
+            .security
+            .build(Default::default())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("uses no TLS"), "{e}");
         let mut s = ClientSettings::new();
         s.set("security.protocol", "sasl_plaintext").unwrap();
-        let e = s.security.build().err().unwrap().to_string();
+        let e = s
+            .security
+            .build(Default::default())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("sasl.username"), "{e}");
     }
 }

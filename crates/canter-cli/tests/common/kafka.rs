@@ -455,6 +455,21 @@ impl KafkaPipeline {
         }
     }
 
+    /// Sends `signal` and waits (up to `limit`) for the process to end: its status and how
+    /// long it took.
+    pub fn signal_and_wait(
+        &mut self,
+        signal: i32,
+        limit: Duration,
+    ) -> (std::process::ExitStatus, Duration) {
+        let t0 = Instant::now();
+        // SAFETY: kill(2) on the child's pid, which this struct owns and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+        let st = self.wait_exit(limit);
+        let _ = self.done.recv_timeout(Duration::from_secs(10));
+        (st, t0.elapsed())
+    }
+
     /// SIGKILL: no commit, no leave.
     pub fn kill(mut self) {
         let _ = self.child.kill();

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use canter_kafka::{ClientSettings, Compression, Error as KafkaError, GroupProtocol};
+pub use canter_kafka::{ClientSettings, Compression, Error as KafkaError, GroupProtocol, Health};
 pub use state::Keyed;
 pub use task::{KeyedTask, Out, Refused};
 
@@ -104,6 +104,12 @@ pub struct KafkaJob {
     /// The connections' settings: security (TLS, SASL), client id, timeouts. Set with
     /// [`KafkaJob::configure`].
     pub client: ClientSettings,
+    /// After a stop is asked for, how long the workers may take to commit and leave the group
+    /// before they give up (brokers that do not answer cannot hold the process).
+    pub shutdown_timeout: Duration,
+    /// Where the job's connections report brokers that stop or start answering (the job's
+    /// [`Stats::health`], set by [`start`]).
+    pub health: Arc<Health>,
 }
 
 impl KafkaJob {
@@ -133,6 +139,8 @@ impl KafkaJob {
             max_partition_fetch_bytes: 4 << 20,
             group_protocol: GroupProtocol::Auto,
             client: ClientSettings::new(),
+            shutdown_timeout: Duration::from_secs(10),
+            health: Arc::default(),
         }
     }
 
@@ -216,6 +224,13 @@ pub struct Stats {
     pub transactions: AtomicU64,
     /// Transactions aborted, every task of the worker sent back to its last commit.
     pub aborts: AtomicU64,
+    /// The brokers as the workers' connections find them.
+    pub health: Arc<Health>,
+    /// When the last commit succeeded (Unix milliseconds; 0: none yet).
+    pub last_commit_ms: AtomicU64,
+    /// Per input partition: records written and not yet processed (the high watermark less
+    /// the position processed), as of the owner's last commit.
+    pub lag: std::sync::Mutex<std::collections::BTreeMap<(String, i32), i64>>,
 }
 
 impl Stats {
@@ -277,8 +292,8 @@ impl Stats {
             ),
             (
                 "broker_errors",
-                "failed requests retried",
-                g(&self.broker_errors),
+                "failed connections and requests (retried)",
+                g(&self.broker_errors) + self.health.errors(),
                 true,
             ),
             (
@@ -295,8 +310,8 @@ impl Stats {
             ),
             (
                 "paused",
-                "workers paused on the brokers now",
-                g(&self.paused),
+                "workers paused on the brokers now (1 at least while a broker does not answer)",
+                g(&self.paused).max(u64::from(self.health.unreachable() > 0)),
                 false,
             ),
             (
@@ -308,10 +323,59 @@ impl Stats {
         ]
     }
 
-    /// The counters as Prometheus text (`canter_kafka_records_in_total`, ...; the two gauges
-    /// `canter_kafka_paused` and `canter_kafka_tasks_owned`).
+    /// Gauges and counters besides [`Stats::all`]'s: the brokers' reachability, the age of
+    /// the last commit.
+    fn extra(&self) -> [(&'static str, &'static str, String); 3] {
+        let age = match Stats::get(&self.last_commit_ms) {
+            0 => "NaN".to_owned(),
+            at => format!("{:.3}", (now_unix_ms().saturating_sub(at)) as f64 / 1000.0),
+        };
+        [
+            (
+                "brokers_reachable",
+                "brokers that answer (of those the metadata lists)",
+                self.health.reachable().to_string(),
+            ),
+            (
+                "brokers_unreachable",
+                "brokers that do not answer now",
+                self.health.unreachable().to_string(),
+            ),
+            (
+                "last_commit_age_seconds",
+                "seconds since the last commit (NaN: none yet)",
+                age,
+            ),
+        ]
+    }
+
+    fn lags(&self) -> Vec<((String, i32), i64)> {
+        self.lag
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
+
+    /// The counters as Prometheus text (`canter_kafka_records_in_total`, ...; the gauges
+    /// `canter_kafka_paused`, `canter_kafka_tasks_owned`, `canter_kafka_brokers_reachable`,
+    /// `canter_kafka_brokers_unreachable`, `canter_kafka_last_commit_age_seconds`, and
+    /// `canter_kafka_consumer_lag{topic,partition}`).
     pub fn prometheus(&self) -> String {
         let mut out = String::new();
+        for (name, help, kind, v) in self.extra().iter().map(|(n, h, v)| (n, h, "gauge", v)) {
+            let full = format!("canter_kafka_{name}");
+            out.push_str(&format!(
+                "# HELP {full} {help}\n# TYPE {full} {kind}\n{full} {v}\n"
+            ));
+        }
+        out.push_str("# HELP canter_kafka_consumer_lag records written to an input partition and not yet processed\n# TYPE canter_kafka_consumer_lag gauge\n");
+        for ((topic, partition), lag) in self.lags() {
+            out.push_str(&format!(
+                "canter_kafka_consumer_lag{{topic=\"{topic}\",partition=\"{partition}\"}} {lag}\n"
+            ));
+        }
         for (name, help, v, counter) in self.all() {
             let (full, kind) = match counter {
                 true => (format!("canter_kafka_{name}_total"), "counter"),
@@ -324,13 +388,23 @@ impl Stats {
         out
     }
 
-    /// The counters as one JSON object.
+    /// The counters as one JSON object (`consumer_lag` an object `"topic/partition": lag`).
     pub fn json(&self) -> String {
-        let fields: Vec<String> = self
+        let mut fields: Vec<String> = self
             .all()
             .iter()
             .map(|(name, _, v, _)| format!("\"{name}\": {v}"))
             .collect();
+        for (name, _, v) in self.extra() {
+            let v = if v == "NaN" { "null".to_owned() } else { v };
+            fields.push(format!("\"{name}\": {v}"));
+        }
+        let lags: Vec<String> = self
+            .lags()
+            .into_iter()
+            .map(|((t, p), l)| format!("\"{}/{p}\": {l}", t.replace('"', "\\\"")))
+            .collect();
+        fields.push(format!("\"consumer_lag\": {{{}}}", lags.join(", ")));
         format!("{{{}}}", fields.join(", "))
     }
 
@@ -338,6 +412,12 @@ impl Stats {
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
     }
+}
+
+pub(super) fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A running job.
@@ -383,9 +463,10 @@ impl KafkaRunning {
 /// within `bootstrap_timeout`, an input or the output topic does not exist, or the inputs are
 /// not co-partitioned.
 pub fn start<T: KeyedTask>(mut job: KafkaJob, task: T) -> Result<KafkaRunning, KafkaError> {
+    let stats = Arc::new(Stats::default());
+    job.health = stats.health.clone();
     job.group_protocol = worker::prepare(&job)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let stats = Arc::new(Stats::default());
     let task = Arc::new(task);
     let config = canter_rt::Config::builder()
         .workers(job.workers)

@@ -24,6 +24,7 @@ fn config(job: &KafkaJob) -> Config {
     c.client_id = format!("canter-{}", job.group);
     c.bootstrap_timeout = job.bootstrap_timeout;
     job.client.apply(&mut c);
+    c.health = job.health.clone();
     c
 }
 
@@ -152,6 +153,8 @@ struct TaskState<K, S> {
 }
 
 struct Worker<T: KeyedTask> {
+    /// The offsets of the last commit, per input partition.
+    last_committed: HashMap<Tp, i64>,
     me: usize,
     job: KafkaJob,
     task: Arc<T>,
@@ -254,9 +257,29 @@ pub(super) async fn run<T: KeyedTask>(
         last_sink_log: None,
         rolled_back: false,
         failpoint: Failpoint::from_env(),
+        last_committed: HashMap::new(),
         job,
     };
-    let r = w.main_loop(&stop).await;
+    // Once a stop is asked for, the worker has `shutdown_timeout` to commit and leave; brokers
+    // that do not answer cannot hold it longer.
+    let grace = w.job.shutdown_timeout;
+    let stopping = async {
+        while !stop.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(grace).await;
+    };
+    let mut timed_out = false;
+    let r = tokio::select! {
+        r = w.main_loop(&stop) => r,
+        () = stopping => {
+            timed_out = true;
+            Ok(())
+        }
+    };
+    if timed_out {
+        w.gave_up(&format!("it took over {grace:?}: brokers not answering"));
+    }
     w.stats
         .tasks_owned
         .fetch_sub(w.tasks.len() as u64, Ordering::Relaxed);
@@ -305,8 +328,12 @@ impl<T: KeyedTask> Worker<T> {
                 Err(e) => return Err(e),
             }
         }
-        // Finish: commit what was processed, then leave so the others take over at once.
-        self.commit().await?;
+        // Finish: commit what was processed, then leave so the others take over at once. A
+        // commit the brokers refuse now is said, not retried: the process is asked to end.
+        if let Err(e) = self.commit().await {
+            self.gave_up(&format!("the last commit failed: {e}"));
+            return Ok(());
+        }
         if let Err(e) = self.member.leave(&mut self.group_cluster).await {
             tracing::debug!(worker = self.me, error = %e, "kafka: leaving the group failed");
         }
@@ -537,6 +564,7 @@ impl<T: KeyedTask> Worker<T> {
     /// Drops every task without a commit (the member was fenced) and forgets the membership.
     fn lose_all(&mut self) {
         self.member.reset();
+        self.forget_lag(&self.tasks.keys().copied().collect());
         if self.job.exactly_once {
             // The open transaction holds the lost tasks' results: it must not commit.
             self.producer.abort();
@@ -590,6 +618,7 @@ impl<T: KeyedTask> Worker<T> {
             Stats::add(&self.stats.changelog_out, changes);
             Stats::add(&self.stats.transactions, 1);
             Stats::add(&self.stats.commits, 1);
+            self.committed(&offsets);
             return Ok(());
         }
         self.flush().await?;
@@ -601,7 +630,59 @@ impl<T: KeyedTask> Worker<T> {
                 .await?;
         }
         Stats::add(&self.stats.commits, 1);
+        self.committed(&offsets);
         Ok(())
+    }
+
+    /// Says, in one line, what a shutdown could not commit, and why.
+    fn gave_up(&self, why: &str) {
+        let left: Vec<String> = self
+            .processed_offsets()
+            .into_iter()
+            .filter(|(tp, o)| self.last_committed.get(tp).is_none_or(|c| c < o))
+            .map(|((t, p), o)| {
+                let from = self.last_committed.get(&(t.clone(), p)).copied();
+                match from {
+                    Some(c) => format!("{t}/{p} offsets {c}..{o}"),
+                    None => format!("{t}/{p} up to offset {o}"),
+                }
+            })
+            .collect();
+        let after = match self.job.exactly_once {
+            true => "their transaction stays open until the brokers abort it (or this instance id starts again); the next owner processes them again",
+            false => "the next owner of their partitions processes them again",
+        };
+        match left.is_empty() {
+            true => tracing::warn!(worker = self.me,
+                "kafka: shutdown could not commit ({why}); not committed: nothing (everything processed was committed before)"),
+            false => tracing::warn!(worker = self.me,
+                "kafka: shutdown could not commit ({why}); not committed: {}; {after}", left.join(", ")),
+        }
+    }
+
+    /// Drops the lag of tasks no longer owned (their next owner reports it).
+    fn forget_lag(&self, tasks: &BTreeSet<i32>) {
+        let mut lag = self.stats.lag.lock().unwrap_or_else(|e| e.into_inner());
+        lag.retain(|(_, p), _| !tasks.contains(p));
+    }
+
+    /// After a commit: its time, and the lag of each input partition committed.
+    fn committed(&mut self, offsets: &[(Tp, i64)]) {
+        self.stats
+            .last_commit_ms
+            .store(super::now_unix_ms(), Ordering::Relaxed);
+        if offsets.is_empty() {
+            return;
+        }
+        for (tp, o) in offsets {
+            self.last_committed.insert(tp.clone(), *o);
+        }
+        let mut lag = self.stats.lag.lock().unwrap_or_else(|e| e.into_inner());
+        for ((t, p), o) in offsets {
+            if let Some(hw) = self.fetcher.high_watermark(t, *p) {
+                lag.insert((t.clone(), *p), (hw - o).max(0));
+            }
+        }
     }
 
     /// Results and changelog flushed, the offsets given to the transaction, the transaction
@@ -658,6 +739,7 @@ impl<T: KeyedTask> Worker<T> {
                         "kafka pipeline: commit before a hand-over failed; the next owner processes the uncommitted records again");
                 }
             }
+            self.forget_lag(&revoked_tasks);
             for p in &revoked_tasks {
                 if self.tasks.remove(p).is_some() {
                     Stats::add(&self.stats.tasks_revoked, 1);
