@@ -276,17 +276,35 @@ case "${1:-}" in
   kill) [ $# -ge 3 ] || die "kill DIR NODE [SIGNAL]"; kill -"${4:-KILL}" "$(cat "$2/node-$3/pid")" ;;
   restart)
     [ $# -ge 3 ] || die "restart DIR NODE"
-    heap="$(cat "$2/heap")"
-    [ -f "$2/jars" ] && jars="$(cat "$2/jars")"
-    sed -i '/Kafka Server started/d' "$2/node-$3/log"
-    start_node "$2" "$3"
-    node="$2/node-$3"
+    # An absolute path: the node's JVM runs in its own directory.
+    dir="$(cd "$2" && pwd)" || die "no directory $2"
+    [ -d "$dir/node-$3" ] || die "no node $3 in $dir"
+    heap="$(cat "$dir/heap")"
+    [ -f "$dir/jars" ] && jars="$(cat "$dir/jars")"
+    sed -i '/Kafka Server started/d' "$dir/node-$3/log"
+    start_node "$dir" "$3"
+    node="$dir/node-$3"
     deadline=$((SECONDS + ${CANTER_KAFKA_START_TIMEOUT:-90}))
     until grep -q "Kafka Server started" "$node/log"; do
-      ((SECONDS > deadline)) && die "node $3 did not serve again"
+      if ! kill -0 "$(cat "$node/pid")" 2>/dev/null; then
+        tail -30 "$node/log" >&2
+        die "node $3 exited before it served again (log above: $node/log)"
+      fi
+      ((SECONDS > deadline)) && die "node $3 did not serve again within ${CANTER_KAFKA_START_TIMEOUT:-90} s"
       sleep 0.2
     done
     ;;
-  run) [ $# -ge 3 ] || die "run DIR CLASS ARGS..."; shift 2; fetch; exec "$(java_bin)" -Dlog4j2.configurationFile=/dev/null -cp "$jars/*" "$@" ;;
+  run)
+    [ $# -ge 3 ] || die "run DIR CLASS ARGS..."
+    [ -f "$2/jars" ] && jars="$(cat "$2/jars")"
+    shift 2
+    fetch
+    # The tools log warnings and errors only, to stderr.
+    quiet="$jars/log4j2-tools.properties"
+    [ -f "$quiet" ] || printf '%s\n' 'rootLogger.level = WARN' 'rootLogger.appenderRef.err.ref = ERR' \
+      'appender.err.type = Console' 'appender.err.name = ERR' 'appender.err.target = SYSTEM_ERR' \
+      'appender.err.layout.type = PatternLayout' 'appender.err.layout.pattern = %p %m (%c)%n' >"$quiet"
+    exec "$(java_bin)" -Dlog4j2.configurationFile="$quiet" -cp "$jars/*" "$@"
+    ;;
   *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

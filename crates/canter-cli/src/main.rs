@@ -89,7 +89,8 @@ struct MarketSpreadPipelineArgs {
     /// How long a result may wait for more to fill its batch (with --kafka).
     #[arg(long, value_parser = canter_load::parse_duration, default_value = "5ms")]
     linger: std::time::Duration,
-    /// Compression of the results and changelog batches (with --kafka): none, gzip, lz4, zstd.
+    /// Compression of the results and changelog batches (with --kafka): none, gzip, snappy,
+    /// lz4, zstd.
     #[arg(long, default_value = "none")]
     compression: canter_kafka::Compression,
     /// The largest result record the output takes, key and value (with --kafka); a bigger

@@ -28,7 +28,8 @@ pub enum Compression {
     None,
     /// gzip.
     Gzip,
-    /// Snappy (read: refused as unsupported; never written).
+    /// Snappy: read framed as Java's producer writes it (xerial's `\x82SNAPPY` blocks) or raw,
+    /// as librdkafka writes it; written raw (which every client reads).
     Snappy,
     /// LZ4's frame format.
     Lz4,
@@ -67,6 +68,7 @@ impl std::str::FromStr for Compression {
             "gzip" => Ok(Compression::Gzip),
             "lz4" => Ok(Compression::Lz4),
             "zstd" => Ok(Compression::Zstd),
+            "snappy" => Ok(Compression::Snappy),
             other => Err(format!(
                 "unknown compression {other:?} (none, gzip, lz4, zstd)"
             )),
@@ -341,7 +343,9 @@ fn inflate(c: Compression, body: &[u8], out: &mut Vec<u8>) -> Result<(), Error> 
             Ok(d) => d.take(limit).read_to_end(out),
             Err(e) => Err(e),
         },
-        Compression::Snappy => return Err(Error::Unsupported("snappy-compressed batches")),
+        Compression::Snappy => {
+            return unsnappy(body, out).map_err(|e| Error::Corrupt(format!("snappy batch: {e}")))
+        }
     };
     r.map_err(|e| Error::Corrupt(format!("{c:?} batch: {e}")))?;
     if out.len() > MAX_INFLATED {
@@ -372,7 +376,46 @@ fn deflate(c: Compression, raw: &[u8], out: &mut Vec<u8>) -> Result<(), Error> {
             let z = zstd::bulk::compress(raw, 1).map_err(io)?;
             out.extend_from_slice(&z);
         }
-        Compression::Snappy => return Err(Error::Unsupported("snappy compression")),
+        Compression::Snappy => {
+            let z = snap::raw::Encoder::new()
+                .compress_vec(raw)
+                .map_err(|e| Error::Corrupt(format!("snappy compression: {e}")))?;
+            out.extend_from_slice(&z);
+        }
+    }
+    Ok(())
+}
+
+/// The magic of xerial's snappy framing (Java's `SnappyOutputStream`), then a version and a
+/// compatible version, 4 bytes each.
+const XERIAL: &[u8] = b"\x82SNAPPY\x00";
+
+/// Inflates a snappy batch body, framed or raw, into `out`, at most [`MAX_INFLATED`] bytes.
+fn unsnappy(body: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    let mut raw = |block: &[u8], out: &mut Vec<u8>| -> Result<(), String> {
+        let n = snap::raw::decompress_len(block).map_err(|e| e.to_string())?;
+        if out.len() + n > MAX_INFLATED {
+            return Err(format!("inflates past {MAX_INFLATED} bytes"));
+        }
+        let start = out.len();
+        out.resize(start + n, 0);
+        snap::raw::Decoder::new()
+            .decompress(block, &mut out[start..])
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    };
+    let Some(mut rest) = body.strip_prefix(XERIAL) else {
+        return raw(body, out);
+    };
+    rest = rest.get(8..).ok_or("a truncated xerial header")?;
+    while !rest.is_empty() {
+        let len = rest
+            .get(..4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .ok_or("a truncated block length")?;
+        let block = rest.get(4..4 + len).ok_or("a truncated block")?;
+        raw(block, out)?;
+        rest = &rest[4 + len..];
     }
     Ok(())
 }
@@ -558,11 +601,33 @@ mod tests {
         for c in [
             Compression::None,
             Compression::Gzip,
+            Compression::Snappy,
             Compression::Lz4,
             Compression::Zstd,
         ] {
             roundtrip(c);
         }
+    }
+
+    #[test]
+    fn snappy_reads_xerial_framing_and_refuses_a_bomb() {
+        let text = b"hello hello hello hello, snappy".repeat(10);
+        let block = snap::raw::Encoder::new().compress_vec(&text).unwrap();
+        let mut framed = XERIAL.to_vec();
+        framed.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 1]);
+        for _ in 0..2 {
+            framed.extend_from_slice(&(block.len() as u32).to_be_bytes());
+            framed.extend_from_slice(&block);
+        }
+        let mut out = Vec::new();
+        unsnappy(&framed, &mut out).unwrap();
+        assert_eq!(out, [text.clone(), text].concat());
+        assert!(unsnappy(&framed[..framed.len() - 3], &mut Vec::new()).is_err());
+        // A raw block that claims 1 GiB.
+        let mut bomb = vec![0x80, 0x80, 0x80, 0x80, 0x04];
+        bomb.extend_from_slice(&[0; 8]);
+        let e = unsnappy(&bomb, &mut Vec::new()).unwrap_err();
+        assert!(e.contains("inflates past"), "{e}");
     }
 
     #[test]

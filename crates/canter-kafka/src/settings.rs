@@ -175,12 +175,8 @@ impl ClientSettings {
                     "gzip" => Compression::Gzip,
                     "lz4" => Compression::Lz4,
                     "zstd" => Compression::Zstd,
-                    "snappy" => {
-                        return Err(bad(
-                            "snappy batches are read but not written; use lz4 or zstd",
-                        ))
-                    }
-                    _ => return Err(bad("one of none, gzip, lz4, zstd")),
+                    "snappy" => Compression::Snappy,
+                    _ => return Err(bad("one of none, gzip, snappy, lz4, zstd")),
                 })
             }
             "linger.ms" | "queue.buffering.max.ms" => self.linger = Some(millis(key, v)?),

@@ -398,3 +398,66 @@ fn a_second_producer_with_the_same_transactional_id_fences_the_first() {
         assert_eq!(values, vec![b"live".as_slice()]);
     });
 }
+
+#[test]
+fn snappy_batches_from_javas_producer_are_read_and_ours_are_read_by_javas_consumer() {
+    rt().block_on(async {
+        let mut c = cluster().await;
+        c.create_topic("snappy-java", 2, 1, &[]).await.unwrap();
+        let out = KafkaCluster::shared().run_tool(
+            "org.apache.kafka.tools.ProducerPerformance",
+            &[
+                "--topic",
+                "snappy-java",
+                "--num-records",
+                "2000",
+                "--record-size",
+                "300",
+                "--throughput",
+                "-1",
+                "--producer-props",
+                &format!("bootstrap.servers={}", KafkaCluster::shared().bootstrap()),
+                "compression.type=snappy",
+                "linger.ms=20",
+            ],
+        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let got = read_all("snappy-java", 2000).await;
+        assert_eq!(got.len(), 2000);
+        assert!(got.iter().all(|(_, _, v)| v.len() == 300));
+        // Ours, snappy: Java's consumer reads them.
+        c.create_topic("snappy-ours", 1, 1, &[]).await.unwrap();
+        let config = ProducerConfig {
+            compression: Compression::Snappy,
+            ..ProducerConfig::default()
+        };
+        let mut p = Producer::new(cluster().await, config).await.unwrap();
+        let (t, _) = p.topic("snappy-ours").await.unwrap();
+        for i in 0..500 {
+            let v = format!("snappy record {i} {}", "x".repeat(100));
+            p.send(t, 0, None, v.as_bytes(), 1_700_000_000_000).unwrap();
+        }
+        assert_eq!(p.flush().await.unwrap(), 500);
+        let out = KafkaCluster::shared().run_tool(
+            "org.apache.kafka.tools.consumer.ConsoleConsumer",
+            &[
+                "--bootstrap-server",
+                KafkaCluster::shared().bootstrap(),
+                "--topic",
+                "snappy-ours",
+                "--from-beginning",
+                "--max-messages",
+                "500",
+                "--timeout-ms",
+                "60000",
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("snappy record")).count(),
+            500,
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}

@@ -190,6 +190,19 @@ impl KafkaCluster {
         assert!(st.success(), "kafka.sh restart {node} failed");
     }
 
+    /// Runs one of Kafka's tools (`org.apache.kafka.tools.ProducerPerformance`, …) on the
+    /// cluster's jars; its output.
+    pub fn run_tool(&self, class: &str, args: &[&str]) -> std::process::Output {
+        Command::new("bash")
+            .arg(script())
+            .arg("run")
+            .arg(&self.dir)
+            .arg(class)
+            .args(args)
+            .output()
+            .expect("kafka.sh run")
+    }
+
     /// The directory of the cluster's files (logs in `node-N/log`).
     pub fn dir(&self) -> &Path {
         &self.dir
