@@ -392,7 +392,7 @@ const XERIAL: &[u8] = b"\x82SNAPPY\x00";
 
 /// Inflates a snappy batch body, framed or raw, into `out`, at most [`MAX_INFLATED`] bytes.
 fn unsnappy(body: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
-    let mut raw = |block: &[u8], out: &mut Vec<u8>| -> Result<(), String> {
+    let raw = |block: &[u8], out: &mut Vec<u8>| -> Result<(), String> {
         let n = snap::raw::decompress_len(block).map_err(|e| e.to_string())?;
         if out.len() + n > MAX_INFLATED {
             return Err(format!("inflates past {MAX_INFLATED} bytes"));

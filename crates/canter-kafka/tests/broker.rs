@@ -421,7 +421,11 @@ fn snappy_batches_from_javas_producer_are_read_and_ours_are_read_by_javas_consum
                 "linger.ms=20",
             ],
         );
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let got = read_all("snappy-java", 2000).await;
         assert_eq!(got.len(), 2000);
         assert!(got.iter().all(|(_, _, v)| v.len() == 300));
@@ -454,7 +458,9 @@ fn snappy_batches_from_javas_producer_are_read_and_ours_are_read_by_javas_consum
         );
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(
-            text.lines().filter(|l| l.starts_with("snappy record")).count(),
+            text.lines()
+                .filter(|l| l.starts_with("snappy record"))
+                .count(),
             500,
             "{}",
             String::from_utf8_lossy(&out.stderr)

@@ -1040,9 +1040,22 @@ fn start_kafka(
         dumps: pickle.getattr("dumps")?.unbind(),
         loads: pickle.getattr("loads")?.unbind(),
     };
+    // While start waits for topics that do not exist yet, Ctrl-C ends the wait.
+    let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = interrupted.clone();
+    job.interrupted = Some(canter_stream::kafka::Interrupt(Arc::new(move || {
+        let hit = Python::attach(|py| py.check_signals().is_err());
+        if hit {
+            seen.store(true, Ordering::SeqCst);
+        }
+        hit
+    })));
     let running = py
         .detach(|| canter_stream::kafka::start(job, task))
-        .map_err(|e| PyOSError::new_err(format!("Kafka: {e}")))?;
+        .map_err(|e| match interrupted.load(Ordering::SeqCst) {
+            true => pyo3::exceptions::PyKeyboardInterrupt::new_err(format!("Kafka: {e}")),
+            false => PyOSError::new_err(format!("Kafka: {e}")),
+        })?;
     let flag = running.stopper();
     let stats = running.stats();
     let stop_fn: Arc<dyn Fn() + Send + Sync> = Arc::new(move || flag.store(true, Ordering::SeqCst));

@@ -296,6 +296,21 @@ impl KafkaPipeline {
         args: &[String],
         env: &[(&str, &str)],
     ) -> KafkaPipeline {
+        let p = KafkaPipeline::spawn(bootstrap, group, args, env);
+        p.wait_for(
+            "canter pipeline market-spread: Kafka",
+            Duration::from_secs(60),
+        );
+        p
+    }
+
+    /// Starts the process without waiting for its start line.
+    pub fn spawn(
+        bootstrap: &str,
+        group: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> KafkaPipeline {
         let mut child = Command::new(env!("CARGO_BIN_EXE_canter"))
             .envs(env.iter().copied())
             .args([
@@ -315,27 +330,17 @@ impl KafkaPipeline {
             .unwrap();
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
-        let (started_tx, started_rx) = mpsc::channel();
         let (done_tx, done) = mpsc::channel();
         let lines = log.clone();
         let tag = format!("{group}/{}", child.id());
         thread::spawn(move || {
-            let mut started = Some(started_tx);
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
                 eprintln!("pipeline {tag}: {line}");
-                if line.contains("canter pipeline market-spread: Kafka") {
-                    if let Some(tx) = started.take() {
-                        let _ = tx.send(());
-                    }
-                }
                 lines.lock().unwrap().push(line);
             }
             let _ = done_tx.send(());
         });
-        started_rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the Kafka pipeline did not start");
         KafkaPipeline { child, log, done }
     }
 

@@ -498,21 +498,26 @@ fn inputs_that_are_not_co_partitioned_are_refused_at_start() {
         err.contains("not co-partitioned") && err.contains(orders),
         "{err}"
     );
-    // A topic that does not exist is named.
-    let (ok, err, _) = run_pipeline(&[
-        "--kafka",
-        &bootstrap(),
-        "--group",
-        "ms-copart",
-        "--nbbo-topic",
-        "no-such-topic",
-        "--orders-topic",
-        &t.orders,
-        "--results-topic",
-        &t.results,
-    ]);
-    assert!(!ok);
-    assert!(err.contains("unknown topic no-such-topic"), "{err}");
+}
+
+#[test]
+fn a_pipeline_started_before_its_topics_waits_for_them() {
+    let t = Topics::new("ms-later");
+    let p = KafkaPipeline::spawn(&bootstrap(), "ms-later", &t.flags(), &[]);
+    p.wait_for("kafka: waiting for topics", Duration::from_secs(60));
+    let log = p.log();
+    let line = log.iter().find(|l| l.contains("waiting for topics")).unwrap();
+    assert!(
+        line.contains(&t.nbbo) && line.contains(&t.orders) && line.contains(&t.results),
+        "{line}"
+    );
+    t.create(&bootstrap(), 2, 1);
+    p.wait_for("every topic exists now", Duration::from_secs(60));
+    p.wait_for(
+        "canter pipeline market-spread: Kafka",
+        Duration::from_secs(60),
+    );
+    p.stop();
 }
 
 #[test]

@@ -110,6 +110,22 @@ pub struct KafkaJob {
     /// Where the job's connections report brokers that stop or start answering (the job's
     /// [`Stats::health`], set by [`start`]).
     pub health: Arc<Health>,
+    /// How long [`start`] waits for input or output topics that do not exist yet (`None`:
+    /// until they do; a line says which it waits for).
+    pub topic_wait: Option<Duration>,
+    /// Asked while [`start`] waits for topics: `true` ends the wait with an error (a front end
+    /// whose user pressed Ctrl-C).
+    pub interrupted: Option<Interrupt>,
+}
+
+/// A check [`start`] calls while it waits ([`KafkaJob::interrupted`]).
+#[derive(Clone)]
+pub struct Interrupt(pub Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Interrupt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Interrupt")
+    }
 }
 
 impl KafkaJob {
@@ -141,6 +157,8 @@ impl KafkaJob {
             client: ClientSettings::new(),
             shutdown_timeout: Duration::from_secs(10),
             health: Arc::default(),
+            topic_wait: None,
+            interrupted: None,
         }
     }
 
@@ -459,9 +477,9 @@ impl KafkaRunning {
     }
 }
 
-/// Starts `job` with `task` on its workers. Fails at once if the brokers cannot be reached
-/// within `bootstrap_timeout`, an input or the output topic does not exist, or the inputs are
-/// not co-partitioned.
+/// Starts `job` with `task` on its workers. Waits for input and output topics that do not
+/// exist yet (up to [`KafkaJob::topic_wait`]); fails at once if the brokers cannot be reached
+/// within `bootstrap_timeout` or the inputs are not co-partitioned.
 pub fn start<T: KeyedTask>(mut job: KafkaJob, task: T) -> Result<KafkaRunning, KafkaError> {
     let stats = Arc::new(Stats::default());
     job.health = stats.health.clone();

@@ -63,7 +63,7 @@ pub(super) fn prepare(job: &KafkaJob) -> Result<GroupProtocol, Error> {
         };
         let mut names: Vec<&str> = job.inputs.iter().map(String::as_str).collect();
         names.push(&job.output);
-        cluster.refresh(&names).await?;
+        wait_for_topics(&mut cluster, &names, job).await?;
         let mut counts = Vec::new();
         for t in &names {
             let info = cluster
@@ -118,6 +118,50 @@ pub(super) fn prepare(job: &KafkaJob) -> Result<GroupProtocol, Error> {
         }
         Ok(protocol)
     })
+}
+
+/// Waits until every topic of `names` exists: a pipeline may start before its topics are
+/// made. Said once at once, then every 30 s; [`KafkaJob::interrupted`] ends the wait.
+async fn wait_for_topics(
+    cluster: &mut Cluster,
+    names: &[&str],
+    job: &KafkaJob,
+) -> Result<(), Error> {
+    let started = Instant::now();
+    let mut said: Option<Instant> = None;
+    loop {
+        cluster.refresh(names).await?;
+        let missing: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|t| cluster.topic(t).is_none())
+            .collect();
+        if missing.is_empty() {
+            if said.is_some() {
+                tracing::info!(group = %job.group, "kafka: every topic exists now; starting");
+            }
+            return Ok(());
+        }
+        if said.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+            tracing::warn!(group = %job.group, waited_s = started.elapsed().as_secs(),
+                "kafka: waiting for topic{} {} to exist", if missing.len() > 1 { "s" } else { "" }, missing.join(", "));
+            said = Some(Instant::now());
+        }
+        if let Some(limit) = job.topic_wait {
+            if started.elapsed() >= limit {
+                return Err(Error::UnknownTopic(missing.join(", ")));
+            }
+        }
+        for _ in 0..10 {
+            if job.interrupted.as_ref().is_some_and(|i| (i.0)()) {
+                return Err(Error::Config(format!(
+                    "interrupted while waiting for topic {}",
+                    missing.join(", ")
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// A record waiting in a task's input queue: where its key and value lie in `buf`.
