@@ -55,7 +55,7 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut cluster = Cluster::connect(Config::new(bootstrap.clone())).await.unwrap();
+        let mut cluster = Cluster::connect(config(bootstrap)).await.unwrap();
         let topics: Vec<&str> = topic.split(',').collect();
         cluster.refresh(&topics).await.unwrap();
         let parts = cluster.topic(topics[0]).unwrap().partitions.len() as i32;
@@ -186,7 +186,7 @@ fn main() {
         let mut bytes = 0u64;
         if mode == "pipe" {
             let out_topic = args.get(5).expect("pipe needs OUT").clone();
-            let mut pc = Cluster::connect(Config::new(bootstrap.clone())).await.unwrap();
+            let mut pc = Cluster::connect(config(bootstrap)).await.unwrap();
             pc.refresh(&[&out_topic]).await.unwrap();
             let mut p = Producer::new(pc, ProducerConfig::default()).await.unwrap();
             let (ot, on) = p.topic(&out_topic).await.unwrap();
@@ -264,4 +264,14 @@ impl KeyBuf {
         let _ = write!(self.0, "{v}");
         &self.0
     }
+}
+
+/// The cluster settings: `bootstrap`, with the librdkafka-named settings of the properties
+/// file `$KAFKA_CONFIG` if set (a secured listener's, say).
+fn config(bootstrap: &str) -> Config {
+    let mut s = canter_kafka::ClientSettings::new();
+    if let Some(f) = std::env::var_os("KAFKA_CONFIG") {
+        s.load_file(std::path::Path::new(&f)).unwrap();
+    }
+    s.cluster_config(bootstrap)
 }

@@ -17,6 +17,22 @@ fn cpu() -> f64 {
         + (ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 / 1e6)
 }
 
+/// The settings of the properties file `$KAFKA_CONFIG` (key=value lines), if set: the same
+/// file canter's bare client takes.
+fn with_file(mut c: ClientConfig) -> ClientConfig {
+    if let Some(f) = std::env::var_os("KAFKA_CONFIG") {
+        for line in std::fs::read_to_string(f).unwrap().lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (k, v) = line.split_once('=').unwrap();
+            c.set(k.trim(), v.trim());
+        }
+    }
+    c
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (mode, bootstrap, topic, n): (&str, &str, &str, u64) = (&args[1], &args[2], &args[3], args[4].parse().unwrap());
@@ -24,7 +40,7 @@ fn main() {
     let t0 = Instant::now();
     let mut bytes = 0u64;
     if mode == "consume" {
-        let c: BaseConsumer = ClientConfig::new()
+        let c: BaseConsumer = with_file(ClientConfig::new())
             .set("bootstrap.servers", bootstrap)
             .set("group.id", format!("rdk-{}", std::process::id()))
             .set("auto.offset.reset", "earliest")
@@ -41,7 +57,7 @@ fn main() {
             }
         }
     } else {
-        let p: BaseProducer = ClientConfig::new()
+        let p: BaseProducer = with_file(ClientConfig::new())
             .set("bootstrap.servers", bootstrap)
             .set("linger.ms", "5")
             .set("batch.size", "1000000")
