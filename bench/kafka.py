@@ -88,12 +88,14 @@ def topic(bootstrap, name, partitions=4, cpu=1):
           "--create", "--if-not-exists", "--topic", name, "--partitions", str(partitions), cpu=cpu)
 
 
-def bare(mode, bootstrap, *args):
-    """A bare-client run on CPU 0; (records/s, CPU ns per record) from its report line."""
+def bare(mode, bootstrap, *args, config=None):
+    """A bare-client run on CPU 0; (records/s, CPU ns per record) from its report line.
+    `config`: a properties file of client settings (a secured listener's)."""
     exe = RDKAFKA if mode.startswith("rd-") else BARE
     m = mode[3:] if mode.startswith("rd-") else mode
+    env = dict(os.environ, **({"KAFKA_CONFIG": config} if config else {}))
     out = subprocess.run(["taskset", "-c", "0", exe, m, bootstrap, *args],
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True, check=True, env=env).stdout
     # "... wall 0.23s (857059 rec/s), cpu 0.04s = 200 ns/record"
     rate = float(out.split("(")[1].split(" rec/s")[0])
     ns = float(out.split("= ")[1].split(" ns/record")[0])
@@ -117,7 +119,10 @@ def venv_python(name, *packages):
     return python
 
 
-def pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected, records, broker_pid):
+def pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected, records, broker_pid,
+             via=None, extra=()):
+    """`via`: the address the pipeline connects to, if not `bootstrap` (a secured listener of
+    the same broker, `extra` then carrying its settings); results are counted on `bootstrap`."""
     group = f"{kind}-{rnd}-{int(time.time())}"
     eos = kind.endswith("-eos")
     env = dict(os.environ, RUST_LOG="info")
@@ -134,9 +139,10 @@ def pipeline(kind, bootstrap, rnd, nbbo, orders, results, expected, records, bro
         env.update(BOOTSTRAP=bootstrap, GROUP=group, NBBO=nbbo, ORDERS=orders, RESULTS=results,
                    STATE_DIR=state)
     elif kind.startswith("canter"):
-        cmd = ["taskset", "-c", "0", CANTER, "pipeline", "market-spread", "--kafka", bootstrap,
-               "--group", group, "--nbbo-topic", nbbo, "--orders-topic", orders,
-               "--results-topic", results, "--workers", "1"] + (["--exactly-once"] if eos else [])
+        cmd = ["taskset", "-c", "0", CANTER, "pipeline", "market-spread", "--kafka",
+               via or bootstrap, "--group", group, "--nbbo-topic", nbbo, "--orders-topic",
+               orders, "--results-topic", results, "--workers", "1", *extra] + (
+                   ["--exactly-once"] if eos else [])
     else:
         cp = os.path.join(STREAMS, "classes") + ":" + os.path.join(STREAMS, "dependency", "*")
         cmd = ["taskset", "-c", "0", "java", "-Xms1g", "-Xmx1g", "-cp", cp, "bench.MarketSpread",

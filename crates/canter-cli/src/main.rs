@@ -128,7 +128,7 @@ struct MarketSpreadPipelineArgs {
     shutdown_timeout: std::time::Duration,
     /// Kafka client settings (with --kafka).
     #[command(flatten)]
-    kafka_config: canter_cli::market_spread_kafka::KafkaConfigArgs,
+    kafka_config: canter_cli::kafka_args::KafkaConfigArgs,
     /// Serve the live metrics page (/), /metrics (Prometheus) and /metrics.json here (with
     /// --kafka: /metrics and /metrics.json of the Kafka job's counters).
     #[arg(long, value_name = "ADDR")]

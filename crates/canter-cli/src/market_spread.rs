@@ -577,7 +577,7 @@ pub struct SendArgs {
     pub delivery_timeout: Duration,
     /// Kafka client settings (with --kafka).
     #[command(flatten)]
-    pub kafka_config: crate::market_spread_kafka::KafkaConfigArgs,
+    pub kafka_config: crate::kafka_args::KafkaConfigArgs,
     /// Speak the resend protocol to a checkpointing pipeline (the NBBO stream as stream 1,
     /// orders as 2): records are kept until a checkpoint acknowledges them and sent again
     /// after the pipeline restarts; the orders start once a checkpoint holds every symbol's

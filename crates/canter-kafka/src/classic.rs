@@ -28,23 +28,6 @@ use crate::group::{Change, Member, Tp};
 /// The assignor's name, as Kafka's clients call it.
 const RANGE: &str = "range";
 
-/// What the classic protocol adds to a member.
-#[derive(Debug, Clone)]
-pub(crate) struct Classic {
-    session_timeout: Duration,
-    /// A new round is due: give up what is owned, then join.
-    pub(crate) rejoin: bool,
-}
-
-impl Classic {
-    pub(crate) fn new(session_timeout: Duration) -> Classic {
-        Classic {
-            session_timeout,
-            rejoin: true,
-        }
-    }
-}
-
 impl Member {
     fn session(&self) -> Duration {
         self.classic

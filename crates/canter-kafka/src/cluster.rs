@@ -15,7 +15,8 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
-use crate::conn::{BrokerAddr, Conn};
+use crate::addr::BrokerAddr;
+use crate::conn::Conn;
 use crate::error::Error;
 use crate::security::{Security, Transport};
 

@@ -46,6 +46,23 @@ pub struct Change {
     pub lost: bool,
 }
 
+/// What the classic protocol adds to a member.
+#[derive(Debug, Clone)]
+pub(crate) struct Classic {
+    pub(crate) session_timeout: Duration,
+    /// A new round is due: give up what is owned, then join.
+    pub(crate) rejoin: bool,
+}
+
+impl Classic {
+    pub(crate) fn new(session_timeout: Duration) -> Classic {
+        Classic {
+            session_timeout,
+            rejoin: true,
+        }
+    }
+}
+
 /// One member of a consumer group.
 pub struct Member {
     pub(crate) group: String,
@@ -60,7 +77,7 @@ pub struct Member {
     pub(crate) rebalance_timeout: Duration,
     assignor: Option<String>,
     /// `Some` under the classic protocol.
-    pub(crate) classic: Option<crate::classic::Classic>,
+    pub(crate) classic: Option<Classic>,
 }
 
 impl Member {
@@ -86,7 +103,7 @@ impl Member {
     /// KIP-848's, with this session timeout; this client's members assign partitions by
     /// range, which gives a member the same partitions of every topic of equal partition count.
     pub fn classic(mut self, session_timeout: Duration) -> Member {
-        self.classic = Some(crate::classic::Classic::new(session_timeout));
+        self.classic = Some(Classic::new(session_timeout));
         self.member_id = String::new();
         self
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::conn::BrokerAddr;
+use crate::addr::BrokerAddr;
 use crate::error::Error;
 
 /// How often an outage that goes on is said again.

@@ -18,6 +18,7 @@
 //!
 //! `tools/kafka/kafka.sh` starts a real broker (or three) for tests and for your own use.
 
+mod addr;
 mod classic;
 mod cluster;
 mod conn;
@@ -31,8 +32,9 @@ mod sasl;
 mod security;
 mod settings;
 
+pub use addr::BrokerAddr;
 pub use cluster::{Cluster, Config, OffsetSpec, PartitionInfo, TopicInfo};
-pub use conn::{BrokerAddr, Conn};
+pub use conn::Conn;
 pub use error::Error;
 pub use fetch::{DataBatches, FetchConfig, Fetched, Fetcher};
 pub use group::{accepts_consumer_protocol, Change, Member, Tp};

@@ -107,7 +107,7 @@ impl ClientSettings {
         let bad = |why: &str| Error::Config(format!("{key}={v}: {why}"));
         match key {
             "bootstrap.servers" => {
-                crate::conn::BrokerAddr::parse_list(v)?;
+                crate::addr::BrokerAddr::parse_list(v)?;
                 self.bootstrap_servers = Some(v.to_owned());
             }
             "group.id" => self.group_id = Some(nonempty(key, v)?),
@@ -421,7 +421,7 @@ mod tests {
         assert!(ClientSettings::new()
             .set("bootstrap.servers", "kafka.example.com")
             .is_err());
-        let a = crate::conn::BrokerAddr::parse("[::1]:9092").unwrap();
+        let a = crate::addr::BrokerAddr::parse("[::1]:9092").unwrap();
         assert_eq!((a.host.as_str(), a.port), ("::1", 9092));
         assert_eq!(a.to_string(), "[::1]:9092");
     }
