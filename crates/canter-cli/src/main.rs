@@ -415,6 +415,8 @@ enum CliError {
     ReceivedTooFew(u64),
     /// `canter pipeline market-spread`: what failed, and why.
     Pipeline(&'static str, io::Error),
+    /// `canter send market-spread --kafka`: what failed.
+    SendKafka(canter_kafka::Error),
 }
 
 impl fmt::Display for CliError {
@@ -429,6 +431,7 @@ impl fmt::Display for CliError {
                 write!(f, "receive: {n} records arrived, fewer than --expect")
             }
             CliError::Pipeline(what, e) => write!(f, "pipeline market-spread: {what}: {e}"),
+            CliError::SendKafka(e) => write!(f, "send market-spread --kafka: {e}"),
         }
     }
 }
@@ -643,26 +646,15 @@ fn send_market_spread_kafka(
         count: ms.count,
         rate: ms.rate,
         seed: ms.seed,
-        settings: ms.kafka_config.settings().map_err(|e| {
-            CliError::Pipeline(
-                "send market-spread --kafka",
-                io::Error::other(e.to_string()),
-            )
-        })?,
+        settings: ms.kafka_config.settings().map_err(CliError::SendKafka)?,
         bootstrap_timeout: ms.bootstrap_timeout,
         delivery_timeout: ms.delivery_timeout,
-    };
-    let kafka = |e: canter_kafka::Error| {
-        CliError::Pipeline(
-            "send market-spread --kafka",
-            io::Error::other(e.to_string()),
-        )
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| CliError::Pipeline("runtime", e))?;
-    let report = rt.block_on(send(&job)).map_err(kafka)?;
+        .map_err(|e| CliError::SendKafka(canter_kafka::Error::Io(e)))?;
+    let report = rt.block_on(send(&job)).map_err(CliError::SendKafka)?;
     match ms.json {
         true => println!("{}", serde_json::json!(report)),
         false => println!(

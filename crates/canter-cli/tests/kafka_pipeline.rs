@@ -40,3 +40,41 @@ fn an_unreachable_broker_at_start_is_a_clear_error_after_the_bootstrap_timeout()
     );
     assert!(took < Duration::from_secs(15), "{took:?}");
 }
+
+#[test]
+fn an_address_without_a_port_is_refused_at_once_and_send_says_it_is_send() {
+    let (ok, err, took) = run_pipeline(&["--kafka", "kafka.example.com", "--group", "g"]);
+    assert!(!ok);
+    assert!(err.contains("\"kafka.example.com\": no port"), "{err}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    // `canter send --kafka`: its own bootstrap timeout, its own prefix, the same settings.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let t0 = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(["send", "market-spread", "--count", "10", "--kafka"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--bootstrap-timeout", "1s"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("canter: send market-spread --kafka: kafka: no broker reachable"),
+        "{err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(["send", "market-spread", "--count", "10", "--kafka", "x:1"])
+        .args(["--kafka-config", "sasl.jaas.config=x"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown setting \"sasl.jaas.config\""),
+        "{err}"
+    );
+}
