@@ -4,9 +4,12 @@
 //! A topic partition is the unit of work, as in Kafka Streams: partition `p` of every input
 //! topic (they must have the same partition count: co-partitioned, checked at start) is one
 //! *task*, with the state of the keys whose records come from it. Each worker thread is a
-//! member of the consumer group (KIP-848, the broker's `range` assignor, which gives a member
-//! the same partitions of every topic): processes that run the same job with the same group id
-//! share the tasks; one that joins takes some, one that leaves or dies loses them to the rest.
+//! member of the consumer group (KIP-848 with the broker's `range` assignor where the group
+//! coordinator takes it, else the classic protocol with the same range assignment made by the
+//! members: either gives a member the same partitions of every topic): processes that run the
+//! same job with the same group id share the tasks; one that joins takes some, one that leaves
+//! or dies loses them to the rest. Connections are secured as [`KafkaJob::client`] says (TLS,
+//! SASL), with librdkafka's setting names ([`KafkaJob::configure`]).
 //!
 //! - **On the worker's loop.** A worker owns its fetcher, producer and group membership
 //!   (`canter-kafka`): records are read in place from the fetched bytes, processed, and their
@@ -34,8 +37,12 @@
 //!   the brokers abort them after [`KafkaJob::transaction_timeout`], and the tasks they touched
 //!   wait for that (their committed offsets are not stable until then).
 //! - **Bad input.** A record the task refuses is counted and skipped (a log line at most once
-//!   a second per worker); a broker that goes away pauses the worker (its requests retry with
-//!   backoff, [`Stats::broker_errors`] counts) and it resumes where it was.
+//!   a second per worker); a broker that goes away is said at once (its connections report it
+//!   to [`Stats::health`]), pauses the worker (its requests retry with backoff,
+//!   [`Stats::broker_errors`] counts) and it resumes where it was.
+//! - **Stopping.** The workers commit and leave within [`KafkaJob::shutdown_timeout`] of a
+//!   stop, whatever the brokers do; past it, or when the last commit fails, one line says what
+//!   was processed and not committed.
 
 mod state;
 mod task;
