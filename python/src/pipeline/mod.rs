@@ -1009,14 +1009,15 @@ fn start_kafka(
     let mut job = canter_stream::kafka::KafkaJob::new(&bootstrap, &group, &inputs, &output);
     job.workers = workers.max(1);
     job.hooks = Some(gil_hooks());
+    let setting = |e: canter_stream::kafka::KafkaError| {
+        let text = e.to_string();
+        bad(text.trim_start_matches("kafka: settings: ").to_owned())
+    };
     let mut client = canter_stream::kafka::ClientSettings::new();
     for (k, v) in &config {
-        client
-            .set(k, v)
-            .map_err(|e| bad(e.to_string().trim_start_matches("kafka: settings: ").to_owned()))?;
+        client.set(k, v).map_err(setting)?;
     }
-    job.configure(&client)
-        .map_err(|e| bad(e.to_string().trim_start_matches("kafka: settings: ").to_owned()))?;
+    job.configure(&client).map_err(setting)?;
     if let Some(k) = settings {
         if let Some(v) = k.get_item("exactly_once")? {
             job.exactly_once = v.extract()?;
