@@ -10,10 +10,11 @@
 #       --port P        the first broker's port (default: free ones); node i listens on P+i-1
 #       --watch PID     stop the cluster when process PID exits (a test binary that dies)
 #       --heap SIZE     each node's JVM heap (default 512m)
-#       --secure TLSDIR listeners with security too (one node only), from the PEM files in
+#       --secure TLSDIR listeners with security too (on every node), from the PEM files in
 #                       TLSDIR: localhost.keystore.pem (key and chain for "localhost"),
 #                       ip.keystore.pem (key and chain for 127.0.0.1), client-ca.pem (the CA
-#                       of client certificates). DIR/listeners then names them:
+#                       of client certificates). DIR/listeners then names them (every
+#                       node's, comma-separated):
 #                         sasl_ssl=localhost:P   PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512
 #                         ssl=127.0.0.1:P        TLS requiring a client certificate (mTLS)
 #                         sasl_plaintext=127.0.0.1:P
@@ -142,8 +143,8 @@ EOF
     cports[i]=$(free_port)
     voters+="${voters:+,}$i@127.0.0.1:${cports[i]}"
   done
+  local l_sasl_ssl="" l_ssl="" l_sasl_plain=""
   if [ -n "$secure" ]; then
-    ((n == 1)) || die "--secure makes one node"
     for f in localhost.keystore.pem ip.keystore.pem client-ca.pem; do
       [ -f "$secure/$f" ] || die "--secure $secure: no $f"
     done
@@ -163,8 +164,9 @@ EOF
       listeners+=",SASL_SSL://127.0.0.1:$sasl_ssl,SSL://127.0.0.1:$ssl,SASL_PLAINTEXT://127.0.0.1:$sasl_plain"
       advertised+=",SASL_SSL://localhost:$sasl_ssl,SSL://127.0.0.1:$ssl,SASL_PLAINTEXT://127.0.0.1:$sasl_plain"
       protocols+=",SASL_SSL:SASL_SSL,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT"
-      printf 'sasl_ssl=localhost:%s\nssl=127.0.0.1:%s\nsasl_plaintext=127.0.0.1:%s\n' \
-        "$sasl_ssl" "$ssl" "$sasl_plain" >"$dir/listeners"
+      l_sasl_ssl+="${l_sasl_ssl:+,}localhost:$sasl_ssl"
+      l_ssl+="${l_ssl:+,}127.0.0.1:$ssl"
+      l_sasl_plain+="${l_sasl_plain:+,}127.0.0.1:$sasl_plain"
     fi
     cat >"$node/server.properties" <<EOF
 process.roles=broker,controller
@@ -227,6 +229,10 @@ EOF
       fi
     fi
   done
+  if [ -n "$secure" ]; then
+    printf 'sasl_ssl=%s\nssl=%s\nsasl_plaintext=%s\n' "$l_sasl_ssl" "$l_ssl" "$l_sasl_plain" \
+      >"$dir/listeners"
+  fi
   local scram_users=()
   if [ -n "$secure" ]; then
     scram_users=(--add-scram 'SCRAM-SHA-256=[name=alice,password=alice-secret]'

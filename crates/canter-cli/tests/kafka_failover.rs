@@ -1,7 +1,7 @@
 //! Market Spread on a three-broker Kafka cluster (replication factor 3) while a broker dies
 //! and comes back: the pipeline carries on (leaders move, the coordinator moves, requests are
-//! retried) and every result arrives. On Kafka 4.x (KIP-848's group protocol) and on 3.9.1
-//! (the classic one).
+//! retried) and every result arrives. On Kafka 4.x (KIP-848's group protocol), over its
+//! plaintext and its SASL_SSL listeners, and on 3.9.1 (the classic protocol).
 
 #![allow(clippy::unwrap_used)]
 
@@ -29,8 +29,32 @@ fn a_broker_killed_and_restarted_under_classic_group_members_loses_no_result() {
     broker_restart(&KafkaCluster::start_release(3, "3.9.1"));
 }
 
+#[test]
+fn a_broker_killed_and_restarted_under_a_sasl_ssl_pipeline_loses_no_result() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = KafkaCluster::start_secure_nodes(3, None);
+    let s = cluster.secured().unwrap();
+    let ca = s.pki.ca().display().to_string();
+    common::kafka::register_settings(
+        &s.sasl_ssl,
+        &[
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "SCRAM-SHA-256"),
+            ("sasl.username", "bob"),
+            ("sasl.password", "bob-secret"),
+            ("ssl.ca.location", &ca),
+        ],
+    );
+    broker_restart_at(&cluster, &s.sasl_ssl.clone());
+}
+
 fn broker_restart(cluster: &KafkaCluster) {
-    let bootstrap = cluster.bootstrap().to_owned();
+    broker_restart_at(cluster, cluster.bootstrap());
+}
+
+/// The scenario on `bootstrap`, one of the cluster's listeners (its settings registered).
+fn broker_restart_at(cluster: &KafkaCluster, bootstrap: &str) {
+    let bootstrap = bootstrap.to_owned();
     let t = Topics::new("ms-failover");
     t.create(&bootstrap, 4, 3);
     let dir = std::env::temp_dir().join(format!("canter-kafka-failover-{}", std::process::id()));
@@ -51,6 +75,7 @@ fn broker_restart(cluster: &KafkaCluster) {
                 ])
                 .args(["--rate", "30000", "--write-dir", dir.to_str().unwrap()])
                 .args(["--kafka", &bootstrap])
+                .args(common::kafka::config_flags(&bootstrap))
                 .args(t.flags())
                 .output()
                 .unwrap();

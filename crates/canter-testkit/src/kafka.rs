@@ -20,7 +20,8 @@ pub struct KafkaCluster {
     secure: Option<Secured>,
 }
 
-/// What a secured cluster's clients need: its listeners and the PKI behind them.
+/// What a secured cluster's clients need: its listeners (each a node's address, or a
+/// comma-separated list of every node's) and the PKI behind them.
 #[derive(Debug)]
 pub struct Secured {
     /// SASL over TLS (`localhost:PORT`; the certificate names `localhost` only), PLAIN and
@@ -63,6 +64,12 @@ impl KafkaCluster {
     /// Starts one node with secured listeners besides its plaintext one ([`Secured`]), SASL
     /// sessions lasting `reauth_ms` if given (KIP-368 re-authentication).
     pub fn start_secure(reauth_ms: Option<u64>) -> KafkaCluster {
+        KafkaCluster::start_secure_nodes(1, reauth_ms)
+    }
+
+    /// [`KafkaCluster::start_secure`] with `brokers` nodes (each with every listener;
+    /// [`Secured`]'s addresses are then comma-separated lists).
+    pub fn start_secure_nodes(brokers: usize, reauth_ms: Option<u64>) -> KafkaCluster {
         let pki = Pki::new();
         let keystore = |stem: &str, names: &[&str]| {
             let files = pki.server(stem, names);
@@ -81,7 +88,7 @@ impl KafkaCluster {
         if let Some(ms) = reauth_ms {
             extra.extend(["--reauth-ms".to_owned(), ms.to_string()]);
         }
-        let mut cluster = KafkaCluster::launch(1, None, &extra);
+        let mut cluster = KafkaCluster::launch(brokers, None, &extra);
         let listeners = std::fs::read_to_string(cluster.dir.join("listeners"))
             .expect("the cluster's listeners file");
         let get = |name: &str| {
