@@ -299,9 +299,19 @@ impl Conn {
     pub async fn flush(&mut self) -> Result<(), Error> {
         let r = self.flush_inner().await;
         if let Err(e) = &r {
-            self.transport.health.failure(&self.addr, e);
+            self.report(e);
         }
         r
+    }
+
+    /// A failure of this connection, for the brokers' health: a request that timed out says
+    /// the broker does not answer; a connection that broke (a broker restarting, or closing a
+    /// connection idle past its `connections.max.idle.ms`) says nothing yet — the reconnect
+    /// that follows reports the broker if it is really gone.
+    fn report(&self, e: &Error) {
+        if matches!(e, Error::Timeout(_)) {
+            self.transport.health.failure(&self.addr, e);
+        }
     }
 
     async fn flush_inner(&mut self) -> Result<(), Error> {
@@ -358,7 +368,7 @@ impl Conn {
                 f
             }
             Err(e) => {
-                self.transport.health.failure(&self.addr, &e);
+                self.report(&e);
                 return Err(e);
             }
         };

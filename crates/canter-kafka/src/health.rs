@@ -1,6 +1,6 @@
-//! Which brokers answer: every connection of the clusters that share a [`Health`] reports a
-//! broker that does not (a refused or broken connection, a request that timed out) and one
-//! that answers again, so an outage is said once, at once, with the broker and the error,
+//! Which brokers answer: the connections of the clusters that share a [`Health`] report a
+//! broker that does not (a connect that fails, a request that timed out) and one that answers
+//! again, so an outage is said once, at once, with the broker and the error,
 //! whatever the client was doing (an idle fetch or a flush retrying under load), and its end
 //! too. Nothing is locked while every broker answers.
 
