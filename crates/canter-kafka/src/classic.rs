@@ -18,7 +18,7 @@ use kafka_protocol::messages::{
     ConsumerProtocolAssignment, ConsumerProtocolSubscription, GroupId, HeartbeatRequest,
     JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest, TopicName,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::{Decodable, Encodable, Request, StrBytes};
 use tokio::time::Instant;
 
 use crate::cluster::Cluster;
@@ -136,24 +136,8 @@ impl Member {
                 .with_protocols(vec![JoinGroupRequestProtocol::default()
                     .with_name(StrBytes::from_static_str(RANGE))
                     .with_metadata(subscription.clone())]);
-            let r = async {
-                let conn = self.coordinator(cluster).await?;
-                let v = conn.version::<JoinGroupRequest>(4, 7)?;
-                conn.send(&req, v)?;
-                conn.flush().await?;
-                // The coordinator answers when every member has joined, within the
-                // rebalance timeout.
-                conn.recv_within::<JoinGroupRequest>(v, rebalance).await
-            }
-            .await;
-            let resp = match r {
-                Ok(r) => r,
-                Err(e) => {
-                    self.coordinator = None;
-                    self.next = Instant::now() + self.interval;
-                    return Err(e);
-                }
-            };
+            // The coordinator answers when every member has joined.
+            let resp = self.round_call(cluster, req, (4, 7), |r, _| r).await?;
             match resp.error_code {
                 0 => break resp,
                 // MEMBER_ID_REQUIRED: join again with the id the coordinator gave.
@@ -210,32 +194,20 @@ impl Member {
         } else {
             Vec::new()
         };
-        let mut req = SyncGroupRequest::default()
+        let req = SyncGroupRequest::default()
             .with_group_id(GroupId(StrBytes::from_string(self.group.clone())))
             .with_generation_id(generation)
             .with_member_id(StrBytes::from_string(self.member_id.clone()))
             .with_assignments(assignments);
-        let r = async {
-            let conn = self.coordinator(cluster).await?;
-            let v = conn.version::<SyncGroupRequest>(3, 5)?;
-            if v >= 5 {
-                req = req
+        // v5 names the protocol (earlier versions have no such fields).
+        let resp = self
+            .round_call(cluster, req, (3, 5), |r, v| match v >= 5 {
+                true => r
                     .with_protocol_type(Some(StrBytes::from_static_str("consumer")))
-                    .with_protocol_name(Some(StrBytes::from_static_str(RANGE)));
-            }
-            conn.send(&req, v)?;
-            conn.flush().await?;
-            conn.recv_within::<SyncGroupRequest>(v, rebalance).await
-        }
-        .await;
-        let resp = match r {
-            Ok(r) => r,
-            Err(e) => {
-                self.coordinator = None;
-                self.next = Instant::now() + self.interval;
-                return Err(e);
-            }
-        };
+                    .with_protocol_name(Some(StrBytes::from_static_str(RANGE))),
+                false => r,
+            })
+            .await?;
         match resp.error_code {
             0 => {}
             // REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION: another round started meanwhile.
@@ -266,6 +238,32 @@ impl Member {
             revoked: Vec::new(),
             lost: false,
         })
+    }
+
+    /// A request of a rebalance round to the coordinator, at the highest version in `range`
+    /// (`fit` completes it for that version), answered within the rebalance timeout beyond the
+    /// request timeout; a failure drops the connection and puts the next try an interval away.
+    async fn round_call<R: Request>(
+        &mut self,
+        cluster: &mut Cluster,
+        req: R,
+        (lo, hi): (i16, i16),
+        fit: impl FnOnce(R, i16) -> R,
+    ) -> Result<R::Response, Error> {
+        let wait = self.rebalance_timeout;
+        let r = async {
+            let conn = self.coordinator(cluster).await?;
+            let v = conn.version::<R>(lo, hi)?;
+            conn.send(&fit(req, v), v)?;
+            conn.flush().await?;
+            conn.recv_within::<R>(v, wait).await
+        }
+        .await;
+        if r.is_err() {
+            self.coordinator = None;
+            self.next = Instant::now() + self.interval;
+        }
+        r
     }
 
     pub(crate) async fn leave_classic(&mut self, cluster: &mut Cluster) -> Result<(), Error> {

@@ -197,10 +197,7 @@ impl Conn {
                     .error_message
                     .as_deref()
                     .filter(|m| !m.is_empty())
-                    .map_or_else(
-                        || Error::code_name(resp.error_code).to_owned(),
-                        str::to_owned,
-                    );
+                    .map_or_else(|| Error::code_name(resp.error_code), str::to_owned);
                 return Err(Error::Auth(format!(
                     "SASL {mech} authentication as {:?} at broker {} failed: {said} (error {})",
                     sasl.username, self.addr, resp.error_code

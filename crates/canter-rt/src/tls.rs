@@ -265,28 +265,43 @@ impl ServerTls {
         }
         let mut all = Vec::with_capacity(self.certs.len());
         for (i, (chain, key)) in self.certs.iter().enumerate() {
-            let chain_der = read_certs(chain, "certificate")?;
-            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                if is_encrypted_key(key) {
-                    TlsError::EncryptedKey { path: key.clone() }
-                } else {
-                    pem_error(key, e)
-                }
-            })?;
-            let certified = match CertifiedKey::from_der(chain_der, key_der, provider) {
-                Err(rustls::Error::InconsistentKeys(_)) => {
-                    return Err(TlsError::KeyMismatch {
-                        cert: chain.clone(),
-                        key: key.clone(),
-                        pair: i + 1,
-                        pairs: self.certs.len(),
-                    })
-                }
-                other => other?,
-            };
-            all.push(Arc::new(certified));
+            all.push(Arc::new(load_pair(
+                chain,
+                key,
+                (i + 1, self.certs.len()),
+                provider,
+            )?));
         }
         Ok((Keys { all }, None))
+    }
+}
+
+/// A certificate chain and its private key from PEM files, checked to belong together;
+/// `(pair, pairs)` places them among those configured, for the error.
+fn load_pair(
+    chain: &Path,
+    key: &Path,
+    (pair, pairs): (usize, usize),
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
+    let chain_der = read_certs(chain, "certificate")?;
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        if is_encrypted_key(key) {
+            TlsError::EncryptedKey {
+                path: key.to_owned(),
+            }
+        } else {
+            pem_error(key, e)
+        }
+    })?;
+    match CertifiedKey::from_der(chain_der, key_der, provider) {
+        Err(rustls::Error::InconsistentKeys(_)) => Err(TlsError::KeyMismatch {
+            cert: chain.to_owned(),
+            key: key.to_owned(),
+            pair,
+            pairs,
+        }),
+        other => Ok(other?),
     }
 }
 
@@ -628,28 +643,7 @@ impl ClientTls {
         chain: impl AsRef<Path>,
         key: impl AsRef<Path>,
     ) -> Result<ClientTls, TlsError> {
-        let (chain, key) = (chain.as_ref(), key.as_ref());
-        let chain_der = read_certs(chain, "certificate")?;
-        let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-            if is_encrypted_key(key) {
-                TlsError::EncryptedKey {
-                    path: key.to_owned(),
-                }
-            } else {
-                pem_error(key, e)
-            }
-        })?;
-        let certified = match CertifiedKey::from_der(chain_der, key_der, &provider()) {
-            Err(rustls::Error::InconsistentKeys(_)) => {
-                return Err(TlsError::KeyMismatch {
-                    cert: chain.to_owned(),
-                    key: key.to_owned(),
-                    pair: 1,
-                    pairs: 1,
-                })
-            }
-            other => other?,
-        };
+        let certified = load_pair(chain.as_ref(), key.as_ref(), (1, 1), &provider())?;
         let mut config = rustls::ClientConfig::clone(self.connector.config());
         config.client_auth_cert_resolver =
             Arc::new(rustls::sign::SingleCertAndKey::from(certified));

@@ -117,9 +117,6 @@ pub struct KafkaJob {
     /// Where the job's connections report brokers that stop or start answering (the job's
     /// [`Stats::health`], set by [`start`]).
     pub health: Arc<Health>,
-    /// How long [`start`] waits for input or output topics that do not exist yet (`None`:
-    /// until they do; a line says which it waits for).
-    pub topic_wait: Option<Duration>,
     /// Asked while [`start`] waits for topics: `true` ends the wait with an error (a front end
     /// whose user pressed Ctrl-C).
     pub interrupted: Option<Interrupt>,
@@ -164,7 +161,6 @@ impl KafkaJob {
             client: ClientSettings::new(),
             shutdown_timeout: Duration::from_secs(10),
             health: Arc::default(),
-            topic_wait: None,
             interrupted: None,
         }
     }
@@ -485,7 +481,7 @@ impl KafkaRunning {
 }
 
 /// Starts `job` with `task` on its workers. Waits for input and output topics that do not
-/// exist yet (up to [`KafkaJob::topic_wait`]); fails at once if the brokers cannot be reached
+/// exist yet (a line says which; [`KafkaJob::interrupted`] ends the wait); fails at once if the brokers cannot be reached
 /// within `bootstrap_timeout` or the inputs are not co-partitioned.
 pub fn start<T: KeyedTask>(mut job: KafkaJob, task: T) -> Result<KafkaRunning, KafkaError> {
     let stats = Arc::new(Stats::default());

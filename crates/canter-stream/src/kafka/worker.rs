@@ -147,11 +147,6 @@ async fn wait_for_topics(
                 "kafka: waiting for topic{} {} to exist", if missing.len() > 1 { "s" } else { "" }, missing.join(", "));
             said = Some(Instant::now());
         }
-        if let Some(limit) = job.topic_wait {
-            if started.elapsed() >= limit {
-                return Err(Error::UnknownTopic(missing.join(", ")));
-            }
-        }
         for _ in 0..10 {
             if job.interrupted.as_ref().is_some_and(|i| (i.0)()) {
                 return Err(Error::Config(format!(
