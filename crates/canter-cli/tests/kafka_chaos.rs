@@ -228,7 +228,8 @@ fn exactly_once_survives_random_kills_freezes_and_broker_restarts() {
     );
     assert!(
         duplicates == 0 && missing == 0 && wrong == 0,
-        "exactly once broken: {duplicates} repeated, {missing} missing, {wrong} not in the reference; replay with CANTER_CHAOS_SEED={seed}"
+        "exactly once broken: {duplicates} repeated, {missing} missing, {wrong} not in the reference ({}); replay with CANTER_CHAOS_SEED={seed}",
+        common::kafka::explain(&got, &want)
     );
     assert!(counts.total() > 0, "no fault happened");
     let _ = std::fs::remove_dir_all(&dir);

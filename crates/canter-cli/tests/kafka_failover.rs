@@ -48,6 +48,66 @@ fn a_broker_killed_and_restarted_under_a_sasl_ssl_pipeline_loses_no_result() {
     broker_restart_at(&cluster, &s.sasl_ssl.clone());
 }
 
+/// A pipeline started on empty topics whose partitions have their leaders on different
+/// brokers, then the input: every symbol's first quote is acknowledged before any order is
+/// sent, so no order may be processed before its symbol's quote, though the orders' broker may
+/// answer before the quotes' broker has said it has them. Several rounds, each on new topics
+/// with a new pipeline: the window is the first moments of a stream.
+#[test]
+fn orders_on_another_broker_than_their_quotes_wait_for_them() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cluster = KafkaCluster::start(3);
+    let bootstrap = cluster.bootstrap();
+    for round in 0..6 {
+        // Replication 1: the leaders of partition p of the two inputs are wherever the
+        // brokers put them, on different brokers for most p.
+        let t = Topics::new(&format!("race-{round}"));
+        t.create(bootstrap, 4, 1);
+        let dir =
+            std::env::temp_dir().join(format!("canter-kafka-race-{}-{round}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let group = format!("race-{round}");
+        let p = KafkaPipeline::start(bootstrap, &group, &t.flags());
+        let t0 = std::time::Instant::now();
+        while p
+            .log()
+            .iter()
+            .filter(|l| l.contains("task started"))
+            .count()
+            < 4
+        {
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "four tasks not started"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+            .args(["send", "market-spread", "--symbols", "500"])
+            .args(["--count", "20000", "--write-dir", dir.to_str().unwrap()])
+            .args(["--kafka", bootstrap])
+            .args(t.flags())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let want = expected(&dir);
+        let got = read_values(
+            bootstrap,
+            &t.results,
+            want.len(),
+            Duration::from_secs(2),
+            Duration::from_secs(60),
+        );
+        p.stop();
+        check(&got, &want);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 fn broker_restart(cluster: &KafkaCluster) {
     broker_restart_at(cluster, cluster.bootstrap());
 }

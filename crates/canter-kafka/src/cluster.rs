@@ -137,6 +137,20 @@ impl Cluster {
         }
     }
 
+    /// A cluster view that has never connected (no broker, no topic), for unit tests of what
+    /// is built on it.
+    #[cfg(test)]
+    pub(crate) fn offline(config: Config) -> Result<Cluster, Error> {
+        Ok(Cluster {
+            bootstrap: BrokerAddr::parse_list(&config.bootstrap)?,
+            transport: config.security.build(config.health.clone())?,
+            config,
+            brokers: HashMap::new(),
+            topics: HashMap::new(),
+            control: None,
+        })
+    }
+
     async fn bootstrap_once(&self) -> Result<Conn, Error> {
         let mut last = Error::Unreachable(self.config.bootstrap.clone());
         for addr in &self.bootstrap {

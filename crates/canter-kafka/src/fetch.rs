@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
@@ -45,6 +45,27 @@ impl Default for FetchConfig {
     }
 }
 
+/// One fetch answer: the request it answers, when that request was sent and when the answer
+/// came. What a reader of several partitions compares to know whether what it knows of one
+/// partition is as recent as records it holds from another ([`Fetcher::caught_up_as_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    request: u64,
+    asked: Instant,
+    received: Instant,
+}
+
+impl Answer {
+    /// Whether this answer saw its broker at or after the moment `other` was received: it is
+    /// `other` itself, or it answers a request sent after `other` came. Whatever was written
+    /// before `other`'s records were read is then visible in this one. (A broker reads the
+    /// partitions of one answer one after the other within microseconds: one answer counts
+    /// as one moment.)
+    pub fn no_older_than(&self, other: &Answer) -> bool {
+        self.request == other.request || self.asked >= other.received
+    }
+}
+
 /// A partition's records from one fetch.
 #[derive(Debug, Clone)]
 pub struct Fetched {
@@ -63,6 +84,8 @@ pub struct Fetched {
     /// Transactions aborted within these records (`read_committed` only): producer id and
     /// first offset, by first offset. [`Fetched::batches`] leaves their batches out.
     pub aborted: Vec<(i64, i64)>,
+    /// The answer these records came in.
+    pub answer: Answer,
 }
 
 impl Fetched {
@@ -159,6 +182,19 @@ struct Owned {
     leader_epoch: i32,
     /// The partition's high watermark at the last answer (-1: none yet).
     high_watermark: i64,
+    /// The last answer about it.
+    seen: Option<Answer>,
+    /// A reader waits for a newer answer about it: the next request that asks for it is not
+    /// held by its broker ([`Fetcher::hurry`]).
+    hurried: bool,
+}
+
+/// A fetch in flight to one broker.
+struct Asked {
+    /// The partitions asked for, with their positions.
+    parts: Vec<(String, i32, i64)>,
+    request: u64,
+    at: Instant,
 }
 
 /// Fetches the partitions it is given.
@@ -166,10 +202,12 @@ pub struct Fetcher {
     cluster: Cluster,
     config: FetchConfig,
     conns: HashMap<i32, Conn>,
-    /// Fetches in flight: the broker and the partitions asked for, with their positions.
-    in_flight: HashMap<i32, Vec<(String, i32, i64)>>,
+    /// Fetches in flight, by broker.
+    in_flight: HashMap<i32, Asked>,
     owned: HashMap<(String, i32), Owned>,
     version: i16,
+    /// Fetch requests sent so far.
+    requests: u64,
 }
 
 impl Fetcher {
@@ -182,6 +220,7 @@ impl Fetcher {
             in_flight: HashMap::new(),
             owned: HashMap::new(),
             version: 12,
+            requests: 0,
         }
     }
 
@@ -210,6 +249,8 @@ impl Fetcher {
                 position,
                 leader_epoch: -1,
                 high_watermark: -1,
+                seen: None,
+                hurried: false,
             },
         );
         Ok(())
@@ -249,6 +290,27 @@ impl Fetcher {
         self.owned
             .get(&(topic.to_owned(), partition))
             .is_some_and(|o| o.high_watermark >= 0 && o.position >= o.high_watermark)
+    }
+
+    /// Asks for the partition's next answer without the broker's wait (`max_wait`): a reader
+    /// holds records back until it hears of this partition again, so the broker should say at
+    /// once that it has nothing new rather than wait for something to arrive. (A request
+    /// already in flight is not hurried.)
+    pub fn hurry(&mut self, topic: &str, partition: i32) {
+        if let Some(o) = self.owned.get_mut(&(topic.to_owned(), partition)) {
+            o.hurried = true;
+        }
+    }
+
+    /// The answer that showed the partition caught up ([`Fetcher::caught_up`]), if it is.
+    /// Records of another partition are known to have nothing before them left unread in this
+    /// one when that answer is [no older](Answer::no_older_than) than theirs: an answer read
+    /// before theirs, from another broker, may predate what was written in between.
+    pub fn caught_up_as_of(&self, topic: &str, partition: i32) -> Option<Answer> {
+        self.owned
+            .get(&(topic.to_owned(), partition))
+            .filter(|o| o.high_watermark >= 0 && o.position >= o.high_watermark)
+            .and_then(|o| o.seen)
     }
 
     /// A partition's high watermark (its last stable offset under `read_committed`) as of the
@@ -314,9 +376,14 @@ impl Fetcher {
             })
             .await
         };
-        let asked = self.in_flight.remove(&broker).unwrap_or_default();
+        let received = Instant::now();
+        let asked = self.in_flight.remove(&broker).unwrap_or(Asked {
+            parts: Vec::new(),
+            request: 0,
+            at: received,
+        });
         match result {
-            Ok(resp) => self.take(resp, asked).await,
+            Ok(resp) => self.take(resp, asked, received).await,
             Err(e) => {
                 self.conns.remove(&broker);
                 if e.is_retriable() {
@@ -351,10 +418,11 @@ impl Fetcher {
         let busy: Vec<(String, i32)> = self
             .in_flight
             .values()
-            .flatten()
+            .flat_map(|a| &a.parts)
             .map(|(t, p, _)| (t.clone(), *p))
             .collect();
-        for ((topic, p), o) in &self.owned {
+        let mut hurried: Vec<i32> = Vec::new();
+        for ((topic, p), o) in &mut self.owned {
             if busy.iter().any(|(t, q)| t == topic && q == p) {
                 continue;
             }
@@ -365,6 +433,9 @@ impl Fetcher {
                 .map_or(-1, |i| i.leader);
             if leader < 0 || self.in_flight.contains_key(&leader) {
                 continue;
+            }
+            if std::mem::take(&mut o.hurried) {
+                hurried.push(leader);
             }
             by_leader.entry(leader).or_default().push((
                 topic.clone(),
@@ -412,7 +483,10 @@ impl Fetcher {
             }
             let req = FetchRequest::default()
                 .with_replica_id(BrokerId(-1))
-                .with_max_wait_ms(self.config.max_wait.as_millis() as i32)
+                .with_max_wait_ms(match hurried.contains(&leader) {
+                    true => 0,
+                    false => self.config.max_wait.as_millis() as i32,
+                })
                 .with_min_bytes(self.config.min_bytes)
                 .with_max_bytes(self.config.max_bytes)
                 .with_isolation_level(i8::from(self.config.read_committed))
@@ -421,12 +495,17 @@ impl Fetcher {
                 .with_topics(topics);
             let sent = conn.send(&req, self.version).is_ok() && conn.flush().await.is_ok();
             if sent {
+                self.requests += 1;
                 self.in_flight.insert(
                     leader,
-                    parts
-                        .into_iter()
-                        .map(|(t, p, pos, _)| (t, p, pos))
-                        .collect(),
+                    Asked {
+                        parts: parts
+                            .into_iter()
+                            .map(|(t, p, pos, _)| (t, p, pos))
+                            .collect(),
+                        request: self.requests,
+                        at: Instant::now(),
+                    },
                 );
             } else {
                 self.conns.remove(&leader);
@@ -438,8 +517,15 @@ impl Fetcher {
     async fn take(
         &mut self,
         resp: FetchResponse,
-        asked: Vec<(String, i32, i64)>,
+        asked: Asked,
+        received: Instant,
     ) -> Result<Vec<Fetched>, Error> {
+        let answer = Answer {
+            request: asked.request,
+            asked: asked.at,
+            received,
+        };
+        let asked = asked.parts;
         if resp.error_code != 0 {
             return Err(Error::broker("Fetch", resp.error_code, None));
         }
@@ -492,6 +578,7 @@ impl Fetcher {
                 } else {
                     p.high_watermark
                 };
+                owned.seen = Some(answer);
                 let Some(records) = p.records else { continue };
                 let mut to = from;
                 for b in Batches::new(&records) {
@@ -520,6 +607,7 @@ impl Fetcher {
                     to,
                     high_watermark: p.high_watermark,
                     aborted,
+                    answer,
                 });
             }
         }
@@ -583,7 +671,133 @@ mod tests {
             to: 0,
             high_watermark: 0,
             aborted,
+            answer: Answer {
+                request: 0,
+                asked: Instant::now(),
+                received: Instant::now(),
+            },
         }
+    }
+
+    /// A fetcher that owns `nbbo`/0 and `orders`/0 at offset 0, never connected.
+    fn offline_fetcher() -> Fetcher {
+        let cluster = Cluster::offline(crate::Config::new("127.0.0.1:9")).unwrap();
+        let mut f = Fetcher::new(cluster, FetchConfig::default());
+        for t in ["nbbo", "orders"] {
+            f.owned.insert(
+                (t.to_owned(), 0),
+                Owned {
+                    position: 0,
+                    leader_epoch: -1,
+                    high_watermark: -1,
+                    seen: None,
+                    hurried: false,
+                },
+            );
+        }
+        f
+    }
+
+    /// A fetch answer for `topic`/0: its high watermark and records.
+    fn answer_for(topic: &str, high_watermark: i64, records: Option<Vec<u8>>) -> FetchResponse {
+        use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+        FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+            .with_topic(TopicName(StrBytes::from_string(topic.to_owned())))
+            .with_partitions(vec![PartitionData::default()
+                .with_partition_index(0)
+                .with_high_watermark(high_watermark)
+                .with_last_stable_offset(high_watermark)
+                .with_records(records.map(Bytes::from))])])
+    }
+
+    fn asked(topic: &str, position: i64, request: u64, at: Instant) -> Asked {
+        Asked {
+            parts: vec![(topic.to_owned(), 0, position)],
+            request,
+            at,
+        }
+    }
+
+    /// Two partitions led by two brokers: an empty answer about one that left before the other's
+    /// records came does not vouch for it (a record written in between, before them, may not
+    /// be in it); an answer to a request sent after they came does, and so does the answer they
+    /// came in.
+    #[test]
+    fn a_partition_is_caught_up_for_records_only_as_of_an_answer_no_older_than_theirs() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut f = offline_fetcher();
+        assert_eq!(f.caught_up_as_of("nbbo", 0), None, "no answer yet");
+        // Broker A answers about nbbo at 10 ms (empty); broker B's answer about orders, asked
+        // at the same moment, comes at 20 ms with a record.
+        let a1 = rt.block_on(f.take(
+            answer_for("nbbo", 0, None),
+            asked("nbbo", 0, 1, at(0)),
+            at(10),
+        ));
+        assert!(a1.unwrap().is_empty());
+        let got = rt
+            .block_on(f.take(
+                answer_for("orders", 1, Some(batch(0, -1, false, None, 1))),
+                asked("orders", 0, 2, at(0)),
+                at(20),
+            ))
+            .unwrap();
+        assert_eq!(got.len(), 1);
+        let order = got[0].answer;
+        let nbbo = f
+            .caught_up_as_of("nbbo", 0)
+            .expect("caught up as of its answer");
+        assert!(f.caught_up("nbbo", 0));
+        assert!(
+            !nbbo.no_older_than(&order),
+            "an answer that predates the order's"
+        );
+        assert!(f.caught_up_as_of("orders", 0).is_some_and(|a| a == order));
+        // A request to A sent at 25 ms, after the order came: its empty answer vouches for nbbo.
+        rt.block_on(f.take(
+            answer_for("nbbo", 0, None),
+            asked("nbbo", 0, 3, at(25)),
+            at(30),
+        ))
+        .unwrap();
+        assert!(f.caught_up_as_of("nbbo", 0).unwrap().no_older_than(&order));
+        // ... unless it holds records: then nbbo is not caught up until they are read, and its
+        // records come first by timestamp.
+        let got = rt
+            .block_on(f.take(
+                answer_for("nbbo", 2, Some(batch(0, -1, false, None, 1))),
+                asked("nbbo", 0, 4, at(40)),
+                at(45),
+            ))
+            .unwrap();
+        assert_eq!((got.len(), got[0].to), (1, 1));
+        assert_eq!(
+            f.caught_up_as_of("nbbo", 0),
+            None,
+            "one of two records read"
+        );
+        // One answer about both partitions (one broker leads both) counts as one moment.
+        let both = Answer {
+            request: 9,
+            asked: at(50),
+            received: at(60),
+        };
+        assert!(both.no_older_than(&both));
+        let earlier = Answer {
+            request: 8,
+            asked: at(50),
+            received: at(55),
+        };
+        assert!(!earlier.no_older_than(&both));
+        assert!(both.no_older_than(&Answer {
+            request: 7,
+            asked: at(0),
+            received: at(50),
+        }));
     }
 
     #[test]

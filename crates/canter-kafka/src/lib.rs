@@ -36,7 +36,7 @@ pub use addr::BrokerAddr;
 pub use cluster::{Cluster, Config, OffsetSpec, PartitionInfo, TopicInfo};
 pub use conn::Conn;
 pub use error::Error;
-pub use fetch::{DataBatches, FetchConfig, Fetched, Fetcher};
+pub use fetch::{Answer, DataBatches, FetchConfig, Fetched, Fetcher};
 pub use group::{accepts_consumer_protocol, Change, Member, Tp};
 pub use health::Health;
 pub use producer::{

@@ -265,14 +265,68 @@ pub fn compare(got: &[Vec<u8>], want: &[Vec<u8>]) -> (usize, usize, usize) {
 /// arrived more than once.
 pub fn check(got: &[Vec<u8>], want: &[Vec<u8>]) -> usize {
     let (repeated, missing, wrong) = compare(got, want);
-    assert_eq!(
-        missing,
-        0,
-        "{missing} of {} expected results missing",
-        want.len()
+    assert!(
+        missing == 0 && wrong == 0,
+        "{missing} of {} expected results missing, {wrong} not in the reference ({repeated} \
+         repeated): {}",
+        want.len(),
+        explain(got, want)
     );
-    assert_eq!(wrong, 0, "{wrong} results not in the reference");
     repeated
+}
+
+/// What the results not in the reference have in common, for a failure message: how many met
+/// no quote for their symbol (bid and offer 0: the order was processed before its symbol's
+/// first quote, or its task's state was lost), by input partition of 4, and a few examples.
+pub fn explain(got: &[Vec<u8>], want: &[Vec<u8>]) -> String {
+    let mut distinct = normalized(got);
+    distinct.dedup();
+    let wrong: Vec<&Vec<u8>> = distinct
+        .iter()
+        .filter(|g| want.binary_search(g).is_err())
+        .collect();
+    let quote = |r: &[u8], at: usize| {
+        r.get(at..at + 8)
+            .map_or(f64::NAN, |b| f64::from_be_bytes(b.try_into().unwrap()))
+    };
+    let no_quote: Vec<&&Vec<u8>> = wrong
+        .iter()
+        .filter(|r| quote(r, 31) == 0.0 && quote(r, 39) == 0.0)
+        .collect();
+    let mut by_partition = [0usize; 4];
+    // Orders are numbered in the order they were sent (ids in base 36).
+    let (mut first, mut last) = (u64::MAX, 0);
+    for r in &no_quote {
+        if let Some(sym) = r.get(11..15) {
+            by_partition[partition_for(sym, 4) as usize] += 1;
+        }
+        let n = r.get(5..11).map_or(0, |id| {
+            id.iter().fold(0u64, |n, c| {
+                n * 36 + (*c as char).to_digit(36).unwrap_or(0) as u64
+            })
+        });
+        (first, last) = (first.min(n), last.max(n));
+    }
+    let examples: Vec<String> = wrong
+        .iter()
+        .take(4)
+        .map(|r| {
+            format!(
+                "order {} symbol {:?} bid {} offer {}",
+                String::from_utf8_lossy(r.get(5..11).unwrap_or_default()),
+                String::from_utf8_lossy(r.get(11..15).unwrap_or_default()),
+                quote(r, 31),
+                quote(r, 39)
+            )
+        })
+        .collect();
+    format!(
+        "{} of the {} wrong met no quote (by partition of 4: {by_partition:?}; orders {first}..={last} \
+         in sending order); e.g. {}",
+        no_quote.len(),
+        wrong.len(),
+        examples.join("; ")
+    )
 }
 
 /// A `canter pipeline market-spread --kafka` process; killed when dropped.

@@ -16,7 +16,12 @@
 //!   results appended to the producer's batch for their partition, with no thread hop.
 //! - **Order across inputs.** Within a task, the record with the lowest timestamp across its
 //!   inputs goes first; an input with nothing buffered holds the others back unless it is
-//!   caught up with its log (what Kafka Streams does with `max.task.idle.ms` = 0).
+//!   caught up with its log (as Kafka Streams does with `max.task.idle.ms` = 0), and caught
+//!   up as of a fetch answer no older than the record's: the two partitions may have their
+//!   leaders on different brokers, and an answer that left one broker before the record came
+//!   from the other may miss what was written before it (a quote its producer had acknowledged
+//!   before sending the order). Such an input is asked again at once (`max_wait` 0); one
+//!   broker leading both partitions answers about both at once and adds no wait.
 //! - **State.** Every change is marked; at each commit the changed keys' latest values go to
 //!   the task's partition of a compacted changelog topic (`<group>-<state>-changelog`), one
 //!   record per changed key per commit, not one per change. A task given to a worker is

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use canter_kafka::records::Compression as Codec;
 use canter_kafka::{
-    Change, Cluster, Config, Error, FetchConfig, Fetched, Fetcher, Member, OffsetSpec, Producer,
-    ProducerConfig, TopicHandle, Tp,
+    Answer, Change, Cluster, Config, Error, FetchConfig, Fetched, Fetcher, Member, OffsetSpec,
+    Producer, ProducerConfig, TopicHandle, Tp,
 };
 use tokio::time::Instant;
 
@@ -172,6 +172,8 @@ struct Chunk {
     entries: Vec<Entry>,
     next: usize,
     read_ns: u64,
+    /// The fetch answer it came in.
+    answer: Answer,
 }
 
 struct Input {
@@ -445,6 +447,7 @@ impl<T: KeyedTask> Worker<T> {
                     entries: std::mem::take(&mut plain),
                     next: 0,
                     read_ns,
+                    answer: f.answer,
                 });
             }
             let mut buf = Vec::new();
@@ -463,6 +466,7 @@ impl<T: KeyedTask> Worker<T> {
                     entries,
                     next: 0,
                     read_ns,
+                    answer: f.answer,
                 });
             }
         }
@@ -472,21 +476,25 @@ impl<T: KeyedTask> Worker<T> {
                 entries: plain,
                 next: 0,
                 read_ns,
+                answer: f.answer,
             });
         }
         Ok(())
     }
 
     /// Processes what every task can: per task, the lowest timestamp first across its inputs;
-    /// an input with nothing queued holds the others back unless it has caught up with its log.
+    /// an input with nothing queued holds the others back unless it has caught up with its log
+    /// as of an answer no older than the record's own. (Its partition may be led by another
+    /// broker: an answer from there that left before the record's came may predate records
+    /// written before it, such as a quote its producer had acknowledged before the order.)
     fn process_ready(&mut self) {
         let partitions: Vec<i32> = self.tasks.keys().copied().collect();
         for p in partitions {
-            let caught: Vec<bool> = self
+            let caught: Vec<Option<Answer>> = self
                 .job
                 .inputs
                 .iter()
-                .map(|t| self.fetcher.caught_up(t, p))
+                .map(|t| self.fetcher.caught_up_as_of(t, p))
                 .collect();
             let Some(task) = self.tasks.get_mut(&p) else {
                 continue;
@@ -504,18 +512,29 @@ impl<T: KeyedTask> Worker<T> {
             let (mut n, mut refused) = (0u64, 0u64);
             loop {
                 let mut pick: Option<(usize, i64)> = None;
-                let mut blocked = false;
                 for (i, input) in task.inputs.iter().enumerate() {
-                    match input.head() {
-                        Some(e) if pick.is_none_or(|(_, ts)| e.timestamp < ts) => {
+                    if let Some(e) = input.head() {
+                        if pick.is_none_or(|(_, ts)| e.timestamp < ts) {
                             pick = Some((i, e.timestamp));
                         }
-                        Some(_) => {}
-                        None if !caught[i] => blocked = true,
-                        None => {}
                     }
                 }
                 let Some((i, _)) = pick else { break };
+                let Some(chunk) = task.inputs[i].chunks.front() else {
+                    break;
+                };
+                let since = chunk.answer;
+                let mut blocked = false;
+                for (j, (input, c)) in task.inputs.iter().zip(&caught).enumerate() {
+                    if input.chunks.is_empty() && !c.is_some_and(|c| c.no_older_than(&since)) {
+                        blocked = true;
+                        if c.is_some() {
+                            // Caught up, but as of an answer that may predate the record:
+                            // ask again, and have the broker answer at once.
+                            self.fetcher.hurry(&self.job.inputs[j], p);
+                        }
+                    }
+                }
                 if blocked {
                     break;
                 }
