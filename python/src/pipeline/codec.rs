@@ -9,7 +9,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyByteArray, PyBytes, PyList, PyString, PyTuple};
 
-use super::steps::Key;
+use super::key::{le_word, Key, Small, SMALL};
 use super::Obj;
 
 /// One field of a `struct` format.
@@ -713,28 +713,6 @@ impl FieldCache {
     }
 }
 
-/// Up to 8 bytes as a little-endian word (zeros after them): a few loads, no loop and no call
-/// to `memcpy` (reads that overlap put the same bytes in the same places).
-#[inline(always)]
-pub(crate) fn le_word(b: &[u8]) -> u64 {
-    let n = b.len();
-    if n >= 8 {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&b[..8]);
-        u64::from_le_bytes(w)
-    } else if n >= 4 {
-        let lo = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let hi = u32::from_le_bytes([b[n - 4], b[n - 3], b[n - 2], b[n - 1]]);
-        u64::from(lo) | u64::from(hi) << (8 * (n - 4))
-    } else if n > 0 {
-        u64::from(b[0])
-            | u64::from(b[n / 2]) << (8 * (n / 2))
-            | u64::from(b[n - 1]) << (8 * (n - 1))
-    } else {
-        0
-    }
-}
-
 /// A field a key is read from in place ([`Format::key_field`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KeyField {
@@ -760,8 +738,8 @@ impl KeyField {
     pub(crate) fn key(&self, rec: &[u8]) -> Result<Key, String> {
         if let Field::Bytes(n) = self.field {
             if let Some(b) = rec.get(self.at..self.at + n) {
-                if n <= super::steps::SMALL {
-                    return Ok(Key::SmallBytes(super::steps::Small::new(b)));
+                if n <= SMALL {
+                    return Ok(Key::SmallBytes(Small::new(b)));
                 }
             }
         }
@@ -800,8 +778,8 @@ impl KeyField {
         };
         let v = match self.field {
             Field::Bytes(_) => {
-                return Ok(if n <= super::steps::SMALL {
-                    Key::SmallBytes(super::steps::Small::new(b))
+                return Ok(if n <= SMALL {
+                    Key::SmallBytes(Small::new(b))
                 } else {
                     Key::Bytes(b.into())
                 })
@@ -971,20 +949,4 @@ impl Encoder {
 /// Appends a bytes-like value, or a str's UTF-8.
 fn raw(v: &Bound<'_, PyAny>, buf: &mut Vec<u8>) -> PyResult<()> {
     with_bytes(v, |b| buf.extend_from_slice(b))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::le_word;
-
-    #[test]
-    fn le_word_is_the_bytes_as_a_little_endian_word() {
-        for n in 0..=9usize {
-            let b: Vec<u8> = (1..=n as u8).map(|i| i.wrapping_mul(37) | 1).collect();
-            let mut w = [0u8; 8];
-            let take = n.min(8);
-            w[..take].copy_from_slice(&b[..take]);
-            assert_eq!(le_word(&b), u64::from_le_bytes(w), "{n} bytes");
-        }
-    }
 }

@@ -9,7 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::codec::{Decoder, Encoder};
-use super::steps::{Chain, Failures, Key, KeyFn};
+use super::key::Key;
+use super::steps::{Chain, Failures, KeyFn};
 use super::{py, Obj};
 
 /// What a pipeline's stateful step is on Kafka.

@@ -6,6 +6,7 @@
 
 mod codec;
 mod kafka;
+mod key;
 mod stateful;
 mod steps;
 mod wire;
@@ -25,9 +26,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use codec::{Decoder, Encoder};
+use key::Key;
 use stateful::{Agg, Decoded, Mode, Pass, Span, Update, Window};
 use steps::{
-    step_name, Chain, Failures, Key, KeyFn, KeyStep, KeyedAlready, Kind, Op, Out, Policy, Stopper,
+    step_name, Chain, Failures, KeyFn, KeyStep, KeyedAlready, Kind, Op, Out, Policy, Stopper,
 };
 
 /// A Python object held by the engine.

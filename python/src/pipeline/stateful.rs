@@ -8,7 +8,8 @@ use canter_stream::pipeline::{Emit, KeyedState, Stateful};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::steps::{Failures, Key};
+use super::key::Key;
+use super::steps::Failures;
 use super::{py, Obj};
 
 /// What a state function gives back.

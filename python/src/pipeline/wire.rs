@@ -5,7 +5,7 @@ use canter_stream::pipeline::Wire;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use super::steps::Key;
+use super::key::Key;
 use super::{py, Obj};
 
 /// Keys and records of a keyed pipeline, a batch at a time: `u32` count, each key's length and
