@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use canter_stream::pipeline::{
-    Aggregate, Collector, KeyedState, Pipeline, RunOptions, Sink, Source, Span, Topology,
+    Aggregate, Collector, KeyedState, Local, Pipeline, RunOptions, Sink, Source, Span, Topology,
 };
 
 fn any_port() -> SocketAddr {
@@ -966,4 +966,61 @@ fn a_group_of_processes_owns_each_key_once_and_records_cross_to_their_owner() {
         }
         assert_eq!(threads.len(), 4, "keys on all four workers: {threads:?}");
     }
+}
+
+/// A text file's lines are its records, the last one too when the file does not end with a
+/// newline.
+#[test]
+fn the_last_line_of_a_file_without_a_newline_is_a_record() {
+    let dir = tempfile_dir("last-line");
+    for (name, text) in [("ended", "a\nbb\nccc\n"), ("unended", "a\nbb\nccc")] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).expect("write");
+        let out = Collector::new();
+        let state = KeyedState::new("none", |_k: &Local| ());
+        let p = Pipeline::new("lines", Source::file_lines(&path), |b: &[u8]| {
+            Ok::<_, std::str::Utf8Error>(std::str::from_utf8(b)?.to_owned())
+        })
+        .local()
+        .update(&state, |_: &mut (), line: String, out| out.emit(line))
+        .sink(Sink::collect(&out));
+        let mut t = Topology::new();
+        t.add(p);
+        run_to_end(t, RunOptions::default());
+        assert_eq!(out.take(), ["a", "bb", "ccc"], "{name}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A file source whose file cannot be opened fails the start with the file's error, naming
+/// it, instead of starting a pipeline that reads nothing.
+#[test]
+fn a_missing_input_file_fails_the_start_naming_it() {
+    let path = tempfile_dir("missing").join("no-such-input.bin");
+    let state = KeyedState::new("none", |_k: &Local| ());
+    let p = Pipeline::new("reader", Source::file(&path), |b: &[u8]| {
+        Ok::<_, std::convert::Infallible>(b.to_vec())
+    })
+    .local()
+    .update(&state, |_: &mut (), r: Vec<u8>, out| out.emit(r))
+    .sink(Sink::discard());
+    let mut t = Topology::new();
+    t.add(p);
+    let Err(e) = t.start(RunOptions::default()) else {
+        panic!("a pipeline started on a missing file");
+    };
+    assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+    let text = e.to_string();
+    assert!(
+        text.contains("pipeline reader") && text.contains("no-such-input.bin"),
+        "{text}"
+    );
+}
+
+/// A fresh directory of this test process under the system's temporary directory.
+fn tempfile_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("canter-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    dir
 }

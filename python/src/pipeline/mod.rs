@@ -845,9 +845,7 @@ pub(crate) fn start_flow(
     if let Some((process, processes, dir)) = group {
         opts = opts.group(Group::new(process, processes, dir));
     }
-    let running = py
-        .detach(|| topology.start(opts))
-        .map_err(|e| PyOSError::new_err(e.to_string()))?;
+    let running = py.detach(|| topology.start(opts)).map_err(PyErr::from)?;
     let shutdown = running.shutdown_handle();
     let stop_fn: Arc<dyn Fn() + Send + Sync> = Arc::new(move || shutdown.shutdown());
     let s2 = stop_fn.clone();

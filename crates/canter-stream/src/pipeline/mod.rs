@@ -146,6 +146,14 @@ impl Source {
         }
     }
 
+    /// A file of lines of up to 64 KiB (the last one need not end with a newline).
+    pub fn file_lines(path: impl Into<PathBuf>) -> Source {
+        Source::File {
+            path: path.into(),
+            framing: Framing::Lines { max: 64 * 1024 },
+        }
+    }
+
     /// `count` records made by `make`.
     pub fn generate(
         count: u64,

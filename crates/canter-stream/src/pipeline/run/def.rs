@@ -116,6 +116,17 @@ where
         restored: Option<&Restored>,
     ) -> io::Result<Arc<Prep>> {
         let workers = opts.workers;
+        if let Source::File { path, .. } = &self.source {
+            // Read by the first process: a file it cannot open fails the start, naming it.
+            if opts.group.as_ref().is_none_or(|g| g.process == 0) {
+                if let Err(e) = std::fs::File::open(path) {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!("pipeline {}: input file {}: {e}", self.name, path.display()),
+                    ));
+                }
+            }
+        }
         if opts.group.is_some() && !is_local::<K>() && self.wire.is_none() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

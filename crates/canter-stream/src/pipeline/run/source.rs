@@ -291,7 +291,8 @@ pub(super) async fn file_source(
         Ok(mut file) => {
             let mut buf: Vec<u8> = Vec::new();
             let mut chunk = vec![0u8; 256 * 1024];
-            while !env.shutting.get() {
+            let mut end = false;
+            while !env.shutting.get() && !end {
                 room(&env, &wake).await;
                 let n = match file.read(&mut chunk) {
                     Ok(n) => n,
@@ -301,11 +302,18 @@ pub(super) async fn file_source(
                     }
                 };
                 if n == 0 {
-                    if !buf.is_empty() {
+                    if buf.is_empty() {
+                        break;
+                    }
+                    if !matches!(framing, Framing::Lines { .. }) {
                         let e = FrameError::Truncated { missing: 0 };
                         head.borrow_mut().frame_error(None, &e);
+                        break;
                     }
-                    break;
+                    // The last line of a text file need not end with a newline: it is a
+                    // record all the same.
+                    buf.push(b'\n');
+                    end = true;
                 }
                 buf.extend_from_slice(&chunk[..n]);
                 if skip > 0 {
