@@ -33,6 +33,7 @@ An exception in a user function is logged with its traceback and the record coun
 """
 
 import itertools
+import json as _json
 import operator
 import os
 import shutil
@@ -500,12 +501,16 @@ class Flow:
         return self._handle
 
     def run(self, workers=1, errors="skip", metrics=None, processes=1, **settings):
-        """Runs the flow until it ends, or until SIGINT/SIGTERM (then it drains and returns);
-        returns `stats()`. Checkpoint and Kafka settings as for `start`.
+        """Runs the flow until it ends and returns `stats()`. SIGTERM stops it (it drains, then
+        returns); SIGINT (Ctrl-C) stops it the same way, then raises `KeyboardInterrupt`, so an
+        interrupted run is never mistaken for a finished one. Raises `PipelineError` if
+        `errors="stop"` stopped it. Checkpoint and Kafka settings as for `start`.
 
         `processes=N`: N processes, forked here, each with `workers` worker threads, so that the
-        interpreter lock of one never serializes the others; returns the exit statuses of the
-        processes instead of stats. Kafka flows: all are members of the flow's consumer group,
+        interpreter lock of one never serializes the others; returns their stats summed, and
+        raises as one process would (`PipelineError` if any stopped on an error,
+        `KeyboardInterrupt` if interrupted, `RuntimeError` naming a process that failed
+        otherwise). Kafka flows: all are members of the flow's consumer group,
         the topics' partitions (and their state) are shared among them, and a process that dies
         has its partitions taken over by the rest. TCP and file flows: each key belongs to one
         worker of all the processes, and records cross to their key's process in batches
@@ -519,16 +524,20 @@ class Flow:
         previous = None
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, lambda *_: self.shutdown())
+        interrupted = False
         try:
             while True:
                 try:
                     if self.wait(0.2):
                         break
                 except KeyboardInterrupt:
+                    interrupted = True
                     self.shutdown()
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+        if interrupted:
+            raise KeyboardInterrupt
         return self.stats()
 
     def _run_processes(self, processes, workers, errors, metrics, settings):
@@ -542,26 +551,38 @@ class Flow:
         else:
             self._check_group(settings)
             group_dir = tempfile.mkdtemp(prefix="canter-flow-")
+        # Each child leaves its outcome (stats, or the exception that ended it) in a file here.
+        outcomes = tempfile.mkdtemp(prefix="canter-outcomes-")
         children = []
         for i in range(processes):
             pid = os.fork()
             if pid == 0:
-                status = 0
+                status, outcome = 0, None
                 print(f"process {i + 1} of {processes} (pid {os.getpid()}) joins the group",
                       file=sys.stderr, flush=True)
                 try:
                     if kafka:
-                        self.run(workers=workers, errors=errors, instance_id=f"{base}-{i}",
-                                 **settings)
+                        stats = self.run(workers=workers, errors=errors,
+                                         instance_id=f"{base}-{i}", **settings)
                     else:
-                        self.run(workers=workers, errors=errors,
-                                 _group=(i, processes, group_dir), **settings)
-                except BaseException:  # noqa: BLE001  (a child reports and exits, never returns)
+                        stats = self.run(workers=workers, errors=errors,
+                                         _group=(i, processes, group_dir), **settings)
+                    outcome = {"stats": stats}
+                except PipelineError as e:
+                    outcome, status = {"raised": "PipelineError", "message": str(e)}, 1
+                except KeyboardInterrupt:
+                    outcome, status = {"raised": "KeyboardInterrupt"}, 1
+                except BaseException as e:  # noqa: BLE001  (a child reports, never returns)
                     import traceback
                     traceback.print_exc()
+                    outcome = {"raised": type(e).__name__, "message": str(e)}
                     status = 1
                 finally:
-                    os._exit(status)
+                    try:
+                        with open(os.path.join(outcomes, f"{i}.json"), "w") as f:
+                            _json.dump(outcome, f)
+                    finally:
+                        os._exit(status)
             children.append(pid)
 
         def forward(sig, _frame):
@@ -576,12 +597,28 @@ class Flow:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, forward)
         try:
-            return [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+            statuses = []
+            for pid in children:
+                while True:
+                    try:
+                        statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+                        break
+                    except InterruptedError:
+                        continue
+            ended = []
+            for i, status in enumerate(statuses):
+                try:
+                    with open(os.path.join(outcomes, f"{i}.json")) as f:
+                        ended.append(_json.load(f))
+                except (OSError, ValueError):
+                    ended.append(None)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if group_dir is not None:
                 shutil.rmtree(group_dir, ignore_errors=True)
+            shutil.rmtree(outcomes, ignore_errors=True)
+        return _merged(processes, statuses, ended)
 
     def _check_group(self, settings):
         """What a TCP or file flow in several processes cannot do, refused before forking."""
@@ -613,6 +650,31 @@ class Flow:
                                            f"{e.strerror}") from None
 
 
+def _merged(processes, statuses, ended):
+    """The outcome of a run in several processes: their stats summed, or what one raised
+    (an error first, then an interruption, then any other failure)."""
+    for i, o in enumerate(ended):
+        if o is not None and o.get("raised") == "PipelineError":
+            raise PipelineError(f"process {i + 1} of {processes}: {o['message']}")
+    if any(o is not None and o.get("raised") == "KeyboardInterrupt" for o in ended):
+        raise KeyboardInterrupt
+    for i, (status, o) in enumerate(zip(statuses, ended)):
+        if status != 0 or o is None or "stats" not in o:
+            why = f"signal {-status}" if status < 0 else f"status {status}"
+            what = f": {o['raised']}: {o.get('message', '')}" if o and "raised" in o else ""
+            raise RuntimeError(f"process {i + 1} of {processes} ended with {why}{what}")
+    total = {}
+    for o in ended:
+        for name, counts in o["stats"].items():
+            into = total.setdefault(name, {})
+            for k, v in counts.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    into[k] = into.get(k, 0) + v
+                else:
+                    into.setdefault(k, v)
+    return total
+
+
 def main(argv=None):
     """`python -m canter pipeline module:flow [--workers N] [--errors skip|stop]
     [--metrics host:port]`: imports the module, takes its `Flow` and runs it."""
@@ -638,17 +700,20 @@ def main(argv=None):
     if not isinstance(flow, Flow):
         ap.error(f"{args.target} is not a canter.pipeline.Flow")
     errors = dead_letter(args.dead_letter) if args.dead_letter else args.errors
-    if args.processes > 1:
-        statuses = flow.run(workers=args.workers, errors=errors, processes=args.processes)
-        failed = [(i + 1, s) for i, s in enumerate(statuses) if s != 0]
-        for i, s in failed:
-            why = f"signal {-s}" if s < 0 else f"status {s}"
-            print(f"process {i} of {args.processes} ended with {why}", file=sys.stderr)
-        return 1 if failed else 0
     try:
-        stats = flow.run(workers=args.workers, errors=errors, metrics=args.metrics)
+        if args.processes > 1:
+            stats = flow.run(workers=args.workers, errors=errors, processes=args.processes)
+        else:
+            stats = flow.run(workers=args.workers, errors=errors, metrics=args.metrics)
     except PipelineError as e:
         print(f"pipeline stopped: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("pipeline interrupted (SIGINT): stopped after delivering what was in flight",
+              file=sys.stderr)
+        return 130
+    except RuntimeError as e:
+        print(str(e), file=sys.stderr)
         return 1
     for name, s in stats.items():
         print(f"{name}: {s}", file=sys.stderr)

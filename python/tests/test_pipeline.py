@@ -1,6 +1,7 @@
 """canter.pipeline: flows written in Python, run on the Rust pipeline engine (in this process,
 on worker threads), fed and read over real sockets and files."""
 
+import json
 import operator
 import os
 import re
@@ -1200,3 +1201,103 @@ def test_raw_keys_in_a_group_match_the_keys_python_gives(tmp_path, int_format, v
     assert sum(len(ns) for ns in counts.values()) == 2 * (700 + 650)
     assert all(len(p) == 1 for p in pids.values()), "a key counted in two processes"
     assert len(set().union(*pids.values())) == 2, "both processes own keys"
+
+
+def test_a_missing_input_file_raises_file_not_found_naming_it(tmp_path):
+    """A file source whose file is missing fails `run` with FileNotFoundError naming it, not an
+    ERROR line and a normal return."""
+    out = []
+    flow = cp.Flow()
+    flow.source(cp.file(tmp_path / "no-such-input.bin")).sink(cp.collect(out))
+    with pytest.raises(FileNotFoundError, match="no-such-input.bin"):
+        flow.run()
+
+
+def test_the_last_line_of_a_text_file_is_a_record_without_its_newline(tmp_path):
+    for name, text in (("ended.txt", "a\nbb\nccc\n"), ("unended.txt", "a\nbb\nccc")):
+        (tmp_path / name).write_text(text)
+        out = []
+        flow = cp.Flow()
+        flow.source(cp.file(tmp_path / name, frame="lines", decode=cp.text)).sink(cp.collect(out))
+        run(flow)
+        assert out == ["a", "bb", "ccc"], name
+
+
+def test_sigint_drains_the_flow_then_raises_keyboard_interrupt(tmp_path):
+    """Ctrl-C: `run` stops reading, delivers what it read, then raises KeyboardInterrupt (an
+    interrupted run is not a finished one); `stats()` still answers."""
+    port = free_port()
+    (tmp_path / "interrupted.py").write_text(
+        "import threading, time\n"
+        "import canter.pipeline as cp\n"
+        "out = []\n"
+        "flow = cp.Flow()\n"
+        f"flow.source(cp.tcp('127.0.0.1:{port}', frame='lines', decode=cp.text)).named('in')"
+        ".sink(cp.collect(out))\n"
+        "def watch():\n"
+        "    while len(out) < 100:\n"
+        "        time.sleep(0.01)\n"
+        "    print('seen', flush=True)\n"
+        "threading.Thread(target=watch, daemon=True).start()\n"
+        "try:\n"
+        "    flow.run()\n"
+        "except KeyboardInterrupt:\n"
+        "    s = flow.stats()['in']\n"
+        "    print('interrupted', s['source'], s['sink'], len(out), flush=True)\n"
+        "else:\n"
+        "    print('returned', flush=True)\n")
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "interrupted.py")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    s.sendall(b"".join(b"line %d\n" % i for i in range(100)))
+                break
+            except OSError:
+                assert time.time() < deadline, "the flow did not listen"
+                time.sleep(0.05)
+        assert proc.stdout.readline().strip() == "seen"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert out.strip() == "interrupted 100 100 100", (out, err)
+
+
+def test_processes_return_their_stats_summed_and_raise_as_one_process_does(tmp_path):
+    """`run(processes=2)` returns the two processes' stats summed (not their exit statuses), and
+    `errors="stop"` in one of them raises PipelineError in the caller, as one process would."""
+    records = [b"k%d:%d" % (i % 50, i) for i in range(5_000)]
+    src = write_framed(tmp_path / "in.bin", records)
+    (tmp_path / "merged.py").write_text(
+        "import json, sys\n"
+        f"sys.path.insert(0, {HERE!r})\n"
+        "import canter.pipeline as cp\n"
+        "from test_pipeline import keyed_count_flow\n"
+        f"stats = keyed_count_flow(cp.file({src!r}), cp.discard()).run(processes=2)\n"
+        "print(json.dumps(stats), flush=True)\n"
+        "flow = cp.Flow()\n"
+        "counts = flow.keyed_state(lambda: {'n': 0})\n"
+        "def boom(r):\n"
+        "    if r.endswith(b':777'):\n"
+        "        raise ValueError('no 777')\n"
+        "    return r\n"
+        "def count(state, r):\n"
+        "    state['n'] += 1\n"
+        "    return r\n"
+        f"(flow.source(cp.file({src!r})).named('in').map(boom)"
+        ".key_by(lambda r: r.split(b':')[0]).update(counts, count).sink(cp.discard()))\n"
+        "try:\n"
+        "    flow.run(processes=2, errors='stop')\n"
+        "except cp.PipelineError as e:\n"
+        "    print('raised', e, flush=True)\n")
+    proc = subprocess.run([sys.executable, str(tmp_path / "merged.py")], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.splitlines()
+    stats = json.loads(first)["in"]
+    assert (stats["source"], stats["sink"], stats["failed"]) == (5_000, 5_000, 0), stats
+    assert second.startswith("raised process "), second
+    assert "no 777" in second, second
