@@ -34,6 +34,8 @@ enum Field {
 /// prefix are taken as `=`): what Python's `struct` module does for those prefixes.
 #[derive(Clone, Debug)]
 pub(crate) struct Format {
+    /// The format as written, for errors.
+    text: Arc<str>,
     big: bool,
     fields: Arc<[Field]>,
     /// The fields that make values (no padding), each with where it starts in a record.
@@ -108,6 +110,7 @@ impl Format {
             at += width(*f);
         }
         Ok(Format {
+            text: fmt.into(),
             big,
             fields: fields.into(),
             vals: vals.into(),
@@ -239,7 +242,9 @@ impl Format {
         Ok(())
     }
 
-    /// Packs the values `item(0)`, `item(1)`, ... (one per field) onto `buf`.
+    /// Packs the values `item(0)`, `item(1)`, ... (one per field) onto `buf`, as strictly as
+    /// `struct.pack`: bytes (or a bytearray) for `s`, an int in the field's range for an
+    /// integer; an error names the field and the format.
     #[inline]
     fn pack_items<'py>(
         &self,
@@ -248,13 +253,25 @@ impl Format {
     ) -> PyResult<()> {
         buf.reserve(self.size);
         let mut i = 0;
-        let mut next = || {
+        for f in self.fields.iter() {
+            if let Field::Pad(n) = *f {
+                buf.resize(buf.len() + n, 0);
+                continue;
+            }
+            let v = item(i)?;
+            if let Err(e) = self.pack_one(*f, &v, buf) {
+                return Err(self.field_error(v.py(), i, *f, e));
+            }
             i += 1;
-            item(i - 1)
-        };
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn pack_one(&self, f: Field, v: &Bound<'_, PyAny>, buf: &mut Vec<u8>) -> PyResult<()> {
         macro_rules! put {
             ($t:ty) => {{
-                let x: $t = next()?.extract()?;
+                let x: $t = v.extract()?;
                 if self.big {
                     buf.extend_from_slice(&x.to_be_bytes())
                 } else {
@@ -262,32 +279,64 @@ impl Format {
                 }
             }};
         }
-        for f in self.fields.iter() {
-            match *f {
-                Field::Pad(n) => buf.resize(buf.len() + n, 0),
-                Field::Bytes(n) => {
-                    let v = next()?;
-                    let at = buf.len();
-                    with_bytes(&v, |b| buf.extend_from_slice(&b[..b.len().min(n)]))?;
-                    buf.resize(at + n, 0);
+        match f {
+            Field::Pad(n) => buf.resize(buf.len() + n, 0),
+            Field::Bytes(n) => {
+                let at = buf.len();
+                if let Ok(b) = v.cast::<PyBytes>() {
+                    let b = b.as_bytes();
+                    buf.extend_from_slice(&b[..b.len().min(n)]);
+                } else if let Ok(b) = v.cast::<PyByteArray>() {
+                    let b = b.to_vec();
+                    buf.extend_from_slice(&b[..b.len().min(n)]);
+                } else {
+                    return Err(PyTypeError::new_err(format!(
+                        "needs bytes, not {}",
+                        v.get_type().name()?
+                    )));
                 }
-                Field::Bool => {
-                    let x = next()?.is_truthy()?;
-                    buf.push(u8::from(x));
-                }
-                Field::I8 => put!(i8),
-                Field::U8 => put!(u8),
-                Field::I16 => put!(i16),
-                Field::U16 => put!(u16),
-                Field::I32 => put!(i32),
-                Field::U32 => put!(u32),
-                Field::I64 => put!(i64),
-                Field::U64 => put!(u64),
-                Field::F32 => put!(f32),
-                Field::F64 => put!(f64),
+                buf.resize(at + n, 0);
             }
+            Field::Bool => buf.push(u8::from(v.is_truthy()?)),
+            Field::I8 => put!(i8),
+            Field::U8 => put!(u8),
+            Field::I16 => put!(i16),
+            Field::U16 => put!(u16),
+            Field::I32 => put!(i32),
+            Field::U32 => put!(u32),
+            Field::I64 => put!(i64),
+            Field::U64 => put!(u64),
+            Field::F32 => put!(f32),
+            Field::F64 => put!(f64),
         }
         Ok(())
+    }
+
+    /// `e` (from packing value `i`, of field `f`) said with the field and the format, as the
+    /// same kind of exception.
+    #[cold]
+    fn field_error(&self, py: Python<'_>, i: usize, f: Field, e: PyErr) -> PyErr {
+        let code = match f {
+            Field::Pad(_) => "x".to_owned(),
+            Field::Bool => "?".into(),
+            Field::I8 => "b".into(),
+            Field::U8 => "B".into(),
+            Field::I16 => "h".into(),
+            Field::U16 => "H".into(),
+            Field::I32 => "i".into(),
+            Field::U32 => "I".into(),
+            Field::I64 => "q".into(),
+            Field::U64 => "Q".into(),
+            Field::F32 => "f".into(),
+            Field::F64 => "d".into(),
+            Field::Bytes(n) => format!("{n}s"),
+        };
+        let msg = format!(
+            "struct format '{}', value {i} ('{code}'): {}",
+            &*self.text,
+            e.value(py)
+        );
+        PyErr::from_type(e.get_type(py), msg)
     }
 }
 
