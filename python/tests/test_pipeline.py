@@ -1246,8 +1246,11 @@ def test_sigint_drains_the_flow_then_raises_keyboard_interrupt(tmp_path):
         "    print('interrupted', s['source'], s['sink'], len(out), flush=True)\n"
         "else:\n"
         "    print('returned', flush=True)\n")
+    # As from a terminal: SIGINT not ignored (a shell's background job, as CI may be, would
+    # have it ignored, and a child inherits that).
     proc = subprocess.Popen([sys.executable, str(tmp_path / "interrupted.py")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 30
         while True:
@@ -1301,3 +1304,153 @@ def test_processes_return_their_stats_summed_and_raise_as_one_process_does(tmp_p
     assert (stats["source"], stats["sink"], stats["failed"]) == (5_000, 5_000, 0), stats
     assert second.startswith("raised process "), second
     assert "no 777" in second, second
+
+
+def stopping_flow(src, out, keyed):
+    """Lines `0..n` of `src` through a map that raises on line 1000, into `out`; keyed: through
+    key_by and a state (records then cross workers)."""
+    flow = cp.Flow()
+
+    def check(n):
+        if n == 1000:
+            raise ValueError("line 1000 is bad")
+        return n
+
+    s = flow.source(cp.file(src, frame="lines", decode=cp.text)).named("lines").map(int).map(check)
+    if keyed:
+        seen = flow.keyed_state(lambda: {"n": 0})
+
+        def count(state, n):
+            state["n"] += 1
+            return n
+        s = s.key_by(lambda n: n % 64).update(seen, count)
+    s.sink(cp.collect(out))
+    return flow
+
+
+@pytest.mark.parametrize("workers,keyed", [(1, False), (2, True)])
+def test_errors_stop_lets_nothing_read_after_the_failure_reach_the_sink(tmp_path, workers, keyed):
+    """errors="stop" on line 1000 of 200,000: `run` raises PipelineError naming the pipeline,
+    the step, the exception and the record; the sink gets no record from line 1000 on (one
+    worker: exactly the lines before it, in order), however far the reader had got."""
+    src = tmp_path / "lines.txt"
+    src.write_text("".join(f"{i}\n" for i in range(200_000)))
+    for _ in range(3):
+        out = []
+        flow = stopping_flow(src, out, keyed)
+        with pytest.raises(cp.PipelineError) as e:
+            flow.run(workers=workers, errors="stop")
+        text = str(e.value)
+        assert "pipeline lines" in text and ":map:check" in text, text
+        assert "ValueError: line 1000 is bad" in text and "on record 1000" in text, text
+        assert all(n < 1000 for n in out), max(out)
+        if workers == 1:
+            assert out == list(range(1000))
+
+
+def test_a_record_that_fails_to_decode_goes_through_errors(tmp_path):
+    """Bad JSON and bad UTF-8 are failures like a raising function: "stop" raises naming the
+    cause, a dead-letter file gets each record (its text, or base64 where not UTF-8), "skip"
+    counts them as rejected input and goes on."""
+    src = tmp_path / "events.jsonl"
+    src.write_bytes(b'{"a": 1}\n{"a": \n{"a": 2}\n\xff\xfe\n{"a": 3}\n')
+
+    def flow_into(out, decode=cp.json):
+        flow = cp.Flow()
+        flow.source(cp.file(src, frame="lines", decode=decode)).named("events").sink(
+            cp.collect(out))
+        return flow
+
+    out = []
+    with pytest.raises(cp.PipelineError, match="failed to decode") as e:
+        flow_into(out).run(errors="stop")
+    assert '{\\"a\\": ' in str(e.value) or '{"a": ' in str(e.value), str(e.value)
+    assert out == [{"a": 1}], out
+    dead = tmp_path / "dead.jsonl"
+    out = []
+    stats = flow_into(out).run(errors=cp.dead_letter(dead))
+    assert out == [{"a": 1}, {"a": 2}, {"a": 3}]
+    assert stats["events"]["rejected"] == 2, stats
+    lines = [json.loads(line) for line in dead.read_text().splitlines()]
+    assert [line["step"] for line in lines] == ["decode", "decode"], lines
+    assert lines[0]["record"] == '{"a": ', lines
+    assert "record" not in lines[1] and lines[1]["record_base64"] == "//4=", lines
+    out = []
+    stats = flow_into(out, decode=cp.text).run(errors="skip")
+    assert out == ['{"a": 1}', '{"a": ', '{"a": 2}', '{"a": 3}'], out
+    assert stats["events"]["rejected"] == 1, stats
+
+
+def test_a_state_factory_that_raises_fails_the_record_and_is_tried_again(tmp_path, capfd):
+    """The factory raising for a key's first record fails that record (counted, logged with
+    the key and the traceback); the key's next record makes its state afresh."""
+    src = write_framed(tmp_path / "in.bin", [b"a:1", b"a:2", b"a:3", b"b:1"])
+    made = []
+
+    def factory():
+        made.append(1)
+        if len(made) == 1:
+            raise RuntimeError("no state yet")
+        return {"n": 0}
+
+    def count(state, rec):
+        state["n"] += 1
+        return (rec, state["n"])
+
+    out = []
+    flow = cp.Flow()
+    counts = flow.keyed_state(factory)
+    (flow.source(cp.file(src)).named("p").key_by(lambda r: r.split(b":")[0])
+        .update(counts, count).sink(cp.collect(out)))
+    stats = run(flow)
+    assert out == [(b"a:2", 1), (b"a:3", 2), (b"b:1", 1)], out
+    assert stats["p"]["failed"] == 1, stats
+    err = capfd.readouterr().err
+    assert "for key b'a'" in err and "RuntimeError: no state yet" in err, err
+
+
+def test_update_over_an_immutable_state_is_refused_pointing_to_stateful_map(tmp_path):
+    """`s += 1` on an int state changes nothing the engine keeps: refused at the first record
+    (errors="stop" raises), with the way out in the message."""
+    src = write_framed(tmp_path / "in.bin", [b"a", b"a", b"b"])
+
+    def add(state, rec):
+        state += 1
+        return state
+
+    flow = cp.Flow()
+    n = flow.keyed_state(lambda: 0)
+    flow.source(cp.file(src)).key_by(lambda r: r).update(n, add).sink(cp.discard())
+    with pytest.raises(cp.PipelineError, match="immutable int.*stateful_map"):
+        flow.run(errors="stop")
+    out = []
+    flow = cp.Flow()
+    n = flow.keyed_state(lambda: 0)
+    (flow.source(cp.file(src)).key_by(lambda r: r)
+        .stateful_map(n, lambda s, r: (s + 1, (r, s + 1))).sink(cp.collect(out)))
+    run(flow)
+    assert sorted(out) == [(b"a", 1), (b"a", 2), (b"b", 1)]
+
+
+def test_the_struct_encoder_is_as_strict_as_struct_pack(tmp_path):
+    """Values `struct.pack` refuses are refused (a str for `s` is not truncated into bytes), and
+    the error names the value, its code and the format."""
+    fmt = ">4sH"
+    src = write_framed(tmp_path / "in.bin", [b"x"])
+    for value, kind, words in [(("ABCD", 1), "TypeError", "value 0 ('4s'): needs bytes, not str"),
+                               ((b"ABCD", 70_000), "OverflowError", "value 1 ('H')")]:
+        with pytest.raises(struct.error):
+            struct.pack(fmt, *value)
+        flow = cp.Flow()
+        (flow.source(cp.file(src)).map(lambda _r, v=value: v)
+            .sink(cp.file_out(tmp_path / "out.bin", encode=cp.struct(fmt))))
+        with pytest.raises(cp.PipelineError) as e:
+            flow.run(errors="stop")
+        text = str(e.value)
+        assert kind in text and words in text and "'>4sH'" in text, text
+    out = tmp_path / "good.bin"
+    flow = cp.Flow()
+    (flow.source(cp.file(src)).map(lambda _r: (bytearray(b"AB"), 65_535))
+        .sink(cp.file_out(out, encode=cp.struct(fmt))))
+    run(flow)
+    assert unframe(out.read_bytes()) == [struct.pack(fmt, b"AB", 65_535)]

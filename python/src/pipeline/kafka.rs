@@ -88,27 +88,37 @@ impl PyTask {
         let Some((step, factory)) = &p.step else {
             return self.post(py, p, Some(&k), x, out);
         };
-        let fresh = || {
-            factory
-                .bind(py)
-                .call0()
-                .map(Bound::unbind)
-                .unwrap_or_else(|e| {
-                    p.failures.fail(py, "keyed_state", &e, None);
-                    py.None()
-                })
+        // A key's first record makes its state; if the factory raises, that record fails
+        // (the key named) and the key's next record tries again.
+        let fresh = if state.get(&k).is_none() {
+            match factory.bind(py).call0() {
+                Ok(s) => Some(s.unbind()),
+                Err(e) => {
+                    let key = k
+                        .to_py(py)
+                        .bind(py)
+                        .repr()
+                        .map(|r| r.to_string())
+                        .unwrap_or_default();
+                    let step = format!("keyed_state (the state factory, for key {key})");
+                    return p.failures.fail(py, &step, &e, Some(&x));
+                }
+            }
+        } else {
+            None
         };
+        let made = || fresh.unwrap_or_else(|| py.None());
         let result = match step {
             KStep::Update(f) => {
-                let st = state.update(k.clone(), fresh);
+                let st = state.update(k.clone(), made);
                 f.bind(py).call1((st.bind(py), x.bind(py)))
             }
             KStep::Read(f) => match state.get(&k) {
                 Some(st) => f.bind(py).call1((st.bind(py), x.bind(py))),
-                None => f.bind(py).call1((fresh(), x.bind(py))),
+                None => f.bind(py).call1((made(), x.bind(py))),
             },
             KStep::Map(f) => {
-                let st = state.update(k.clone(), fresh);
+                let st = state.update(k.clone(), made);
                 f.bind(py).call1((st.bind(py), x.bind(py))).and_then(|r| {
                     let (s, o): (Obj, Obj) = r.extract()?;
                     *st = s;

@@ -29,7 +29,7 @@ use codec::{Decoder, Encoder};
 use key::Key;
 use stateful::{Agg, Decoded, Mode, Pass, Span, Update, Window};
 use steps::{
-    step_name, Chain, Failures, KeyFn, KeyStep, KeyedAlready, Kind, Op, Out, Policy, Stopper,
+    step_name, Chain, Failures, KeyFn, KeyStep, KeyedAlready, Kind, Op, Out, Policy, Stopper, To,
 };
 
 /// A Python object held by the engine.
@@ -128,6 +128,10 @@ fn sink(
 ) -> PyResult<(Sink<Vec<u8>>, Out)> {
     let kind: String = spec.get_item(0)?.extract()?;
     let copy = |v: &Vec<u8>, buf: &mut Vec<u8>| buf.extend_from_slice(v);
+    let out = |to| Out {
+        to,
+        stopped: failures.stopped.clone(),
+    };
     match kind.as_str() {
         "tcp" | "file" => {
             let enc = Encoder::from_spec(py, &spec.get_item(2)?)?;
@@ -137,13 +141,13 @@ fn sink(
             } else {
                 Sink::file(target, copy)
             };
-            Ok((sink, Out::Encode(enc, failures.clone())))
+            Ok((sink, out(To::Encode(enc, failures.clone()))))
         }
         "list" => {
             let list = spec.get_item(1)?.cast_into::<PyList>()?.unbind();
-            Ok((Sink::discard(), Out::Append(Arc::new(list))))
+            Ok((Sink::discard(), out(To::Append(Arc::new(list)))))
         }
-        "discard" => Ok((Sink::discard(), Out::Discard)),
+        "discard" => Ok((Sink::discard(), out(To::Discard))),
         "kafka" => Err(PyValueError::new_err(
             "kafka_out takes the results of Kafka sources (a flow is all Kafka or none)",
         )),
@@ -195,7 +199,17 @@ fn key_fn(py: Python<'_>, key: &Bound<'_, PyAny>, at: usize) -> PyResult<(KeyFn,
 const MAX_WINDOWS_PER_RECORD: f64 = 10_000.0;
 
 /// The shared keyed states, by the id Python gave each.
-type States = HashMap<u64, KeyedState<Key, Obj>>;
+type States = HashMap<u64, Shared>;
+
+/// A keyed state of the flow, and how a key's state is made: `factory()`, or `missing` when
+/// the factory raised (the record that needed it fails, and the next one of the key tries
+/// again).
+#[derive(Clone)]
+struct Shared {
+    state: KeyedState<Key, Obj>,
+    factory: Arc<Obj>,
+    missing: Arc<Obj>,
+}
 
 fn build(
     py: Python<'_>,
@@ -221,9 +235,10 @@ fn build(
         );
         let post = chain(py, &s.post, s.pre.len() + 1, &failures)?;
         let mut cache = codec::Interner::default();
+        let fails = failures.clone();
         let decode = move |rec: &[u8]| {
             dec.decode_cached(py_static(), rec, &mut cache)
-                .map_err(|e| e.to_string())
+                .map_err(|e| failed(&fails, rec, e.to_string()))
         };
         return Ok(Pipeline::new(&s.name, src, decode)
             .step(pre)
@@ -254,14 +269,13 @@ fn build(
     };
     if let Some((format, field)) = raw {
         let size = format.size();
+        let fails = failures.clone();
         let decode = move |rec: &[u8]| {
             if rec.len() != size {
-                return Err(format!(
-                    "record of {} bytes, the format takes {size}",
-                    rec.len()
-                ));
+                let why = format!("record of {} bytes, the format takes {size}", rec.len());
+                return Err(failed(&fails, rec, why));
             }
-            let k = field.key(rec)?;
+            let k = field.key(rec).map_err(|e| failed(&fails, rec, e))?;
             Ok((k, wire::Raw(rec.into())))
         };
         let keyed = Pipeline::new(&s.name, src, decode)
@@ -280,11 +294,13 @@ fn build(
     };
     if let Some(field) = direct {
         let mut cache = codec::Interner::default();
+        let fails = failures.clone();
         let decode = move |rec: &[u8]| {
             let item = dec
                 .decode_cached(py_static(), rec, &mut cache)
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>((field.key(rec)?, item))
+                .map_err(|e| failed(&fails, rec, e.to_string()))?;
+            let key = field.key(rec).map_err(|e| failed(&fails, rec, e))?;
+            Ok::<_, String>((key, item))
         };
         let keyed = Pipeline::new(&s.name, src, decode)
             .step(KeyedAlready::new(name))
@@ -293,9 +309,10 @@ fn build(
         return Ok(stage.attach(ObjHead(keyed), post, out, sink));
     }
     let mut cache = codec::Interner::default();
+    let fails = failures.clone();
     let decode = move |rec: &[u8]| {
         dec.decode_cached(py_static(), rec, &mut cache)
-            .map_err(|e| e.to_string())
+            .map_err(|e| failed(&fails, rec, e.to_string()))
     };
     let key_step = KeyStep {
         name,
@@ -309,6 +326,13 @@ fn build(
         .key_by(|(k, _): &(Key, Obj)| k.clone())
         .wire(wire::PyWire::new(py)?);
     Ok(stage.attach(ObjHead(keyed), post, out, sink))
+}
+
+/// A record the decoder refused: through the flow's `errors=` policy, then back to the engine
+/// (which counts it as rejected input).
+fn failed(failures: &Failures, rec: &[u8], why: String) -> String {
+    failures.decode_failed(rec, &why);
+    why
 }
 
 /// A keyed pipeline's stateful step, as built from its spec.
@@ -395,12 +419,14 @@ fn stage(
     match kind.as_str() {
         "update" | "stateful_map" => {
             let id: u64 = st.get_item(1)?.extract()?;
-            let state = states
+            let shared = states
                 .get(&id)
                 .ok_or_else(|| PyValueError::new_err("a state of another flow"))?
                 .clone();
             let step = Update {
-                state,
+                state: shared.state,
+                factory: shared.factory,
+                missing: shared.missing,
                 f: Arc::new(st.get_item(2)?.unbind()),
                 mode: if kind == "update" {
                     Mode::InPlace
@@ -563,9 +589,7 @@ impl FlowHandle {
             return Ok(false);
         }
         if let Some(why) = self.stopped.get() {
-            return Err(PipelineError::new_err(format!(
-                "stopped by an exception in {why}"
-            )));
+            return Err(PipelineError::new_err(why.clone()));
         }
         match &*lock(&self.result) {
             Some(Err(e)) => Err(PyRuntimeError::new_err(e.clone())),
@@ -816,23 +840,35 @@ pub(crate) fn start_flow(
         let id: u64 = id.extract()?;
         let name: String = v.get_item(0)?.extract()?;
         let factory = Arc::new(v.get_item(1)?.unbind());
-        let name2 = name.clone();
-        let state = KeyedState::new(&name, move |_: &Key| {
-            let py = py_static();
-            factory
-                .bind(py)
-                .call0()
-                .map(Bound::unbind)
-                .unwrap_or_else(|e| {
-                    tracing::error!(state = %name2, "the state factory raised: {e}");
-                    py.None()
-                })
-        });
+        // A fresh object no user value is: the state of a key whose factory raised.
+        let missing = Arc::new(py.eval(c"object()", None, None)?.unbind());
+        let state = {
+            let (factory, missing) = (factory.clone(), missing.clone());
+            KeyedState::new(&name, move |_: &Key| {
+                let py = py_static();
+                factory.bind(py).call0().map_or_else(
+                    |e| {
+                        // The record that needed it fails with this error (the step takes it
+                        // on this thread, next).
+                        stateful::factory_failed(e);
+                        missing.clone_ref(py)
+                    },
+                    Bound::unbind,
+                )
+            })
+        };
         let state = match &checkpoint {
             Some(_) => pickled(py, state)?,
             None => state,
         };
-        shared.insert(id, state);
+        shared.insert(
+            id,
+            Shared {
+                state,
+                factory,
+                missing,
+            },
+        );
     }
     let mut topology = Topology::new();
     for (spec, f) in specs.into_iter().zip(&failures) {

@@ -24,6 +24,10 @@ pub(crate) enum Mode {
 /// A Python function over each key's state, shared by every pipeline given the same state.
 pub(crate) struct Update {
     pub(crate) state: KeyedState<Key, Obj>,
+    /// Makes a key's state.
+    pub(crate) factory: Arc<Obj>,
+    /// The state of a key whose factory raised (made again for its next record).
+    pub(crate) missing: Arc<Obj>,
     pub(crate) f: Arc<Obj>,
     pub(crate) mode: Mode,
     pub(crate) name: Arc<str>,
@@ -34,6 +38,8 @@ impl Clone for Update {
     fn clone(&self) -> Self {
         Update {
             state: self.state.clone(),
+            factory: self.factory.clone(),
+            missing: self.missing.clone(),
             f: self.f.clone(),
             mode: self.mode,
             name: self.name.clone(),
@@ -51,8 +57,13 @@ impl Stateful<Key, (Key, Obj)> for Update {
     // Always inlined into the engine's tail (the hot path), also now that `Decoded` calls it
     // too: as a call of its own it cost some 50 instructions a record more (callgrind).
     #[inline(always)]
-    fn update(&mut self, state: &mut Obj, (_, item): (Key, Obj), emit: &mut Emit<'_, Obj>) {
+    fn update(&mut self, state: &mut Obj, (key, item): (Key, Obj), emit: &mut Emit<'_, Obj>) {
         let py = py();
+        if (state.is(&*self.missing) || self.mode == Mode::InPlace && immutable(state.bind(py)))
+            && !self.make_state(py, state, &key, &item)
+        {
+            return;
+        }
         super::set_read_ns(emit.source_time_ns());
         let r = self.f.bind(py).call1((state.bind(py), item.bind(py)));
         super::set_read_ns(0);
@@ -85,6 +96,82 @@ impl Stateful<Key, (Key, Obj)> for Update {
             Err(e) => self.failures.fail(py, &self.name, &e, Some(&item)),
         }
     }
+}
+
+impl Update {
+    /// A key's state when the factory raised before (made again now), or an immutable one
+    /// `update` cannot change (refused). False: the record failed and is not processed.
+    #[cold]
+    fn make_state(&self, py: Python<'_>, state: &mut Obj, key: &Key, item: &Obj) -> bool {
+        let key = key
+            .to_py(py)
+            .bind(py)
+            .repr()
+            .map(|r| r.to_string())
+            .unwrap_or_default();
+        if state.is(&*self.missing) {
+            // Made just now, and the factory raised: that error; made before: try again.
+            let made = match FACTORY_ERROR.with(|e| e.borrow_mut().take()) {
+                Some(e) => Err(e),
+                None => self.factory.bind(py).call0(),
+            };
+            match made {
+                Ok(s) => *state = s.unbind(),
+                Err(e) => {
+                    let step = format!("{} (the state factory, for key {key})", self.name);
+                    self.failures.fail(py, &step, &e, Some(item));
+                    return false;
+                }
+            }
+        }
+        if self.mode == Mode::InPlace && immutable(state.bind(py)) {
+            let kind = state
+                .bind(py)
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default();
+            let e = pyo3::exceptions::PyTypeError::new_err(format!(
+                "update() changes a key's state in place, and the state of key {key} is an \
+                 immutable {kind}: a change to it would be lost; give keyed_state a factory of \
+                 a mutable value (a dict, a list), or use stateful_map, whose function returns \
+                 (new_state, output)"
+            ));
+            self.failures.fail(py, &self.name, &e, Some(item));
+            return false;
+        }
+        true
+    }
+}
+
+thread_local! {
+    /// The error of the state factory that just raised on this thread, for the record that
+    /// needed the state.
+    static FACTORY_ERROR: std::cell::RefCell<Option<PyErr>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The state factory raised `e` making a key's state on this thread.
+pub(crate) fn factory_failed(e: PyErr) {
+    FACTORY_ERROR.with(|slot| *slot.borrow_mut() = Some(e));
+}
+
+/// Whether `v` is of a type whose values never change (an int, a float, a str, bytes, a tuple,
+/// a frozenset, None, a bool): `update` could not change it.
+#[inline(always)]
+fn immutable(v: &Bound<'_, PyAny>) -> bool {
+    use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyFrozenSet, PyInt, PyList, PyString};
+    // The usual states first: a comparison or two per record.
+    if v.is_exact_instance_of::<PyDict>() || v.is_exact_instance_of::<PyList>() {
+        return false;
+    }
+    v.is_none()
+        || v.is_exact_instance_of::<PyInt>()
+        || v.is_exact_instance_of::<PyFloat>()
+        || v.is_exact_instance_of::<PyString>()
+        || v.is_exact_instance_of::<PyBytes>()
+        || v.is_exact_instance_of::<PyTuple>()
+        || v.is_exact_instance_of::<PyFrozenSet>()
+        || v.is_exact_instance_of::<PyBool>()
 }
 
 /// Which items a window takes.

@@ -30,6 +30,36 @@ pub(crate) enum Policy {
 /// Stops the flow (set once it has started).
 pub(crate) type Stopper = Arc<OnceLock<Box<dyn Fn() + Send + Sync>>>;
 
+/// `s` cut to at most `max` characters (a `…` where it was cut).
+fn clipped(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_owned(),
+    }
+}
+
+/// An exception as `Type: message`.
+fn exception_text(py: Python<'_>, e: &PyErr) -> String {
+    let name = e
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    format!("{name}: {}", e.value(py))
+}
+
+/// A record's bytes for a log line or a dead-letter file: its text if it is UTF-8, else
+/// base64 (`true`).
+fn bytes_text(b: &[u8]) -> (String, bool) {
+    match std::str::from_utf8(b) {
+        Ok(s) => (s.to_owned(), false),
+        Err(_) => {
+            use base64::Engine as _;
+            (base64::engine::general_purpose::STANDARD.encode(b), true)
+        }
+    }
+}
+
 /// A pipeline's failures: counted, logged (every one's traceback for the first ten, then at
 /// most one a second with the count held back), and handled by the policy.
 pub(crate) struct Failures {
@@ -40,6 +70,8 @@ pub(crate) struct Failures {
     /// Whether the policy stopped the flow, and the first error's text.
     pub(crate) stopped: Arc<OnceLock<String>>,
     log: Mutex<(Option<Instant>, u64)>,
+    /// Records the decoder refused.
+    decode_failures: AtomicU64,
 }
 
 impl Failures {
@@ -56,6 +88,69 @@ impl Failures {
             stop,
             stopped,
             log: Mutex::new((None, 0)),
+            decode_failures: AtomicU64::new(0),
+        }
+    }
+
+    /// Stops the flow for `why` (the first reason wins): sources stop reading, and nothing
+    /// more reaches a sink.
+    fn halt(&self, why: String) {
+        if self.stopped.set(why).is_ok() {
+            if let Some(stop) = self.stop.get() {
+                stop();
+            }
+        }
+    }
+
+    /// A record the decoder refused (`why`): logged with a sample of its bytes (the first ten,
+    /// then at most one a second), and handled by the policy: "stop" stops the flow, a
+    /// dead-letter file gets a line with its bytes (text, or base64 where not UTF-8). The
+    /// engine counts it as rejected input.
+    pub(crate) fn decode_failed(&self, rec: &[u8], why: &str) {
+        let n = self.decode_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let due = {
+            let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            let due = n <= 10 || log.0.is_none_or(|t| now.duration_since(t).as_secs() >= 1);
+            if due {
+                log.0 = Some(now);
+            }
+            due
+        };
+        if due {
+            let sample: String = rec
+                .iter()
+                .take(64)
+                .flat_map(|b| std::ascii::escape_default(*b))
+                .map(char::from)
+                .collect();
+            tracing::error!(pipeline = %self.pipeline, failed = n, bytes = rec.len(),
+                "a record failed to decode ({why}); sample: b\"{sample}\"{}",
+                if rec.len() > 64 { "…" } else { "" });
+        }
+        match &*self.policy {
+            Policy::Skip => {}
+            Policy::Stop => {
+                let (text, b64) = bytes_text(&rec[..rec.len().min(200)]);
+                self.halt(format!(
+                    "pipeline {}: a record failed to decode ({why}): {}{text:?}",
+                    self.pipeline,
+                    if b64 { "base64 " } else { "" }
+                ));
+            }
+            Policy::DeadLetter(file) => {
+                let (text, b64) = bytes_text(rec);
+                let mut line = serde_json::json!({
+                    "pipeline": &*self.pipeline,
+                    "step": "decode",
+                    "error": why,
+                });
+                line[if b64 { "record_base64" } else { "record" }] = text.into();
+                let mut f = file.lock().unwrap_or_else(|e| e.into_inner());
+                if let Err(err) = writeln!(f, "{line}") {
+                    tracing::error!(pipeline = %self.pipeline, error = %err, "dead-letter file write failed");
+                }
+            }
         }
     }
 
@@ -99,15 +194,19 @@ impl Failures {
         match &*self.policy {
             Policy::Skip => {}
             Policy::Stop => {
-                if self
-                    .stopped
-                    .set(format!("{}: {step}: {e}", self.pipeline))
-                    .is_ok()
-                {
-                    if let Some(stop) = self.stop.get() {
-                        stop();
-                    }
-                }
+                let record = records
+                    .first()
+                    .filter(|r| !r.is_none(py))
+                    .map(|r| {
+                        let repr = r.bind(py).repr().map(|r| r.to_string()).unwrap_or_default();
+                        format!(" on record {}", clipped(&repr, 200))
+                    })
+                    .unwrap_or_default();
+                self.halt(format!(
+                    "pipeline {}: step {step} raised {}{record}",
+                    self.pipeline,
+                    exception_text(py, e)
+                ));
             }
             Policy::DeadLetter(file) => {
                 let mut f = file.lock().unwrap_or_else(|e| e.into_inner());
@@ -523,7 +622,15 @@ impl Step<(Key, Obj)> for KeyedAlready {
 }
 
 /// The end of a pipeline: records encoded for a framed sink, or appended to a Python list.
-pub(crate) enum Out {
+/// Once `errors="stop"` has stopped the flow, nothing more reaches the sink: records read
+/// before the failure was known and still on their way are dropped here.
+pub(crate) struct Out {
+    pub(crate) to: To,
+    pub(crate) stopped: Arc<OnceLock<String>>,
+}
+
+/// Where [`Out`] puts a record.
+pub(crate) enum To {
     Encode(Encoder, Arc<Failures>),
     Append(Arc<Py<PyList>>),
     /// Counted as delivered, and dropped.
@@ -532,10 +639,14 @@ pub(crate) enum Out {
 
 impl Clone for Out {
     fn clone(&self) -> Self {
-        match self {
-            Out::Encode(e, f) => Out::Encode(e.clone(), f.clone()),
-            Out::Append(l) => Out::Append(l.clone()),
-            Out::Discard => Out::Discard,
+        let to = match &self.to {
+            To::Encode(e, f) => To::Encode(e.clone(), f.clone()),
+            To::Append(l) => To::Append(l.clone()),
+            To::Discard => To::Discard,
+        };
+        Out {
+            to,
+            stopped: self.stopped.clone(),
         }
     }
 }
@@ -544,21 +655,24 @@ impl Step<Obj> for Out {
     type Out = Vec<u8>;
     #[inline]
     fn push<E: FnMut(Vec<u8>)>(&mut self, item: Obj, emit: &mut E) {
+        if self.stopped.get().is_some() {
+            return;
+        }
         let py = py();
-        match self {
-            Out::Encode(enc, failures) => {
+        match &mut self.to {
+            To::Encode(enc, failures) => {
                 let mut buf = Vec::new();
                 match enc.encode(py, item.bind(py), &mut buf) {
                     Ok(()) => emit(buf),
                     Err(e) => failures.fail(py, "encode", &e, Some(&item)),
                 }
             }
-            Out::Append(list) => match list.bind(py).append(item) {
+            To::Append(list) => match list.bind(py).append(item) {
                 // Nothing to write: the empty record only counts as delivered.
                 Ok(()) => emit(Vec::new()),
                 Err(e) => e.print(py),
             },
-            Out::Discard => emit(Vec::new()),
+            To::Discard => emit(Vec::new()),
         }
     }
     fn counts(&self, _: &mut Vec<u64>) {}
