@@ -1454,3 +1454,27 @@ def test_the_struct_encoder_is_as_strict_as_struct_pack(tmp_path):
         .sink(cp.file_out(out, encode=cp.struct(fmt))))
     run(flow)
     assert unframe(out.read_bytes()) == [struct.pack(fmt, b"AB", 65_535)]
+
+
+def test_a_kafka_record_that_fails_to_decode_goes_through_errors(kafka_bootstrap, tmp_path):
+    """On a Kafka flow too, a record the decoder refuses reaches the dead-letter file (its
+    bytes, base64 where not UTF-8) and the others go on."""
+    tag = f"kdec{time.time_ns() % 10**9}"
+    src, dst = f"{tag}-in", f"{tag}-out"
+    kafka_topics(kafka_bootstrap, src, dst, partitions=1)
+    kafka_produce(kafka_bootstrap, src, [(b"k", b"one"), (b"k", b"\xff\xfe"), (b"k", b"two")])
+    dead = tmp_path / "dead.jsonl"
+    flow = word_count_flow(kafka_bootstrap, tag, src, dst)
+    flow.start(errors=cp.dead_letter(dead))
+    try:
+        got = kafka_read(kafka_bootstrap, dst, 2)
+        deadline = time.time() + 30
+        while not dead.exists() or not dead.read_text():
+            assert time.time() < deadline, "nothing in the dead-letter file"
+            time.sleep(0.05)
+    finally:
+        flow.shutdown()
+        flow.wait(30)
+    assert sorted(v for _, v in got) == [b"one 1", b"two 1"], got
+    lines = [json.loads(line) for line in dead.read_text().splitlines()]
+    assert [(d["step"], d["record_base64"]) for d in lines] == [("decode", "//4=")], lines

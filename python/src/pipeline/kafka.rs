@@ -158,10 +158,12 @@ impl KeyedTask for PyTask {
         let Some(p) = self.pipes.get(input) else {
             return Err(Refused(format!("no pipeline for input {input}")));
         };
-        let rec = p
-            .decode
-            .decode(py, value)
-            .map_err(|e| Refused(e.to_string()))?;
+        let rec = p.decode.decode(py, value).map_err(|e| {
+            // Through the flow's errors= (stop, dead letter, skip), then counted as refused.
+            let why = e.to_string();
+            p.failures.decode_failed(value, &why);
+            Refused(why)
+        })?;
         super::set_read_ns(out.read_time_ns());
         if p.pre.is_empty() {
             self.keyed(py, p, rec, state, out);
