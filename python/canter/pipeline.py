@@ -339,7 +339,9 @@ class KeyedStream(Stream):
 
     def update(self, state, f):
         """`f(state, record)` with the record's key's state, which it may change in place;
-        what it returns, unless None, goes on."""
+        what it returns, unless None, goes on. A state that cannot change in place (an int, a
+        str, a tuple, ...) is refused: a change to it would be lost (use `stateful_map`).
+        A state factory that raises fails the record; the key's next record tries again."""
         self._state(state, f, "update")
         return self._stateful("update", ("update", state.id, f))
 

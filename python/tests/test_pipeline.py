@@ -1478,3 +1478,16 @@ def test_a_kafka_record_that_fails_to_decode_goes_through_errors(kafka_bootstrap
     assert sorted(v for _, v in got) == [b"one 1", b"two 1"], got
     lines = [json.loads(line) for line in dead.read_text().splitlines()]
     assert [(d["step"], d["record_base64"]) for d in lines] == [("decode", "//4=")], lines
+
+
+def test_with_state_reads_an_immutable_state(tmp_path):
+    """`with_state` only reads the state: an int state is fine there (only `update`, which
+    would change it in place, refuses one)."""
+    src = write_framed(tmp_path / "in.bin", [b"a", b"b"])
+    out = []
+    flow = cp.Flow()
+    limit = flow.keyed_state(lambda: 7)
+    (flow.source(cp.file(src)).key_by(lambda r: r)
+        .with_state(limit, lambda s, r: (r, s)).sink(cp.collect(out)))
+    run(flow, errors="stop")
+    assert sorted(out) == [(b"a", 7), (b"b", 7)]

@@ -423,15 +423,18 @@ fn stage(
                 .get(&id)
                 .ok_or_else(|| PyValueError::new_err("a state of another flow"))?
                 .clone();
+            // `with_state`: an update that only reads the state (any value will do).
+            let read_only =
+                st.get_item(3).ok().and_then(|v| v.extract::<bool>().ok()) == Some(true);
             let step = Update {
                 state: shared.state,
                 factory: shared.factory,
                 missing: shared.missing,
                 f: Arc::new(st.get_item(2)?.unbind()),
-                mode: if kind == "update" {
-                    Mode::InPlace
-                } else {
-                    Mode::Replace
+                mode: match (kind.as_str(), read_only) {
+                    ("update", false) => Mode::InPlace,
+                    ("update", true) => Mode::Read,
+                    _ => Mode::Replace,
                 },
                 name,
                 failures,

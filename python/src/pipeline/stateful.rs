@@ -17,6 +17,9 @@ use super::{py, Obj};
 pub(crate) enum Mode {
     /// `f(state, record)` changes the state in place; what it returns (unless None) goes on.
     InPlace,
+    /// `f(state, record)` reads the state (`with_state`); what it returns (unless None) goes
+    /// on.
+    Read,
     /// `f(state, record)` returns `(new_state, output)`; the output (unless None) goes on.
     Replace,
 }
@@ -69,7 +72,7 @@ impl Stateful<Key, (Key, Obj)> for Update {
         super::set_read_ns(0);
         match r {
             Ok(out) => match self.mode {
-                Mode::InPlace => {
+                Mode::InPlace | Mode::Read => {
                     if !out.is_none() {
                         emit.emit(out.unbind());
                     }
