@@ -29,7 +29,10 @@ its orders read).
 
 An exception in a user function is logged with its traceback and the record counted as failed;
 `errors=` chooses what happens next: `"skip"` (the default: the pipeline goes on), `"stop"`
-(`run` raises `PipelineError`), or `dead_letter(path)` (a JSON line per failed record).
+(nothing more reaches a sink; `run` raises `PipelineError` naming the step, the exception and
+the record), or `dead_letter(path)` (a JSON line per failed record). A record the decoder
+refuses goes the same way (counted as rejected; its dead-letter line has its text, or
+`record_base64`).
 """
 
 import itertools
