@@ -15,7 +15,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -121,18 +120,9 @@ fn exactly_once_survives_random_kills_freezes_and_broker_restarts() {
     let sender = {
         let (dir, t, bootstrap) = (dir.clone(), t.clone(), bootstrap.clone());
         thread::spawn(move || {
-            let out = Command::new(env!("CARGO_BIN_EXE_canter"))
-                .args(["send", "market-spread", "--symbols", "500"])
-                .args(["--count", &count.to_string(), "--rate", &rate.to_string()])
-                .args(["--write-dir", dir.to_str().unwrap(), "--kafka", &bootstrap])
-                .args(t.flags())
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "the sender failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let (count, rate) = (count.to_string(), rate.to_string());
+            let args = ["--symbols", "500", "--count", &count, "--rate", &rate];
+            common::kafka::send_market_spread(&bootstrap, &t, &dir, &args)
         })
     };
 

@@ -5,12 +5,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
 use std::thread;
 use std::time::Duration;
 
 mod common;
-use common::kafka::{check, counter, expected, read_values, KafkaPipeline, Topics};
+use common::kafka::{
+    check, counter, expected, read_values, send_market_spread, KafkaPipeline, Topics,
+};
 
 use canter_testkit::KafkaCluster;
 
@@ -82,17 +83,11 @@ fn orders_on_another_broker_than_their_quotes_wait_for_them() {
             );
             thread::sleep(Duration::from_millis(20));
         }
-        let out = Command::new(env!("CARGO_BIN_EXE_canter"))
-            .args(["send", "market-spread", "--symbols", "500"])
-            .args(["--count", "20000", "--write-dir", dir.to_str().unwrap()])
-            .args(["--kafka", bootstrap])
-            .args(t.flags())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        send_market_spread(
+            bootstrap,
+            &t,
+            &dir,
+            &["--symbols", "500", "--count", "20000"],
         );
         let want = expected(&dir);
         let got = read_values(
@@ -124,26 +119,12 @@ fn broker_restart_at(cluster: &KafkaCluster, bootstrap: &str) {
     let sender = {
         let (dir, t, bootstrap) = (dir.clone(), t.clone(), bootstrap.clone());
         thread::spawn(move || {
-            let out = Command::new(env!("CARGO_BIN_EXE_canter"))
-                .args([
-                    "send",
-                    "market-spread",
-                    "--symbols",
-                    "500",
-                    "--count",
-                    "120000",
-                ])
-                .args(["--rate", "30000", "--write-dir", dir.to_str().unwrap()])
-                .args(["--kafka", &bootstrap])
-                .args(common::kafka::config_flags(&bootstrap))
-                .args(t.flags())
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            send_market_spread(
+                &bootstrap,
+                &t,
+                &dir,
+                &["--symbols", "500", "--count", "120000", "--rate", "30000"],
+            )
         })
     };
     // Once results flow, broker 1 dies; two seconds later it is back.

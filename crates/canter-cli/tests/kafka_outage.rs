@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -62,19 +61,8 @@ fn an_outage_under_load_is_seen_at_once_and_sigterm_during_one_is_honoured() {
     let sender = {
         let (dir, t, bootstrap) = (dir.clone(), t.clone(), bootstrap.clone());
         thread::spawn(move || {
-            let out = Command::new(env!("CARGO_BIN_EXE_canter"))
-                .args(["send", "market-spread", "--symbols", "200"])
-                .args(["--count", "60000", "--rate", "3000"])
-                .args(["--write-dir", dir.to_str().unwrap()])
-                .args(["--kafka", &bootstrap])
-                .args(t.flags())
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let args = ["--symbols", "200", "--count", "60000", "--rate", "3000"];
+            common::kafka::send_market_spread(&bootstrap, &t, &dir, &args)
         })
     };
     // Records flow; then the broker dies.

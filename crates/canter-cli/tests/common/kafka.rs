@@ -329,6 +329,24 @@ pub fn explain(got: &[Vec<u8>], want: &[Vec<u8>]) -> String {
     )
 }
 
+/// Runs `canter send market-spread --kafka BOOTSTRAP` with the topics' flags, the cluster's
+/// settings, `--write-dir DIR` (for [`expected`]) and `args`; panics with its stderr if it fails.
+pub fn send_market_spread(bootstrap: &str, t: &Topics, dir: &Path, args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args(["send", "market-spread"])
+        .args(args)
+        .args(["--write-dir", dir.to_str().unwrap(), "--kafka", bootstrap])
+        .args(config_flags(bootstrap))
+        .args(t.flags())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the sender failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A `canter pipeline market-spread --kafka` process; killed when dropped.
 pub struct KafkaPipeline {
     child: Child,
