@@ -131,11 +131,13 @@ impl Failures {
         match &*self.policy {
             Policy::Skip => {}
             Policy::Stop => {
-                let (text, b64) = bytes_text(&rec[..rec.len().min(200)]);
+                // The whole record decides text or base64 (a cut could split a character).
+                let (text, b64) = bytes_text(rec);
                 self.halt(format!(
-                    "pipeline {}: a record failed to decode ({why}): {}{text:?}",
+                    "pipeline {}: a record failed to decode ({why}): {}{:?}",
                     self.pipeline,
-                    if b64 { "base64 " } else { "" }
+                    if b64 { "base64 " } else { "" },
+                    clipped(&text, 200)
                 ));
             }
             Policy::DeadLetter(file) => {
