@@ -518,10 +518,13 @@ impl KafkaPipeline {
     }
 
     /// Waits (up to `limit`) for the process to end by itself (a failpoint); its exit status.
+    /// Returns once the log reader has taken every line the process wrote (its last lines
+    /// are still in the pipe when the process is reaped).
     pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
         let t0 = Instant::now();
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
+                let _ = self.done.recv_timeout(Duration::from_secs(10));
                 return st;
             }
             assert!(
@@ -543,7 +546,6 @@ impl KafkaPipeline {
         // SAFETY: kill(2) on the child's pid, which this struct owns and has not reaped.
         unsafe { libc::kill(self.child.id() as i32, signal) };
         let st = self.wait_exit(limit);
-        let _ = self.done.recv_timeout(Duration::from_secs(10));
         (st, t0.elapsed())
     }
 
