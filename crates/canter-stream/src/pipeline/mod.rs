@@ -57,7 +57,7 @@ pub use checkpoint::CheckpointOptions;
 pub use metrics::{CheckpointTotals, Metrics, Percentiles, PipeSample, Sample, Totals};
 pub use run::{Group, Running, Shutdown, Wire};
 pub use state::{
-    Aggregate, CountWindow, Emit, KeyedState, Local, Open, Span, StateCodec, Stateful,
+    Aggregate, CountWindow, Emit, Final, KeyedState, Local, Open, Span, StateCodec, Stateful,
     TumblingWindow, Update,
 };
 pub use step::{Filter, FlatMap, Id, Map, Step, Then};
@@ -231,13 +231,16 @@ pub enum Sink<O> {
         /// The record encoder.
         encode: Encoder<O>,
     },
-    /// Records appended, length-prefixed, to a file (one writer per worker, whole batches
-    /// per write).
+    /// Records appended, length-prefixed (or as lines), to a file (one writer per worker,
+    /// whole batches per write).
     File {
         /// The file (created if missing).
         path: PathBuf,
         /// The record encoder.
         encode: Encoder<O>,
+        /// Each record followed by a newline instead of after a length (a text file; no
+        /// sequence headers, so not with checkpoints).
+        lines: bool,
     },
     /// An in-memory list (for tests).
     Collect(Collector<O>),
@@ -265,6 +268,21 @@ impl<O> Sink<O> {
         Sink::File {
             path: path.into(),
             encode: Arc::new(encode),
+            lines: false,
+        }
+    }
+
+    /// A file of lines: each record as `encode` writes it, then a newline (`encode` must not
+    /// write one of its own: the line would read back as two). Not with checkpoints (a line
+    /// has no room for the sequence header).
+    pub fn file_lines(
+        path: impl Into<PathBuf>,
+        encode: impl Fn(&O, &mut Vec<u8>) + Send + Sync + 'static,
+    ) -> Self {
+        Sink::File {
+            path: path.into(),
+            encode: Arc::new(encode),
+            lines: true,
         }
     }
 
@@ -286,9 +304,14 @@ impl<O> Clone for Sink<O> {
                 addr: *addr,
                 encode: encode.clone(),
             },
-            Sink::File { path, encode } => Sink::File {
+            Sink::File {
+                path,
+                encode,
+                lines,
+            } => Sink::File {
                 path: path.clone(),
                 encode: encode.clone(),
+                lines: *lines,
             },
             Sink::Collect(c) => Sink::Collect(c.clone()),
             Sink::Discard => Sink::Discard,
@@ -458,6 +481,79 @@ where
         O: Send + 'static,
     {
         self.stateful(TumblingWindow::new(size, time, agg))
+    }
+
+    /// At the end of the input, `(key, value)` for each key, the value folded from `init()`
+    /// by `fold(acc, item)` over the key's items (Bytewax's `fold_final`).
+    #[allow(clippy::type_complexity)]
+    pub fn fold_final<A, I, F>(
+        self,
+        init: I,
+        fold: F,
+    ) -> Tail<T, D, C, KF, K, Final<K, C::Out, A>, Id<(K, A)>>
+    where
+        A: Send + 'static,
+        I: Fn() -> A + Send + Sync + 'static,
+        F: Fn(&mut A, C::Out) + Send + Sync + 'static,
+    {
+        self.stateful(Final::new("fold_final", move |acc, item| {
+            fold(acc.get_or_insert_with(&init), item)
+        }))
+    }
+
+    /// At the end of the input, `(key, n)`: how many items each key had.
+    #[allow(clippy::type_complexity)]
+    pub fn count_final(self) -> Tail<T, D, C, KF, K, Final<K, C::Out, u64>, Id<(K, u64)>> {
+        self.stateful(Final::new("count_final", |n: &mut Option<u64>, _| {
+            *n.get_or_insert(0) += 1
+        }))
+    }
+
+    /// At the end of the input, `(key, item)`, the item made of the key's items by
+    /// `f(acc, item)`, from its first (Bytewax's `reduce_final`).
+    #[allow(clippy::type_complexity)]
+    pub fn reduce_final<F>(
+        self,
+        f: F,
+    ) -> Tail<T, D, C, KF, K, Final<K, C::Out, C::Out>, Id<(K, C::Out)>>
+    where
+        F: Fn(C::Out, C::Out) -> C::Out + Send + Sync + 'static,
+    {
+        self.stateful(Final::new(
+            "reduce_final",
+            move |acc: &mut Option<C::Out>, item| {
+                *acc = Some(match acc.take() {
+                    None => item,
+                    Some(a) => f(a, item),
+                })
+            },
+        ))
+    }
+
+    /// At the end of the input, `(key, item)`: the key's item with the largest `by(item)`
+    /// (the first of equals).
+    #[allow(clippy::type_complexity)]
+    pub fn max_final<B: PartialOrd, F>(
+        self,
+        by: F,
+    ) -> Tail<T, D, C, KF, K, Final<K, C::Out, C::Out>, Id<(K, C::Out)>>
+    where
+        F: Fn(&C::Out) -> B + Send + Sync + 'static,
+    {
+        self.reduce_final(move |a, b| if by(&b) > by(&a) { b } else { a })
+    }
+
+    /// At the end of the input, `(key, item)`: the key's item with the smallest `by(item)`
+    /// (the first of equals).
+    #[allow(clippy::type_complexity)]
+    pub fn min_final<B: PartialOrd, F>(
+        self,
+        by: F,
+    ) -> Tail<T, D, C, KF, K, Final<K, C::Out, C::Out>, Id<(K, C::Out)>>
+    where
+        F: Fn(&C::Out) -> B + Send + Sync + 'static,
+    {
+        self.reduce_final(move |a, b| if by(&b) < by(&a) { b } else { a })
     }
 
     /// Any [`Stateful`] step.

@@ -183,28 +183,37 @@ impl<K: Hash + Eq + Clone, S> Store<K, S> {
         }
     }
 
-    /// The key's state, made on its first sight. Always inlined: it is the tail's lookup per
-    /// record, and a front end with many pipeline types (the Python one) otherwise got it as a
-    /// call of its own, some 20 instructions a record more (callgrind).
-    #[inline(always)]
+    /// The key's state, made on its first sight.
+    #[cfg(test)]
     pub(crate) fn get(&mut self, key: K) -> &mut S {
+        &mut self.slot(key).into_mut().0
+    }
+
+    /// The key's entry, its state made on its first sight: for a step that may drop the state
+    /// afterwards (`remove_entry`; the key is marked changed already, so the next checkpoint
+    /// records it as gone). Always inlined: it is the tail's lookup per record, and a front
+    /// end with many pipeline types (the Python one) otherwise got it as a call of its own,
+    /// some 20 instructions a record more (callgrind).
+    #[inline(always)]
+    pub(crate) fn slot(
+        &mut self,
+        key: K,
+    ) -> std::collections::hash_map::OccupiedEntry<'_, K, (S, bool)> {
         use std::collections::hash_map::Entry;
         match self.map.entry(key) {
-            Entry::Occupied(e) => {
+            Entry::Occupied(mut e) => {
                 if self.track && !e.get().1 {
                     self.changed.push(e.key().clone());
-                    let v = e.into_mut();
-                    v.1 = true;
-                    return &mut v.0;
+                    e.get_mut().1 = true;
                 }
-                &mut e.into_mut().0
+                e
             }
             Entry::Vacant(e) => {
                 let s = (self.init)(e.key());
                 if self.track {
                     self.changed.push(e.key().clone());
                 }
-                &mut e.insert((s, self.track)).0
+                e.insert_entry((s, self.track))
             }
         }
     }
@@ -238,15 +247,19 @@ impl<K: Hash + Eq + Clone, S> Snap for Store<K, S> {
             return out;
         };
         for k in self.changed.drain(..) {
-            if let Some((s, mark)) = self.map.get_mut(&k) {
-                if *mark {
-                    *mark = false;
-                    let s: &S = s;
-                    out.push(
-                        |b| (codec.encode_key)(&k, b),
-                        Some(&|b: &mut Vec<u8>| (codec.encode_state)(s, b)),
-                    );
+            match self.map.get_mut(&k) {
+                Some((s, mark)) => {
+                    if *mark {
+                        *mark = false;
+                        let s: &S = s;
+                        out.push(
+                            |b| (codec.encode_key)(&k, b),
+                            Some(&|b: &mut Vec<u8>| (codec.encode_state)(s, b)),
+                        );
+                    }
                 }
+                // Dropped since (a step discarded it): gone from the checkpoint too.
+                None => out.push(|b| (codec.encode_key)(&k, b), None),
             }
         }
         out
@@ -289,11 +302,30 @@ impl<K: Hash + Eq + Clone, S> Snap for Store<K, S> {
 pub struct Emit<'a, O> {
     f: &'a mut dyn FnMut(O),
     read_ns: u64,
+    discard: bool,
 }
 
 impl<'a, O> Emit<'a, O> {
     pub(crate) fn new(f: &'a mut dyn FnMut(O), read_ns: u64) -> Self {
-        Emit { f, read_ns }
+        Emit {
+            f,
+            read_ns,
+            discard: false,
+        }
+    }
+
+    /// Drops the key's state once this call returns: its next item starts from a new state
+    /// (made as on the key's first sight). A checkpoint or changelog then holds no state for
+    /// the key.
+    #[inline]
+    pub fn discard(&mut self) {
+        self.discard = true;
+    }
+
+    /// Whether [`Emit::discard`] was called.
+    #[inline]
+    pub(crate) fn discarded(&self) -> bool {
+        self.discard
     }
 
     /// Sends `item` on, to the steps after this one and the sink.
@@ -319,9 +351,10 @@ pub trait Stateful<K, T>: Clone + Send + 'static {
     fn state(&self) -> KeyedState<K, Self::State>;
     /// Handles one item.
     fn update(&mut self, state: &mut Self::State, item: T, emit: &mut Emit<'_, Self::Out>);
-    /// The input has ended: emit what is still held (open windows).
-    fn finish(&mut self, state: &mut Self::State, emit: &mut Emit<'_, Self::Out>) {
-        let _ = (state, emit);
+    /// The input has ended: emit what is still held for `key` (open windows, final
+    /// aggregations); [`Emit::discard`] drops the key's state.
+    fn finish(&mut self, key: &K, state: &mut Self::State, emit: &mut Emit<'_, Self::Out>) {
+        let _ = (key, state, emit);
     }
     /// Items refused as too late (event-time windows).
     fn late(&self) -> u64 {
@@ -559,7 +592,7 @@ where
         let acc = st.acc.get_or_insert_with(|| (self.agg.init)());
         (self.agg.update)(acc, item);
     }
-    fn finish(&mut self, st: &mut Open<K, A>, emit: &mut Emit<'_, O>) {
+    fn finish(&mut self, _: &K, st: &mut Open<K, A>, emit: &mut Emit<'_, O>) {
         self.close(st, emit);
     }
     fn late(&self) -> u64 {
@@ -576,6 +609,61 @@ impl<K, T, A, O> TumblingWindow<K, T, A, O> {
             };
             emit.emit((self.agg.output)(&st.key, acc, span));
         }
+    }
+}
+
+/// A final aggregation: each key's items are folded as they come, and one `(key, value)` per
+/// key goes out when the input ends (Bytewax's `fold_final` and its kin); the key's state is
+/// dropped then. Built by [`Keyed::fold_final`](super::Keyed::fold_final),
+/// [`count_final`](super::Keyed::count_final), [`reduce_final`](super::Keyed::reduce_final),
+/// [`max_final`](super::Keyed::max_final) and [`min_final`](super::Keyed::min_final).
+pub struct Final<K, T, A> {
+    state: KeyedState<K, Option<A>>,
+    fold: Arc<dyn Fn(&mut Option<A>, T) + Send + Sync>,
+}
+
+impl<K, T, A> Clone for Final<K, T, A> {
+    fn clone(&self) -> Self {
+        Final {
+            state: self.state.clone(),
+            fold: self.fold.clone(),
+        }
+    }
+}
+
+impl<K, T, A> Final<K, T, A> {
+    /// `fold(acc, item)` for each item of a key, `acc` None before its first.
+    pub(crate) fn new(
+        name: &str,
+        fold: impl Fn(&mut Option<A>, T) + Send + Sync + 'static,
+    ) -> Self {
+        Final {
+            state: KeyedState::new(name, |_: &K| None),
+            fold: Arc::new(fold),
+        }
+    }
+}
+
+impl<K, T, A> Stateful<K, T> for Final<K, T, A>
+where
+    K: Clone + Send + 'static,
+    T: 'static,
+    A: Send + 'static,
+{
+    type State = Option<A>;
+    type Out = (K, A);
+    fn state(&self) -> KeyedState<K, Option<A>> {
+        self.state.clone()
+    }
+    #[inline]
+    fn update(&mut self, acc: &mut Option<A>, item: T, _: &mut Emit<'_, (K, A)>) {
+        (self.fold)(acc, item)
+    }
+    fn finish(&mut self, key: &K, acc: &mut Option<A>, emit: &mut Emit<'_, (K, A)>) {
+        if let Some(acc) = acc.take() {
+            emit.emit((key.clone(), acc));
+        }
+        emit.discard();
     }
 }
 
@@ -600,7 +688,7 @@ mod tests {
             keys.sort_unstable();
             for k in keys {
                 let st = store.get(k);
-                step.finish(st, &mut Emit::new(&mut |o| out.push(o), 0));
+                step.finish(&k, st, &mut Emit::new(&mut |o| out.push(o), 0));
             }
         }
         out
@@ -702,5 +790,47 @@ mod tests {
             "{} of 1024 buckets used",
             buckets.len()
         );
+    }
+
+    #[test]
+    fn a_discarded_key_is_gone_from_the_next_checkpoint_and_from_a_restore() {
+        let state = KeyedState::new("s", |_: &u32| 0u64).checkpointed(
+            |k, b| b.extend_from_slice(&k.to_be_bytes()),
+            |b| Some(u32::from_be_bytes(b.try_into().ok()?)),
+            |s, b| b.extend_from_slice(&s.to_be_bytes()),
+            |b| Some(u64::from_be_bytes(b.try_into().ok()?)),
+        );
+        let mut store = Store::new(&state);
+        store.track();
+        for k in [1u32, 2, 3] {
+            *store.get(k) += 10 + k as u64;
+        }
+        let first = store.delta();
+        // After the checkpoint: key 2 discarded, key 1 changed.
+        store.slot(2).remove_entry();
+        *store.get(1) += 1;
+        let decoded = |e: &Entries| -> Vec<(u32, Option<u64>)> {
+            let mut v: Vec<_> = e
+                .iter()
+                .map(|(k, s)| {
+                    let k = u32::from_be_bytes(k.try_into().expect("4 bytes"));
+                    (
+                        k,
+                        s.map(|s| u64::from_be_bytes(s.try_into().expect("8 bytes"))),
+                    )
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let second = store.delta();
+        assert_eq!(decoded(&second), [(1, Some(12)), (2, None)]);
+        // A restore of both checkpoints in order has keys 1 and 3, not 2.
+        let mut back = Store::new(&state);
+        back.restore(&first, 0, 1);
+        back.restore(&second, 0, 1);
+        let mut keys: Vec<_> = back.map.iter().map(|(k, (s, _))| (*k, *s)).collect();
+        keys.sort();
+        assert_eq!(keys, [(1, 12), (3, 13)]);
     }
 }

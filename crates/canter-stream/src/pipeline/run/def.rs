@@ -170,6 +170,23 @@ where
             server_shutdown = Some(server.shutdown_handle());
             servers = server.into_workers().into_iter().map(Some).collect();
         }
+        if let (
+            Sink::File {
+                lines: true, path, ..
+            },
+            Some(_),
+        ) = (&self.sink, &opts.checkpoint)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "pipeline {}: the file sink {} writes lines, which have no room for the \
+                     sequence header checkpoints put on each result",
+                    self.name,
+                    path.display()
+                ),
+            ));
+        }
         let file = match &self.sink {
             Sink::File { path, .. } => Some(
                 std::fs::OpenOptions::new()
@@ -262,7 +279,7 @@ where
                     seq,
                 }
             }
-            Sink::File { encode, .. } => {
+            Sink::File { encode, lines, .. } => {
                 let file = prep
                     .file
                     .as_ref()
@@ -275,6 +292,7 @@ where
                 )));
                 let wake = Rc::new(Notify::new());
                 buf.borrow_mut().driver = Some(Waiter::Task(wake.clone()));
+                buf.borrow_mut().lines = lines;
                 env.sinks.borrow_mut().push(buf.clone());
                 tokio::task::spawn_local(file_sink(
                     file,

@@ -76,21 +76,19 @@ where
             ..
         } = self;
         let mut store = store.borrow_mut();
-        let st = store.get(key);
+        let mut slot = store.slot(key);
         let mut index = 0u32;
-        step.update(
-            st,
-            item,
-            &mut Emit::new(
-                &mut |o| {
-                    post.push(o, &mut |o| {
-                        sink.write(o, read_ns, origin, index);
-                        index = index.wrapping_add(1);
-                    })
-                },
-                read_ns,
-            ),
-        );
+        let mut out = |o| {
+            post.push(o, &mut |o| {
+                sink.write(o, read_ns, origin, index);
+                index = index.wrapping_add(1);
+            })
+        };
+        let mut emit = Emit::new(&mut out, read_ns);
+        step.update(&mut slot.get_mut().0, item, &mut emit);
+        if emit.discarded() {
+            slot.remove_entry();
+        }
     }
 
     fn end_turn(&mut self) {
@@ -116,14 +114,17 @@ where
             ..
         } = self;
         let mut store = store.borrow_mut();
-        for (st, _) in store.map.values_mut() {
-            step.finish(
-                st,
-                &mut Emit::new(
-                    &mut |o| post.push(o, &mut |o| sink.write(o, 0, Rid::default(), 0)),
-                    0,
-                ),
-            );
+        let mut gone = Vec::new();
+        for (key, (st, _)) in store.map.iter_mut() {
+            let mut out = |o| post.push(o, &mut |o| sink.write(o, 0, Rid::default(), 0));
+            let mut emit = Emit::new(&mut out, 0);
+            step.finish(key, st, &mut emit);
+            if emit.discarded() {
+                gone.push(key.clone());
+            }
+        }
+        for key in gone {
+            store.map.remove(&key);
         }
         post.flush(&mut |o| sink.write(o, 0, Rid::default(), 0));
     }

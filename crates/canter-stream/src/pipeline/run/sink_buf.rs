@@ -42,6 +42,8 @@ pub(crate) struct SinkBuf {
     pub(super) me: usize,
     /// Results carry a sequence header (the topology checkpoints).
     pub(super) sequenced: bool,
+    /// Records are lines (a newline after each) instead of length-prefixed frames.
+    pub(super) lines: bool,
     /// Frames written to the current connection and not yet acknowledged by the receiver
     /// (sequenced TCP sinks: sent again on the next connection).
     retained: Vec<u8>,
@@ -72,6 +74,7 @@ impl SinkBuf {
             metrics,
             me,
             sequenced: false,
+            lines: false,
             retained: Vec::new(),
             retained_at: 0,
             retain: false,
@@ -178,6 +181,12 @@ impl SinkBuf {
         read_ns: u64,
         seq: Option<Seq>,
     ) {
+        if self.lines {
+            encode(record, &mut self.data);
+            self.data.push(b'\n');
+            mark(&mut self.segs, read_ns);
+            return;
+        }
         let start = self.data.len();
         self.data.extend_from_slice(&[0; 4]);
         if let Some(seq) = seq {

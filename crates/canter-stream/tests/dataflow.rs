@@ -1,0 +1,230 @@
+//! Dataflow steps of the pipeline library on real worker threads: final aggregations at the end
+//! of the input, and state a step discards; each checked against a reference computed here.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use canter_stream::pipeline::{
+    Collector, KeyedState, Pipeline, RunOptions, Sink, Source, Topology,
+};
+
+/// Record `i`: (key, value), 12 bytes big-endian; 97 keys, values spread over 0..1000.
+fn make(i: u64, buf: &mut Vec<u8>) {
+    buf.extend_from_slice(&(((i * 7919) % 97) as u32).to_be_bytes());
+    buf.extend_from_slice(&((i * 104_729) % 1000).to_be_bytes());
+}
+
+fn decode(b: &[u8]) -> Result<(u32, u64), String> {
+    let k: [u8; 4] = b.get(..4).and_then(|s| s.try_into().ok()).ok_or("short")?;
+    let v: [u8; 8] = b
+        .get(4..12)
+        .and_then(|s| s.try_into().ok())
+        .ok_or("short")?;
+    Ok((u32::from_be_bytes(k), u64::from_be_bytes(v)))
+}
+
+/// The records `make` gives, in order.
+fn records(n: u64) -> Vec<(u32, u64)> {
+    (0..n)
+        .map(|i| {
+            let mut b = Vec::new();
+            make(i, &mut b);
+            decode(&b).expect("decodes")
+        })
+        .collect()
+}
+
+/// Runs `t` to its end (at most 60 s).
+fn run_to_end(t: Topology, workers: usize) {
+    let running = t
+        .start(RunOptions::default().workers(workers))
+        .expect("start");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !running.is_finished() {
+        assert!(Instant::now() < deadline, "the pipeline did not finish");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    running.wait().expect("workers");
+}
+
+fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
+    v.sort();
+    v
+}
+
+/// count_final, fold_final, reduce_final, max_final and min_final emit one (key, value) per
+/// key when the input ends, equal to a plain loop's, on one worker and on two.
+#[test]
+fn final_aggregations_emit_one_value_per_key_at_the_end_of_the_input() {
+    const N: u64 = 50_000;
+    let input = records(N);
+    let mut count: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut sum: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut max: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
+    let mut min: BTreeMap<u32, (u32, u64)> = BTreeMap::new();
+    for &(k, v) in &input {
+        *count.entry(k).or_default() += 1;
+        *sum.entry(k).or_default() += v;
+        // The first of equals stays.
+        max.entry(k)
+            .and_modify(|m| {
+                if v > m.1 {
+                    *m = (k, v)
+                }
+            })
+            .or_insert((k, v));
+        min.entry(k)
+            .and_modify(|m| {
+                if v < m.1 {
+                    *m = (k, v)
+                }
+            })
+            .or_insert((k, v));
+    }
+    for workers in [1, 2] {
+        let counts = Collector::new();
+        let sums = Collector::new();
+        let reduced = Collector::new();
+        let maxes = Collector::new();
+        let mins = Collector::new();
+        let src = || Source::generate(N, make);
+        let mut t = Topology::new();
+        t.add(
+            Pipeline::new("count", src(), decode)
+                .key_by(|(k, _)| *k)
+                .count_final()
+                .sink(Sink::collect(&counts)),
+        );
+        t.add(
+            Pipeline::new("fold", src(), decode)
+                .key_by(|(k, _)| *k)
+                .fold_final(|| 0u64, |acc: &mut u64, (_, v): (u32, u64)| *acc += v)
+                .sink(Sink::collect(&sums)),
+        );
+        t.add(
+            Pipeline::new("reduce", src(), decode)
+                .key_by(|(k, _)| *k)
+                .reduce_final(|(k, a): (u32, u64), (_, b)| (k, a + b))
+                .map(|(k, (_, s))| (k, s))
+                .sink(Sink::collect(&reduced)),
+        );
+        t.add(
+            Pipeline::new("max", src(), decode)
+                .key_by(|(k, _)| *k)
+                .max_final(|(_, v): &(u32, u64)| *v)
+                .sink(Sink::collect(&maxes)),
+        );
+        t.add(
+            Pipeline::new("min", src(), decode)
+                .key_by(|(k, _)| *k)
+                .min_final(|(_, v): &(u32, u64)| *v)
+                .sink(Sink::collect(&mins)),
+        );
+        run_to_end(t, workers);
+        let by_key = |m: &BTreeMap<u32, u64>| m.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>();
+        assert_eq!(sorted(counts.take()), by_key(&count), "{workers} workers");
+        assert_eq!(sorted(sums.take()), by_key(&sum), "{workers} workers");
+        assert_eq!(sorted(reduced.take()), by_key(&sum), "{workers} workers");
+        let items =
+            |m: &BTreeMap<u32, (u32, u64)>| m.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>();
+        assert_eq!(sorted(maxes.take()), items(&max), "{workers} workers");
+        assert_eq!(sorted(mins.take()), items(&min), "{workers} workers");
+    }
+}
+
+/// A step that discards its key's state starts the key afresh on its next item: sums that
+/// restart once they pass a limit, emitted when they do, equal a plain loop's.
+#[test]
+fn a_discarded_state_is_made_anew_on_the_keys_next_item() {
+    const N: u64 = 50_000;
+    const LIMIT: u64 = 5_000;
+    let mut expected = Vec::new();
+    let mut sums: BTreeMap<u32, u64> = BTreeMap::new();
+    for (k, v) in records(N) {
+        let s = sums.entry(k).or_default();
+        *s += v;
+        if *s > LIMIT {
+            expected.push((k, *s));
+            sums.remove(&k);
+        }
+    }
+    assert!(expected.len() > 1000, "the test discards often");
+    for workers in [1, 2] {
+        // The factory counts the states it makes: one per key, and one after each discard.
+        let made = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = made.clone();
+        let state = KeyedState::new("sums", move |_: &u32| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            0u64
+        });
+        let out = Collector::new();
+        let mut t = Topology::new();
+        t.add(
+            Pipeline::new("sums", Source::generate(N, make), decode)
+                .key_by(|(k, _)| *k)
+                .update(&state, |sum: &mut u64, (k, v): (u32, u64), out| {
+                    *sum += v;
+                    if *sum > LIMIT {
+                        out.emit((k, *sum));
+                        out.discard();
+                    }
+                })
+                .sink(Sink::collect(&out)),
+        );
+        run_to_end(t, workers);
+        assert_eq!(
+            sorted(out.take()),
+            sorted(expected.clone()),
+            "{workers} workers"
+        );
+        let keys = sums.len() as u64 + expected.len() as u64;
+        assert_eq!(
+            made.load(std::sync::atomic::Ordering::Relaxed),
+            keys,
+            "a state per key and per discard ({workers} workers)"
+        );
+    }
+}
+
+/// A file sink of lines writes each record and a newline, no length; with checkpoints it is
+/// refused at start, naming the file.
+#[test]
+fn a_file_sink_of_lines_writes_text_and_refuses_checkpoints() {
+    let dir = std::env::temp_dir().join(format!("canter-lines-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let out = dir.join("counts.txt");
+    let lines = |path: &std::path::Path| {
+        let mut t = Topology::new();
+        t.add(
+            Pipeline::new("counts", Source::generate(1000, make), decode)
+                .key_by(|(k, _)| *k)
+                .count_final()
+                .sink(Sink::file_lines(
+                    path,
+                    |(k, n): &(u32, u64), b: &mut Vec<u8>| {
+                        b.extend_from_slice(format!("{k} {n}").as_bytes())
+                    },
+                )),
+        );
+        t
+    };
+    run_to_end(lines(&out), 2);
+    let mut want: BTreeMap<u32, u64> = BTreeMap::new();
+    for (k, _) in records(1000) {
+        *want.entry(k).or_default() += 1;
+    }
+    let text = std::fs::read_to_string(&out).expect("read");
+    assert!(text.ends_with('\n'));
+    let got: Vec<String> = sorted(text.lines().map(str::to_owned).collect());
+    let want: Vec<String> = sorted(want.iter().map(|(k, n)| format!("{k} {n}")).collect());
+    assert_eq!(got, want);
+    let e =
+        lines(&dir.join("other.txt"))
+            .start(RunOptions::default().checkpoint(
+                canter_stream::pipeline::CheckpointOptions::new(dir.join("ckpt")),
+            ))
+            .expect_err("refused");
+    assert!(e.to_string().contains("other.txt writes lines"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
