@@ -22,9 +22,11 @@ work (no hand-over per record). Built-in decoders and encoders (`raw`, `text`, `
 `struct(fmt)`) run in Rust, or with CPython's C code for JSON.
 
 A stream is used once: each step returns a new stream. A pipeline is a source, stateless steps
-(`map`, `filter`, `flat_map`, `inspect`, and `flat_map_batch`, called once per batch of records), at most one `key_by` followed by one stateful step
-(`update`, `with_state`, `stateful_map`, `count_window`, `time_window`), stateless steps again,
-and a sink. Pipelines given the same keyed state share it (Market Spread's quotes update what
+(`map`, `filter`, `flat_map`, `inspect`, and `flat_map_batch`, called once per batch of
+records), at most one `key_by` followed by one stateful step (`update`, `with_state`,
+`stateful_map`, `count_window`, `time_window`, `collect_window`, and the final aggregations
+`count_final`, `fold_final`, `reduce_final`, `max_final`, `min_final`, which emit
+`(key, value)` per key when the input ends), stateless steps again, and a sink. Pipelines given the same keyed state share it (Market Spread's quotes update what
 its orders read).
 
 An exception in a user function is logged with its traceback and the record counted as failed;
@@ -54,7 +56,8 @@ source_time_ns = _native.source_time_ns
 
 __all__ = [
     "Flow", "Stream", "KeyedStream", "State", "PipelineError",
-    "tcp", "file", "kafka", "tcp_out", "file_out", "kafka_out", "collect", "discard", "dead_letter",
+    "tcp", "file", "kafka", "iterable", "stdin", "tcp_out", "file_out", "stdout", "kafka_out",
+    "collect", "discard", "dead_letter",
     "raw", "text", "json", "struct", "source_time_ns",
 ]
 
@@ -129,6 +132,28 @@ def file(path, frame="u32be", decode=None, max_record=MAX_RECORD):
     return _Source(("file", os.fspath(path), _frame(frame), max_record), _decoder(decode))
 
 
+def iterable(items):
+    """The items of `items` (any iterable, read into a list at once), in order, as records:
+    Python objects passed as they are, with no decoding (Bytewax's `TestingSource`; for tests
+    and notebooks, with `collect(list)` at the end). Read by the first worker; the flow ends
+    after the last item."""
+    items = list(items)
+    return _Source(("iterable", len(items)), ("items", items))
+
+
+def stdin(decode=None, max_record=64 * 1024):
+    """Lines of the standard input (a pipe or a file; a terminal's too, but a shutdown then
+    waits for the next line or end of input), read by the first worker; the flow ends at the
+    end of input. `decode=text` gives each line as a str."""
+    return file("/dev/stdin", frame="lines", decode=decode, max_record=max_record)
+
+
+def stdout(encode=None):
+    """Each output as a line of the standard output (`encode=text` for str records, `json`
+    for values): `file_out("/dev/stdout", frame="lines")`."""
+    return file_out("/dev/stdout", encode=encode, frame="lines")
+
+
 def _kafka_config(config):
     if config is None:
         return {}
@@ -190,9 +215,12 @@ def tcp_out(addr, encode=None):
     return ("tcp", addr, _encoder(encode))
 
 
-def file_out(path, encode=None):
-    """Records appended to `path`, framed with a 4-byte big-endian length."""
-    return ("file", os.fspath(path), _encoder(encode))
+def file_out(path, encode=None, frame="u32be"):
+    """Records appended to `path`, framed with a 4-byte big-endian length (what `file(...)`
+    and `canter receive` read), or with `frame="lines"` as lines of text: each record, then a
+    newline (a record holding a newline fails: it would read back as two). Lines carry no
+    sequence header, so a flow with checkpoints refuses them."""
+    return ("file", os.fspath(path), _encoder(encode), _frame(frame))
 
 
 def collect(into):
@@ -340,26 +368,75 @@ class KeyedStream(Stream):
         if not callable(f):
             raise TypeError(f"{what}() takes a function (state, record)")
 
-    def update(self, state, f):
+    @staticmethod
+    def _on_eof(on_eof, what):
+        if on_eof is not None and not callable(on_eof):
+            raise TypeError(f"{what}(): on_eof= takes a function of a key's state")
+        return on_eof
+
+    def update(self, state, f, *, on_eof=None):
         """`f(state, record)` with the record's key's state, which it may change in place;
         what it returns, unless None, goes on. A state that cannot change in place (an int, a
         str, a tuple, ...) is refused: a change to it would be lost (use `stateful_map`).
-        A state factory that raises fails the record; the key's next record tries again."""
+        A state factory that raises fails the record; the key's next record tries again.
+        `on_eof(state)` is called for each key when this pipeline's input ends (a file read to
+        its end, a shutdown); what it returns, unless None, goes on."""
         self._state(state, f, "update")
-        return self._stateful("update", ("update", state.id, f))
+        on_eof = self._on_eof(on_eof, "update")
+        return self._stateful("update", ("update", state.id, f, False, on_eof))
 
     def with_state(self, state, f):
         """`f(state, record)`, as `update`, for steps that read the state (an order checked
         against its symbol's quote) rather than change it: on Kafka, changes it makes are not
         written to the changelog."""
         self._state(state, f, "with_state")
-        return self._stateful("with_state", ("update", state.id, f, True))
+        return self._stateful("with_state", ("update", state.id, f, True, None))
 
-    def stateful_map(self, state, f):
+    def stateful_map(self, state, f, *, on_eof=None):
         """`f(state, record)` returns `(new_state, output)`: the key's state becomes
-        `new_state`; the output, unless None, goes on (for immutable states: numbers, tuples)."""
+        `new_state`; the output, unless None, goes on (for immutable states: numbers, tuples).
+        `new_state` None drops the key's state (Bytewax's rule): its next record starts from
+        the state factory's again. `on_eof(state)` as for `update`."""
         self._state(state, f, "stateful_map")
-        return self._stateful("stateful_map", ("stateful_map", state.id, f))
+        on_eof = self._on_eof(on_eof, "stateful_map")
+        return self._stateful("stateful_map", ("stateful_map", state.id, f, False, on_eof))
+
+    def _final(self, what, a=None, b=None):
+        return self._stateful(f"{what}_final", ("final", what, a, b))
+
+    def count_final(self):
+        """At the end of the input, `(key, n)` for each key: how many records it had."""
+        return self._final("count")
+
+    def fold_final(self, init, fold):
+        """At the end of the input, `(key, value)` for each key: the value folded from
+        `init()` by `value = fold(value, record)` over the key's records (Bytewax's
+        `fold_final`). A `fold` that raises fails its record; the value stays as it was."""
+        if not callable(init) or not callable(fold):
+            raise TypeError("fold_final() takes init (a function making the starting value) and "
+                            "fold(value, record)")
+        return self._final("fold", init, fold)
+
+    def reduce_final(self, f):
+        """At the end of the input, `(key, value)` for each key: the key's records combined
+        by `value = f(value, record)`, from its first record."""
+        if not callable(f):
+            raise TypeError("reduce_final() takes a function (value, record)")
+        return self._final("reduce", f)
+
+    def max_final(self, by=None):
+        """At the end of the input, `(key, record)` for each key: its record with the largest
+        `by(record)` (the record itself without `by`); the first of equals."""
+        if by is not None and not callable(by):
+            raise TypeError("max_final(): by= takes a function")
+        return self._final("max", by)
+
+    def min_final(self, by=None):
+        """At the end of the input, `(key, record)` for each key: its record with the smallest
+        `by(record)`; the first of equals."""
+        if by is not None and not callable(by):
+            raise TypeError("min_final(): by= takes a function")
+        return self._final("min", by)
 
     def _window(self, what, by, size, slide, time, init, fold, reduce):
         if (fold is None) == (reduce is None):
@@ -375,7 +452,7 @@ class KeyedStream(Stream):
         """Windows of `size` records of a key, a new one every `slide` records (default:
         `size`, tumbling). Each full window is emitted as `(key, start, end, value)`, value
         folded from `init()` by `fold(acc, record)` or made by `reduce(acc, record)`; a window
-        still short when the input ends is not emitted."""
+        still short when the input ends is emitted with the end it reached."""
         return self._window("count_window", "count", size, slide, None, init, fold, reduce)
 
     def time_window(self, size, *, time, slide=None, init=None, fold=None, reduce=None):
@@ -388,6 +465,34 @@ class KeyedStream(Stream):
             raise TypeError("time_window(): time= takes a function giving a record's time")
         return self._window("time_window", "time", size, slide, time, init, fold, reduce)
 
+    def collect_window(self, size, *, time=None, slide=None, by="time"):
+        """Windows whose value is the list of their records (Bytewax's `collect_window`):
+        as `time_window` with `time=` (the records sorted by their time, those of equal times
+        in the order they came), or as `count_window` with `by="count"` (in the order they
+        came). Emitted as `(key, start, end, [records])`."""
+        def append(acc, record):
+            acc.append(record)
+            return acc
+        if by == "count":
+            if time is not None:
+                raise ValueError("collect_window(by='count') takes no time=")
+            return self.count_window(size, slide=slide, init=list, fold=append)
+        if by != "time":
+            raise ValueError(f"collect_window(): by= is 'time' or 'count', not {by!r}")
+        if not callable(time):
+            raise TypeError("collect_window(): time= takes a function giving a record's time "
+                            "(or by='count')")
+        at = operator.itemgetter(0)
+
+        def timed(acc, record):
+            acc.append((time(record), record))
+            return acc
+
+        def ordered(w):
+            return (w[0], w[1], w[2], [r for _, r in sorted(w[3], key=at)])
+        return (self.time_window(size, time=time, slide=slide, init=list, fold=timed)
+                .map(ordered))
+
 
 class Flow:
     """A set of pipelines run together on the same workers."""
@@ -398,9 +503,11 @@ class Flow:
         self._handle = None
 
     def source(self, source):
-        """A stream of `source`'s records (`tcp`, `file`), each a new pipeline."""
+        """A stream of `source`'s records (`tcp`, `file`, `kafka`, `iterable`, `stdin`), each a
+        new pipeline."""
         if not isinstance(source, _Source):
-            raise TypeError(f"source() takes canter.pipeline.tcp(...) or file(...), not {source!r}")
+            raise TypeError("source() takes canter.pipeline.tcp(...), file(...), kafka(...), "
+                            f"iterable(...) or stdin(), not {source!r}")
         p = _Pipe(self, source)
         self._pipes.append(p)
         return Stream(p)

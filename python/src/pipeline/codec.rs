@@ -878,6 +878,9 @@ pub(crate) enum Decoder {
     Json(Obj),
     Struct(Format),
     Py(Obj),
+    /// The items of a list (`canter.pipeline.iterable`): each record is an item's index (8
+    /// bytes, little-endian).
+    Items(Obj),
 }
 
 impl Clone for Decoder {
@@ -888,6 +891,7 @@ impl Clone for Decoder {
             Decoder::Json(f) => Decoder::Json(f.clone_ref(py)),
             Decoder::Struct(f) => Decoder::Struct(f.clone()),
             Decoder::Py(f) => Decoder::Py(f.clone_ref(py)),
+            Decoder::Items(l) => Decoder::Items(l.clone_ref(py)),
         })
     }
 }
@@ -916,6 +920,7 @@ impl Decoder {
             "json" => Decoder::Json(py.import("json")?.getattr("loads")?.unbind()),
             "struct" => Decoder::Struct(Format::parse(&spec.get_item(1)?.extract::<String>()?)?),
             "py" => Decoder::Py(spec.get_item(1)?.unbind()),
+            "items" => Decoder::Items(spec.get_item(1)?.cast_into::<PyList>()?.into_any().unbind()),
             other => return Err(PyValueError::new_err(format!("unknown decoder {other:?}"))),
         })
     }
@@ -932,6 +937,12 @@ impl Decoder {
             Decoder::Json(loads) => loads.bind(py).call1((PyBytes::new(py, rec),))?.unbind(),
             Decoder::Struct(f) => f.unpack(py, rec, None)?.unbind(),
             Decoder::Py(f) => f.bind(py).call1((PyBytes::new(py, rec),))?.unbind(),
+            Decoder::Items(list) => {
+                let i = <[u8; 8]>::try_from(rec)
+                    .map(u64::from_le_bytes)
+                    .map_err(|_| PyValueError::new_err("not an item's index"))?;
+                list.bind(py).get_item(i as usize)?.unbind()
+            }
         })
     }
 }

@@ -119,11 +119,23 @@ impl PyTask {
             },
             KStep::Map(f) => {
                 let st = state.update(k.clone(), made);
-                f.bind(py).call1((st.bind(py), x.bind(py))).and_then(|r| {
+                let r = f.bind(py).call1((st.bind(py), x.bind(py))).and_then(|r| {
                     let (s, o): (Obj, Obj) = r.extract()?;
-                    *st = s;
-                    Ok(o.into_bound(py))
-                })
+                    Ok((s, o.into_bound(py)))
+                });
+                match r {
+                    // None as the new state drops the key's (a tombstone in the changelog);
+                    // its next record starts from the factory's.
+                    Ok((s, o)) if s.is_none(py) => {
+                        state.remove(&k);
+                        Ok(o)
+                    }
+                    Ok((s, o)) => {
+                        *st = s;
+                        Ok(o)
+                    }
+                    Err(e) => Err(e),
+                }
             }
         };
         match result {

@@ -27,7 +27,7 @@ use pyo3::types::{PyDict, PyList};
 
 use codec::{Decoder, Encoder};
 use key::Key;
-use stateful::{Agg, Decoded, Mode, Pass, Span, Update, Window};
+use stateful::{Agg, Decoded, Final, FinalAgg, Mode, Pass, Span, Update, Window};
 use steps::{
     step_name, Chain, Failures, KeyFn, KeyStep, KeyedAlready, Kind, Op, Out, Policy, Stopper, To,
 };
@@ -104,6 +104,13 @@ fn framing(kind: &str, max: usize) -> PyResult<Framing> {
 
 fn source(spec: &Bound<'_, PyAny>) -> PyResult<Source> {
     let kind: String = spec.get_item(0)?.extract()?;
+    if kind == "iterable" {
+        // Record i is the index of the list's item i (the decoder looks it up).
+        let count: u64 = spec.get_item(1)?.extract()?;
+        return Ok(Source::generate(count, |i, buf| {
+            buf.extend_from_slice(&i.to_le_bytes())
+        }));
+    }
     let frame: String = spec.get_item(2)?.extract()?;
     let max: usize = spec.get_item(3)?.extract()?;
     let framing = framing(&frame, max)?;
@@ -136,12 +143,25 @@ fn sink(
         "tcp" | "file" => {
             let enc = Encoder::from_spec(py, &spec.get_item(2)?)?;
             let target: String = spec.get_item(1)?.extract()?;
-            let sink = if kind == "tcp" {
-                Sink::tcp(addr(&target)?, copy)
-            } else {
-                Sink::file(target, copy)
-            };
-            Ok((sink, out(To::Encode(enc, failures.clone()))))
+            let lines = spec
+                .get_item(3)
+                .ok()
+                .and_then(|f| f.extract::<String>().ok())
+                .is_some_and(|f| f == "lines");
+            Ok(match (kind.as_str(), lines) {
+                ("tcp", _) => (
+                    Sink::tcp(addr(&target)?, copy),
+                    out(To::Encode(enc, failures.clone())),
+                ),
+                (_, false) => (
+                    Sink::file(target, copy),
+                    out(To::Encode(enc, failures.clone())),
+                ),
+                (_, true) => (
+                    Sink::file_lines(target, copy),
+                    out(To::Line(enc, failures.clone())),
+                ),
+            })
         }
         "list" => {
             let list = spec.get_item(1)?.cast_into::<PyList>()?.unbind();
@@ -340,6 +360,7 @@ enum Stage {
     Pass(Pass),
     Update(Update),
     Window(Window),
+    Final(Final),
 }
 
 impl Stage {
@@ -349,6 +370,7 @@ impl Stage {
             Stage::Pass(u) => head.attach(u, post, out, sink),
             Stage::Update(u) => head.attach(u, post, out, sink),
             Stage::Window(u) => head.attach(u, post, out, sink),
+            Stage::Final(u) => head.attach(u, post, out, sink),
         }
     }
 }
@@ -426,11 +448,13 @@ fn stage(
             // `with_state`: an update that only reads the state (any value will do).
             let read_only =
                 st.get_item(3).ok().and_then(|v| v.extract::<bool>().ok()) == Some(true);
+            let on_eof = st.get_item(4).ok().filter(|f| !f.is_none());
             let step = Update {
                 state: shared.state,
                 factory: shared.factory,
                 missing: shared.missing,
                 f: Arc::new(st.get_item(2)?.unbind()),
+                on_eof: on_eof.map(|f| Arc::new(f.unbind())),
                 mode: match (kind.as_str(), read_only) {
                     ("update", false) => Mode::InPlace,
                     ("update", true) => Mode::Read,
@@ -466,11 +490,19 @@ fn stage(
                     }
                 }
                 "time" => {
-                    let ns = |s: f64| (s * 1e9).round() as i64;
-                    if !(size > 0.0 && slide > 0.0 && size < 1e9 && slide < 1e9) || ns(slide) < 1 {
-                        return Err(PyValueError::new_err(
-                            "a time window's size and slide are positive seconds",
-                        ));
+                    // Any positive size: past the range of event times (±292 years in ns),
+                    // one window holds them all.
+                    let ns = |s: f64| (s * 1e9).round().min(i64::MAX as f64) as i64;
+                    if !(size > 0.0 && slide > 0.0) {
+                        return Err(PyValueError::new_err(format!(
+                            "a time window's size and slide are positive seconds, not size \
+                             {size} and slide {slide}"
+                        )));
+                    }
+                    if ns(slide) < 1 {
+                        return Err(PyValueError::new_err(format!(
+                            "a time window's slide is at least 1 ns, not {slide} s"
+                        )));
                     }
                     Span::Time {
                         size: ns(size),
@@ -498,6 +530,30 @@ fn stage(
                 late: 0,
             };
             Ok(Stage::Window(step))
+        }
+        "final" => {
+            let what: String = st.get_item(1)?.extract()?;
+            let (a, b) = (st.get_item(2)?.unbind(), st.get_item(3)?.unbind());
+            let by = |f: Obj| (!f.is_none(py_static())).then_some(f);
+            let agg = match what.as_str() {
+                "count" => FinalAgg::Count,
+                "fold" => FinalAgg::Fold { init: a, fold: b },
+                "reduce" => FinalAgg::Reduce(a),
+                "max" => FinalAgg::Max(by(a)),
+                "min" => FinalAgg::Min(by(a)),
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "unknown final aggregation {other:?}"
+                    )))
+                }
+            };
+            let name: Arc<str> = format!("{}:{what}_final", pre + 2).into();
+            Ok(Stage::Final(Final {
+                state: Final::new_state(),
+                agg: Arc::new(agg),
+                name,
+                failures,
+            }))
         }
         other => Err(PyValueError::new_err(format!(
             "unknown stateful step {other:?}"
@@ -1005,6 +1061,18 @@ fn start_kafka(
                 if kind == "window" {
                     return Err(bad(format!(
                         "pipeline {}: windows do not run on Kafka yet (their state has no changelog codec)",
+                        s.name
+                    )));
+                }
+                if kind == "final" {
+                    return Err(bad(format!(
+                        "pipeline {}: final aggregations need an input that ends; a Kafka flow's does not",
+                        s.name
+                    )));
+                }
+                if st.get_item(4).is_ok_and(|f| !f.is_none()) {
+                    return Err(bad(format!(
+                        "pipeline {}: on_eof needs an input that ends; a Kafka flow's does not",
                         s.name
                     )));
                 }

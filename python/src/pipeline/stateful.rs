@@ -33,6 +33,9 @@ pub(crate) struct Update {
     pub(crate) missing: Arc<Obj>,
     pub(crate) f: Arc<Obj>,
     pub(crate) mode: Mode,
+    /// `on_eof(state)` for each key when this pipeline's input ends: what it returns, unless
+    /// None, goes on.
+    pub(crate) on_eof: Option<Arc<Obj>>,
     pub(crate) name: Arc<str>,
     pub(crate) failures: Arc<Failures>,
 }
@@ -45,6 +48,7 @@ impl Clone for Update {
             missing: self.missing.clone(),
             f: self.f.clone(),
             mode: self.mode,
+            on_eof: self.on_eof.clone(),
             name: self.name.clone(),
             failures: self.failures.clone(),
         }
@@ -80,7 +84,13 @@ impl Stateful<Key, (Key, Obj)> for Update {
                 Mode::Replace => match out.cast::<PyTuple>() {
                     Ok(t) if t.len() == 2 => {
                         if let (Ok(s), Ok(o)) = (t.get_item(0), t.get_item(1)) {
-                            *state = s.unbind();
+                            // None as the new state drops the key's (Bytewax's rule): its
+                            // next record starts from the factory's.
+                            if s.is_none() {
+                                emit.discard();
+                            } else {
+                                *state = s.unbind();
+                            }
                             if !o.is_none() {
                                 emit.emit(o.unbind());
                             }
@@ -99,6 +109,31 @@ impl Stateful<Key, (Key, Obj)> for Update {
             Err(e) => self.failures.fail(py, &self.name, &e, Some(&item)),
         }
     }
+
+    fn finish(&mut self, key: &Key, state: &mut Obj, emit: &mut Emit<'_, Obj>) {
+        let Some(on_eof) = &self.on_eof else { return };
+        let py = py();
+        if state.is(&*self.missing) {
+            return;
+        }
+        match on_eof.bind(py).call1((state.bind(py),)) {
+            Ok(out) if out.is_none() => {}
+            Ok(out) => emit.emit(out.unbind()),
+            Err(e) => {
+                let step = format!("{} (on_eof, key {})", self.name, key_repr(py, key));
+                self.failures.fail(py, &step, &e, None)
+            }
+        }
+    }
+}
+
+/// `repr(key)` for messages.
+fn key_repr(py: Python<'_>, key: &Key) -> String {
+    key.to_py(py)
+        .bind(py)
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_default()
 }
 
 impl Update {
@@ -106,12 +141,7 @@ impl Update {
     /// `update` cannot change (refused). False: the record failed and is not processed.
     #[cold]
     fn make_state(&self, py: Python<'_>, state: &mut Obj, key: &Key, item: &Obj) -> bool {
-        let key = key
-            .to_py(py)
-            .bind(py)
-            .repr()
-            .map(|r| r.to_string())
-            .unwrap_or_default();
+        let key = key_repr(py, key);
         if state.is(&*self.missing) {
             // Made just now, and the factory raised: that error; made before: try again.
             let made = match FACTORY_ERROR.with(|e| e.borrow_mut().take()) {
@@ -257,10 +287,22 @@ impl Window {
     }
 
     fn emit(&self, py: Python<'_>, key: &Key, start: i64, acc: Obj, emit: &mut Emit<'_, Obj>) {
-        let (s, e): (Obj, Obj) = match self.span {
+        let span = match self.span {
             Span::Count { size, .. } => (int(py, start), int(py, start + size as i64)),
             Span::Time { size, .. } => (secs(py, start), secs(py, start.saturating_add(size))),
         };
+        self.emit_span(py, key, span, acc, emit)
+    }
+
+    /// `(key, start, end, value)`.
+    fn emit_span(
+        &self,
+        py: Python<'_>,
+        key: &Key,
+        (s, e): (Obj, Obj),
+        acc: Obj,
+        emit: &mut Emit<'_, Obj>,
+    ) {
         if let Ok(t) = PyTuple::new(py, [key.to_py(py), s, e, acc]) {
             emit.emit(t.into_any().unbind());
         }
@@ -378,18 +420,20 @@ impl Stateful<Key, (Key, Obj)> for Window {
         }
     }
 
-    fn finish(&mut self, w: &mut Windows, emit: &mut Emit<'_, Obj>) {
+    fn finish(&mut self, _: &Key, w: &mut Windows, emit: &mut Emit<'_, Obj>) {
         let py = py();
-        if let Span::Count { .. } = self.span {
-            // A count window left short at the end never filled: not emitted.
-            w.open.clear();
-            return;
-        }
         for (start, acc) in std::mem::take(&mut w.open) {
-            if let Some(acc) = acc {
-                self.emit(py, &w.key, start, acc, emit);
+            let Some(acc) = acc else { continue };
+            match self.span {
+                // A count window still short at the end: emitted, with the end it reached.
+                Span::Count { .. } => {
+                    let span = (int(py, start), int(py, w.at));
+                    self.emit_span(py, &w.key, span, acc, emit)
+                }
+                Span::Time { .. } => self.emit(py, &w.key, start, acc, emit),
             }
         }
+        emit.discard();
     }
 
     fn late(&self) -> u64 {
@@ -436,8 +480,8 @@ impl<U: Stateful<Key, (Key, Obj)>> Stateful<Key, (Key, super::wire::Raw)> for De
             Err(e) => self.failures.fail(py, "decode", &e, None),
         }
     }
-    fn finish(&mut self, state: &mut U::State, emit: &mut Emit<'_, U::Out>) {
-        self.inner.finish(state, emit)
+    fn finish(&mut self, key: &Key, state: &mut U::State, emit: &mut Emit<'_, U::Out>) {
+        self.inner.finish(key, state, emit)
     }
     fn late(&self) -> u64 {
         self.inner.late()
@@ -473,5 +517,125 @@ impl Stateful<Key, (Key, Obj)> for Pass {
     #[inline]
     fn update(&mut self, _: &mut (), (_, item): (Key, Obj), emit: &mut Emit<'_, Obj>) {
         emit.emit(item)
+    }
+}
+
+/// What a final aggregation keeps per key.
+pub(crate) enum FinalAgg {
+    /// How many records.
+    Count,
+    /// `acc = fold(acc, record)` from `init()`.
+    Fold { init: Obj, fold: Obj },
+    /// `acc = reduce(acc, record)` from the key's first record.
+    Reduce(Obj),
+    /// The record with the largest `by(record)` (the record itself without `by`); the first of
+    /// equals.
+    Max(Option<Obj>),
+    /// The record with the smallest `by(record)`; the first of equals.
+    Min(Option<Obj>),
+}
+
+/// A key's final aggregation so far: the count, or the value.
+pub(crate) struct Acc {
+    n: u64,
+    value: Option<Obj>,
+}
+
+/// A final aggregation (`count_final`, `fold_final`, `reduce_final`, `max_final`,
+/// `min_final`): `(key, value)` for each key when the input ends, then the key's state is
+/// dropped.
+pub(crate) struct Final {
+    pub(crate) state: KeyedState<Key, Acc>,
+    pub(crate) agg: Arc<FinalAgg>,
+    pub(crate) name: Arc<str>,
+    pub(crate) failures: Arc<Failures>,
+}
+
+impl Clone for Final {
+    fn clone(&self) -> Self {
+        Final {
+            state: self.state.clone(),
+            agg: self.agg.clone(),
+            name: self.name.clone(),
+            failures: self.failures.clone(),
+        }
+    }
+}
+
+impl Final {
+    pub(crate) fn new_state() -> KeyedState<Key, Acc> {
+        KeyedState::new("final", |_: &Key| Acc { n: 0, value: None })
+    }
+
+    /// The key's value after `item`; None for "keep the one it has" (max and min).
+    fn next(&self, py: Python<'_>, acc: &Option<Obj>, item: &Obj) -> PyResult<Option<Obj>> {
+        let better = |by: &Option<Obj>, op: pyo3::basic::CompareOp| -> PyResult<Option<Obj>> {
+            let Some(a) = acc else {
+                return Ok(Some(item.clone_ref(py)));
+            };
+            let (x, y) = match by {
+                Some(f) => (
+                    f.bind(py).call1((item.bind(py),))?,
+                    f.bind(py).call1((a.bind(py),))?,
+                ),
+                None => (item.bind(py).clone(), a.bind(py).clone()),
+            };
+            Ok(x.rich_compare(y, op)?
+                .is_truthy()?
+                .then(|| item.clone_ref(py)))
+        };
+        Ok(match &*self.agg {
+            FinalAgg::Count => None,
+            FinalAgg::Fold { init, fold } => {
+                let a = match acc {
+                    Some(a) => a.clone_ref(py),
+                    None => init.bind(py).call0()?.unbind(),
+                };
+                Some(fold.bind(py).call1((a, item.bind(py)))?.unbind())
+            }
+            FinalAgg::Reduce(f) => Some(match acc {
+                Some(a) => f.bind(py).call1((a.bind(py), item.bind(py)))?.unbind(),
+                None => item.clone_ref(py),
+            }),
+            FinalAgg::Max(by) => better(by, pyo3::basic::CompareOp::Gt)?,
+            FinalAgg::Min(by) => better(by, pyo3::basic::CompareOp::Lt)?,
+        })
+    }
+}
+
+impl Stateful<Key, (Key, Obj)> for Final {
+    type State = Acc;
+    type Out = Obj;
+    fn state(&self) -> KeyedState<Key, Acc> {
+        self.state.clone()
+    }
+
+    #[inline]
+    fn update(&mut self, acc: &mut Acc, (_, item): (Key, Obj), _: &mut Emit<'_, Obj>) {
+        if let FinalAgg::Count = *self.agg {
+            acc.n += 1;
+            return;
+        }
+        let py = py();
+        // A function that raises fails the record; the key's value stays as it was.
+        match self.next(py, &acc.value, &item) {
+            Ok(Some(v)) => acc.value = Some(v),
+            Ok(None) => {}
+            Err(e) => self.failures.fail(py, &self.name, &e, Some(&item)),
+        }
+    }
+
+    fn finish(&mut self, key: &Key, acc: &mut Acc, emit: &mut Emit<'_, Obj>) {
+        let py = py();
+        let value = match *self.agg {
+            FinalAgg::Count => Some(int(py, acc.n as i64)),
+            _ => acc.value.take(),
+        };
+        if let Some(v) = value {
+            if let Ok(t) = PyTuple::new(py, [key.to_py(py), v]) {
+                emit.emit(t.into_any().unbind());
+            }
+        }
+        emit.discard();
     }
 }

@@ -634,6 +634,8 @@ pub(crate) struct Out {
 /// Where [`Out`] puts a record.
 pub(crate) enum To {
     Encode(Encoder, Arc<Failures>),
+    /// Encoded as a line: a record holding a newline fails (it would read back as two).
+    Line(Encoder, Arc<Failures>),
     Append(Arc<Py<PyList>>),
     /// Counted as delivered, and dropped.
     Discard,
@@ -643,6 +645,7 @@ impl Clone for Out {
     fn clone(&self) -> Self {
         let to = match &self.to {
             To::Encode(e, f) => To::Encode(e.clone(), f.clone()),
+            To::Line(e, f) => To::Line(e.clone(), f.clone()),
             To::Append(l) => To::Append(l.clone()),
             To::Discard => To::Discard,
         };
@@ -666,6 +669,21 @@ impl Step<Obj> for Out {
                 let mut buf = Vec::new();
                 match enc.encode(py, item.bind(py), &mut buf) {
                     Ok(()) => emit(buf),
+                    Err(e) => failures.fail(py, "encode", &e, Some(&item)),
+                }
+            }
+            To::Line(enc, failures) => {
+                let mut buf = Vec::new();
+                match enc.encode(py, item.bind(py), &mut buf) {
+                    Ok(()) if !buf.contains(&b'\n') => emit(buf),
+                    Ok(()) => {
+                        let e = pyo3::exceptions::PyValueError::new_err(
+                            "the record holds a newline, and the sink writes lines (it would \
+                             read back as two): give file_out frame='u32be', or an encoder \
+                             that escapes newlines",
+                        );
+                        failures.fail(py, "encode", &e, Some(&item))
+                    }
                     Err(e) => failures.fail(py, "encode", &e, Some(&item)),
                 }
             }

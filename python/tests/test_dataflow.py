@@ -1,0 +1,276 @@
+"""Dataflow steps of canter.pipeline: final aggregations, state a step drops, end-of-input
+hooks, collected windows, and the iterable, stdin and stdout ends; each against a reference
+computed here."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+import canter.pipeline as cp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(flow, workers=1, timeout=60, **kw):
+    flow.start(workers=workers, **kw)
+    if not flow.wait(timeout):
+        flow.shutdown()
+        flow.wait(10)
+        raise AssertionError("the flow did not end in time")
+    return flow.stats()
+
+
+def events(n=20_000, seed=7):
+    rng = random.Random(seed)
+    return [(f"k{rng.randrange(53)}", rng.randrange(1000)) for _ in range(n)]
+
+
+def test_an_iterable_source_passes_its_items_in_order_as_they_are():
+    items = [{"n": i, "tags": ["a"] * (i % 3)} for i in range(5000)]
+    got = []
+    flow = cp.Flow()
+    flow.source(cp.iterable(iter(items))).sink(cp.collect(got))
+    stats = run(flow)
+    assert got == items
+    assert all(a is b for a, b in zip(got, items)), "the objects themselves, not copies"
+    assert stats["p1"]["source"] == 5000
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_final_aggregations_emit_one_value_per_key_when_the_input_ends(workers):
+    data = events()
+    ref_count, ref_sum, ref_max, ref_min, ref_cat = {}, {}, {}, {}, {}
+    for k, v in data:
+        ref_count[k] = ref_count.get(k, 0) + 1
+        ref_sum[k] = ref_sum.get(k, 0) + v
+        if k not in ref_max or v > ref_max[k][1]:
+            ref_max[k] = (k, v)
+        if k not in ref_min or v < ref_min[k][1]:
+            ref_min[k] = (k, v)
+        ref_cat[k] = ref_cat.get(k, ()) + (v,)
+    outs = {name: [] for name in ("count", "fold", "reduce", "max", "min")}
+    flow = cp.Flow()
+
+    def keyed(name):
+        return flow.source(cp.iterable(data)).named(name).key_by(lambda e: e[0])
+
+    keyed("count").count_final().sink(cp.collect(outs["count"]))
+    keyed("fold").fold_final(int, lambda acc, e: acc + e[1]).sink(cp.collect(outs["fold"]))
+    (flow.source(cp.iterable(data)).named("reduce")
+        .map(lambda e: (e[0], (e[1],)))
+        .key_by(lambda e: e[0])
+        .reduce_final(lambda a, b: (a[0], a[1] + b[1]))
+        .sink(cp.collect(outs["reduce"])))
+    keyed("max").max_final(by=lambda e: e[1]).sink(cp.collect(outs["max"]))
+    keyed("min").min_final(by=lambda e: e[1]).sink(cp.collect(outs["min"]))
+    run(flow, workers=workers)
+    assert sorted(outs["count"]) == sorted(ref_count.items())
+    assert sorted(outs["fold"]) == sorted(ref_sum.items())
+    assert sorted(outs["reduce"]) == sorted((k, (k, v)) for k, v in ref_cat.items())
+    assert sorted(outs["max"]) == sorted(ref_max.items())
+    assert sorted(outs["min"]) == sorted(ref_min.items())
+
+
+def test_max_final_without_by_compares_the_records_and_keeps_the_first_of_equals():
+    a1, a2, b = ["a", 1], ["a", 1], ["b", 0]
+    got = []
+    flow = cp.Flow()
+    flow.source(cp.iterable([a1, b, a2])).key_by(lambda r: r[0]).max_final().sink(cp.collect(got))
+    run(flow)
+    assert sorted(got) == [("a", ["a", 1]), ("b", ["b", 0])]
+    assert [r for k, r in got if k == "a"][0] is a1
+
+
+def test_a_fold_that_raises_fails_its_record_and_keeps_the_value(tmp_path):
+    dead = tmp_path / "dead.jsonl"
+    got = []
+    flow = cp.Flow()
+
+    def fold(acc, v):
+        if v == 3:
+            raise ValueError("three")
+        return acc + v
+
+    (flow.source(cp.iterable([1, 2, 3, 4])).key_by(lambda v: "k")
+        .fold_final(int, fold).sink(cp.collect(got)))
+    stats = run(flow, errors=cp.dead_letter(dead))
+    assert got == [("k", 7)]
+    assert stats["p1"]["failed"] == 1
+    line = json.loads(dead.read_text().splitlines()[0])
+    assert "three" in line["error"] and line["record"] == "3"
+
+
+def test_final_aggregations_in_two_processes_give_each_key_once(tmp_path):
+    data = events(10_000, seed=3)
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"{k} {v}\n" for k, v in data))
+    out = tmp_path / "out.jsonl"
+    flow = cp.Flow()
+    (flow.source(cp.file(src, frame="lines", decode=cp.text))
+        .map(str.split)
+        .key_by(lambda e: e[0])
+        .fold_final(int, lambda acc, e: acc + int(e[1]))
+        .sink(cp.file_out(out, encode=cp.json, frame="lines")))
+    stats = flow.run(workers=1, processes=2)
+    ref = {}
+    for k, v in data:
+        ref[k] = ref.get(k, 0) + v
+    got = [tuple(json.loads(line)) for line in out.read_text().splitlines()]
+    assert sorted(got) == sorted(ref.items())
+    assert stats["p1"]["sink"] == len(ref)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stateful_map_returning_none_as_the_state_drops_the_key(workers):
+    """Sums that restart once they pass 3000: the state factory runs once per key and once
+    after each drop, and the emitted sums equal a plain loop's."""
+    data = events()
+    ref, sums = [], {}
+    for k, v in data:
+        s = sums.get(k, 0) + v
+        if s > 3000:
+            ref.append((k, s))
+            sums.pop(k, None)
+        else:
+            sums[k] = s
+    made = []
+    got = []
+
+    def factory():
+        made.append(1)
+        return 0
+
+    def add(total, e):
+        total += e[1]
+        if total > 3000:
+            return None, (e[0], total)
+        return total, None
+
+    flow = cp.Flow()
+    state = flow.keyed_state(factory)
+    (flow.source(cp.iterable(data)).key_by(lambda e: e[0])
+        .stateful_map(state, add).sink(cp.collect(got)))
+    run(flow, workers=workers)
+    assert sorted(got) == sorted(ref)
+    assert len(made) == len(ref) + len(sums)
+
+
+def test_on_eof_hooks_emit_what_update_and_stateful_map_hold_at_the_end():
+    data = events(5000, seed=11)
+    ref = {}
+    for k, v in data:
+        ref[k] = ref.get(k, 0) + v
+    held, mapped = [], []
+    flow = cp.Flow()
+    a = flow.keyed_state(lambda: {"sum": 0, "key": None})
+
+    def add(st, e):
+        st["sum"] += e[1]
+        st["key"] = e[0]
+
+    (flow.source(cp.iterable(data)).named("update").key_by(lambda e: e[0])
+        .update(a, add, on_eof=lambda st: (st["key"], st["sum"]))
+        .sink(cp.collect(held)))
+    b = flow.keyed_state(lambda: None)
+    (flow.source(cp.iterable(data)).named("map").key_by(lambda e: e[0])
+        .stateful_map(b, lambda st, e: ((e[0], (st[1] if st else 0) + e[1]), None),
+                      on_eof=lambda st: st)
+        .sink(cp.collect(mapped)))
+    run(flow, workers=2)
+    assert sorted(held) == sorted(ref.items())
+    assert sorted(mapped) == sorted(ref.items())
+
+
+def test_a_short_last_count_window_is_emitted_with_the_end_it_reached():
+    got = []
+    flow = cp.Flow()
+    (flow.source(cp.iterable(["a0", "a1", "a2", "a3", "b0"])).key_by(lambda r: r[0])
+        .count_window(3, init=list, fold=lambda acc, r: acc + [r]).sink(cp.collect(got)))
+    run(flow)
+    assert sorted(got) == [("a", 0, 3, ["a0", "a1", "a2"]), ("a", 3, 4, ["a3"]),
+                           ("b", 0, 1, ["b0"])]
+
+
+def test_collect_window_sorts_a_time_windows_records_by_time():
+    recs = [("k", 3.5, "c"), ("k", 1.0, "a"), ("k", 2.0, "b"), ("k", 2.0, "b2"),
+            ("k", 12.0, "z")]
+    timed, counted = [], []
+    flow = cp.Flow()
+    (flow.source(cp.iterable(recs)).named("t").key_by(lambda r: r[0])
+        .collect_window(10.0, time=lambda r: r[1]).sink(cp.collect(timed)))
+    (flow.source(cp.iterable(recs)).named("c").key_by(lambda r: r[0])
+        .collect_window(2, by="count").sink(cp.collect(counted)))
+    run(flow)
+    assert timed == [("k", 0.0, 10.0, [recs[1], recs[2], recs[3], recs[0]]),
+                     ("k", 10.0, 20.0, [recs[4]])]
+    assert counted == [("k", 0, 2, recs[0:2]), ("k", 2, 4, recs[2:4]), ("k", 4, 5, recs[4:])]
+
+
+def test_time_windows_take_any_positive_size_and_refuse_others_saying_why():
+    got = []
+    flow = cp.Flow()
+    (flow.source(cp.iterable([("k", 1.0), ("k", 2e8)])).key_by(lambda r: r[0])
+        .time_window(1e9, time=lambda r: r[1], init=int, fold=lambda a, r: a + 1)
+        .sink(cp.collect(got)))
+    run(flow)
+    assert got == [("k", 0.0, 1e9, 2)]
+    for size, why in [(0, "positive seconds, not size 0"), (-1.0, "positive seconds"),
+                      (float("nan"), "positive seconds"), (1e-12, "at least 1 ns")]:
+        flow = cp.Flow()
+        (flow.source(cp.iterable([1])).key_by(str)
+            .time_window(size, time=float, init=int, fold=lambda a, r: a)
+            .sink(cp.discard()))
+        with pytest.raises(ValueError, match=why):
+            flow.start()
+
+
+def test_lines_out_and_a_record_holding_a_newline(tmp_path):
+    out = tmp_path / "out.txt"
+    flow = cp.Flow()
+    (flow.source(cp.iterable(["one", "two\nthree", "four"]))
+        .sink(cp.file_out(out, encode=cp.text, frame="lines")))
+    stats = run(flow)
+    assert out.read_text() == "one\nfour\n"
+    assert stats["p1"]["failed"] == 1
+
+
+def test_lines_out_refuses_checkpoints(tmp_path):
+    flow = cp.Flow()
+    flow.source(cp.iterable(["a"])).sink(cp.file_out(tmp_path / "o", frame="lines"))
+    with pytest.raises(OSError, match="writes lines"):
+        flow.start(checkpoint_dir=tmp_path / "ck")
+
+
+def test_stdin_to_stdout_in_a_child_process(tmp_path):
+    prog = (
+        "import canter.pipeline as cp\n"
+        "flow = cp.Flow()\n"
+        "(flow.source(cp.stdin(decode=cp.text)).flat_map(str.split)\n"
+        " .key_by(lambda w: w).count_final()\n"
+        " .map(lambda kv: f'{kv[0]} {kv[1]}').sink(cp.stdout(encode=cp.text)))\n"
+        "flow.run()\n"
+    )
+    text = "the cat and the hat\nand the bat"
+    r = subprocess.run([sys.executable, "-c", prog], input=text.encode(), capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr.decode()
+    got = sorted(r.stdout.decode().splitlines())
+    ref = {}
+    for w in text.split():
+        ref[w] = ref.get(w, 0) + 1
+    assert got == sorted(f"{w} {n}" for w, n in ref.items())
+
+
+def test_kafka_flows_refuse_final_aggregations_and_on_eof():
+    for build in (lambda k: k.count_final(),
+                  lambda k: k.update(k._pipe.flow.keyed_state(dict), lambda s, r: None,
+                                     on_eof=lambda s: s)):
+        flow = cp.Flow()
+        keyed = flow.source(cp.kafka("t", "127.0.0.1:1")).key_by(len)
+        build(keyed).sink(cp.kafka_out("o"))
+        with pytest.raises(ValueError, match="needs? an input that ends"):
+            flow.start()
