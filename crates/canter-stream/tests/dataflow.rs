@@ -228,3 +228,99 @@ fn a_file_sink_of_lines_writes_text_and_refuses_checkpoints() {
     assert!(e.to_string().contains("other.txt writes lines"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Channels make a graph of pipelines: one source branched by a predicate, each side keyed and
+/// aggregated, both merged into one stream, which two pipelines read (fan-out) — one of them
+/// keyed again; every result equals a plain loop's, on one worker and on three.
+#[test]
+fn channels_branch_merge_and_fan_out_between_pipelines() {
+    use canter_stream::pipeline::Channel;
+    const N: u64 = 30_000;
+    let input = records(N);
+    // Evens: a count per key; odds: a sum per key; then, per key, count + sum.
+    let mut count: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut sum: BTreeMap<u32, u64> = BTreeMap::new();
+    for &(k, v) in &input {
+        if v % 2 == 0 {
+            *count.entry(k).or_default() += 1;
+        } else {
+            *sum.entry(k).or_default() += v;
+        }
+    }
+    let mut merged: Vec<(u32, u64)> = count
+        .iter()
+        .chain(sum.iter())
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    merged.sort();
+    let mut totals: BTreeMap<u32, u64> = BTreeMap::new();
+    for (k, v) in &merged {
+        *totals.entry(*k).or_default() += v;
+    }
+    for workers in [1, 3] {
+        let (evens, odds, both) = (Channel::new(), Channel::new(), Channel::new());
+        let copy = Collector::new();
+        let total = Collector::new();
+        let mut t = Topology::new();
+        t.add(
+            Pipeline::new("in", Source::generate(N, make), decode)
+                .key_by(|(k, _)| *k)
+                .update(
+                    &KeyedState::new("none", |_: &u32| ()),
+                    |_: &mut (), x: (u32, u64), out| out.emit(x),
+                )
+                .sink(Sink::branch(
+                    |(_, v): &(u32, u64)| v % 2 == 0,
+                    &evens,
+                    &odds,
+                )),
+        );
+        t.add(
+            Pipeline::from_channel("evens", &evens)
+                .key_by(|(k, _)| *k)
+                .count_final()
+                .sink(Sink::channel(&both)),
+        );
+        t.add(
+            Pipeline::from_channel("odds", &odds)
+                .key_by(|(k, _)| *k)
+                .fold_final(|| 0u64, |s: &mut u64, (_, v): (u32, u64)| *s += v)
+                .sink(Sink::channel(&both)),
+        );
+        t.add(
+            Pipeline::from_channel("copy", &both)
+                .key_by(|(k, _)| *k)
+                .update(
+                    &KeyedState::new("pass", |_: &u32| ()),
+                    |_: &mut (), x: (u32, u64), out| out.emit(x),
+                )
+                .sink(Sink::collect(&copy)),
+        );
+        t.add(
+            Pipeline::from_channel("total", &both)
+                .key_by(|(k, _)| *k)
+                .fold_final(|| 0u64, |s: &mut u64, (_, v): (u32, u64)| *s += v)
+                .sink(Sink::collect(&total)),
+        );
+        run_to_end(t, workers);
+        assert_eq!(sorted(copy.take()), merged, "{workers} workers");
+        let total: BTreeMap<u32, u64> = total.take().into_iter().collect();
+        assert_eq!(total, totals, "{workers} workers");
+    }
+}
+
+/// A channel written and never read is refused at start, naming the writer.
+#[test]
+fn a_channel_nobody_reads_is_refused() {
+    let ch = canter_stream::pipeline::Channel::<(u32, u64)>::new();
+    let mut t = Topology::new();
+    t.add(
+        Pipeline::new("lonely", Source::generate(10, make), decode)
+            .key_by(|(k, _)| *k)
+            .count_final()
+            .map(|(k, n)| (k, n))
+            .sink(Sink::channel(&ch)),
+    );
+    let e = t.start(RunOptions::default()).expect_err("refused");
+    assert!(e.to_string().contains("pipeline lonely"), "{e}");
+}

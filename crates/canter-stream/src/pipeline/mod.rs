@@ -105,6 +105,14 @@ pub enum Source {
         /// Writes one record.
         make: Arc<dyn Fn(u64, &mut Vec<u8>) + Send + Sync>,
     },
+    /// The records other pipelines of the topology write to a [`Channel`] (made by
+    /// [`Pipeline::from_channel`]).
+    Channel {
+        /// The channel.
+        id: u64,
+        /// The pipelines writing it (counted when the topology starts).
+        writers: usize,
+    },
 }
 
 impl std::fmt::Debug for Source {
@@ -113,6 +121,7 @@ impl std::fmt::Debug for Source {
             Source::Tcp { addr, framing } => write!(f, "Tcp({addr}, {framing:?})"),
             Source::File { path, framing } => write!(f, "File({}, {framing:?})", path.display()),
             Source::Generate { count, .. } => write!(f, "Generate({count})"),
+            Source::Channel { id, writers } => write!(f, "Channel({id}, {writers} writers)"),
         }
     }
 }
@@ -165,8 +174,63 @@ impl Source {
         }
     }
 
+    /// Whether the source ends by itself (a channel ends when its writers have).
     fn finite(&self) -> bool {
         !matches!(self, Source::Tcp { .. })
+    }
+}
+
+static NEXT_CHANNEL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// An in-process channel between the pipelines of a topology: the pipelines whose sink is
+/// [`Sink::channel`] (or a side of [`Sink::branch`]) write it, and the pipelines made by
+/// [`Pipeline::from_channel`] read it, on the same worker, with no queue and no encoding
+/// between them. Several writers merge into one stream; several readers each get every record
+/// (a clone for all but the last). A reader ends when every writer has ended.
+pub struct Channel<T> {
+    pub(crate) id: u64,
+    pub(crate) clone: fn(&T) -> T,
+}
+
+impl<T> Clone for Channel<T> {
+    fn clone(&self) -> Self {
+        Channel {
+            id: self.id,
+            clone: self.clone,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for Channel<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Channel({})", self.id)
+    }
+}
+
+impl<T: Clone + 'static> Channel<T> {
+    /// A new channel.
+    pub fn new() -> Self {
+        Channel {
+            id: NEXT_CHANNEL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            clone: T::clone,
+        }
+    }
+}
+
+impl<T: 'static> Channel<T> {
+    /// A new channel of records that are not `Clone`, copied by `clone` for all readers but
+    /// the last (a front end's handles to its own objects, say).
+    pub fn with_clone(clone: fn(&T) -> T) -> Self {
+        Channel {
+            id: NEXT_CHANNEL.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            clone,
+        }
+    }
+}
+
+impl<T: Clone + 'static> Default for Channel<T> {
+    fn default() -> Self {
+        Channel::new()
     }
 }
 
@@ -246,6 +310,17 @@ pub enum Sink<O> {
     Collect(Collector<O>),
     /// Nothing (a pipeline that only updates state).
     Discard,
+    /// The pipelines reading `to` (see [`Channel`]).
+    Channel(Channel<O>),
+    /// Each record to the readers of `yes` if `pred` holds for it, else to those of `no`.
+    Branch {
+        /// Which side a record goes to.
+        pred: Arc<dyn Fn(&O) -> bool + Send + Sync>,
+        /// Where the records `pred` holds for go.
+        yes: Channel<O>,
+        /// Where the others go.
+        no: Channel<O>,
+    },
 }
 
 impl<O> Sink<O> {
@@ -295,6 +370,34 @@ impl<O> Sink<O> {
     pub fn discard() -> Self {
         Sink::Discard
     }
+
+    /// Hands each record to the pipelines reading `to`.
+    pub fn channel(to: &Channel<O>) -> Self {
+        Sink::Channel(to.clone())
+    }
+
+    /// Hands each record to the readers of `yes` if `pred` holds for it, else to those of
+    /// `no` (`pred` runs once per record).
+    pub fn branch(
+        pred: impl Fn(&O) -> bool + Send + Sync + 'static,
+        yes: &Channel<O>,
+        no: &Channel<O>,
+    ) -> Self {
+        Sink::Branch {
+            pred: Arc::new(pred),
+            yes: yes.clone(),
+            no: no.clone(),
+        }
+    }
+
+    /// The channels this sink writes.
+    pub(crate) fn channels(&self) -> Vec<u64> {
+        match self {
+            Sink::Channel(c) => vec![c.id],
+            Sink::Branch { yes, no, .. } => vec![yes.id, no.id],
+            _ => Vec::new(),
+        }
+    }
 }
 
 impl<O> Clone for Sink<O> {
@@ -315,6 +418,12 @@ impl<O> Clone for Sink<O> {
             },
             Sink::Collect(c) => Sink::Collect(c.clone()),
             Sink::Discard => Sink::Discard,
+            Sink::Channel(c) => Sink::Channel(c.clone()),
+            Sink::Branch { pred, yes, no } => Sink::Branch {
+                pred: pred.clone(),
+                yes: yes.clone(),
+                no: no.clone(),
+            },
         }
     }
 }
@@ -341,6 +450,29 @@ where
             name: name.to_owned(),
             source,
             decode,
+            chain: Id::new(),
+            _t: PhantomData,
+        }
+    }
+}
+
+/// The decoder of a pipeline reading a channel: never called (its records are not bytes).
+pub type NoDecode<T> = fn(&[u8]) -> Result<T, &'static str>;
+
+impl<T: 'static> Pipeline<T, NoDecode<T>, Id<T>> {
+    /// A pipeline named `name` reading the records written to `channel` by other pipelines
+    /// of the topology (on each worker, what that worker's writers wrote).
+    pub fn from_channel(name: &str, channel: &Channel<T>) -> Self {
+        fn never<T>(_: &[u8]) -> Result<T, &'static str> {
+            Err("a channel's records are not bytes")
+        }
+        Pipeline {
+            name: name.to_owned(),
+            source: Source::Channel {
+                id: channel.id,
+                writers: 0,
+            },
+            decode: never::<T>,
             chain: Id::new(),
             _t: PhantomData,
         }

@@ -26,9 +26,10 @@ use super::barrier::{Batch, Gate, Rid};
 use super::ckpt::Streams;
 use super::ckpt_task;
 use super::env::{Env, Inbox, Shared, WireIn};
+use super::input::Input;
 use super::lock;
 use super::process::{Head, Process, TailInst, TailOps};
-use super::sink::{file_sink, tcp_sink, SinkOut};
+use super::sink::{file_sink, tcp_sink, Forward, SinkOut};
 use super::sink_buf::SinkBuf;
 use super::source::{file_source, generate_source, serve_source};
 use super::wait::{Gauge, RateLog, Waiter};
@@ -45,6 +46,12 @@ pub(crate) trait PipelineDef: Send {
         resumes: &Arc<Vec<Arc<Notify>>>,
         restored: Option<&Restored>,
     ) -> io::Result<Arc<Prep>>;
+    /// The channels its sink writes.
+    fn writes(&self) -> Vec<u64>;
+    /// The channel it reads, if it reads one.
+    fn reads(&self) -> Option<u64>;
+    /// Sets how many pipelines write the channel it reads.
+    fn set_writers(&mut self, n: usize);
     /// Starts the pipeline's tasks on this worker; returns its head and the task that ends
     /// when the pipeline has ended here.
     fn start(
@@ -106,6 +113,23 @@ where
 {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn writes(&self) -> Vec<u64> {
+        self.sink.channels()
+    }
+
+    fn reads(&self) -> Option<u64> {
+        match self.source {
+            Source::Channel { id, .. } => Some(id),
+            _ => None,
+        }
+    }
+
+    fn set_writers(&mut self, n: usize) {
+        if let Source::Channel { writers, .. } = &mut self.source {
+            *writers = n;
+        }
     }
 
     fn prepare(
@@ -316,6 +340,21 @@ where
                 count: 0,
             },
             Sink::Discard => SinkOut::Discard { count: 0 },
+            Sink::Channel(c) => SinkOut::Channel {
+                out: vec![Forward::new(c.id, c.clone)],
+                pred: None,
+                env: env.clone(),
+                count: 0,
+            },
+            Sink::Branch { pred, yes, no } => SinkOut::Channel {
+                out: vec![
+                    Forward::new(yes.id, yes.clone),
+                    Forward::new(no.id, no.clone),
+                ],
+                pred: Some(pred),
+                env: env.clone(),
+                count: 0,
+            },
         };
         let tail = Rc::new(RefCell::new(TailInst {
             store: env.store(&step.state()),
@@ -332,7 +371,7 @@ where
                 env.gauges.borrow_mut().push(inbox.gauge.clone());
             }
         }
-        let head: Rc<RefCell<dyn Process>> = Rc::new(RefCell::new(Head {
+        let head = Rc::new(RefCell::new(Head {
             decode,
             chain,
             key,
@@ -357,6 +396,11 @@ where
             ended: false,
             _t: PhantomData,
         }));
+        if let Source::Channel { id, .. } = &prep.source {
+            let input: Rc<RefCell<dyn Input<T>>> = head.clone();
+            env.read_channel(*id, input);
+        }
+        let head: Rc<RefCell<dyn Process>> = head;
         match &prep.source {
             Source::Tcp { framing, .. } => {
                 let server = lock(&prep.servers)
@@ -391,7 +435,13 @@ where
             }
             _ => {}
         }
-        let expected = if prep.finite() { 1 } else { env.total };
+        // Ends from: the one worker reading a finite source; every worker reading a TCP
+        // source; every worker of every pipeline writing a channel.
+        let expected = match &prep.source {
+            Source::Channel { writers, .. } => env.total * writers,
+            s if s.finite() => 1,
+            _ => env.total,
+        };
         let done = tokio::task::spawn_local(drain(
             shared,
             tail,
@@ -531,6 +581,7 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
         let mut t = tail.borrow_mut();
         t.finish();
         t.end_turn();
+        t.close();
     }
     if let Some((buf, flushed)) = sink {
         buf.borrow_mut().closing_since = Some(clock());

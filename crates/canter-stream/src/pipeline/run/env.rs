@@ -16,6 +16,7 @@ use super::super::RunOptions;
 
 pub(super) use super::barrier::Batch;
 use super::ckpt::WorkerCkpt;
+use super::input::Input;
 use super::lock;
 use super::sink_buf::SinkBuf;
 use super::wait::{Gauge, Waiter};
@@ -48,6 +49,9 @@ pub(crate) struct Env {
     pub(super) ckpt: Option<WorkerCkpt>,
     /// This worker's parts of the keyed states that checkpoints copy.
     pub(super) snaps: RefCell<Vec<Rc<RefCell<dyn Snap>>>>,
+    /// The heads of the pipelines reading each channel on this worker (each an
+    /// `Rc<RefCell<dyn Input<T>>>`), by channel.
+    pub(super) channels: RefCell<HashMap<u64, Vec<Rc<dyn Any>>>>,
 }
 
 impl Env {
@@ -88,7 +92,32 @@ impl Env {
             resumes,
             ckpt,
             snaps: RefCell::new(Vec::new()),
+            channels: RefCell::new(HashMap::new()),
         }
+    }
+
+    /// Registers the head of a pipeline reading channel `id` on this worker.
+    pub(super) fn read_channel<T: 'static>(&self, id: u64, head: Rc<RefCell<dyn Input<T>>>) {
+        self.channels
+            .borrow_mut()
+            .entry(id)
+            .or_default()
+            .push(Rc::new(head));
+    }
+
+    /// The heads reading channel `id` on this worker (those of another record type, which the
+    /// topology's typed channels rule out, are left out).
+    pub(super) fn channel_readers<T: 'static>(&self, id: u64) -> Vec<Rc<RefCell<dyn Input<T>>>> {
+        self.channels
+            .borrow()
+            .get(&id)
+            .map(|v| {
+                v.iter()
+                    .filter_map(|a| a.clone().downcast::<Rc<RefCell<dyn Input<T>>>>().ok())
+                    .map(|r| (*r).clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     pub(super) fn store<K: Hash + Eq + Clone + 'static, S: 'static>(

@@ -17,6 +17,7 @@ mod ckpt;
 mod ckpt_task;
 mod def;
 mod env;
+mod input;
 mod link;
 mod process;
 mod sink;

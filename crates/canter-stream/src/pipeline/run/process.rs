@@ -18,6 +18,7 @@ use crate::frame::{self, FrameError};
 
 use super::barrier::{Batch, Rid};
 use super::env::Shared;
+use super::input::Input;
 use super::now_ns;
 use super::sink::SinkOut;
 use super::wait::RateLog;
@@ -42,6 +43,9 @@ pub(super) trait TailOps<K, T> {
     fn process(&mut self, key: K, item: T, read_ns: u64, origin: Rid);
     fn end_turn(&mut self);
     fn finish(&mut self);
+    /// The pipeline has ended on this worker: the readers of the channels its sink writes
+    /// end too.
+    fn close(&mut self);
 }
 
 pub(super) struct TailInst<K, U: Stateful<K, X>, X, P: Step<U::Out>> {
@@ -127,6 +131,10 @@ where
             store.map.remove(&key);
         }
         post.flush(&mut |o| sink.write(o, 0, Rid::default(), 0));
+    }
+
+    fn close(&mut self) {
+        self.sink.close();
     }
 }
 
@@ -300,6 +308,48 @@ where
                 inbox.push(Batch::Barrier(self.me, epoch));
             }
         }
+    }
+}
+
+impl<T, E, D, C, KF, K, Tl> Input<T> for Head<T, D, C, KF, K, Tl>
+where
+    E: Display,
+    D: FnMut(&[u8]) -> Result<T, E>,
+    C: Step<T>,
+    C::Out: 'static,
+    KF: FnMut(&C::Out) -> K,
+    K: Hash + 'static,
+    Tl: TailOps<K, C::Out>,
+{
+    fn items(&mut self, items: &mut Vec<(T, u64)>) {
+        if items.is_empty() {
+            return;
+        }
+        {
+            let Head {
+                chain,
+                key,
+                tail,
+                out,
+                gid,
+                total,
+                records,
+                origin,
+                ..
+            } = self;
+            let (gid, total, origin) = (*gid, *total, *origin);
+            for (item, read_ns) in items.drain(..) {
+                *records += 1;
+                chain.push(item, &mut |x| {
+                    route(key, tail, out, gid, total, x, read_ns, origin)
+                });
+            }
+        }
+        self.end_turn();
+    }
+
+    fn end(&mut self) {
+        self.end_of_input();
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -14,6 +15,7 @@ use super::super::metrics::PipeMetrics;
 use super::super::{Collector, Encoder};
 use super::barrier::Rid;
 use super::env::Env;
+use super::input::Input;
 use super::sink_buf::{mark, record_latency, SinkBuf};
 use super::wait::{RateLog, Waiter};
 use crate::resend::Seq;
@@ -36,9 +38,72 @@ pub(super) enum SinkOut<O> {
     Discard {
         count: u64,
     },
+    /// Into the heads of the pipelines reading a channel (or one of two, by `pred`) on this
+    /// worker, at the end of each turn.
+    Channel {
+        out: Vec<Forward<O>>,
+        pred: Option<Arc<dyn Fn(&O) -> bool + Send + Sync>>,
+        env: Rc<Env>,
+        count: u64,
+    },
 }
 
-impl<O> SinkOut<O> {
+/// One channel a sink writes: what waits for the end of the turn, and its readers here
+/// (looked up at the first delivery: every pipeline has started by then).
+pub(super) struct Forward<O> {
+    pub(super) id: u64,
+    pub(super) clone: fn(&O) -> O,
+    pub(super) pending: Vec<(O, u64)>,
+    pub(super) readers: Option<Vec<Rc<RefCell<dyn Input<O>>>>>,
+}
+
+impl<O: 'static> Forward<O> {
+    pub(super) fn new(id: u64, clone: fn(&O) -> O) -> Self {
+        Forward {
+            id,
+            clone,
+            pending: Vec::new(),
+            readers: None,
+        }
+    }
+
+    fn readers(&mut self, env: &Env) -> &[Rc<RefCell<dyn Input<O>>>] {
+        let id = self.id;
+        self.readers
+            .get_or_insert_with(|| env.channel_readers::<O>(id))
+    }
+
+    /// Hands what waits to every reader (a clone to each but the last).
+    fn deliver(&mut self, env: &Env) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let clone = self.clone;
+        let mut pending = std::mem::take(&mut self.pending);
+        let readers = self.readers(env).to_vec();
+        if let Some((last, others)) = readers.split_last() {
+            for r in others {
+                let mut copy = pending.iter().map(|(o, ns)| (clone(o), *ns)).collect();
+                r.borrow_mut().items(&mut copy);
+            }
+            last.borrow_mut().items(&mut pending);
+        }
+        pending.clear();
+        // The allocation goes back for the next turn.
+        if self.pending.is_empty() {
+            self.pending = pending;
+        }
+    }
+
+    fn close(&mut self, env: &Env) {
+        self.deliver(env);
+        for r in self.readers(env).to_vec() {
+            r.borrow_mut().end();
+        }
+    }
+}
+
+impl<O: 'static> SinkOut<O> {
     #[inline]
     pub(super) fn write(&mut self, o: O, read_ns: u64, origin: Rid, index: u32) {
         match self {
@@ -65,6 +130,28 @@ impl<O> SinkOut<O> {
                 *count += 1;
             }
             SinkOut::Discard { count } => *count += 1,
+            SinkOut::Channel {
+                out, pred, count, ..
+            } => {
+                let side = match pred {
+                    Some(p) if !p(&o) => 1,
+                    _ => 0,
+                };
+                if let Some(f) = out.get_mut(side) {
+                    f.pending.push((o, read_ns));
+                }
+                *count += 1;
+            }
+        }
+    }
+
+    /// The pipeline has ended on this worker: what waits is delivered, and the channels'
+    /// readers end.
+    pub(super) fn close(&mut self) {
+        if let SinkOut::Channel { out, env, .. } = self {
+            for f in out {
+                f.close(env);
+            }
         }
     }
 
@@ -80,6 +167,11 @@ impl<O> SinkOut<O> {
                 }
             }
             SinkOut::Discard { .. } => {}
+            SinkOut::Channel { out, env, .. } => {
+                for f in out {
+                    f.deliver(env);
+                }
+            }
         }
     }
 
@@ -87,7 +179,8 @@ impl<O> SinkOut<O> {
         match self {
             SinkOut::Buf { count, .. }
             | SinkOut::Collect { count, .. }
-            | SinkOut::Discard { count } => *count,
+            | SinkOut::Discard { count }
+            | SinkOut::Channel { count, .. } => *count,
         }
     }
 }

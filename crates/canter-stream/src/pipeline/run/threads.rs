@@ -139,6 +139,47 @@ impl Running {
     }
 }
 
+/// Counts each channel's writers for its readers; refuses a channel written and never read
+/// (its records would vanish), and channels in a topology that checkpoints (their records
+/// carry no source position).
+fn wire_channels(
+    mut defs: Vec<Box<dyn PipelineDef>>,
+    opts: &RunOptions,
+) -> io::Result<Vec<Box<dyn PipelineDef>>> {
+    let mut writers: std::collections::HashMap<u64, (usize, String)> = Default::default();
+    for d in &defs {
+        for id in d.writes() {
+            let w = writers.entry(id).or_insert((0, d.name().to_owned()));
+            w.0 += 1;
+        }
+    }
+    let read: std::collections::HashSet<u64> = defs.iter().filter_map(|d| d.reads()).collect();
+    if let Some((_, (_, name))) = writers.iter().find(|(id, _)| !read.contains(id)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("pipeline {name}: it writes a channel no pipeline of the topology reads"),
+        ));
+    }
+    if opts.checkpoint.is_some() {
+        if let Some(d) = defs.iter().find(|d| d.reads().is_some()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "pipeline {}: it reads a channel, and a topology with channels cannot \
+                     checkpoint yet",
+                    d.name()
+                ),
+            ));
+        }
+    }
+    for d in &mut defs {
+        if let Some(id) = d.reads() {
+            d.set_writers(writers.get(&id).map_or(0, |w| w.0));
+        }
+    }
+    Ok(defs)
+}
+
 pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Result<Running> {
     let workers = opts.workers.clamp(1, 64);
     let opts = RunOptions { workers, ..opts };
@@ -155,6 +196,7 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         Some(c) => restore(c),
         None => None,
     };
+    let defs = wire_channels(defs, &opts)?;
     let mut preps = Vec::new();
     for (i, d) in defs.into_iter().enumerate() {
         preps.push(d.prepare(i, &opts, &resumes, restored.as_ref())?);
