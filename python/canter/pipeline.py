@@ -267,44 +267,46 @@ class State:
         self.id = next(_ids)
 
 
-class _Pipe:
-    def __init__(self, flow, source):
+class _Node:
+    """A step of the flow's graph: a source, a step, `key_by`, a stateful step, a sink, or
+    where streams meet or part (merge, branch, join)."""
+
+    def __init__(self, flow, kind, parents, arg=None):
         self.flow = flow
-        self.name = f"p{len(flow._pipes) + 1}"
-        self.source = source
-        self.pre = []
-        self.key = None
-        self.stateful = None
-        self.post = []
-        self.sink = None
+        self.kind = kind
+        self.parents = parents
+        self.arg = arg
+        self.children = []
+        self.name = None
+        for p in parents:
+            p.children.append(self)
 
 
 class Stream:
-    """Records flowing through a pipeline. Each step returns a new stream; a stream takes one
-    step (use the new one)."""
+    """Records flowing through a flow. Each step returns a new stream; a stream may take
+    several next steps (each gets every record: fan-out)."""
 
-    def __init__(self, pipe):
-        self._pipe = pipe
-        self._used = False
+    def __init__(self, node):
+        self._node = node
 
-    def _take(self, what):
-        if self._used:
-            raise ValueError(f"{what}: this stream already has a next step (each stream takes one)")
-        if self._pipe.sink is not None:
-            raise ValueError(f"{what}: this pipeline already has its sink")
-        self._used = True
-        return self._pipe
+    @property
+    def flow(self):
+        return self._node.flow
+
+    def _child(self, kind, arg=None, cls=None):
+        if self._node.kind == "sink":
+            raise ValueError(f"{kind}: this stream ended in a sink")
+        return (cls or Stream)(_Node(self._node.flow, kind, [self._node], arg))
 
     def _step(self, kind, f):
         if not callable(f):
             raise TypeError(f"{kind}() takes a function, not {f!r}")
-        p = self._take(kind)
-        (p.post if p.key is not None else p.pre).append((kind, f))
-        return Stream(p)
+        return self._child("step", (kind, f))
 
     def named(self, name):
-        """Names the pipeline (in logs, metrics and `Flow.addrs`)."""
-        self._pipe.name = str(name)
+        """Names the pipeline this stream is part of (in logs, metrics, `stats()` and
+        `Flow.addrs`)."""
+        self._node.name = str(name)
         return self
 
     def map(self, f):
@@ -331,39 +333,87 @@ class Stream:
         batch counts as failed. Not with checkpoints or on Kafka flows yet."""
         return self._step("flat_map_batch", f)
 
+    def branch(self, pred):
+        """Two streams: the records `pred(record)` says yes to, and the others (`pred` runs
+        once per record; one that raises fails the record)."""
+        if not callable(pred):
+            raise TypeError(f"branch() takes a function, not {pred!r}")
+        b = self._child("branch", pred)._node
+        return Stream(_Node(self.flow, "side", [b], True)), Stream(_Node(self.flow, "side", [b], False))
+
+    def merge(self, *others):
+        """One stream of this stream's records and those of `others`, as they come."""
+        return merge(self, *others)
+
     def key_by(self, f):
         """Routes each record to the worker owning its key `f(record)` (str, int, bytes, None
         or a tuple of them), where the stateful step runs with that key's state. With
         `operator.itemgetter(i)` the key is looked up in Rust, with no Python call."""
         if not callable(f):
             raise TypeError(f"key_by() takes a function, not {f!r}")
-        p = self._take("key_by")
-        if p.key is not None:
-            raise ValueError("key_by: one key_by per pipeline (route the output to another pipeline)")
-        p.key = _key_spec(f)
-        return KeyedStream(p)
+        return self._child("key_by", _key_spec(f), KeyedStream)
 
     def sink(self, sink):
-        """Ends the pipeline in `sink` (`tcp_out`, `file_out`, `collect`, `discard`)."""
+        """Ends the stream in `sink` (`tcp_out`, `file_out`, `stdout`, `collect`, `discard`)."""
         if not isinstance(sink, tuple):
             raise TypeError(f"sink() takes tcp_out(...), file_out(...), collect(list) or discard(), not {sink!r}")
-        p = self._take("sink")
-        p.sink = sink
-        return self._pipe.flow
+        self._child("sink", sink)
+        return self._node.flow
+
+
+def merge(*streams):
+    """One stream of the records of every stream in `streams`, as they come (Bytewax's
+    `merge`)."""
+    if not streams:
+        raise ValueError("merge() takes one or more streams")
+    for s in streams:
+        if not isinstance(s, Stream):
+            raise TypeError(f"merge() takes streams, not {s!r}")
+        if s._node.kind == "sink":
+            raise ValueError("merge(): a stream that ended in a sink")
+    flow = streams[0].flow
+    if any(s.flow is not flow for s in streams):
+        raise ValueError("merge(): the streams belong to different flows")
+    return Stream(_Node(flow, "merge", [s._node for s in streams]))
+
+
+def join(*sides, insert="last", emit="complete"):
+    """Joins keyed streams by key (Bytewax's `join`): emits `(key, (record of side 1, record
+    of side 2, ...))`. `insert`: which records of a side are kept: "last" (the latest),
+    "first", or "product" (all; the output is every combination). `emit`: "complete" (once
+    every side has a record for the key; then the key's records are dropped), "final" (when
+    the input ends, None for a side without a record), or "running" (on every record, None
+    for the sides without one yet; nothing is dropped)."""
+    if len(sides) < 2:
+        raise ValueError("join() takes two or more keyed streams")
+    for s in sides:
+        if not isinstance(s, KeyedStream):
+            raise TypeError(f"join() takes keyed streams (after key_by), not {s!r}")
+    if insert not in ("first", "last", "product"):
+        raise ValueError(f"join(): insert= is 'first', 'last' or 'product', not {insert!r}")
+    if emit not in ("complete", "final", "running"):
+        raise ValueError(f"join(): emit= is 'complete', 'final' or 'running', not {emit!r}")
+    flow = sides[0].flow
+    if any(s.flow is not flow for s in sides):
+        raise ValueError("join(): the streams belong to different flows")
+    return Stream(_Node(flow, "join", [s._node for s in sides], (insert, emit)))
 
 
 class KeyedStream(Stream):
-    """Records after `key_by`: next comes a stateful step (or a sink: routed by key only)."""
+    """Records after `key_by`: next comes a stateful step, a join, or a sink (routed by key
+    only)."""
+
+    def join(self, *others, insert="last", emit="complete"):
+        """`join(self, *others, ...)`."""
+        return join(self, *others, insert=insert, emit=emit)
 
     def _stateful(self, what, spec):
-        p = self._take(what)
-        p.stateful = spec
-        return Stream(p)
+        return self._child("stateful", spec)
 
     def _state(self, state, f, what):
         if not isinstance(state, State):
             raise TypeError(f"{what}() takes a state from Flow.keyed_state()")
-        if state.flow is not self._pipe.flow:
+        if state.flow is not self.flow:
             raise ValueError(f"{what}(): the state belongs to another flow")
         if not callable(f):
             raise TypeError(f"{what}() takes a function (state, record)")
@@ -498,7 +548,7 @@ class Flow:
     """A set of pipelines run together on the same workers."""
 
     def __init__(self):
-        self._pipes = []
+        self._sources = []
         self._states = []
         self._handle = None
 
@@ -508,9 +558,10 @@ class Flow:
         if not isinstance(source, _Source):
             raise TypeError("source() takes canter.pipeline.tcp(...), file(...), kafka(...), "
                             f"iterable(...) or stdin(), not {source!r}")
-        p = _Pipe(self, source)
-        self._pipes.append(p)
-        return Stream(p)
+        n = _Node(self, "source", [], source)
+        n.name = f"p{len(self._sources) + 1}"
+        self._sources.append(n)
+        return Stream(n)
 
     def keyed_state(self, factory, name=None):
         """A keyed state whose keys start as `factory()`."""
@@ -518,27 +569,113 @@ class Flow:
         self._states.append(s)
         return s
 
+    def _segments(self):
+        """The flow's graph cut into the engine's pipelines: each a source (or a channel from
+        other pipelines), steps, at most one key_by and stateful step, steps, and a sink (or a
+        channel to other pipelines). A stream read by several steps, streams merged or joined,
+        a branch, and a key_by after a stateful step are where one pipeline hands its records
+        to the next, on the same worker."""
+        ids = itertools.count(1)
+        chan = {}
+
+        def channel(node):
+            if node not in chan:
+                chan[node] = next(ids)
+            return chan[node]
+
+        segs, started = [], set()
+        # (source spec, decode spec, name, first node, key_by node applied first or None)
+        todo = [(n.arg.spec, n.arg.decode, n.name, n, None) for n in self._sources]
+        count = {}
+
+        def later(name, source, node, key=None):
+            base = name.split(".")[0]
+            count[base] = count.get(base, 1) + 1
+            todo.append((source, None, f"{base}.{count[base]}", node, key))
+
+        def once(node, name):
+            # A merge or join starts one pipeline, however many streams lead to it.
+            if node not in started:
+                started.add(node)
+                later(name, ("channel", channel(node)), node)
+
+        while todo:
+            source, decode, name, node, key = todo.pop(0)
+            seg = {"name": name, "source": source, "decode": decode, "pre": [], "key": None,
+                   "stateful": None, "post": [], "sink": None}
+            if key is not None:
+                seg["key"] = key.arg
+            cur = node
+            while True:
+                if cur.name is not None:
+                    seg["name"] = cur.name
+                k = cur.kind
+                if k == "step":
+                    (seg["pre"] if seg["key"] is None else seg["post"]).append(cur.arg)
+                elif k == "key_by":
+                    seg["key"] = cur.arg
+                elif k == "stateful":
+                    seg["stateful"] = cur.arg
+                elif k == "join":
+                    seg["key"] = ("item", 0)
+                    seg["stateful"] = ("join", len(cur.parents)) + cur.arg
+                elif k == "sink":
+                    seg["sink"] = cur.arg
+                    break
+                kids = cur.children
+                if k == "branch":
+                    if not all(side.children for side in kids):
+                        raise ValueError(f"pipeline {seg['name']}: both streams of a branch need "
+                                         "a next step (a sink at least)")
+                    seg["sink"] = ("branch", cur.arg, channel(kids[0]), channel(kids[1]))
+                    for side in kids:
+                        for c in side.children:
+                            later(name, ("channel", channel(side)), c)
+                    break
+                if not kids:
+                    raise ValueError(f"pipeline {seg['name']}: a stream ends without a sink "
+                                     "(end it with .sink(...), or .sink(discard()))")
+                if k == "key_by" and len(kids) != 1:
+                    # A keyed stream read by several steps: each applies the key again.
+                    seg["key"] = None
+                    seg["sink"] = ("channel", channel(cur))
+                    for c in kids:
+                        later(name, ("channel", channel(cur)), c, cur)
+                    break
+                if len(kids) != 1:
+                    seg["sink"] = ("channel", channel(cur))
+                    for c in kids:
+                        later(name, ("channel", channel(cur)), c)
+                    break
+                nxt = kids[0]
+                if nxt.kind == "merge":
+                    seg["sink"] = ("channel", channel(nxt))
+                    once(nxt, name)
+                    break
+                if nxt.kind == "join":
+                    if k != "key_by":
+                        raise ValueError("join() takes keyed streams (after key_by)")
+                    seg["stateful"] = ("tag", nxt.parents.index(cur))
+                    seg["sink"] = ("channel", channel(nxt))
+                    once(nxt, name)
+                    break
+                if nxt.kind == "key_by" and (seg["key"] is not None or seg["stateful"] is not None):
+                    seg["sink"] = ("channel", channel(cur))
+                    later(name, ("channel", channel(cur)), nxt)
+                    break
+                cur = nxt
+            segs.append(seg)
+        return segs
+
     def _spec(self):
-        if not self._pipes:
+        if not self._sources:
             raise ValueError("the flow has no pipeline (Flow.source)")
+        out = self._segments()
         names = set()
-        out = []
-        for p in self._pipes:
-            if p.sink is None:
-                raise ValueError(f"pipeline {p.name}: no sink (end it with .sink(...))")
-            if p.name in names:
-                raise ValueError(f"two pipelines named {p.name!r}")
-            names.add(p.name)
-            out.append({
-                "name": p.name,
-                "source": p.source.spec,
-                "decode": p.source.decode,
-                "pre": p.pre,
-                "key": p.key,
-                "stateful": p.stateful,
-                "post": p.post,
-                "sink": p.sink,
-            })
+        for p in out:
+            if p["name"] in names:
+                raise ValueError(f"two pipelines named {p['name']!r}")
+            names.add(p["name"])
         states = {s.id: (s.name, s.factory) for s in self._states}
         return out, states
 
@@ -573,6 +710,11 @@ class Flow:
         if batched and any(p["source"][0] == "kafka" for p in pipelines):
             raise ValueError(f"pipeline {batched[0]}: flat_map_batch is not available on Kafka "
                              "flows yet")
+        chained = [p["name"] for p in pipelines if p["source"][0] == "channel"]
+        if chained and any(n.arg.spec[0] == "kafka" for n in self._sources):
+            raise ValueError(f"pipeline {chained[0]}: merge, branch, join, a stream read by "
+                             "several steps and a key_by after a stateful step do not run on "
+                             "Kafka flows yet")
         kafka = {"exactly_once": bool(exactly_once)}
         if commit_interval is not None:
             kafka["commit_interval"] = float(commit_interval)
@@ -656,7 +798,7 @@ class Flow:
         if metrics is not None:
             raise ValueError("processes= with metrics=: give each process its own port "
                              "(run them as separate `python -m canter pipeline` processes)")
-        kafka = all(p.source.spec[0] == "kafka" for p in self._pipes)
+        kafka = all(n.arg.spec[0] == "kafka" for n in self._sources)
         group_dir = None
         if kafka:
             base = settings.pop("instance_id", None) or f"{os.getpid():x}"
@@ -734,21 +876,21 @@ class Flow:
 
     def _check_group(self, settings):
         """What a TCP or file flow in several processes cannot do, refused before forking."""
-        if any(p.source.spec[0] == "kafka" for p in self._pipes):
+        if any(n.arg.spec[0] == "kafka" for n in self._sources):
             raise ValueError("a flow's sources are all Kafka topics, or none of them")
         if settings.get("checkpoint_dir") is not None:
             raise ValueError("processes= with checkpoint_dir=: checkpoints are per process, and "
                              "keys cross processes; run one process with workers= to checkpoint")
-        for p in self._pipes:
-            if p.sink is not None and p.sink[0] == "list":
-                raise ValueError(f"pipeline {p.name}: collect() fills a list in one process; "
+        for p in self._segments():
+            if p["sink"][0] == "list":
+                raise ValueError(f"pipeline {p['name']}: collect() fills a list in one process; "
                                  "with processes= use tcp_out, file_out or discard")
-            if p.source.spec[0] != "tcp":
+            if p["source"][0] != "tcp":
                 continue
-            host, _, port = p.source.spec[1].rpartition(":")
+            host, _, port = p["source"][1].rpartition(":")
             if port in ("", "0"):
-                raise ValueError(f"pipeline {p.name}: with processes= a TCP source needs a fixed "
-                                 f"port (the processes share it), not {p.source.spec[1]!r}")
+                raise ValueError(f"pipeline {p['name']}: with processes= a TCP source needs a fixed "
+                                 f"port (the processes share it), not {p['source'][1]!r}")
             # The processes share the port (SO_REUSEPORT): anything listening there already
             # would take some of the connections.
             import socket
@@ -758,7 +900,7 @@ class Flow:
                 try:
                     s.bind((host, int(port)))
                 except OSError as e:
-                    raise OSError(e.errno, f"pipeline {p.name}: {p.source.spec[1]} is taken: "
+                    raise OSError(e.errno, f"pipeline {p['name']}: {p['source'][1]} is taken: "
                                            f"{e.strerror}") from None
 
 

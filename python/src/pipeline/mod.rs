@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use canter_stream::pipeline::{
-    Built, CheckpointOptions, Emit, Framing, Group, Keyed, KeyedState, Pipeline, RunOptions,
-    Running, Sink, Source, Stateful, Step, Topology, WorkerHooks,
+    Built, Channel, CheckpointOptions, Emit, Framing, Group, Keyed, KeyedState, Pipeline,
+    RunOptions, Running, Sink, Source, Stateful, Step, Topology, WorkerHooks,
 };
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -27,7 +27,9 @@ use pyo3::types::{PyDict, PyList};
 
 use codec::{Decoder, Encoder};
 use key::Key;
-use stateful::{Agg, Decoded, Final, FinalAgg, Mode, Pass, Span, Update, Window};
+use stateful::{
+    Agg, Decoded, Final, FinalAgg, Insert, Join, JoinEmit, Mode, Pass, Span, Tag, Update, Window,
+};
 use steps::{
     step_name, Chain, Failures, KeyFn, KeyStep, KeyedAlready, Kind, Op, Out, Policy, Stopper, To,
 };
@@ -231,44 +233,126 @@ struct Shared {
     missing: Arc<Obj>,
 }
 
+/// The flow's channels between its pipelines, by the id Python gave each.
+type Channels = HashMap<u64, Channel<Obj>>;
+
+/// The channel of `id`, made on first use.
+fn channel(channels: &mut Channels, id: u64) -> Channel<Obj> {
+    channels
+        .entry(id)
+        .or_insert_with(|| Channel::with_clone(|o: &Obj| o.clone_ref(py())))
+        .clone()
+}
+
+/// Where a spec's outputs go.
+fn end(
+    py: Python<'_>,
+    spec: &Bound<'_, PyAny>,
+    failures: &Arc<Failures>,
+    channels: &mut Channels,
+) -> PyResult<End> {
+    let kind: String = spec.get_item(0)?.extract()?;
+    match kind.as_str() {
+        "channel" => Ok(End::Objs(Sink::channel(&channel(
+            channels,
+            spec.get_item(1)?.extract()?,
+        )))),
+        "branch" => {
+            let pred = Arc::new(spec.get_item(1)?.unbind());
+            let yes = channel(channels, spec.get_item(2)?.extract()?);
+            let no = channel(channels, spec.get_item(3)?.extract()?);
+            let fails = failures.clone();
+            // A predicate that raises fails the record (it goes to neither side).
+            let side = move |o: &Obj| -> Option<bool> {
+                let py = py_static();
+                match pred
+                    .bind(py)
+                    .call1((o.bind(py),))
+                    .and_then(|r| r.is_truthy())
+                {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        fails.fail(py, "branch", &e, Some(o));
+                        None
+                    }
+                }
+            };
+            Ok(End::Objs(Sink::branch(
+                move |o: &Obj| side(o) == Some(true),
+                &yes,
+                &no,
+            )))
+        }
+        _ => {
+            let (sink, out) = sink(py, spec, failures)?;
+            Ok(End::Bytes(sink, out))
+        }
+    }
+}
+
+/// A pipeline that keeps no state: its steps, on the worker that read each record.
+fn local<D, E>(
+    p: Pipeline<Obj, D, canter_stream::pipeline::Id<Obj>>,
+    pre: Chain,
+    post: Chain,
+    end: End,
+) -> Built
+where
+    E: std::fmt::Display,
+    D: FnMut(&[u8]) -> Result<Obj, E> + Clone + Send + 'static,
+{
+    // No state to keep: its codec writes nothing (checkpoints need one for every state).
+    let pass = KeyedState::new("pass", |_: &canter_stream::pipeline::Local| ()).checkpointed(
+        |_, _| {},
+        |_| Some(canter_stream::pipeline::Local),
+        |_, _| {},
+        |_| Some(()),
+    );
+    let tail = p
+        .step(pre)
+        .local()
+        .update(&pass, |_: &mut (), x: Obj, out: &mut Emit<'_, Obj>| {
+            out.emit(x)
+        })
+        .step(post);
+    match end {
+        End::Bytes(sink, out) => tail.step(out).sink(sink),
+        End::Objs(sink) => tail.sink(sink),
+    }
+}
+
 fn build(
     py: Python<'_>,
     s: Spec<'_>,
     states: &States,
     failures: Arc<Failures>,
     grouped: bool,
+    channels: &mut Channels,
 ) -> PyResult<Built> {
-    let src = source(&s.source)?;
-    let dec = Decoder::from_spec(py, &s.decode)?;
     let pre = chain(py, &s.pre, 1, &failures)?;
-    let (sink, out) = sink(py, &s.sink, &failures)?;
+    let end = end(py, &s.sink, &failures, channels)?;
+    let from: Option<u64> = match s.source.get_item(0)?.extract::<String>()?.as_str() {
+        "channel" => Some(s.source.get_item(1)?.extract()?),
+        _ => None,
+    };
     let Some(key) = s.key else {
         if s.stateful.is_some() {
             return Err(PyValueError::new_err("a stateful step needs key_by first"));
         }
-        // No state to keep: its codec writes nothing (checkpoints need one for every state).
-        let pass = KeyedState::new("pass", |_: &canter_stream::pipeline::Local| ()).checkpointed(
-            |_, _| {},
-            |_| Some(canter_stream::pipeline::Local),
-            |_, _| {},
-            |_| Some(()),
-        );
         let post = chain(py, &s.post, s.pre.len() + 1, &failures)?;
+        if let Some(id) = from {
+            let ch = channel(channels, id);
+            return Ok(local(Pipeline::from_channel(&s.name, &ch), pre, post, end));
+        }
+        let src = source(&s.source)?;
+        let dec = Decoder::from_spec(py, &s.decode)?;
         let mut cache = codec::Interner::default();
         let fails = failures.clone();
         let decode = move |rec: &[u8]| {
             dec.decode_cached(py_static(), rec, &mut cache)
                 .map_err(|e| failed(&fails, rec, e.to_string()))
         };
-        return Ok(Pipeline::new(&s.name, src, decode)
-            .step(pre)
-            .local()
-            .update(&pass, |_: &mut (), x: Obj, out: &mut Emit<'_, Obj>| {
-                out.emit(x)
-            })
-            .step(post)
-            .step(out)
-            .sink(sink));
+        return Ok(local(Pipeline::new(&s.name, src, decode), pre, post, end));
     };
     let (f, name) = key_fn(py, &key, s.pre.len() + 1)?;
     let post = chain(py, &s.post, s.pre.len() + 3, &failures)?;
@@ -277,6 +361,23 @@ fn build(
         // key_by straight to the sink: records are routed by key, with no state.
         None => Stage::Pass(Pass::new()),
     };
+    if let Some(id) = from {
+        let ch = channel(channels, id);
+        let key_step = KeyStep {
+            name,
+            f: Arc::new(f),
+            n: 0,
+            failures: failures.clone(),
+        };
+        let keyed = Pipeline::from_channel(&s.name, &ch)
+            .step(pre)
+            .step(key_step)
+            .key_by(|(k, _): &(Key, Obj)| k.clone())
+            .wire(wire::PyWire::new(py)?);
+        return Ok(stage.attach(ObjHead(keyed), post, end));
+    }
+    let src = source(&s.source)?;
+    let dec = Decoder::from_spec(py, &s.decode)?;
     // In a group of processes, a record whose key can be read from its bytes (a `struct`
     // decoder, no step before `key_by`, an `itemgetter` key of a bytes or integer field)
     // crosses raw and is decoded by its owner: nothing is pickled, and the decoding is
@@ -301,7 +402,7 @@ fn build(
         let keyed = Pipeline::new(&s.name, src, decode)
             .key_by(|(k, _): &(Key, wire::Raw)| k.clone())
             .wire(wire::RawWire);
-        return Ok(stage.attach(RawHead(keyed, format, failures), post, out, sink));
+        return Ok(stage.attach(RawHead(keyed, format, failures), post, end));
     }
     // In one process, the same key read from the record's bytes as it is decoded: no Python
     // item lookup and no key made of a Python value (fields whose key cannot fail only: a
@@ -326,7 +427,7 @@ fn build(
             .step(KeyedAlready::new(name))
             .key_by(|(k, _): &(Key, Obj)| k.clone())
             .wire(wire::PyWire::new(py)?);
-        return Ok(stage.attach(ObjHead(keyed), post, out, sink));
+        return Ok(stage.attach(ObjHead(keyed), post, end));
     }
     let mut cache = codec::Interner::default();
     let fails = failures.clone();
@@ -345,7 +446,7 @@ fn build(
         .step(key_step)
         .key_by(|(k, _): &(Key, Obj)| k.clone())
         .wire(wire::PyWire::new(py)?);
-    Ok(stage.attach(ObjHead(keyed), post, out, sink))
+    Ok(stage.attach(ObjHead(keyed), post, end))
 }
 
 /// A record the decoder refused: through the flow's `errors=` policy, then back to the engine
@@ -361,24 +462,35 @@ enum Stage {
     Update(Update),
     Window(Window),
     Final(Final),
+    Tag(Tag),
+    Join(Join),
 }
 
 impl Stage {
     /// The pipeline: `head`, this step, the steps after it and the sink.
-    fn attach<H: Attach>(self, head: H, post: Chain, out: Out, sink: Sink<Vec<u8>>) -> Built {
+    fn attach<H: Attach>(self, head: H, post: Chain, end: End) -> Built {
         match self {
-            Stage::Pass(u) => head.attach(u, post, out, sink),
-            Stage::Update(u) => head.attach(u, post, out, sink),
-            Stage::Window(u) => head.attach(u, post, out, sink),
-            Stage::Final(u) => head.attach(u, post, out, sink),
+            Stage::Pass(u) => head.attach(u, post, end),
+            Stage::Update(u) => head.attach(u, post, end),
+            Stage::Window(u) => head.attach(u, post, end),
+            Stage::Final(u) => head.attach(u, post, end),
+            Stage::Tag(u) => head.attach(u, post, end),
+            Stage::Join(u) => head.attach(u, post, end),
         }
     }
+}
+
+/// Where a pipeline's outputs go: encoded to a sink of bytes (or appended to a list), or as
+/// Python objects into a channel to other pipelines of the flow.
+enum End {
+    Bytes(Sink<Vec<u8>>, Out),
+    Objs(Sink<Obj>),
 }
 
 /// A keyed head, ready for its stateful step: records decoded into Python objects, or raw
 /// records crossing a group (decoded by their owner).
 trait Attach {
-    fn attach<U>(self, step: U, post: Chain, out: Out, sink: Sink<Vec<u8>>) -> Built
+    fn attach<U>(self, step: U, post: Chain, end: End) -> Built
     where
         U: Stateful<Key, (Key, Obj), Out = Obj>;
 }
@@ -393,11 +505,15 @@ where
     C: Step<T, Out = (Key, Obj)>,
     KF: FnMut(&(Key, Obj)) -> Key + Clone + Send + 'static,
 {
-    fn attach<U>(self, step: U, post: Chain, out: Out, sink: Sink<Vec<u8>>) -> Built
+    fn attach<U>(self, step: U, post: Chain, end: End) -> Built
     where
         U: Stateful<Key, (Key, Obj), Out = Obj>,
     {
-        self.0.stateful(step).step(post).step(out).sink(sink)
+        let tail = self.0.stateful(step).step(post);
+        match end {
+            End::Bytes(sink, out) => tail.step(out).sink(sink),
+            End::Objs(sink) => tail.sink(sink),
+        }
     }
 }
 
@@ -411,21 +527,23 @@ where
     C: Step<T, Out = (Key, wire::Raw)>,
     KF: FnMut(&(Key, wire::Raw)) -> Key + Clone + Send + 'static,
 {
-    fn attach<U>(self, step: U, post: Chain, out: Out, sink: Sink<Vec<u8>>) -> Built
+    fn attach<U>(self, step: U, post: Chain, end: End) -> Built
     where
         U: Stateful<Key, (Key, Obj), Out = Obj>,
     {
         let RawHead(keyed, format, failures) = self;
-        keyed
+        let tail = keyed
             .stateful(Decoded {
                 inner: step,
                 format,
                 cache: codec::Interner::default(),
                 failures,
             })
-            .step(post)
-            .step(out)
-            .sink(sink)
+            .step(post);
+        match end {
+            End::Bytes(sink, out) => tail.step(out).sink(sink),
+            End::Objs(sink) => tail.sink(sink),
+        }
     }
 }
 
@@ -551,6 +669,40 @@ fn stage(
             Ok(Stage::Final(Final {
                 state: Final::new_state(),
                 agg: Arc::new(agg),
+                name,
+                failures,
+            }))
+        }
+        "tag" => Ok(Stage::Tag(Tag {
+            state: KeyedState::new("join side", |_: &Key| ()),
+            side: st.get_item(1)?.extract()?,
+        })),
+        "join" => {
+            let sides: usize = st.get_item(1)?.extract()?;
+            let insert = match st.get_item(2)?.extract::<String>()?.as_str() {
+                "first" => Insert::First,
+                "last" => Insert::Last,
+                "product" => Insert::Product,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "join(): insert= is 'first', 'last' or 'product', not {other:?}"
+                    )))
+                }
+            };
+            let when = match st.get_item(3)?.extract::<String>()?.as_str() {
+                "complete" => JoinEmit::Complete,
+                "final" => JoinEmit::Final,
+                "running" => JoinEmit::Running,
+                other => {
+                    return Err(PyValueError::new_err(format!(
+                        "join(): emit= is 'complete', 'final' or 'running', not {other:?}"
+                    )))
+                }
+            };
+            Ok(Stage::Join(Join {
+                state: Join::new_state(sides),
+                insert,
+                when,
                 name,
                 failures,
             }))
@@ -930,8 +1082,16 @@ pub(crate) fn start_flow(
         );
     }
     let mut topology = Topology::new();
+    let mut channels = Channels::new();
     for (spec, f) in specs.into_iter().zip(&failures) {
-        topology.add(build(py, spec, &shared, f.clone(), group.is_some())?);
+        topology.add(build(
+            py,
+            spec,
+            &shared,
+            f.clone(),
+            group.is_some(),
+            &mut channels,
+        )?);
     }
     let mut opts = RunOptions::default().workers(workers).hooks(gil_hooks());
     if let Some(c) = checkpoint {

@@ -639,3 +639,156 @@ impl Stateful<Key, (Key, Obj)> for Final {
         emit.discard();
     }
 }
+
+/// A join's side: `(key, side, record)` goes on, for the join's pipeline (which keys it again
+/// by the same key, so it stays on this worker).
+#[derive(Clone)]
+pub(crate) struct Tag {
+    pub(crate) state: KeyedState<Key, ()>,
+    pub(crate) side: usize,
+}
+
+impl Stateful<Key, (Key, Obj)> for Tag {
+    type State = ();
+    type Out = Obj;
+    fn state(&self) -> KeyedState<Key, ()> {
+        self.state.clone()
+    }
+    #[inline]
+    fn update(&mut self, _: &mut (), (key, item): (Key, Obj), emit: &mut Emit<'_, Obj>) {
+        let py = py();
+        if let Ok(t) = PyTuple::new(py, [key.to_py(py), int(py, self.side as i64), item]) {
+            emit.emit(t.into_any().unbind());
+        }
+    }
+}
+
+/// How a join keeps a side's records (Bytewax's `insert_mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Insert {
+    /// The side's first record.
+    First,
+    /// The side's latest record.
+    Last,
+    /// Every record of the side (the output is every combination).
+    Product,
+}
+
+/// When a join emits (Bytewax's `emit_mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum JoinEmit {
+    /// Once every side has a record; then the key's state is dropped.
+    Complete,
+    /// When the input ends, whatever the sides hold (None for a side without a record).
+    Final,
+    /// On every record, with None for the sides without one yet; the state is kept.
+    Running,
+}
+
+/// A key's records, per side.
+pub(crate) struct Sides(Vec<Vec<Obj>>);
+
+/// A join of `sides` keyed streams: its input is the sides' `(key, side, record)` (see
+/// [`Tag`]); it emits `(key, (record of side 0, record of side 1, ...))`.
+pub(crate) struct Join {
+    pub(crate) state: KeyedState<Key, Sides>,
+    pub(crate) insert: Insert,
+    pub(crate) when: JoinEmit,
+    pub(crate) name: Arc<str>,
+    pub(crate) failures: Arc<Failures>,
+}
+
+impl Clone for Join {
+    fn clone(&self) -> Self {
+        Join {
+            state: self.state.clone(),
+            insert: self.insert,
+            when: self.when,
+            name: self.name.clone(),
+            failures: self.failures.clone(),
+        }
+    }
+}
+
+impl Join {
+    pub(crate) fn new_state(sides: usize) -> KeyedState<Key, Sides> {
+        KeyedState::new("join", move |_: &Key| {
+            Sides((0..sides).map(|_| Vec::new()).collect())
+        })
+    }
+
+    /// `(key, row)` for every combination of the sides' records (None for an empty side).
+    fn rows(&self, py: Python<'_>, key: &Obj, sides: &Sides, emit: &mut Emit<'_, Obj>) {
+        let none = [py.None()];
+        let lists: Vec<&[Obj]> = sides
+            .0
+            .iter()
+            .map(|v| if v.is_empty() { &none[..] } else { &v[..] })
+            .collect();
+        let mut at = vec![0usize; lists.len()];
+        loop {
+            let row = at.iter().zip(&lists).map(|(i, l)| l[*i].clone_ref(py));
+            if let Ok(row) = PyTuple::new(py, row) {
+                if let Ok(t) = PyTuple::new(py, [key.clone_ref(py), row.into_any().unbind()]) {
+                    emit.emit(t.into_any().unbind());
+                }
+            }
+            // The next combination, the last side fastest.
+            let mut i = lists.len();
+            loop {
+                if i == 0 {
+                    return;
+                }
+                i -= 1;
+                at[i] += 1;
+                if at[i] < lists[i].len() {
+                    break;
+                }
+                at[i] = 0;
+            }
+        }
+    }
+}
+
+impl Stateful<Key, (Key, Obj)> for Join {
+    type State = Sides;
+    type Out = Obj;
+    fn state(&self) -> KeyedState<Key, Sides> {
+        self.state.clone()
+    }
+
+    fn update(&mut self, sides: &mut Sides, (_, tagged): (Key, Obj), emit: &mut Emit<'_, Obj>) {
+        let py = py();
+        let parts = tagged
+            .bind(py)
+            .extract::<(Obj, usize, Obj)>();
+        let (key, side, item) = match parts {
+            Ok(p) => p,
+            Err(e) => return self.failures.fail(py, &self.name, &e, Some(&tagged)),
+        };
+        let Some(slot) = sides.0.get_mut(side) else {
+            return;
+        };
+        match self.insert {
+            Insert::First if !slot.is_empty() => {}
+            Insert::First | Insert::Product => slot.push(item),
+            Insert::Last => *slot = vec![item],
+        }
+        match self.when {
+            JoinEmit::Complete if sides.0.iter().all(|v| !v.is_empty()) => {
+                self.rows(py, &key, sides, emit);
+                emit.discard();
+            }
+            JoinEmit::Running => self.rows(py, &key, sides, emit),
+            _ => {}
+        }
+    }
+
+    fn finish(&mut self, key: &Key, sides: &mut Sides, emit: &mut Emit<'_, Obj>) {
+        if self.when == JoinEmit::Final && sides.0.iter().any(|v| !v.is_empty()) {
+            let py = py();
+            self.rows(py, &key.to_py(py), sides, emit);
+        }
+        emit.discard();
+    }
+}
