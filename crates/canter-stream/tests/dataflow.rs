@@ -324,3 +324,56 @@ fn a_channel_nobody_reads_is_refused() {
     let e = t.start(RunOptions::default()).expect_err("refused");
     assert!(e.to_string().contains("pipeline lonely"), "{e}");
 }
+
+/// Orders and fills from two sources joined by order id through a channel (`Keyed::join`):
+/// one row per filled order, with its quantity and price, on one worker and on two; with
+/// `JoinEmit::Final`, the orders never filled come out at the end with no price.
+#[test]
+fn orders_and_fills_join_by_id() {
+    use canter_stream::pipeline::{Channel, JoinEmit, JoinInsert};
+    const ORDERS: u64 = 5_000;
+    // Order i: id i, quantity i % 100 + 1; every third order is filled at price 1000 + i.
+    let order = |i: u64, b: &mut Vec<u8>| {
+        b.extend_from_slice(&(i as u32).to_be_bytes());
+        b.extend_from_slice(&(i % 100 + 1).to_be_bytes());
+    };
+    let fill = |j: u64, b: &mut Vec<u8>| {
+        let i = j * 3;
+        b.extend_from_slice(&(i as u32).to_be_bytes());
+        b.extend_from_slice(&(1000 + i).to_be_bytes());
+    };
+    for (emit, workers) in [
+        (JoinEmit::Complete, 1),
+        (JoinEmit::Complete, 2),
+        (JoinEmit::Final, 2),
+    ] {
+        let sides: Channel<(u32, usize, u64)> = Channel::new();
+        let rows = Collector::new();
+        let mut t = Topology::new();
+        t.add(
+            Pipeline::new("orders", Source::generate(ORDERS, order), decode)
+                .map(|(id, qty)| (id, 0usize, qty))
+                .sink(Sink::channel(&sides)),
+        );
+        t.add(
+            Pipeline::new("fills", Source::generate(ORDERS.div_ceil(3), fill), decode)
+                .map(|(id, px)| (id, 1usize, px))
+                .sink(Sink::channel(&sides)),
+        );
+        t.add(
+            Pipeline::from_channel("join", &sides)
+                .key_by(|(id, _, _)| *id)
+                .join(2, JoinInsert::Last, emit)
+                .sink(Sink::collect(&rows)),
+        );
+        run_to_end(t, workers);
+        let want: Vec<(u32, Vec<Option<u64>>)> = (0..ORDERS)
+            .filter(|i| emit == JoinEmit::Final || i % 3 == 0)
+            .map(|i| {
+                let px = (i % 3 == 0).then_some(1000 + i);
+                (i as u32, vec![Some(i % 100 + 1), px])
+            })
+            .collect();
+        assert_eq!(sorted(rows.take()), want, "{emit:?}, {workers} workers");
+    }
+}

@@ -57,8 +57,8 @@ pub use checkpoint::CheckpointOptions;
 pub use metrics::{CheckpointTotals, Metrics, Percentiles, PipeSample, Sample, Totals};
 pub use run::{Group, Running, Shutdown, Wire};
 pub use state::{
-    Aggregate, CountWindow, Emit, Final, KeyedState, Local, Open, Span, StateCodec, Stateful,
-    TumblingWindow, Update,
+    Aggregate, CountWindow, Emit, Final, Join, JoinEmit, JoinInsert, KeyedState, Local, Open, Span,
+    StateCodec, Stateful, TumblingWindow, Update,
 };
 pub use step::{Filter, FlatMap, Id, Map, Step, Then};
 
@@ -524,6 +524,28 @@ impl<T: 'static, D, C: Step<T>> Pipeline<T, D, C> {
         self.then(chain)
     }
 
+    /// Ends a pipeline of stateless steps in `sink`: each item goes on from the worker that
+    /// read it, with no key and no state.
+    pub fn sink<E>(self, sink: Sink<C::Out>) -> Built
+    where
+        E: Display,
+        D: FnMut(&[u8]) -> Result<T, E> + Clone + Send + 'static,
+        C::Out: Send + 'static,
+    {
+        let none = KeyedState::new("none", |_: &Local| ()).checkpointed(
+            |_, _| {},
+            |_| Some(Local),
+            |_, _| {},
+            |_| Some(()),
+        );
+        self.local()
+            .update(
+                &none,
+                |_: &mut (), x: C::Out, out: &mut Emit<'_, C::Out>| out.emit(x),
+            )
+            .sink(sink)
+    }
+
     /// No key: the stateful step runs on the worker that read each item, with one state per
     /// worker (under the key [`Local`]); nothing crosses workers.
     #[allow(clippy::type_complexity)]
@@ -686,6 +708,25 @@ where
         F: Fn(&C::Out) -> B + Send + Sync + 'static,
     {
         self.reduce_final(move |a, b| if by(&b) < by(&a) { b } else { a })
+    }
+
+    /// Joins the sides merged into this stream by key (Bytewax's `join`): each item is
+    /// `(key, side, record)` for side `0..sides` (the key given again, so that the row can
+    /// name it), and the output is `(key, row)`, a row holding a record (or None) per side,
+    /// as `insert` keeps them and when `emit` says. The sides come through a [`Channel`]
+    /// that each side's pipeline writes (see the README's join).
+    #[allow(clippy::type_complexity)]
+    pub fn join<V>(
+        self,
+        sides: usize,
+        insert: JoinInsert,
+        emit: JoinEmit,
+    ) -> Tail<T, D, C, KF, K, Join<K, V>, Id<(K, Vec<Option<V>>)>>
+    where
+        C: Step<T, Out = (K, usize, V)>,
+        V: Clone + Send + 'static,
+    {
+        self.stateful(Join::new(sides, insert, emit))
     }
 
     /// Any [`Stateful`] step.

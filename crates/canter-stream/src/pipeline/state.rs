@@ -667,6 +667,129 @@ where
     }
 }
 
+/// Which records of a side a [`Join`] keeps (Bytewax's `insert_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinInsert {
+    /// The side's first record.
+    First,
+    /// The side's latest record.
+    Last,
+    /// Every record of the side: the rows are every combination.
+    Product,
+}
+
+/// When a [`Join`] emits (Bytewax's `emit_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JoinEmit {
+    /// Once every side has a record for the key; then the key's records are dropped.
+    Complete,
+    /// When the input ends, whatever the sides hold (None for a side without a record).
+    Final,
+    /// On every record, None for the sides without one yet; nothing is dropped.
+    Running,
+}
+
+/// A join by key of several sides: its items are `(side, record)`, and it emits
+/// `(key, row)`, a row holding one record (or None) per side. Built by
+/// [`Keyed::join`](super::Keyed::join).
+pub struct Join<K, V> {
+    state: KeyedState<K, Vec<Vec<V>>>,
+    insert: JoinInsert,
+    emit: JoinEmit,
+}
+
+impl<K, V> Clone for Join<K, V> {
+    fn clone(&self) -> Self {
+        Join {
+            state: self.state.clone(),
+            insert: self.insert,
+            emit: self.emit,
+        }
+    }
+}
+
+impl<K, V> Join<K, V> {
+    pub(crate) fn new(sides: usize, insert: JoinInsert, emit: JoinEmit) -> Self {
+        Join {
+            state: KeyedState::new("join", move |_: &K| {
+                (0..sides).map(|_| Vec::new()).collect()
+            }),
+            insert,
+            emit,
+        }
+    }
+}
+
+/// `(key, row)` for every combination of the sides' records, the last side varying fastest.
+fn join_rows<K: Clone, V: Clone>(
+    key: &K,
+    sides: &[Vec<V>],
+    emit: &mut Emit<'_, (K, Vec<Option<V>>)>,
+) {
+    let mut at = vec![0usize; sides.len()];
+    loop {
+        let row = sides
+            .iter()
+            .zip(&at)
+            .map(|(s, i)| s.get(*i).cloned())
+            .collect();
+        emit.emit((key.clone(), row));
+        let mut i = sides.len();
+        loop {
+            if i == 0 {
+                return;
+            }
+            i -= 1;
+            at[i] += 1;
+            if at[i] < sides[i].len() {
+                break;
+            }
+            at[i] = 0;
+        }
+    }
+}
+
+impl<K, V> Stateful<K, (K, usize, V)> for Join<K, V>
+where
+    K: Clone + Send + 'static,
+    V: Clone + Send + 'static,
+{
+    type State = Vec<Vec<V>>;
+    type Out = (K, Vec<Option<V>>);
+    fn state(&self) -> KeyedState<K, Vec<Vec<V>>> {
+        self.state.clone()
+    }
+    fn update(
+        &mut self,
+        sides: &mut Vec<Vec<V>>,
+        (key, side, item): (K, usize, V),
+        emit: &mut Emit<'_, Self::Out>,
+    ) {
+        let Some(slot) = sides.get_mut(side) else {
+            return;
+        };
+        match self.insert {
+            JoinInsert::First if !slot.is_empty() => {}
+            JoinInsert::First | JoinInsert::Product => slot.push(item),
+            JoinInsert::Last => *slot = vec![item],
+        }
+        match self.emit {
+            JoinEmit::Complete if sides.iter().all(|s| !s.is_empty()) => {
+                join_rows(&key, sides, emit);
+                emit.discard();
+            }
+            JoinEmit::Running => join_rows(&key, sides, emit),
+            _ => {}
+        }
+    }
+    fn finish(&mut self, key: &K, sides: &mut Vec<Vec<V>>, emit: &mut Emit<'_, Self::Out>) {
+        if self.emit == JoinEmit::Final && sides.iter().any(|s| !s.is_empty()) {
+            join_rows(key, sides, emit);
+        }
+        emit.discard();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
