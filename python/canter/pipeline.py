@@ -361,6 +361,22 @@ class Stream:
         return self._node.flow
 
 
+class _Late(tuple):
+    """A late record as a window step hands it on: (key, record)."""
+    __slots__ = ()
+
+
+def _late(key, record):
+    return _Late((key, record))
+
+
+def _split_late(stream):
+    """(windows, late records as (key, record)) of a window step that hands on its late
+    records."""
+    late, windows = stream.branch(lambda x: type(x) is _Late)
+    return windows, late.map(tuple)
+
+
 def merge(*streams):
     """One stream of the records of every stream in `streams`, as they come (Bytewax's
     `merge`)."""
@@ -488,15 +504,43 @@ class KeyedStream(Stream):
             raise TypeError("min_final(): by= takes a function")
         return self._final("min", by)
 
-    def _window(self, what, by, size, slide, time, init, fold, reduce):
+    @staticmethod
+    def _agg(what, init, fold, reduce):
         if (fold is None) == (reduce is None):
             raise ValueError(f"{what}(): give fold= (with init=) or reduce=")
         if fold is not None and not callable(init):
             raise ValueError(f"{what}(): fold= needs init=, a function making the starting value")
+
+    def _window(self, what, by, size, slide, time, init, fold, reduce, late=False):
+        self._agg(what, init, fold, reduce)
         slide = size if slide is None else slide
         if slide > size:
             raise ValueError(f"{what}(): slide ({slide}) larger than size ({size}) would skip records")
-        return self._stateful(what, ("window", by, float(size), float(slide), time, init, fold, reduce))
+        mark = _late if late else None
+        out = self._stateful(what, ("window", by, float(size), float(slide), time, init, fold,
+                                    reduce, mark))
+        return _split_late(out) if late else out
+
+    def session_window(self, gap, *, time, init=None, fold=None, reduce=None, merge=None,
+                       wait=0.0, late=False):
+        """Session windows (Bytewax's `SessionWindower`): a key's records whose times are at
+        most `gap` seconds apart are one session; it closes when the key's clock (the latest
+        time of its records less `wait` seconds, Bytewax's `wait_for_system_duration`) is more
+        than `gap` past its last record, or when the input ends, and is emitted as
+        `(key, start, end, value)` (the times of its first and last record), the value folded
+        from `init()` by `fold(acc, record)` or made by `reduce(acc, record)`. A record that
+        arrives out of order and bridges two sessions merges them: `merge(a, b)` combines their
+        values (`reduce` merges by itself). A record that can neither join a session nor open
+        one still open is late: counted (`stats()["late"]`), and with `late=True` the step
+        returns two streams, the windows and the late `(key, record)`s."""
+        if not callable(time):
+            raise TypeError("session_window(): time= takes a function giving a record's time")
+        self._agg("session_window", init, fold, reduce)
+        if merge is not None and not callable(merge):
+            raise TypeError("session_window(): merge= takes a function (value, value)")
+        out = self._stateful("session_window", ("session", float(gap), time, init, fold, reduce,
+                                                merge, _late if late else None, float(wait)))
+        return _split_late(out) if late else out
 
     def count_window(self, size, *, slide=None, init=None, fold=None, reduce=None):
         """Windows of `size` records of a key, a new one every `slide` records (default:
@@ -505,15 +549,17 @@ class KeyedStream(Stream):
         still short when the input ends is emitted with the end it reached."""
         return self._window("count_window", "count", size, slide, None, init, fold, reduce)
 
-    def time_window(self, size, *, time, slide=None, init=None, fold=None, reduce=None):
+    def time_window(self, size, *, time, slide=None, init=None, fold=None, reduce=None,
+                    late=False):
         """Event-time windows of `size` seconds, a new one every `slide` seconds (default:
         `size`, tumbling); `time(record)` gives a record's time in seconds. A window closes
         when a record of its key at or past its end arrives, or when the input ends, and is
         emitted as `(key, start, end, value)`; a record whose windows have all closed is late:
-        counted (`stats()["late"]`) and dropped."""
+        counted (`stats()["late"]`) and dropped, or with `late=True` the step returns two
+        streams: the windows, and the late records as `(key, record)`."""
         if not callable(time):
             raise TypeError("time_window(): time= takes a function giving a record's time")
-        return self._window("time_window", "time", size, slide, time, init, fold, reduce)
+        return self._window("time_window", "time", size, slide, time, init, fold, reduce, late)
 
     def collect_window(self, size, *, time=None, slide=None, by="time"):
         """Windows whose value is the list of their records (Bytewax's `collect_window`):

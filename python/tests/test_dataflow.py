@@ -430,3 +430,91 @@ def test_a_join_and_a_merge_in_two_processes(tmp_path):
     assert got == want
     got = sorted(json.loads(line) for line in counts.read_text().splitlines())
     assert got == sorted([["big", sum(1 for r in orders if r[1] > 3)], ["fill", len(fills)]])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_session_windows_on_time_sorted_input_match_a_plain_loop(workers):
+    rng = random.Random(4)
+    t, recs = 0.0, []
+    for _ in range(5000):
+        t += rng.choice([0.5, 1.0, 3.0, 12.0])
+        recs.append((f"u{rng.randrange(20)}", round(t, 1)))
+    gap = 10.0
+    ref, cur = [], {}
+    for k, ts in recs:
+        s = cur.get(k)
+        if s is not None and ts - s[1] > gap:
+            ref.append((k, s[0], s[1], s[2]))
+            s = None
+        cur[k] = (ts, ts, 1) if s is None else (s[0], ts, s[2] + 1)
+    ref += [(k, a, b, n) for k, (a, b, n) in cur.items()]
+    got = []
+    flow = cp.Flow()
+    (flow.source(cp.iterable(recs)).key_by(lambda r: r[0])
+        .session_window(gap, time=lambda r: r[1], init=int, fold=lambda n, r: n + 1)
+        .sink(cp.collect(got)))
+    stats = run(flow, workers=workers)
+    assert sorted(got) == sorted(ref)
+    assert stats["p1"]["late"] == 0
+
+
+def test_session_windows_merge_late_records_and_say_what_they_lack():
+    # gap 10, the clock 30 s behind the latest time: sessions [0, 1] and [20, 21], then 10.5
+    # bridges them; 80 moves the clock to 50, closing the merged one ([40] stays open); 5 is
+    # late (a session of its own would have closed at 15 < 50).
+    recs = [("k", 0), ("k", 1), ("k", 20), ("k", 21), ("k", 10.5), ("k", 40), ("k", 80),
+            ("k", 5)]
+    got, late_seen = [], []
+    flow = cp.Flow()
+    windows, late = (flow.source(cp.iterable(recs)).key_by(lambda r: r[0])
+                     .session_window(10, wait=30, time=lambda r: r[1],
+                                     reduce=lambda a, b: a + b, late=True))
+    windows.sink(cp.collect(got))
+    late.sink(cp.collect(late_seen))
+    stats = run(flow)
+    # reduce over the records (tuples): concatenated, the earlier session's first.
+    assert got == [("k", 0.0, 21.0, ("k", 0, "k", 1, "k", 20, "k", 21, "k", 10.5)),
+                   ("k", 40.0, 40.0, ("k", 40)), ("k", 80.0, 80.0, ("k", 80))]
+    assert late_seen == [("k", ("k", 5))]
+    assert stats["p1"]["late"] == 1
+    # With no wait, a record more than gap after a session closes it (10.5 joins [20, 21]
+    # backwards, within gap of it; [0, 1] closed when 20 came).
+    got = []
+    flow = cp.Flow()
+    (flow.source(cp.iterable(recs)).key_by(lambda r: r[0])
+        .session_window(10, time=lambda r: r[1], init=int, fold=lambda n, r: n + 1)
+        .sink(cp.collect(got)))
+    stats = run(flow)
+    assert got == [("k", 0.0, 1.0, 2), ("k", 10.5, 21.0, 3), ("k", 40.0, 40.0, 1),
+                   ("k", 80.0, 80.0, 1)]
+    assert stats["p1"]["late"] == 1
+    # A fold cannot merge two sessions without merge=: the bridging record fails, saying so.
+    flow = cp.Flow()
+    (flow.source(cp.iterable(recs[:5])).key_by(lambda r: r[0])
+        .session_window(10, wait=30, time=lambda r: r[1], init=int, fold=lambda n, r: n + 1)
+        .sink(cp.discard()))
+    with pytest.raises(cp.PipelineError, match="no merge="):
+        run(flow, errors="stop")
+    got = []
+    flow = cp.Flow()
+    (flow.source(cp.iterable(recs[:5])).key_by(lambda r: r[0])
+        .session_window(10, wait=30, time=lambda r: r[1], init=int, fold=lambda n, r: n + 1,
+                        merge=lambda a, b: a + b)
+        .sink(cp.collect(got)))
+    run(flow)
+    assert got == [("k", 0.0, 21.0, 5)]
+
+
+def test_time_windows_hand_on_their_late_records_when_asked():
+    recs = [("k", 0.5), ("k", 1.5), ("k", 3.2), ("k", 1.1), ("j", 0.0)]
+    got, late_seen = [], []
+    flow = cp.Flow()
+    windows, late = (flow.source(cp.iterable(recs)).key_by(lambda r: r[0])
+                     .time_window(1.0, time=lambda r: r[1], init=int, fold=lambda n, r: n + 1,
+                                  late=True))
+    windows.sink(cp.collect(got))
+    late.sink(cp.collect(late_seen))
+    run(flow)
+    assert sorted(got) == [("j", 0.0, 1.0, 1), ("k", 0.0, 1.0, 1), ("k", 1.0, 2.0, 1),
+                           ("k", 3.0, 4.0, 1)]
+    assert late_seen == [("k", ("k", 1.1))]

@@ -243,6 +243,8 @@ pub(crate) struct Window {
     pub(crate) name: Arc<str>,
     pub(crate) failures: Arc<Failures>,
     pub(crate) late: u64,
+    /// Makes the object a late record goes on as (`late=True`), instead of only counting it.
+    pub(crate) late_out: Option<Arc<Obj>>,
 }
 
 impl Clone for Window {
@@ -255,6 +257,22 @@ impl Clone for Window {
             name: self.name.clone(),
             failures: self.failures.clone(),
             late: 0,
+            late_out: self.late_out.clone(),
+        }
+    }
+}
+
+/// A late record goes on as `late_out(key, record)`, when the step was asked to.
+fn send_late(
+    py: Python<'_>,
+    late_out: &Option<Arc<Obj>>,
+    key: &Key,
+    item: Obj,
+    emit: &mut Emit<'_, Obj>,
+) {
+    if let Some(mark) = late_out {
+        if let Ok(l) = mark.bind(py).call1((key.to_py(py), item)) {
+            emit.emit(l.unbind());
         }
     }
 }
@@ -415,6 +433,7 @@ impl Stateful<Key, (Key, Obj)> for Window {
                 }
                 if !taken {
                     self.late += 1;
+                    send_late(py, &self.late_out, &w.key, item, emit);
                 }
             }
         }
@@ -759,9 +778,7 @@ impl Stateful<Key, (Key, Obj)> for Join {
 
     fn update(&mut self, sides: &mut Sides, (_, tagged): (Key, Obj), emit: &mut Emit<'_, Obj>) {
         let py = py();
-        let parts = tagged
-            .bind(py)
-            .extract::<(Obj, usize, Obj)>();
+        let parts = tagged.bind(py).extract::<(Obj, usize, Obj)>();
         let (key, side, item) = match parts {
             Ok(p) => p,
             Err(e) => return self.failures.fail(py, &self.name, &e, Some(&tagged)),
@@ -790,5 +807,199 @@ impl Stateful<Key, (Key, Obj)> for Join {
             self.rows(py, &key.to_py(py), sides, emit);
         }
         emit.discard();
+    }
+}
+
+/// A key's sessions: start → (end, value), ends being the times of their last records.
+pub(crate) struct Sessions {
+    key: Key,
+    open: BTreeMap<i64, (i64, Option<Obj>)>,
+    /// The latest event time of the key.
+    at: i64,
+    seen: bool,
+}
+
+/// Session windows (Bytewax's `SessionWindower`): a key's records less than `gap` apart (or
+/// exactly) are one session; a session closes once the key's clock (its latest time less
+/// `wait`) is more than `gap` past its last record (or the input ends), and is emitted as
+/// `(key, start, end, value)`,
+/// start and end being the times of its first and last record. A record that bridges two
+/// sessions merges them (`merge(a, b)` of their values; `reduce` merges with itself). A record
+/// that can neither join an open session nor open one that is not closed already is late.
+pub(crate) struct SessionWindow {
+    pub(crate) state: KeyedState<Key, Sessions>,
+    pub(crate) gap: i64,
+    /// How far behind the key's latest time its clock runs (Bytewax's
+    /// `wait_for_system_duration`): sessions close, and records are late, by that clock.
+    pub(crate) wait: i64,
+    pub(crate) time: Arc<Obj>,
+    pub(crate) agg: Arc<Agg>,
+    pub(crate) merge: Option<Arc<Obj>>,
+    pub(crate) name: Arc<str>,
+    pub(crate) failures: Arc<Failures>,
+    pub(crate) late: u64,
+    pub(crate) late_out: Option<Arc<Obj>>,
+}
+
+impl Clone for SessionWindow {
+    fn clone(&self) -> Self {
+        SessionWindow {
+            state: self.state.clone(),
+            gap: self.gap,
+            wait: self.wait,
+            time: self.time.clone(),
+            agg: self.agg.clone(),
+            merge: self.merge.clone(),
+            name: self.name.clone(),
+            failures: self.failures.clone(),
+            late: 0,
+            late_out: self.late_out.clone(),
+        }
+    }
+}
+
+impl SessionWindow {
+    pub(crate) fn new_state() -> KeyedState<Key, Sessions> {
+        KeyedState::new("session window", |k: &Key| Sessions {
+            key: k.clone(),
+            open: BTreeMap::new(),
+            at: 0,
+            seen: false,
+        })
+    }
+
+    fn fold(&self, py: Python<'_>, acc: Option<Obj>, item: &Obj) -> PyResult<Obj> {
+        match (&*self.agg, acc) {
+            (Agg::Fold { init, fold }, a) => {
+                let a = match a {
+                    Some(a) => a,
+                    None => init.bind(py).call0()?.unbind(),
+                };
+                Ok(fold.bind(py).call1((a, item.bind(py)))?.unbind())
+            }
+            (Agg::Reduce(_), None) => Ok(item.clone_ref(py)),
+            (Agg::Reduce(f), Some(a)) => Ok(f.bind(py).call1((a, item.bind(py)))?.unbind()),
+        }
+    }
+
+    /// The value of two merged sessions, the earlier one's first.
+    fn merged(&self, py: Python<'_>, a: Option<Obj>, b: Option<Obj>) -> PyResult<Option<Obj>> {
+        Ok(match (a, b) {
+            (None, x) | (x, None) => x,
+            (Some(a), Some(b)) => {
+                let f = match (&self.merge, &*self.agg) {
+                    (Some(m), _) => m.bind(py).clone(),
+                    (None, Agg::Reduce(r)) => r.bind(py).clone(),
+                    (None, Agg::Fold { .. }) => {
+                        return Err(pyo3::exceptions::PyValueError::new_err(
+                            "a record joined two sessions, and session_window() has no merge= \
+                             to combine their folded values",
+                        ))
+                    }
+                };
+                Some(f.call1((a, b))?.unbind())
+            }
+        })
+    }
+
+    fn emit(
+        &self,
+        py: Python<'_>,
+        key: &Key,
+        start: i64,
+        end: i64,
+        acc: Obj,
+        emit: &mut Emit<'_, Obj>,
+    ) {
+        if let Ok(t) = PyTuple::new(py, [key.to_py(py), secs(py, start), secs(py, end), acc]) {
+            emit.emit(t.into_any().unbind());
+        }
+    }
+}
+
+impl Stateful<Key, (Key, Obj)> for SessionWindow {
+    type State = Sessions;
+    type Out = Obj;
+    fn state(&self) -> KeyedState<Key, Sessions> {
+        self.state.clone()
+    }
+
+    fn update(&mut self, w: &mut Sessions, (_, item): (Key, Obj), emit: &mut Emit<'_, Obj>) {
+        let py = py();
+        let t = match self
+            .time
+            .bind(py)
+            .call1((item.bind(py),))
+            .and_then(|v| time_ns(&v))
+        {
+            Ok(t) => t,
+            Err(e) => return self.failures.fail(py, &self.name, &e, Some(&item)),
+        };
+        if !w.seen || t > w.at {
+            w.at = t;
+            w.seen = true;
+        }
+        let gap = self.gap;
+        let clock = w.at.saturating_sub(self.wait);
+        // The open sessions this record touches (within gap of them, ends included).
+        let touched: Vec<i64> = w
+            .open
+            .range(..=t.saturating_add(gap))
+            .filter(|(_, (end, _))| end.saturating_add(gap) >= t)
+            .map(|(s, _)| *s)
+            .collect();
+        if touched.is_empty() && t.saturating_add(gap) < clock {
+            // A session of its own would be closed already: late.
+            self.late += 1;
+            send_late(py, &self.late_out, &w.key, item, emit);
+        } else {
+            let (mut start, mut end, mut acc) = (t, t, None);
+            let mut failed = None;
+            for s in touched {
+                if let Some((e, a)) = w.open.remove(&s) {
+                    start = start.min(s);
+                    end = end.max(e);
+                    match self.merged(py, acc.take(), a) {
+                        Ok(v) => acc = v,
+                        Err(e) => failed = Some(e),
+                    }
+                }
+            }
+            match failed {
+                Some(e) => self.failures.fail(py, &self.name, &e, Some(&item)),
+                None => match self.fold(py, acc.as_ref().map(|a| a.clone_ref(py)), &item) {
+                    Ok(v) => acc = Some(v),
+                    Err(e) => self.failures.fail(py, &self.name, &e, Some(&item)),
+                },
+            }
+            // A merge that failed keeps the merged session without the record.
+            w.open.insert(start, (end, acc));
+        }
+        // Sessions whose last record is more than gap behind the key's clock close, in order.
+        let closed: Vec<i64> = w
+            .open
+            .iter()
+            .filter(|(_, (end, _))| end.saturating_add(gap) < clock)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in closed {
+            if let Some((e, Some(acc))) = w.open.remove(&s) {
+                self.emit(py, &w.key, s, e, acc, emit);
+            }
+        }
+    }
+
+    fn finish(&mut self, _: &Key, w: &mut Sessions, emit: &mut Emit<'_, Obj>) {
+        let py = py();
+        for (s, (e, acc)) in std::mem::take(&mut w.open) {
+            if let Some(acc) = acc {
+                self.emit(py, &w.key, s, e, acc, emit);
+            }
+        }
+        emit.discard();
+    }
+
+    fn late(&self) -> u64 {
+        self.late
     }
 }
