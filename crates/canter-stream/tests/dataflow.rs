@@ -1,5 +1,7 @@
-//! Dataflow steps of the pipeline library on real worker threads: final aggregations at the end
-//! of the input, and state a step discards; each checked against a reference computed here.
+//! Dataflow steps of the pipeline library on real worker threads and sockets: final
+//! aggregations at the end of the input, state a step discards, file sinks of lines, channels
+//! between pipelines (branch, merge, fan-out), joins and wake-ups; each checked against a
+//! reference computed here.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -375,5 +377,97 @@ fn orders_and_fills_join_by_id() {
             })
             .collect();
         assert_eq!(sorted(rows.take()), want, "{emit:?}, {workers} workers");
+    }
+}
+
+/// A step with timers: each key's count goes out 50 ms after the key's last record (a
+/// debounce), then the key's state is dropped; no further input is needed for the wake-ups to
+/// run. The counts per key add up to what was sent, on one worker and on two.
+#[test]
+fn wake_ups_run_without_input_and_may_drop_the_state() {
+    use canter_stream::pipeline::{Emit, KeyedState, Stateful};
+    use std::io::Write;
+
+    #[derive(Clone)]
+    struct Debounce(KeyedState<u32, (u64, u64)>);
+
+    fn now_ns() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    }
+
+    impl Stateful<u32, (u32, u64)> for Debounce {
+        type State = (u64, u64);
+        type Out = (u32, u64);
+        const TIMERS: bool = true;
+        fn state(&self) -> KeyedState<u32, (u64, u64)> {
+            self.0.clone()
+        }
+        fn update(&mut self, st: &mut (u64, u64), _: (u32, u64), _: &mut Emit<'_, (u32, u64)>) {
+            st.0 += 1;
+            st.1 = now_ns();
+        }
+        fn wake_at(&mut self, _: &u32, st: &(u64, u64)) -> Option<u64> {
+            Some(st.1 + 50_000_000)
+        }
+        fn notify(
+            &mut self,
+            key: &u32,
+            st: &mut (u64, u64),
+            _: u64,
+            emit: &mut Emit<'_, (u32, u64)>,
+        ) {
+            emit.emit((*key, st.0));
+            emit.discard();
+        }
+    }
+
+    const N: u64 = 20_000;
+    let mut want: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut data = Vec::new();
+    for (i, (k, _)) in records(N).into_iter().enumerate() {
+        *want.entry(k).or_default() += 1;
+        let mut rec = Vec::new();
+        make(i as u64, &mut rec);
+        canter_stream::frame::encode(&rec, &mut data);
+    }
+    for workers in [1, 2] {
+        let out = Collector::new();
+        let mut t = Topology::new();
+        t.add(
+            Pipeline::new(
+                "debounce",
+                Source::tcp("127.0.0.1:0".parse().expect("addr")),
+                decode,
+            )
+            .key_by(|(k, _)| *k)
+            .stateful(Debounce(KeyedState::new("debounce", |_: &u32| (0, 0))))
+            .sink(Sink::collect(&out)),
+        );
+        let running = t
+            .start(RunOptions::default().workers(workers))
+            .expect("start");
+        let addr = running.source_addr("debounce").expect("address");
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.write_all(&data).expect("send");
+        // The connection stays open: only the wake-ups can bring the counts out.
+        let mut got: BTreeMap<u32, u64> = BTreeMap::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while got.values().sum::<u64>() < N {
+            assert!(
+                Instant::now() < deadline,
+                "{} of {N} counted",
+                got.values().sum::<u64>()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+            for (k, n) in out.take() {
+                *got.entry(k).or_default() += n;
+            }
+        }
+        assert_eq!(got, want, "{workers} workers");
+        drop(s);
+        running.shutdown_handle().shutdown();
+        running.wait().expect("workers");
     }
 }

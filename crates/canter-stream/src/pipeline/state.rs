@@ -360,6 +360,78 @@ pub trait Stateful<K, T>: Clone + Send + 'static {
     fn late(&self) -> u64 {
         0
     }
+    /// Whether the step asks for wake-ups ([`Stateful::wake_at`]): a step that does not is
+    /// never asked, at no cost.
+    const TIMERS: bool = false;
+    /// When [`Stateful::notify`] should next run for `key` (ns of system time since the Unix
+    /// epoch), or None; asked after each of the key's items and wake-ups (with
+    /// [`Stateful::TIMERS`]).
+    fn wake_at(&mut self, key: &K, state: &Self::State) -> Option<u64> {
+        let _ = (key, state);
+        None
+    }
+    /// The time `wake_at` gave for `key` has come (`now_ns`); [`Emit::discard`] drops the
+    /// key's state.
+    fn notify(
+        &mut self,
+        key: &K,
+        state: &mut Self::State,
+        now_ns: u64,
+        emit: &mut Emit<'_, Self::Out>,
+    ) {
+        let _ = (key, state, now_ns, emit);
+    }
+}
+
+/// The keys of a tail that asked for a wake-up, by time.
+pub(crate) struct Timers<K> {
+    due: std::collections::BTreeMap<(u64, u64), K>,
+    at: HashMap<K, (u64, u64), FxBuild>,
+    seq: u64,
+}
+
+impl<K> Default for Timers<K> {
+    fn default() -> Self {
+        Timers {
+            due: Default::default(),
+            at: HashMap::default(),
+            seq: 0,
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> Timers<K> {
+    /// Sets (or clears) `key`'s wake-up; true if it is now the earliest.
+    pub(crate) fn set(&mut self, key: &K, at: Option<u64>) -> bool {
+        if let Some(old) = self.at.remove(key) {
+            self.due.remove(&old);
+        }
+        let Some(at) = at else { return false };
+        self.seq += 1;
+        let slot = (at, self.seq);
+        self.due.insert(slot, key.clone());
+        self.at.insert(key.clone(), slot);
+        self.due.first_key_value().is_some_and(|(s, _)| *s == slot)
+    }
+
+    /// The earliest wake-up.
+    pub(crate) fn next(&self) -> Option<u64> {
+        self.due.first_key_value().map(|((at, _), _)| *at)
+    }
+
+    /// Takes the keys due at `now`.
+    pub(crate) fn take_due(&mut self, now: u64) -> Vec<K> {
+        let mut out = Vec::new();
+        while let Some(entry) = self.due.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let k = entry.remove();
+            self.at.remove(&k);
+            out.push(k);
+        }
+        out
+    }
 }
 
 /// A stateful step from a closure over a shared [`KeyedState`].

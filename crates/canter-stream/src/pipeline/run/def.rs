@@ -356,6 +356,7 @@ where
                 count: 0,
             },
         };
+        let timer_wake = Rc::new(Notify::new());
         let tail = Rc::new(RefCell::new(TailInst {
             store: env.store(&step.state()),
             step,
@@ -364,6 +365,8 @@ where
             metrics: metrics.clone(),
             me,
             last: (0, Rid::default()),
+            timers: Default::default(),
+            timer_wake: timer_wake.clone(),
             _x: PhantomData,
         }));
         for (w, inbox) in shared.inboxes.iter().enumerate() {
@@ -445,6 +448,7 @@ where
         let done = tokio::task::spawn_local(drain(
             shared,
             tail,
+            timer_wake,
             env.clone(),
             expected,
             prep.resumes.clone(),
@@ -485,6 +489,7 @@ impl Prep {
 pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
     shared: Arc<Shared<K, X>>,
     tail: Rc<RefCell<Tl>>,
+    timer_wake: Rc<Notify>,
     env: Rc<Env>,
     expected: usize,
     resumes: Arc<Vec<Arc<Notify>>>,
@@ -520,11 +525,32 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
             wake.notified().await;
             continue;
         }
+        // Keys' wake-ups that are due run first (steps with timers only).
+        let next = tail.borrow().next_wake();
+        if let Some(at) = next {
+            let now = super::now_ns();
+            if at <= now {
+                let mut t = tail.borrow_mut();
+                t.wake(now);
+                t.end_turn();
+            }
+        }
         let batches = std::mem::take(&mut *lock(&inbox.queue));
         if batches.is_empty() {
+            let sleep = tail
+                .borrow()
+                .next_wake()
+                .map(|at| std::time::Duration::from_nanos(at.saturating_sub(super::now_ns())));
             tokio::select! {
                 () = inbox.notify.notified() => {}
                 () = wake.notified() => {}
+                () = timer_wake.notified() => {}
+                () = async {
+                    match sleep {
+                        Some(d) => tokio::time::sleep(d).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
             }
             continue;
         }

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::super::metrics::PipeMetrics;
-use super::super::state::{is_local, owner, Emit, Stateful, Store};
+use super::super::state::{is_local, owner, Emit, Stateful, Store, Timers};
 use super::super::step::Step;
 use super::super::Framing;
 use crate::frame::{self, FrameError};
@@ -46,6 +46,10 @@ pub(super) trait TailOps<K, T> {
     /// The pipeline has ended on this worker: the readers of the channels its sink writes
     /// end too.
     fn close(&mut self);
+    /// The earliest wake-up a key asked for (ns since the Unix epoch).
+    fn next_wake(&self) -> Option<u64>;
+    /// Runs the wake-ups due at `now_ns`.
+    fn wake(&mut self, now_ns: u64);
 }
 
 pub(super) struct TailInst<K, U: Stateful<K, X>, X, P: Step<U::Out>> {
@@ -58,6 +62,10 @@ pub(super) struct TailInst<K, U: Stateful<K, X>, X, P: Step<U::Out>> {
     /// The read time and origin of the last item processed (for what the steps after the
     /// stateful one hand on at the end of the turn).
     pub(super) last: (u64, Rid),
+    /// The keys' wake-ups (steps with [`Stateful::TIMERS`]), and how the drain task hears of
+    /// one earlier than it sleeps for.
+    pub(super) timers: Timers<K>,
+    pub(super) timer_wake: Rc<tokio::sync::Notify>,
     pub(super) _x: PhantomData<fn(X)>,
 }
 
@@ -90,7 +98,18 @@ where
         };
         let mut emit = Emit::new(&mut out, read_ns);
         step.update(&mut slot.get_mut().0, item, &mut emit);
-        if emit.discarded() {
+        let gone = emit.discarded();
+        if U::TIMERS {
+            let at = if gone {
+                None
+            } else {
+                step.wake_at(slot.key(), &slot.get().0)
+            };
+            if self.timers.set(slot.key(), at) {
+                self.timer_wake.notify_one();
+            }
+        }
+        if gone {
             slot.remove_entry();
         }
     }
@@ -135,6 +154,49 @@ where
 
     fn close(&mut self) {
         self.sink.close();
+    }
+
+    fn next_wake(&self) -> Option<u64> {
+        if U::TIMERS {
+            self.timers.next()
+        } else {
+            None
+        }
+    }
+
+    fn wake(&mut self, now_ns: u64) {
+        if !U::TIMERS {
+            return;
+        }
+        let TailInst {
+            store,
+            step,
+            post,
+            sink,
+            timers,
+            ..
+        } = self;
+        let mut store = store.borrow_mut();
+        let mut index = 0u32;
+        for key in timers.take_due(now_ns) {
+            let Some((st, _)) = store.map.get_mut(&key) else {
+                continue;
+            };
+            let mut out = |o| {
+                post.push(o, &mut |o| {
+                    sink.write(o, now_ns, Rid::default(), index);
+                    index = index.wrapping_add(1);
+                })
+            };
+            let mut emit = Emit::new(&mut out, now_ns);
+            step.notify(&key, st, now_ns, &mut emit);
+            if emit.discarded() {
+                store.map.remove(&key);
+            } else {
+                let at = step.wake_at(&key, st);
+                timers.set(&key, at);
+            }
+        }
     }
 }
 
