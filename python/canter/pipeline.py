@@ -55,7 +55,7 @@ PipelineError = _native.PipelineError
 source_time_ns = _native.source_time_ns
 
 __all__ = [
-    "Flow", "Stream", "KeyedStream", "State", "PipelineError",
+    "Flow", "Stream", "KeyedStream", "State", "StatefulLogic", "PipelineError", "merge", "join",
     "tcp", "file", "kafka", "iterable", "stdin", "tcp_out", "file_out", "stdout", "kafka_out",
     "collect", "discard", "dead_letter",
     "raw", "text", "json", "struct", "source_time_ns",
@@ -361,6 +361,28 @@ class Stream:
         return self._node.flow
 
 
+class StatefulLogic:
+    """The methods a `stateful()` step's logic has (Bytewax's `StatefulLogic`); subclass it
+    and override what you need. Each `on_*` returns `(outputs, discard)`."""
+
+    def on_item(self, value):
+        """A record of the key: what goes on, and whether to drop this logic."""
+        return (), False
+
+    def on_notify(self):
+        """The time `notify_at()` gave has come."""
+        return (), False
+
+    def on_eof(self):
+        """The input has ended."""
+        return (), False
+
+    def notify_at(self):
+        """When `on_notify` should run next (a `datetime` or seconds since the epoch), or
+        None."""
+        return None
+
+
 class _Late(tuple):
     """A late record as a window step hands it on: (key, record)."""
     __slots__ = ()
@@ -440,32 +462,59 @@ class KeyedStream(Stream):
             raise TypeError(f"{what}(): on_eof= takes a function of a key's state")
         return on_eof
 
-    def update(self, state, f, *, on_eof=None):
+    @staticmethod
+    def _ttl(ttl, what):
+        if ttl is None:
+            return None
+        if isinstance(ttl, (int, float)) and not isinstance(ttl, bool):
+            return float(ttl)
+        if hasattr(ttl, "total_seconds"):
+            return float(ttl.total_seconds())
+        raise TypeError(f"{what}(): ttl= takes seconds or a timedelta, not {ttl!r}")
+
+    def update(self, state, f, *, on_eof=None, ttl=None):
         """`f(state, record)` with the record's key's state, which it may change in place;
         what it returns, unless None, goes on. A state that cannot change in place (an int, a
         str, a tuple, ...) is refused: a change to it would be lost (use `stateful_map`).
         A state factory that raises fails the record; the key's next record tries again.
         `on_eof(state)` is called for each key when this pipeline's input ends (a file read to
-        its end, a shutdown); what it returns, unless None, goes on."""
+        its end, a shutdown); what it returns, unless None, goes on. `ttl` (seconds or a
+        timedelta): a key with no record for that long has its state dropped (its next record
+        starts from the factory's)."""
         self._state(state, f, "update")
         on_eof = self._on_eof(on_eof, "update")
-        return self._stateful("update", ("update", state.id, f, False, on_eof))
+        return self._stateful("update", ("update", state.id, f, False, on_eof,
+                                         self._ttl(ttl, "update")))
 
     def with_state(self, state, f):
         """`f(state, record)`, as `update`, for steps that read the state (an order checked
         against its symbol's quote) rather than change it: on Kafka, changes it makes are not
         written to the changelog."""
         self._state(state, f, "with_state")
-        return self._stateful("with_state", ("update", state.id, f, True, None))
+        return self._stateful("with_state", ("update", state.id, f, True, None, None))
 
-    def stateful_map(self, state, f, *, on_eof=None):
+    def stateful_map(self, state, f, *, on_eof=None, ttl=None):
         """`f(state, record)` returns `(new_state, output)`: the key's state becomes
         `new_state`; the output, unless None, goes on (for immutable states: numbers, tuples).
         `new_state` None drops the key's state (Bytewax's rule): its next record starts from
-        the state factory's again. `on_eof(state)` as for `update`."""
+        the state factory's again. `on_eof(state)` and `ttl` as for `update`."""
         self._state(state, f, "stateful_map")
         on_eof = self._on_eof(on_eof, "stateful_map")
-        return self._stateful("stateful_map", ("stateful_map", state.id, f, False, on_eof))
+        return self._stateful("stateful_map", ("stateful_map", state.id, f, False, on_eof,
+                                               self._ttl(ttl, "stateful_map")))
+
+    def stateful(self, builder):
+        """A keyed step with its own logic per key (Bytewax's `stateful`): `builder(None)`
+        makes a key's logic on its first record, an object with the methods of
+        `StatefulLogic`: `on_item(record)`, `on_notify()` (called once the time `notify_at()`
+        gives has come, without a record: a timer), and `on_eof()` (the input ended) each
+        return `(outputs, discard)`; each output goes on as `(key, output)`, and `discard`
+        True drops the key's logic (its next record builds a new one). `notify_at()` is asked
+        after each call: a `datetime`, seconds since the epoch, or None."""
+        if not callable(builder):
+            raise TypeError("stateful() takes a builder: a function of the resume state "
+                            "(None) giving a key's logic")
+        return self._stateful("stateful", ("logic", builder))
 
     def _final(self, what, a=None, b=None):
         return self._stateful(f"{what}_final", ("final", what, a, b))

@@ -6,8 +6,10 @@ import itertools
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -518,3 +520,127 @@ def test_time_windows_hand_on_their_late_records_when_asked():
     assert sorted(got) == [("j", 0.0, 1.0, 1), ("k", 0.0, 1.0, 1), ("k", 1.0, 2.0, 1),
                            ("k", 3.0, 4.0, 1)]
     assert late_seen == [("k", ("k", 1.1))]
+
+
+class Counter(cp.StatefulLogic):
+    """Counts a key's records; a record "reset" drops the logic after emitting the count;
+    the end of input emits the count."""
+
+    def __init__(self, resume):
+        assert resume is None
+        self.n = 0
+
+    def on_item(self, value):
+        if value[1] == "reset":
+            return [("reset", self.n)], True
+        self.n += 1
+        return [], False
+
+    def on_eof(self):
+        return [("eof", self.n)], False
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stateful_logic_on_item_discard_and_eof(workers):
+    rng = random.Random(3)
+    recs = [(f"k{rng.randrange(30)}", "reset" if rng.random() < 0.05 else "x")
+            for _ in range(5000)]
+    ref, n = [], {}
+    for k, v in recs:
+        if v == "reset":
+            ref.append((k, ("reset", n.pop(k, 0))))
+        else:
+            n[k] = n.get(k, 0) + 1
+    ref += [(k, ("eof", c)) for k, c in n.items()]
+    got = []
+    flow = cp.Flow()
+    flow.source(cp.iterable(recs)).key_by(lambda r: r[0]).stateful(Counter).sink(cp.collect(got))
+    run(flow, workers=workers)
+    assert sorted(got) == sorted(ref)
+
+
+class Debounce(cp.StatefulLogic):
+    """A key's count goes out 0.05 s after its last record (a timer), then the logic is
+    dropped."""
+
+    def __init__(self, _resume):
+        self.n, self.last = 0, 0.0
+
+    def on_item(self, value):
+        self.n += 1
+        self.last = time.time()
+        return [], False
+
+    def notify_at(self):
+        return self.last + 0.05
+
+    def on_notify(self):
+        return [self.n], True
+
+
+def test_stateful_logic_timers_fire_without_input():
+    got = []
+    flow = cp.Flow()
+    (flow.source(cp.tcp("127.0.0.1:0", frame="lines", decode=cp.text)).named("in")
+        .key_by(lambda w: w).stateful(Debounce).sink(cp.collect(got)))
+    flow.start(workers=2)
+    try:
+        s = socket.create_connection(flow.addrs()["in"])
+        words = ["a", "b", "a", "c", "a", "b"] * 50
+        s.sendall("".join(w + "\n" for w in words).encode())
+        # The connection stays open: only the timers can bring the counts out.
+        deadline = time.time() + 30
+        while sum(n for _, n in got) < len(words):
+            assert time.time() < deadline, got
+            time.sleep(0.02)
+        totals = {}
+        for k, n in got:
+            totals[k] = totals.get(k, 0) + n
+        assert totals == {"a": 150, "b": 100, "c": 50}
+        s.close()
+    finally:
+        flow.shutdown()
+        flow.wait(20)
+
+
+def test_a_state_with_a_ttl_is_dropped_after_that_long_without_records():
+    got = []
+    flow = cp.Flow()
+    counts = flow.keyed_state(lambda: {"n": 0})
+
+    def count(st, w):
+        st["n"] += 1
+        return (w, st["n"])
+
+    (flow.source(cp.tcp("127.0.0.1:0", frame="lines", decode=cp.text)).named("in")
+        .key_by(lambda w: w).update(counts, count, ttl=0.2).sink(cp.collect(got)))
+    flow.start()
+    try:
+        s = socket.create_connection(flow.addrs()["in"])
+        s.sendall(b"k\n" * 100)
+        deadline = time.time() + 30
+        while len(got) < 100:
+            assert time.time() < deadline, got
+            time.sleep(0.01)
+        # Records within the TTL of each other: one state counted them all.
+        assert got == [("k", i) for i in range(1, 101)]
+        # A record more than the TTL after the last one finds a new state (probes 0.4 s apart;
+        # each one that still found the old state waits for the next).
+        while got[-1] != ("k", 1):
+            assert time.time() < deadline, got[-5:]
+            time.sleep(0.4)
+            seen = len(got)
+            s.sendall(b"k\n")
+            while len(got) == seen:
+                assert time.time() < deadline
+                time.sleep(0.01)
+        s.close()
+    finally:
+        flow.shutdown()
+        flow.wait(20)
+    with pytest.raises(ValueError, match="ttl= is seconds"):
+        f2 = cp.Flow()
+        st = f2.keyed_state(dict)
+        f2.source(cp.iterable([1])).key_by(str).update(st, lambda s, r: None, ttl=-1).sink(
+            cp.discard())
+        f2.start()

@@ -28,8 +28,8 @@ use pyo3::types::{PyDict, PyList};
 use codec::{Decoder, Encoder};
 use key::Key;
 use stateful::{
-    Agg, Decoded, Final, FinalAgg, Insert, Join, JoinEmit, Mode, Pass, SessionWindow, Span, Tag,
-    Update, Window,
+    Agg, Decoded, Expiring, Final, FinalAgg, Insert, Join, JoinEmit, Logic, Mode, Pass,
+    SessionWindow, Span, Tag, Update, Window,
 };
 use steps::{
     step_name, Chain, Failures, KeyFn, KeyStep, KeyedAlready, Kind, Op, Out, Policy, Stopper, To,
@@ -466,6 +466,8 @@ enum Stage {
     Tag(Tag),
     Join(Join),
     Session(SessionWindow),
+    Logic(Logic),
+    Expiring(Expiring<Update>),
 }
 
 impl Stage {
@@ -479,6 +481,8 @@ impl Stage {
             Stage::Tag(u) => head.attach(u, post, end),
             Stage::Join(u) => head.attach(u, post, end),
             Stage::Session(u) => head.attach(u, post, end),
+            Stage::Logic(u) => head.attach(u, post, end),
+            Stage::Expiring(u) => head.attach(u, post, end),
         }
     }
 }
@@ -570,6 +574,19 @@ fn stage(
             let read_only =
                 st.get_item(3).ok().and_then(|v| v.extract::<bool>().ok()) == Some(true);
             let on_eof = st.get_item(4).ok().filter(|f| !f.is_none());
+            // ("update", id, f, read_only, on_eof, ttl seconds or None)
+            let ttl = match st.get_item(5).ok().filter(|t| !t.is_none()) {
+                Some(t) => {
+                    let t: f64 = t.extract()?;
+                    if t.is_nan() || t <= 0.0 {
+                        return Err(PyValueError::new_err(format!(
+                            "{kind}(): ttl= is seconds, more than 0, not {t}"
+                        )));
+                    }
+                    Some((t * 1e9).min(u64::MAX as f64) as u64)
+                }
+                None => None,
+            };
             let step = Update {
                 state: shared.state,
                 factory: shared.factory,
@@ -584,7 +601,10 @@ fn stage(
                 name,
                 failures,
             };
-            Ok(Stage::Update(step))
+            Ok(match ttl {
+                Some(ttl) => Stage::Expiring(Expiring { inner: step, ttl }),
+                None => Stage::Update(step),
+            })
         }
         "window" => {
             let by: String = st.get_item(1)?.extract()?;
@@ -722,6 +742,12 @@ fn stage(
                 late_out: opt(7),
             }))
         }
+        "logic" => Ok(Stage::Logic(Logic {
+            state: Logic::new_state(),
+            builder: Arc::new(st.get_item(1)?.unbind()),
+            name,
+            failures,
+        })),
         "tag" => Ok(Stage::Tag(Tag {
             state: KeyedState::new("join side", |_: &Key| ()),
             side: st.get_item(1)?.extract()?,
@@ -1270,6 +1296,13 @@ fn start_kafka(
                 if kind == "window" {
                     return Err(bad(format!(
                         "pipeline {}: windows do not run on Kafka yet (their state has no changelog codec)",
+                        s.name
+                    )));
+                }
+                if kind == "logic" || st.get_item(5).is_ok_and(|t| !t.is_none()) {
+                    return Err(bad(format!(
+                        "pipeline {}: stateful() and ttl= do not run on Kafka yet (their \
+                         wake-ups have no place in a task's commit)",
                         s.name
                     )));
                 }

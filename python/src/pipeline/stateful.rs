@@ -1003,3 +1003,191 @@ impl Stateful<Key, (Key, Obj)> for SessionWindow {
         self.late
     }
 }
+
+/// Now, in ns since the Unix epoch (system time, as wake-ups are).
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// A time a Python function gave (a `datetime`, or seconds since the epoch) in ns since the
+/// epoch; None for None.
+fn wake_ns(v: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    if v.is_none() {
+        return Ok(None);
+    }
+    let secs: f64 = match v.extract::<f64>() {
+        Ok(s) => s,
+        Err(_) => v.call_method0("timestamp")?.extract()?,
+    };
+    if !secs.is_finite() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "notify_at() gave a time that is not finite",
+        ));
+    }
+    Ok(Some((secs.max(0.0) * 1e9) as u64))
+}
+
+/// Bytewax's `StatefulLogic` per key: `builder(None)` makes a key's logic on its first record;
+/// `on_item(record)`, `on_notify()` (when the time `notify_at()` gave comes) and `on_eof()`
+/// each return `(outputs, discard)`: each output goes on as `(key, output)`, and `discard`
+/// drops the key's logic.
+pub(crate) struct Logic {
+    pub(crate) state: KeyedState<Key, Option<Obj>>,
+    pub(crate) builder: Arc<Obj>,
+    pub(crate) name: Arc<str>,
+    pub(crate) failures: Arc<Failures>,
+}
+
+impl Clone for Logic {
+    fn clone(&self) -> Self {
+        Logic {
+            state: self.state.clone(),
+            builder: self.builder.clone(),
+            name: self.name.clone(),
+            failures: self.failures.clone(),
+        }
+    }
+}
+
+impl Logic {
+    pub(crate) fn new_state() -> KeyedState<Key, Option<Obj>> {
+        KeyedState::new("stateful", |_: &Key| None)
+    }
+
+    /// Hands on what a logic method returned; whether it asked to discard.
+    fn returned(
+        &self,
+        py: Python<'_>,
+        key: &Key,
+        what: &str,
+        r: PyResult<Bound<'_, PyAny>>,
+        record: Option<&Obj>,
+        emit: &mut Emit<'_, Obj>,
+    ) -> bool {
+        let step = || format!("{} ({what}, key {})", self.name, key_repr(py, key));
+        let r = r.and_then(|r| {
+            let (outs, discard): (Bound<'_, PyAny>, bool) = r.extract().map_err(|_| {
+                pyo3::exceptions::PyTypeError::new_err(format!(
+                    "{what}() must return (outputs, discard): an iterable and a bool"
+                ))
+            })?;
+            let k = key.to_py(py);
+            for o in outs.try_iter()? {
+                let t = PyTuple::new(py, [k.clone_ref(py), o?.unbind()])?;
+                emit.emit(t.into_any().unbind());
+            }
+            Ok(discard)
+        });
+        match r {
+            Ok(discard) => discard,
+            Err(e) => {
+                self.failures.fail(py, &step(), &e, record);
+                false
+            }
+        }
+    }
+}
+
+impl Stateful<Key, (Key, Obj)> for Logic {
+    type State = Option<Obj>;
+    type Out = Obj;
+    const TIMERS: bool = true;
+
+    fn state(&self) -> KeyedState<Key, Option<Obj>> {
+        self.state.clone()
+    }
+
+    fn update(
+        &mut self,
+        logic: &mut Option<Obj>,
+        (key, item): (Key, Obj),
+        emit: &mut Emit<'_, Obj>,
+    ) {
+        let py = py();
+        if logic.is_none() {
+            match self.builder.bind(py).call1((py.None(),)) {
+                Ok(l) => *logic = Some(l.unbind()),
+                Err(e) => {
+                    let step = format!("{} (the builder, key {})", self.name, key_repr(py, &key));
+                    self.failures.fail(py, &step, &e, Some(&item));
+                    emit.discard();
+                    return;
+                }
+            }
+        }
+        let Some(l) = logic.as_ref() else { return };
+        let r = l.bind(py).call_method1("on_item", (item.bind(py),));
+        if self.returned(py, &key, "on_item", r, Some(&item), emit) {
+            emit.discard();
+        }
+    }
+
+    fn wake_at(&mut self, key: &Key, logic: &Option<Obj>) -> Option<u64> {
+        let py = py();
+        let l = logic.as_ref()?;
+        match l
+            .bind(py)
+            .call_method0("notify_at")
+            .and_then(|v| wake_ns(&v))
+        {
+            Ok(at) => at,
+            Err(e) => {
+                let step = format!("{} (notify_at, key {})", self.name, key_repr(py, key));
+                self.failures.fail(py, &step, &e, None);
+                None
+            }
+        }
+    }
+
+    fn notify(&mut self, key: &Key, logic: &mut Option<Obj>, _: u64, emit: &mut Emit<'_, Obj>) {
+        let py = py();
+        let Some(l) = logic.as_ref() else { return };
+        let r = l.bind(py).call_method0("on_notify");
+        if self.returned(py, key, "on_notify", r, None, emit) {
+            emit.discard();
+        }
+    }
+
+    fn finish(&mut self, key: &Key, logic: &mut Option<Obj>, emit: &mut Emit<'_, Obj>) {
+        let py = py();
+        if let Some(l) = logic.as_ref() {
+            let r = l.bind(py).call_method0("on_eof");
+            self.returned(py, key, "on_eof", r, None, emit);
+        }
+        emit.discard();
+    }
+}
+
+/// A state that expires: a key with no record for `ttl` ns (system time) has its state
+/// dropped (its next record starts from the factory's).
+#[derive(Clone)]
+pub(crate) struct Expiring<U> {
+    pub(crate) inner: U,
+    pub(crate) ttl: u64,
+}
+
+impl<U: Stateful<Key, (Key, Obj), State = Obj, Out = Obj>> Stateful<Key, (Key, Obj)>
+    for Expiring<U>
+{
+    type State = Obj;
+    type Out = Obj;
+    const TIMERS: bool = true;
+    fn state(&self) -> KeyedState<Key, Obj> {
+        self.inner.state()
+    }
+    #[inline]
+    fn update(&mut self, state: &mut Obj, item: (Key, Obj), emit: &mut Emit<'_, Obj>) {
+        self.inner.update(state, item, emit)
+    }
+    fn finish(&mut self, key: &Key, state: &mut Obj, emit: &mut Emit<'_, Obj>) {
+        self.inner.finish(key, state, emit)
+    }
+    fn wake_at(&mut self, _: &Key, _: &Obj) -> Option<u64> {
+        Some(now_ns().saturating_add(self.ttl))
+    }
+    fn notify(&mut self, _: &Key, _: &mut Obj, _: u64, emit: &mut Emit<'_, Obj>) {
+        emit.discard();
+    }
+}
