@@ -278,13 +278,17 @@ class _Node:
         self.arg = arg
         self.children = []
         self.name = None
+        self.step_name = None
         for p in parents:
             p.children.append(self)
 
 
 class Stream:
     """Records flowing through a flow. Each step returns a new stream; a stream may take
-    several next steps (each gets every record: fan-out)."""
+    several next steps (each gets every record: fan-out). The stateless steps, `key_by`,
+    `update`, `with_state`, `stateful_map` and `stateful` take `name=` (Bytewax's step_id):
+    the step's name in metrics, logs, errors and dead-letter lines, instead of its position,
+    kind and function (`2:map:parse`)."""
 
     def __init__(self, node):
         self._node = node
@@ -298,10 +302,10 @@ class Stream:
             raise ValueError(f"{kind}: this stream ended in a sink")
         return (cls or Stream)(_Node(self._node.flow, kind, [self._node], arg))
 
-    def _step(self, kind, f):
+    def _step(self, kind, f, name=None):
         if not callable(f):
             raise TypeError(f"{kind}() takes a function, not {f!r}")
-        return self._child("step", (kind, f))
+        return self._child("step", (kind, f, None if name is None else str(name)))
 
     def named(self, name):
         """Names the pipeline this stream is part of (in logs, metrics, `stats()` and
@@ -309,29 +313,29 @@ class Stream:
         self._node.name = str(name)
         return self
 
-    def map(self, f):
+    def map(self, f, name=None):
         """Each record becomes `f(record)`."""
-        return self._step("map", f)
+        return self._step("map", f, name)
 
-    def filter(self, f):
+    def filter(self, f, name=None):
         """Keeps the records `f` says yes to."""
-        return self._step("filter", f)
+        return self._step("filter", f, name)
 
-    def flat_map(self, f):
+    def flat_map(self, f, name=None):
         """Each record becomes every item of the iterable `f(record)`."""
-        return self._step("flat_map", f)
+        return self._step("flat_map", f, name)
 
-    def inspect(self, f):
+    def inspect(self, f, name=None):
         """Calls `f(record)` and passes the record on unchanged (for debugging)."""
-        return self._step("inspect", f)
+        return self._step("inspect", f, name)
 
-    def flat_map_batch(self, f):
+    def flat_map_batch(self, f, name=None):
         """Calls `f(records)` once per batch: the list of the records one read of the source
         brought to this step (at most 1024), and passes on every item of the iterable it
         gives. One call for many records, for code that works on a batch at once (a
         vectorized library, one query for many records). If `f` raises, every record of the
         batch counts as failed. Not with checkpoints or on Kafka flows yet."""
-        return self._step("flat_map_batch", f)
+        return self._step("flat_map_batch", f, name)
 
     def branch(self, pred):
         """Two streams: the records `pred(record)` says yes to, and the others (`pred` runs
@@ -345,13 +349,15 @@ class Stream:
         """One stream of this stream's records and those of `others`, as they come."""
         return merge(self, *others)
 
-    def key_by(self, f):
+    def key_by(self, f, name=None):
         """Routes each record to the worker owning its key `f(record)` (str, int, bytes, None
         or a tuple of them), where the stateful step runs with that key's state. With
         `operator.itemgetter(i)` the key is looked up in Rust, with no Python call."""
         if not callable(f):
             raise TypeError(f"key_by() takes a function, not {f!r}")
-        return self._child("key_by", _key_spec(f), KeyedStream)
+        out = self._child("key_by", _key_spec(f), KeyedStream)
+        out._node.step_name = None if name is None else str(name)
+        return out
 
     def sink(self, sink):
         """Ends the stream in `sink` (`tcp_out`, `file_out`, `stdout`, `collect`, `discard`)."""
@@ -445,8 +451,10 @@ class KeyedStream(Stream):
         """`join(self, *others, ...)`."""
         return join(self, *others, insert=insert, emit=emit)
 
-    def _stateful(self, what, spec):
-        return self._child("stateful", spec)
+    def _stateful(self, what, spec, name=None):
+        out = self._child("stateful", spec)
+        out._node.step_name = None if name is None else str(name)
+        return out
 
     def _state(self, state, f, what):
         if not isinstance(state, State):
@@ -472,7 +480,7 @@ class KeyedStream(Stream):
             return float(ttl.total_seconds())
         raise TypeError(f"{what}(): ttl= takes seconds or a timedelta, not {ttl!r}")
 
-    def update(self, state, f, *, on_eof=None, ttl=None):
+    def update(self, state, f, *, on_eof=None, ttl=None, name=None):
         """`f(state, record)` with the record's key's state, which it may change in place;
         what it returns, unless None, goes on. A state that cannot change in place (an int, a
         str, a tuple, ...) is refused: a change to it would be lost (use `stateful_map`).
@@ -484,16 +492,16 @@ class KeyedStream(Stream):
         self._state(state, f, "update")
         on_eof = self._on_eof(on_eof, "update")
         return self._stateful("update", ("update", state.id, f, False, on_eof,
-                                         self._ttl(ttl, "update")))
+                                         self._ttl(ttl, "update")), name)
 
-    def with_state(self, state, f):
+    def with_state(self, state, f, *, name=None):
         """`f(state, record)`, as `update`, for steps that read the state (an order checked
         against its symbol's quote) rather than change it: on Kafka, changes it makes are not
         written to the changelog."""
         self._state(state, f, "with_state")
-        return self._stateful("with_state", ("update", state.id, f, True, None, None))
+        return self._stateful("with_state", ("update", state.id, f, True, None, None), name)
 
-    def stateful_map(self, state, f, *, on_eof=None, ttl=None):
+    def stateful_map(self, state, f, *, on_eof=None, ttl=None, name=None):
         """`f(state, record)` returns `(new_state, output)`: the key's state becomes
         `new_state`; the output, unless None, goes on (for immutable states: numbers, tuples).
         `new_state` None drops the key's state (Bytewax's rule): its next record starts from
@@ -501,9 +509,9 @@ class KeyedStream(Stream):
         self._state(state, f, "stateful_map")
         on_eof = self._on_eof(on_eof, "stateful_map")
         return self._stateful("stateful_map", ("stateful_map", state.id, f, False, on_eof,
-                                               self._ttl(ttl, "stateful_map")))
+                                               self._ttl(ttl, "stateful_map")), name)
 
-    def stateful(self, builder):
+    def stateful(self, builder, *, name=None):
         """A keyed step with its own logic per key (Bytewax's `stateful`): `builder(None)`
         makes a key's logic on its first record, an object with the methods of
         `StatefulLogic`: `on_item(record)`, `on_notify()` (called once the time `notify_at()`
@@ -514,7 +522,7 @@ class KeyedStream(Stream):
         if not callable(builder):
             raise TypeError("stateful() takes a builder: a function of the resume state "
                             "(None) giving a key's logic")
-        return self._stateful("stateful", ("logic", builder))
+        return self._stateful("stateful", ("logic", builder), name)
 
     def _final(self, what, a=None, b=None):
         return self._stateful(f"{what}_final", ("final", what, a, b))
@@ -697,9 +705,11 @@ class Flow:
         while todo:
             source, decode, name, node, key = todo.pop(0)
             seg = {"name": name, "source": source, "decode": decode, "pre": [], "key": None,
-                   "stateful": None, "post": [], "sink": None}
+                   "stateful": None, "post": [], "sink": None, "key_name": None,
+                   "stateful_name": None}
             if key is not None:
                 seg["key"] = key.arg
+                seg["key_name"] = key.step_name
             cur = node
             while True:
                 if cur.name is not None:
@@ -709,8 +719,10 @@ class Flow:
                     (seg["pre"] if seg["key"] is None else seg["post"]).append(cur.arg)
                 elif k == "key_by":
                     seg["key"] = cur.arg
+                    seg["key_name"] = cur.step_name
                 elif k == "stateful":
                     seg["stateful"] = cur.arg
+                    seg["stateful_name"] = cur.step_name
                 elif k == "join":
                     seg["key"] = ("item", 0)
                     seg["stateful"] = ("join", len(cur.parents)) + cur.arg
@@ -798,7 +810,7 @@ class Flow:
                 raise ValueError("errors= takes 'skip', 'stop' or dead_letter(path)")
         pipelines, states = self._spec()
         batched = [p["name"] for p in pipelines
-                   if any(kind == "flat_map_batch" for kind, _ in p["pre"] + p["post"])]
+                   if any(op[0] == "flat_map_batch" for op in p["pre"] + p["post"])]
         if batched and checkpoint_dir is not None:
             raise ValueError(f"pipeline {batched[0]}: flat_map_batch cannot be checkpointed yet "
                              "(a batch's results have no position of their own)")

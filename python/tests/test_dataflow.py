@@ -644,3 +644,30 @@ def test_a_state_with_a_ttl_is_dropped_after_that_long_without_records():
         f2.source(cp.iterable([1])).key_by(str).update(st, lambda s, r: None, ttl=-1).sink(
             cp.discard())
         f2.start()
+
+
+def test_steps_named_by_the_user_in_errors_dead_letters_and_metrics(tmp_path):
+    dead = tmp_path / "dead.jsonl"
+    flow = cp.Flow()
+    state = flow.keyed_state(lambda: {"n": 0})
+
+    def parse(r):
+        return int(r)
+
+    def total(st, v):
+        if v == 7:
+            raise ValueError("seven")
+        st["n"] += v
+
+    (flow.source(cp.iterable(["1", "x", "7", "2"])).map(parse, name="parse")
+        .key_by(lambda v: v % 2, name="parity")
+        .update(state, total, name="totals").sink(cp.discard()))
+    stats = run(flow, errors=cp.dead_letter(dead), metrics="127.0.0.1:0")
+    lines = [json.loads(line) for line in dead.read_text().splitlines()]
+    assert sorted(line["step"] for line in lines) == ["parse", "totals"]
+    assert stats["p1"]["failed"] == 2
+    assert 'step="parse"' in flow.prometheus()
+    flow = cp.Flow()
+    (flow.source(cp.iterable(["1", "x"])).map(parse, name="parse").sink(cp.discard()))
+    with pytest.raises(cp.PipelineError, match="step parse raised ValueError"):
+        run(flow, errors="stop")

@@ -67,16 +67,23 @@ fn source_time_ns() -> u64 {
     READ_NS.with(std::cell::Cell::get)
 }
 
+/// A stateless step as `canter/pipeline.py` describes it: kind, function, and the name the
+/// user gave it (if any).
+type StepSpec<'py> = (String, Bound<'py, PyAny>, Option<String>);
+
 /// One pipeline as `canter/pipeline.py` describes it.
 struct Spec<'py> {
     name: String,
     source: Bound<'py, PyAny>,
     decode: Bound<'py, PyAny>,
-    pre: Vec<(String, Bound<'py, PyAny>)>,
+    pre: Vec<StepSpec<'py>>,
     key: Option<Bound<'py, PyAny>>,
     stateful: Option<Bound<'py, PyAny>>,
-    post: Vec<(String, Bound<'py, PyAny>)>,
+    post: Vec<StepSpec<'py>>,
     sink: Bound<'py, PyAny>,
+    /// The names the user gave `key_by` and the stateful step.
+    key_name: Option<String>,
+    stateful_name: Option<String>,
 }
 
 fn item<'py, T: FromPyObjectOwned<'py>>(d: &Bound<'py, PyDict>, k: &str) -> PyResult<T> {
@@ -180,19 +187,23 @@ fn sink(
 
 fn chain(
     py: Python<'_>,
-    ops: &[(String, Bound<'_, PyAny>)],
+    ops: &[StepSpec<'_>],
     first: usize,
     failures: &Arc<Failures>,
 ) -> PyResult<Chain> {
     let ops = ops
         .iter()
         .enumerate()
-        .map(|(i, (kind, f))| {
+        .map(|(i, (kind, f, named))| {
             let kind = Kind::parse(kind)?;
             let f = f.clone().unbind();
             Ok(Op {
                 kind,
-                name: step_name(py, first + i, kind, &f),
+                // The name the user gave (Bytewax's step_id), or position, kind and function.
+                name: match named {
+                    Some(n) => n.clone(),
+                    None => step_name(py, first + i, kind, &f),
+                },
                 f,
             })
         })
@@ -356,9 +367,16 @@ fn build(
         return Ok(local(Pipeline::new(&s.name, src, decode), pre, post, end));
     };
     let (f, name) = key_fn(py, &key, s.pre.len() + 1)?;
+    let name = s.key_name.clone().unwrap_or(name);
     let post = chain(py, &s.post, s.pre.len() + 3, &failures)?;
     let stage = match s.stateful {
-        Some(st) => stage(&st, s.pre.len(), states, failures.clone())?,
+        Some(st) => stage(
+            &st,
+            s.pre.len(),
+            s.stateful_name.as_deref(),
+            states,
+            failures.clone(),
+        )?,
         // key_by straight to the sink: records are routed by key, with no state.
         None => Stage::Pass(Pass::new()),
     };
@@ -558,11 +576,15 @@ where
 fn stage(
     st: &Bound<'_, PyAny>,
     pre: usize,
+    named: Option<&str>,
     states: &States,
     failures: Arc<Failures>,
 ) -> PyResult<Stage> {
     let kind: String = st.get_item(0)?.extract()?;
-    let name: Arc<str> = format!("{}:{kind}", pre + 2).into();
+    let name: Arc<str> = match named {
+        Some(n) => n.into(),
+        None => format!("{}:{kind}", pre + 2).into(),
+    };
     match kind.as_str() {
         "update" | "stateful_map" => {
             let id: u64 = st.get_item(1)?.extract()?;
@@ -694,7 +716,10 @@ fn stage(
                     )))
                 }
             };
-            let name: Arc<str> = format!("{}:{what}_final", pre + 2).into();
+            let name: Arc<str> = match named {
+                Some(n) => n.into(),
+                None => format!("{}:{what}_final", pre + 2).into(),
+            };
             Ok(Stage::Final(Final {
                 state: Final::new_state(),
                 agg: Arc::new(agg),
@@ -1038,6 +1063,8 @@ fn specs<'py>(pipelines: &Bound<'py, PyList>) -> PyResult<Vec<Spec<'py>>> {
                 stateful: item(d, "stateful")?,
                 post: item(d, "post")?,
                 sink: item(d, "sink")?,
+                key_name: d.get_item("key_name")?.and_then(|n| n.extract().ok()),
+                stateful_name: d.get_item("stateful_name")?.and_then(|n| n.extract().ok()),
             })
         })
         .collect()
