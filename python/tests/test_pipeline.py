@@ -1497,3 +1497,27 @@ def test_with_state_reads_an_immutable_state(tmp_path):
         .with_state(limit, lambda s, r: (r, s)).sink(cp.collect(out)))
     run(flow, errors="stop")
     assert sorted(out) == [(b"a", 7), (b"b", 7)]
+
+
+def test_the_readme_dataflow_example_runs(tmp_path):
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    m = re.search(r"<!-- dataflow example -->\s*```python\n(.*?)```", readme, re.S)
+    assert m, "README.md has its dataflow example"
+    orders = [{"id": i, "qty": i % 5 + 1} for i in range(100)]
+    fills = [{"id": i, "price": 100 + i, "symbol": "AB"[i % 2], "ts": i * 7, "qty": i % 3 + 1}
+             for i in range(0, 100, 4)]
+    (tmp_path / "orders.jsonl").write_text("".join(json.dumps(o) + "\n" for o in orders))
+    (tmp_path / "fills.jsonl").write_text("".join(json.dumps(f) + "\n" for f in fills))
+    r = subprocess.run([sys.executable, "-c", m.group(1)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    filled = [json.loads(line) for line in (tmp_path / "filled.jsonl").read_text().splitlines()]
+    assert sorted(filled, key=lambda f: f["id"]) == [
+        {"id": f["id"], "qty": orders[f["id"]]["qty"], "price": f["price"]} for f in fills]
+    volume = sorted(tuple(json.loads(line)) for line in
+                    (tmp_path / "volume.jsonl").read_text().splitlines())
+    want = {}
+    for f in fills:
+        w = (f["symbol"], f["ts"] // 60 * 60.0)
+        want[w] = want.get(w, 0) + f["qty"]
+    assert volume == sorted((k, s, s + 60.0, n) for (k, s), n in want.items())
