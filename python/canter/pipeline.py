@@ -848,8 +848,15 @@ class Flow:
         self._running().shutdown()
 
     def stats(self):
-        """Counts per pipeline: source, rejected (input the decoder refused), failed (a
-        function raised), late, sink."""
+        """Counts per pipeline, by name: `source` (records read, or taken from the pipelines
+        before it), `rejected` (input the decoder refused), `frame_errors` (broken frames),
+        `failed` (a function raised, or a record failed to encode), `late` (records a window
+        refused as too late), `sink` (records handed to the sink, or to the pipelines after
+        it); and `checkpoints` (`completed`, `failed`, `restored_epoch`). A flow's graph runs as
+        several pipelines where it merges, branches, joins, fans out or keys again: the first
+        of each source is named as the source's stream (`p1`, or `.named()`), the later ones
+        `p1.2`, `p1.3`, ... unless a stream of theirs is `.named()`. Kafka flows: see
+        `start`."""
         return self._running().stats()
 
     def prometheus(self):
