@@ -797,8 +797,12 @@ class Flow:
         seconds, the last `checkpoint_keep` kept): consistent snapshots of the keyed states
         (pickled) with the source positions they include, restored when a flow starts on the
         same directory; TCP and file sinks then carry a sequence header on each result
-        (`canter receive --dedupe` drops the repeats after a restart). Windows cannot be
-        checkpointed yet (the flow refuses to start).
+        (`canter receive --dedupe` drops the repeats after a restart). Windows, session
+        windows, final aggregations and `stateful()` logic (its `snapshot()`, given back to
+        its builder) are checkpointed too; with checkpoints on, a shutdown does not flush them
+        (it is not the end of the input: they go on after a restart). A flow whose graph
+        needs channels (merge, branch, join, a stream read by several steps, a key_by after a
+        stateful step) cannot checkpoint yet (refused at start).
 
         Kafka flows: `exactly_once` (results, changelog and offsets committed in one
         transaction per `commit_interval`, 0.1 s by default), `instance_id` (this process's

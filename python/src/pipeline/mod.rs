@@ -28,7 +28,7 @@ use pyo3::types::{PyDict, PyList};
 use codec::{Decoder, Encoder};
 use key::Key;
 use stateful::{
-    Agg, Decoded, Expiring, Final, FinalAgg, Insert, Join, JoinEmit, Logic, Mode, Pass,
+    Agg, Decoded, Expiring, Final, FinalAgg, Insert, Join, JoinEmit, Logic, Mode, Pass, Pickle,
     SessionWindow, Span, Tag, Update, Window,
 };
 use steps::{
@@ -333,6 +333,7 @@ where
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn build(
     py: Python<'_>,
     s: Spec<'_>,
@@ -340,6 +341,7 @@ fn build(
     failures: Arc<Failures>,
     grouped: bool,
     channels: &mut Channels,
+    pickle: &Arc<Pickle>,
 ) -> PyResult<Built> {
     let pre = chain(py, &s.pre, 1, &failures)?;
     let end = end(py, &s.sink, &failures, channels)?;
@@ -376,6 +378,7 @@ fn build(
             s.stateful_name.as_deref(),
             states,
             failures.clone(),
+            pickle,
         )?,
         // key_by straight to the sink: records are routed by key, with no state.
         None => Stage::Pass(Pass::new()),
@@ -579,6 +582,7 @@ fn stage(
     named: Option<&str>,
     states: &States,
     failures: Arc<Failures>,
+    pickle: &Arc<Pickle>,
 ) -> PyResult<Stage> {
     let kind: String = st.get_item(0)?.extract()?;
     let name: Arc<str> = match named {
@@ -689,7 +693,7 @@ fn stage(
                 .filter(|f| !f.is_none())
                 .map(|f| Arc::new(f.unbind()));
             let step = Window {
-                state: Window::new_state(),
+                state: stateful::windows_codec(Window::new_state(), pickle),
                 span,
                 time: (!time.is_none()).then(|| Arc::new(time.unbind())),
                 agg: Arc::new(agg),
@@ -721,7 +725,7 @@ fn stage(
                 None => format!("{}:{what}_final", pre + 2).into(),
             };
             Ok(Stage::Final(Final {
-                state: Final::new_state(),
+                state: stateful::acc_codec(Final::new_state(), pickle),
                 agg: Arc::new(agg),
                 name,
                 failures,
@@ -755,7 +759,7 @@ fn stage(
                     .map(|f| Arc::new(f.unbind()))
             };
             Ok(Stage::Session(SessionWindow {
-                state: SessionWindow::new_state(),
+                state: stateful::sessions_codec(SessionWindow::new_state(), pickle),
                 gap: ns(gap),
                 wait: ns(wait),
                 time: Arc::new(st.get_item(2)?.unbind()),
@@ -767,12 +771,15 @@ fn stage(
                 late_out: opt(7),
             }))
         }
-        "logic" => Ok(Stage::Logic(Logic {
-            state: Logic::new_state(),
-            builder: Arc::new(st.get_item(1)?.unbind()),
-            name,
-            failures,
-        })),
+        "logic" => {
+            let builder = Arc::new(st.get_item(1)?.unbind());
+            Ok(Stage::Logic(Logic {
+                state: stateful::logic_codec(Logic::new_state(), pickle, builder.clone()),
+                builder,
+                name,
+                failures,
+            }))
+        }
         "tag" => Ok(Stage::Tag(Tag {
             state: KeyedState::new("join side", |_: &Key| ()),
             side: st.get_item(1)?.extract()?,
@@ -1185,6 +1192,7 @@ pub(crate) fn start_flow(
     }
     let mut topology = Topology::new();
     let mut channels = Channels::new();
+    let pickle = Pickle::new(py)?;
     for (spec, f) in specs.into_iter().zip(&failures) {
         topology.add(build(
             py,
@@ -1193,6 +1201,7 @@ pub(crate) fn start_flow(
             f.clone(),
             group.is_some(),
             &mut channels,
+            &pickle,
         )?);
     }
     let mut opts = RunOptions::default().workers(workers).hooks(gil_hooks());

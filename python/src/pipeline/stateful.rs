@@ -1191,3 +1191,203 @@ impl<U: Stateful<Key, (Key, Obj), State = Obj, Out = Obj>> Stateful<Key, (Key, O
         emit.discard();
     }
 }
+
+/// `pickle.dumps` and `pickle.loads`, for the checkpoint codecs of the steps' own states.
+pub(crate) struct Pickle {
+    pub(crate) dumps: Obj,
+    pub(crate) loads: Obj,
+}
+
+impl Pickle {
+    pub(crate) fn new(py: Python<'_>) -> PyResult<Arc<Pickle>> {
+        let m = py.import("pickle")?;
+        Ok(Arc::new(Pickle {
+            dumps: m.getattr("dumps")?.unbind(),
+            loads: m.getattr("loads")?.unbind(),
+        }))
+    }
+
+    fn dump(&self, py: Python<'_>, v: PyResult<Bound<'_, PyAny>>, b: &mut Vec<u8>) {
+        let r = v
+            .and_then(|v| self.dumps.bind(py).call1((v,)))
+            .and_then(|d| {
+                b.extend_from_slice(d.cast::<pyo3::types::PyBytes>()?.as_bytes());
+                Ok(())
+            });
+        if let Err(e) = r {
+            tracing::error!("a step's state cannot be pickled for a checkpoint: {e}");
+        }
+    }
+
+    fn load<'py>(&self, py: Python<'py>, b: &[u8]) -> Option<Bound<'py, PyAny>> {
+        self.loads
+            .bind(py)
+            .call1((pyo3::types::PyBytes::new(py, b),))
+            .map_err(|e| tracing::error!("a checkpointed step state did not unpickle: {e}"))
+            .ok()
+    }
+}
+
+/// `state` in checkpoints: keys tagged, states pickled through `to_py` and back with
+/// `from_py` (None: left out of the restore, and logged).
+pub(crate) fn pickled_state<S: 'static>(
+    state: KeyedState<Key, S>,
+    pickle: &Arc<Pickle>,
+    to_py: impl for<'py> Fn(Python<'py>, &S) -> PyResult<Bound<'py, PyAny>> + Send + Sync + 'static,
+    from_py: impl Fn(&Bound<'_, PyAny>) -> PyResult<S> + Send + Sync + 'static,
+) -> KeyedState<Key, S> {
+    let (p1, p2) = (pickle.clone(), pickle.clone());
+    state.checkpointed(
+        |k: &Key, b: &mut Vec<u8>| k.tagged_bytes(b),
+        |b: &[u8]| Key::from_tagged(b),
+        move |s: &S, b: &mut Vec<u8>| {
+            let py = py();
+            p1.dump(py, to_py(py, s), b)
+        },
+        move |b: &[u8]| {
+            let py = py();
+            let v = p2.load(py, b)?;
+            from_py(&v)
+                .map_err(|e| tracing::error!("a checkpointed step state is not what it was: {e}"))
+                .ok()
+        },
+    )
+}
+
+/// A key's open windows as Python values: `(key, [(start, value or None), ...], at, seen)`.
+pub(crate) fn windows_codec(
+    state: KeyedState<Key, Windows>,
+    pickle: &Arc<Pickle>,
+) -> KeyedState<Key, Windows> {
+    pickled_state(
+        state,
+        pickle,
+        |py, w: &Windows| {
+            let open: Vec<(i64, Obj)> = w
+                .open
+                .iter()
+                .map(|(s, a)| {
+                    (
+                        *s,
+                        a.as_ref().map_or_else(|| py.None(), |a| a.clone_ref(py)),
+                    )
+                })
+                .collect();
+            Ok((w.key.to_py(py), open, w.at, w.seen)
+                .into_pyobject(py)?
+                .into_any())
+        },
+        |v| {
+            let (key, open, at, seen): (Bound<'_, PyAny>, Vec<(i64, Obj)>, i64, bool) =
+                v.extract()?;
+            let py = v.py();
+            Ok(Windows {
+                key: Key::of(&key)?,
+                open: open
+                    .into_iter()
+                    .map(|(s, a)| (s, (!a.is_none(py)).then_some(a)))
+                    .collect(),
+                at,
+                seen,
+            })
+        },
+    )
+}
+
+/// A key's sessions as Python values: `(key, [(start, end, value or None), ...], at, seen)`.
+pub(crate) fn sessions_codec(
+    state: KeyedState<Key, Sessions>,
+    pickle: &Arc<Pickle>,
+) -> KeyedState<Key, Sessions> {
+    pickled_state(
+        state,
+        pickle,
+        |py, w: &Sessions| {
+            let open: Vec<(i64, i64, Obj)> = w
+                .open
+                .iter()
+                .map(|(s, (e, a))| {
+                    (
+                        *s,
+                        *e,
+                        a.as_ref().map_or_else(|| py.None(), |a| a.clone_ref(py)),
+                    )
+                })
+                .collect();
+            Ok((w.key.to_py(py), open, w.at, w.seen)
+                .into_pyobject(py)?
+                .into_any())
+        },
+        |v| {
+            type Saved<'py> = (Bound<'py, PyAny>, Vec<(i64, i64, Obj)>, i64, bool);
+            let (key, open, at, seen): Saved<'_> = v.extract()?;
+            let py = v.py();
+            Ok(Sessions {
+                key: Key::of(&key)?,
+                open: open
+                    .into_iter()
+                    .map(|(s, e, a)| (s, (e, (!a.is_none(py)).then_some(a))))
+                    .collect(),
+                at,
+                seen,
+            })
+        },
+    )
+}
+
+/// A final aggregation's value so far: `(count, value or None)`.
+pub(crate) fn acc_codec(state: KeyedState<Key, Acc>, pickle: &Arc<Pickle>) -> KeyedState<Key, Acc> {
+    pickled_state(
+        state,
+        pickle,
+        |py, a: &Acc| {
+            let v = a
+                .value
+                .as_ref()
+                .map_or_else(|| py.None(), |v| v.clone_ref(py));
+            Ok((a.n, v).into_pyobject(py)?.into_any())
+        },
+        |v| {
+            let (n, value): (u64, Obj) = v.extract()?;
+            let py = v.py();
+            Ok(Acc {
+                n,
+                value: (!value.is_none(py)).then_some(value),
+            })
+        },
+    )
+}
+
+/// A key's `StatefulLogic`: its `snapshot()` (made again by `builder(snapshot)` on restore,
+/// Bytewax's way), or, for a logic without `snapshot`, the object itself.
+pub(crate) fn logic_codec(
+    state: KeyedState<Key, Option<Obj>>,
+    pickle: &Arc<Pickle>,
+    builder: Arc<Obj>,
+) -> KeyedState<Key, Option<Obj>> {
+    pickled_state(
+        state,
+        pickle,
+        |py, l: &Option<Obj>| {
+            let Some(l) = l else {
+                return Ok(("none", py.None()).into_pyobject(py)?.into_any());
+            };
+            let l = l.bind(py);
+            if l.hasattr("snapshot")? {
+                Ok(("snapshot", l.call_method0("snapshot")?)
+                    .into_pyobject(py)?
+                    .into_any())
+            } else {
+                Ok(("object", l.clone()).into_pyobject(py)?.into_any())
+            }
+        },
+        move |v| {
+            let (how, x): (String, Bound<'_, PyAny>) = v.extract()?;
+            Ok(match how.as_str() {
+                "snapshot" => Some(builder.bind(v.py()).call1((x,))?.unbind()),
+                "object" => Some(x.unbind()),
+                _ => None,
+            })
+        },
+    )
+}

@@ -505,6 +505,11 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
     let mut ends = 0;
     let mut wired = Vec::new();
     let mut log = RateLog::default();
+    if env.ckpt.is_some() {
+        // The state restored from a checkpoint (in before any task ran) asks for its
+        // wake-ups again.
+        tail.borrow_mut().rearm();
+    }
     loop {
         if let Some(ck) = &env.ckpt {
             if let Some(epoch) = ck.pending() {
@@ -605,7 +610,12 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
     );
     {
         let mut t = tail.borrow_mut();
-        t.finish();
+        // A shutdown of a topology that checkpoints is not the end of its input: what the
+        // steps hold (open windows, final aggregations) stays in the checkpoint and goes on
+        // after a restart, instead of coming out now and again then.
+        if !(env.ckpt.is_some() && env.shutting.get()) {
+            t.finish();
+        }
         t.end_turn();
         t.close();
     }

@@ -50,6 +50,8 @@ pub(super) trait TailOps<K, T> {
     fn next_wake(&self) -> Option<u64>;
     /// Runs the wake-ups due at `now_ns`.
     fn wake(&mut self, now_ns: u64);
+    /// Asks every key of the state for its wake-up (after a restore).
+    fn rearm(&mut self);
 }
 
 pub(super) struct TailInst<K, U: Stateful<K, X>, X, P: Step<U::Out>> {
@@ -161,6 +163,22 @@ where
             self.timers.next()
         } else {
             None
+        }
+    }
+
+    fn rearm(&mut self) {
+        if !U::TIMERS {
+            return;
+        }
+        let TailInst {
+            store,
+            step,
+            timers,
+            ..
+        } = self;
+        for (key, (st, _)) in store.borrow().map.iter() {
+            let at = step.wake_at(key, st);
+            timers.set(key, at);
         }
     }
 
