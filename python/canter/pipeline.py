@@ -56,7 +56,8 @@ source_time_ns = _native.source_time_ns
 
 __all__ = [
     "Flow", "Stream", "KeyedStream", "State", "StatefulLogic", "PipelineError", "merge", "join",
-    "tcp", "file", "kafka", "iterable", "stdin", "tcp_out", "file_out", "stdout", "kafka_out",
+    "tcp", "file", "directory", "kafka", "iterable", "stdin", "tcp_out", "file_out", "stdout",
+    "kafka_out",
     "collect", "discard", "dead_letter",
     "raw", "text", "json", "struct", "source_time_ns",
 ]
@@ -130,6 +131,20 @@ def file(path, frame="u32be", decode=None, max_record=MAX_RECORD):
     """A file of framed records, read once (the flow ends when every file source has been
     read and delivered)."""
     return _Source(("file", os.fspath(path), _frame(frame), max_record), _decoder(decode))
+
+
+class _Dir:
+    def __init__(self, path, glob, frame, decode, max_record):
+        self.path, self.glob = os.fspath(path), glob
+        self.frame, self.decode, self.max_record = frame, decode, max_record
+
+
+def directory(path, glob="*", frame="lines", decode=None, max_record=MAX_RECORD):
+    """The files of directory `path` whose names match `glob` (sorted by name, listed when
+    the flow is built), each read once as `file(...)` reads one, merged into one stream
+    (Bytewax's `DirSource`). A directory without such a file is a FileNotFoundError. Each
+    file is its own pipeline (`stats()`: one per file)."""
+    return _Dir(path, glob, _frame(frame), decode, max_record)
 
 
 def iterable(items):
@@ -658,9 +673,18 @@ class Flow:
     def source(self, source):
         """A stream of `source`'s records (`tcp`, `file`, `kafka`, `iterable`, `stdin`), each a
         new pipeline."""
+        if isinstance(source, _Dir):
+            import glob as _glob
+            files = sorted(p for p in _glob.glob(os.path.join(_glob.escape(source.path), source.glob))
+                           if os.path.isfile(p))
+            if not files:
+                raise FileNotFoundError(f"directory {source.path}: no file matches {source.glob!r}")
+            streams = [self.source(file(f, frame=source.frame, decode=source.decode,
+                                        max_record=source.max_record)) for f in files]
+            return streams[0] if len(streams) == 1 else merge(*streams)
         if not isinstance(source, _Source):
             raise TypeError("source() takes canter.pipeline.tcp(...), file(...), kafka(...), "
-                            f"iterable(...) or stdin(), not {source!r}")
+                            f"iterable(...), directory(...) or stdin(), not {source!r}")
         n = _Node(self, "source", [], source)
         n.name = f"p{len(self._sources) + 1}"
         self._sources.append(n)

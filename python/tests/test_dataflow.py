@@ -671,3 +671,21 @@ def test_steps_named_by_the_user_in_errors_dead_letters_and_metrics(tmp_path):
     (flow.source(cp.iterable(["1", "x"])).map(parse, name="parse").sink(cp.discard()))
     with pytest.raises(cp.PipelineError, match="step parse raised ValueError"):
         run(flow, errors="stop")
+
+
+def test_a_directory_source_reads_each_matching_file_once(tmp_path):
+    d = tmp_path / "logs"
+    d.mkdir()
+    want = []
+    for i in range(4):
+        lines = [f"f{i} line {j}" for j in range(100 * (i + 1))]
+        (d / f"part-{i}.log").write_text("\n".join(lines) + "\n")
+        want += lines
+    (d / "skip.txt").write_text("not me\n")
+    got = []
+    flow = cp.Flow()
+    flow.source(cp.directory(d, glob="*.log", decode=cp.text)).sink(cp.collect(got))
+    run(flow, workers=2)
+    assert sorted(got) == sorted(want)
+    with pytest.raises(FileNotFoundError, match="no file matches"):
+        cp.Flow().source(cp.directory(d, glob="*.csv"))
