@@ -678,15 +678,7 @@ fn stage(
                 }
                 other => return Err(PyValueError::new_err(format!("unknown window {other:?}"))),
             };
-            let (init, fold, reduce) = (st.get_item(5)?, st.get_item(6)?, st.get_item(7)?);
-            let agg = if !reduce.is_none() {
-                Agg::Reduce(reduce.unbind())
-            } else {
-                Agg::Fold {
-                    init: init.unbind(),
-                    fold: fold.unbind(),
-                }
-            };
+            let agg = Agg::from_spec(st.get_item(5)?, st.get_item(6)?, st.get_item(7)?);
             let late_out = st
                 .get_item(8)
                 .ok()
@@ -743,15 +735,7 @@ fn stage(
                 }
             }
             let ns = |s: f64| (s * 1e9).round().min(i64::MAX as f64) as i64;
-            let (init, fold, reduce) = (st.get_item(3)?, st.get_item(4)?, st.get_item(5)?);
-            let agg = if !reduce.is_none() {
-                Agg::Reduce(reduce.unbind())
-            } else {
-                Agg::Fold {
-                    init: init.unbind(),
-                    fold: fold.unbind(),
-                }
-            };
+            let agg = Agg::from_spec(st.get_item(3)?, st.get_item(4)?, st.get_item(5)?);
             let opt = |i: usize| {
                 st.get_item(i)
                     .ok()

@@ -224,6 +224,39 @@ pub(crate) enum Agg {
     Reduce(Obj),
 }
 
+impl Agg {
+    /// From a spec's `init`, `fold` and `reduce` (`reduce` when it is given).
+    pub(crate) fn from_spec(
+        init: Bound<'_, PyAny>,
+        fold: Bound<'_, PyAny>,
+        reduce: Bound<'_, PyAny>,
+    ) -> Agg {
+        if reduce.is_none() {
+            Agg::Fold {
+                init: init.unbind(),
+                fold: fold.unbind(),
+            }
+        } else {
+            Agg::Reduce(reduce.unbind())
+        }
+    }
+
+    /// The value after `item`, from `acc` (None: the window's first item).
+    fn step(&self, py: Python<'_>, acc: Option<Obj>, item: &Obj) -> PyResult<Obj> {
+        match (self, acc) {
+            (Agg::Fold { init, fold }, a) => {
+                let a = match a {
+                    Some(a) => a,
+                    None => init.bind(py).call0()?.unbind(),
+                };
+                Ok(fold.bind(py).call1((a, item.bind(py)))?.unbind())
+            }
+            (Agg::Reduce(_), None) => Ok(item.clone_ref(py)),
+            (Agg::Reduce(f), Some(a)) => Ok(f.bind(py).call1((a, item.bind(py)))?.unbind()),
+        }
+    }
+}
+
 /// A key's open windows, by start.
 pub(crate) struct Windows {
     key: Key,
@@ -289,18 +322,7 @@ impl Window {
 
     /// Folds `item` into the window starting at `start`.
     fn fold(&self, py: Python<'_>, acc: &mut Option<Obj>, item: &Obj) -> PyResult<()> {
-        let next = match (&*self.agg, acc.take()) {
-            (Agg::Fold { init, fold }, a) => {
-                let a = match a {
-                    Some(a) => a,
-                    None => init.bind(py).call0()?.unbind(),
-                };
-                fold.bind(py).call1((a, item.bind(py)))?.unbind()
-            }
-            (Agg::Reduce(_), None) => item.clone_ref(py),
-            (Agg::Reduce(f), Some(a)) => f.bind(py).call1((a, item.bind(py)))?.unbind(),
-        };
-        *acc = Some(next);
+        *acc = Some(self.agg.step(py, acc.take(), item)?);
         Ok(())
     }
 
@@ -868,20 +890,6 @@ impl SessionWindow {
         })
     }
 
-    fn fold(&self, py: Python<'_>, acc: Option<Obj>, item: &Obj) -> PyResult<Obj> {
-        match (&*self.agg, acc) {
-            (Agg::Fold { init, fold }, a) => {
-                let a = match a {
-                    Some(a) => a,
-                    None => init.bind(py).call0()?.unbind(),
-                };
-                Ok(fold.bind(py).call1((a, item.bind(py)))?.unbind())
-            }
-            (Agg::Reduce(_), None) => Ok(item.clone_ref(py)),
-            (Agg::Reduce(f), Some(a)) => Ok(f.bind(py).call1((a, item.bind(py)))?.unbind()),
-        }
-    }
-
     /// The value of two merged sessions, the earlier one's first.
     fn merged(&self, py: Python<'_>, a: Option<Obj>, b: Option<Obj>) -> PyResult<Option<Obj>> {
         Ok(match (a, b) {
@@ -967,7 +975,10 @@ impl Stateful<Key, (Key, Obj)> for SessionWindow {
             }
             match failed {
                 Some(e) => self.failures.fail(py, &self.name, &e, Some(&item)),
-                None => match self.fold(py, acc.as_ref().map(|a| a.clone_ref(py)), &item) {
+                None => match self
+                    .agg
+                    .step(py, acc.as_ref().map(|a| a.clone_ref(py)), &item)
+                {
                     Ok(v) => acc = Some(v),
                     Err(e) => self.failures.fail(py, &self.name, &e, Some(&item)),
                 },
