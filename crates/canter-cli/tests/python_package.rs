@@ -103,7 +103,9 @@ fn python_crate_unit_tests_pass() {
             .env(
                 "CARGO_TARGET_DIR",
                 Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-crate"),
-            ),
+            )
+            // Built once per run: an incremental cache would only take disk.
+            .env("CARGO_INCREMENTAL", "0"),
         "cargo test --manifest-path python/Cargo.toml --lib",
     );
 }
