@@ -824,9 +824,10 @@ class Flow:
         (`canter receive --dedupe` drops the repeats after a restart). Windows, session
         windows, final aggregations and `stateful()` logic (its `snapshot()`, given back to
         its builder) are checkpointed too; with checkpoints on, a shutdown does not flush them
-        (it is not the end of the input: they go on after a restart). A flow whose graph
-        needs channels (merge, branch, join, a stream read by several steps, a key_by after a
-        stateful step) cannot checkpoint yet (refused at start).
+        (it is not the end of the input: they go on after a restart). Flows whose graph
+        joins pipelines (merge, branch, join, a stream read by several steps, a key_by after
+        a stateful step) checkpoint as one: every pipeline's state at the same point of the
+        input.
 
         Kafka flows: `exactly_once` (results, changelog and offsets committed in one
         transaction per `commit_interval`, 0.1 s by default), `instance_id` (this process's

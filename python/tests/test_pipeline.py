@@ -724,8 +724,6 @@ class Tally(cp.StatefulLogic):
 
 
 def windowed_flow(out, tallies):
-    # Two sources (a keyed stream read by two steps would go through a channel, which does
-    # not checkpoint yet).
     flow = cp.Flow()
     (flow.source(cp.tcp("127.0.0.1:0", frame="lines", decode=cp.text)).named("words")
         .key_by(lambda w: w)

@@ -313,8 +313,13 @@ where
     E: std::fmt::Display,
     D: FnMut(&[u8]) -> Result<Obj, E> + Clone + Send + 'static,
 {
-    // No state to keep: its codec writes nothing (checkpoints need one for every state).
-    let pass = KeyedState::new("pass", |_: &canter_stream::pipeline::Local| ()).checkpointed(
+    // No state to keep: its codec writes nothing (checkpoints need one for every state, each
+    // of its own name).
+    let pass = KeyedState::new(
+        &format!("{} pass", p.name()),
+        |_: &canter_stream::pipeline::Local| (),
+    )
+    .checkpointed(
         |_, _| {},
         |_| Some(canter_stream::pipeline::Local),
         |_, _| {},
@@ -374,6 +379,7 @@ fn build(
     let stage = match s.stateful {
         Some(st) => stage(
             &st,
+            &s.name,
             s.pre.len(),
             s.stateful_name.as_deref(),
             states,
@@ -381,7 +387,7 @@ fn build(
             pickle,
         )?,
         // key_by straight to the sink: records are routed by key, with no state.
-        None => Stage::Pass(Pass::new()),
+        None => Stage::Pass(Pass::new(&format!("{} pass", s.name))),
     };
     if let Some(id) = from {
         let ch = channel(channels, id);
@@ -578,6 +584,7 @@ where
 /// The stateful step of a spec: `update`, `stateful_map` or a window.
 fn stage(
     st: &Bound<'_, PyAny>,
+    pipe: &str,
     pre: usize,
     named: Option<&str>,
     states: &States,
@@ -585,6 +592,8 @@ fn stage(
     pickle: &Arc<Pickle>,
 ) -> PyResult<Stage> {
     let kind: String = st.get_item(0)?.extract()?;
+    // The step's own state, by the pipeline's name (a checkpoint holds each state by its name).
+    let state = format!("{pipe} {kind}");
     let name: Arc<str> = match named {
         Some(n) => n.into(),
         None => format!("{}:{kind}", pre + 2).into(),
@@ -685,7 +694,7 @@ fn stage(
                 .filter(|f| !f.is_none())
                 .map(|f| Arc::new(f.unbind()));
             let step = Window {
-                state: stateful::windows_codec(Window::new_state(), pickle),
+                state: stateful::windows_codec(Window::new_state(&state), pickle),
                 span,
                 time: (!time.is_none()).then(|| Arc::new(time.unbind())),
                 agg: Arc::new(agg),
@@ -717,7 +726,7 @@ fn stage(
                 None => format!("{}:{what}_final", pre + 2).into(),
             };
             Ok(Stage::Final(Final {
-                state: stateful::acc_codec(Final::new_state(), pickle),
+                state: stateful::acc_codec(Final::new_state(&state), pickle),
                 agg: Arc::new(agg),
                 name,
                 failures,
@@ -743,7 +752,7 @@ fn stage(
                     .map(|f| Arc::new(f.unbind()))
             };
             Ok(Stage::Session(SessionWindow {
-                state: stateful::sessions_codec(SessionWindow::new_state(), pickle),
+                state: stateful::sessions_codec(SessionWindow::new_state(&state), pickle),
                 gap: ns(gap),
                 wait: ns(wait),
                 time: Arc::new(st.get_item(2)?.unbind()),
@@ -758,14 +767,20 @@ fn stage(
         "logic" => {
             let builder = Arc::new(st.get_item(1)?.unbind());
             Ok(Stage::Logic(Logic {
-                state: stateful::logic_codec(Logic::new_state(), pickle, builder.clone()),
+                state: stateful::logic_codec(Logic::new_state(&state), pickle, builder.clone()),
                 builder,
                 name,
                 failures,
             }))
         }
         "tag" => Ok(Stage::Tag(Tag {
-            state: KeyedState::new("join side", |_: &Key| ()),
+            // No state to keep: its codec writes nothing but the key.
+            state: KeyedState::new(&state, |_: &Key| ()).checkpointed(
+                |k: &Key, b: &mut Vec<u8>| k.tagged_bytes(b),
+                |b: &[u8]| Key::from_tagged(b),
+                |_, _| {},
+                |_| Some(()),
+            ),
             side: st.get_item(1)?.extract()?,
         })),
         "join" => {
@@ -791,7 +806,7 @@ fn stage(
                 }
             };
             Ok(Stage::Join(Join {
-                state: Join::new_state(sides),
+                state: stateful::join_codec(Join::new_state(&state, sides), pickle),
                 insert,
                 when,
                 name,

@@ -311,8 +311,8 @@ fn send_late(
 }
 
 impl Window {
-    pub(crate) fn new_state() -> KeyedState<Key, Windows> {
-        KeyedState::new("window", |k: &Key| Windows {
+    pub(crate) fn new_state(name: &str) -> KeyedState<Key, Windows> {
+        KeyedState::new(name, |k: &Key| Windows {
             key: k.clone(),
             open: BTreeMap::new(),
             at: 0,
@@ -536,10 +536,10 @@ pub(crate) struct Pass {
 }
 
 impl Pass {
-    pub(crate) fn new() -> Pass {
+    pub(crate) fn new(name: &str) -> Pass {
         // Its codec writes nothing but the key (checkpoints need one for every state).
         Pass {
-            state: KeyedState::new("pass", |_: &Key| ()).checkpointed(
+            state: KeyedState::new(name, |_: &Key| ()).checkpointed(
                 |k: &Key, b: &mut Vec<u8>| k.tagged_bytes(b),
                 |b: &[u8]| Key::from_tagged(b),
                 |_, _| {},
@@ -604,8 +604,8 @@ impl Clone for Final {
 }
 
 impl Final {
-    pub(crate) fn new_state() -> KeyedState<Key, Acc> {
-        KeyedState::new("final", |_: &Key| Acc { n: 0, value: None })
+    pub(crate) fn new_state(name: &str) -> KeyedState<Key, Acc> {
+        KeyedState::new(name, |_: &Key| Acc { n: 0, value: None })
     }
 
     /// The key's value after `item`; None for "keep the one it has" (max and min).
@@ -752,8 +752,8 @@ impl Clone for Join {
 }
 
 impl Join {
-    pub(crate) fn new_state(sides: usize) -> KeyedState<Key, Sides> {
-        KeyedState::new("join", move |_: &Key| {
+    pub(crate) fn new_state(name: &str, sides: usize) -> KeyedState<Key, Sides> {
+        KeyedState::new(name, move |_: &Key| {
             Sides((0..sides).map(|_| Vec::new()).collect())
         })
     }
@@ -881,8 +881,8 @@ impl Clone for SessionWindow {
 }
 
 impl SessionWindow {
-    pub(crate) fn new_state() -> KeyedState<Key, Sessions> {
-        KeyedState::new("session window", |k: &Key| Sessions {
+    pub(crate) fn new_state(name: &str) -> KeyedState<Key, Sessions> {
+        KeyedState::new(name, |k: &Key| Sessions {
             key: k.clone(),
             open: BTreeMap::new(),
             at: 0,
@@ -1063,8 +1063,8 @@ impl Clone for Logic {
 }
 
 impl Logic {
-    pub(crate) fn new_state() -> KeyedState<Key, Option<Obj>> {
-        KeyedState::new("stateful", |_: &Key| None)
+    pub(crate) fn new_state(name: &str) -> KeyedState<Key, Option<Obj>> {
+        KeyedState::new(name, |_: &Key| None)
     }
 
     /// Hands on what a logic method returned; whether it asked to discard.
@@ -1366,6 +1366,25 @@ pub(crate) fn acc_codec(state: KeyedState<Key, Acc>, pickle: &Arc<Pickle>) -> Ke
                 value: (!value.is_none(py)).then_some(value),
             })
         },
+    )
+}
+
+/// A key's join: each side's records kept so far, as lists.
+pub(crate) fn join_codec(
+    state: KeyedState<Key, Sides>,
+    pickle: &Arc<Pickle>,
+) -> KeyedState<Key, Sides> {
+    pickled_state(
+        state,
+        pickle,
+        |py, s: &Sides| {
+            let sides: Vec<Vec<Obj>> =
+                s.0.iter()
+                    .map(|v| v.iter().map(|o| o.clone_ref(py)).collect())
+                    .collect();
+            Ok(sides.into_pyobject(py)?.into_any())
+        },
+        |v| Ok(Sides(v.extract()?)),
     )
 }
 

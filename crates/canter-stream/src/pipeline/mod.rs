@@ -480,6 +480,11 @@ impl<T: 'static> Pipeline<T, NoDecode<T>, Id<T>> {
 }
 
 impl<T: 'static, D, C: Step<T>> Pipeline<T, D, C> {
+    /// The pipeline's name (in metrics, logs and checkpoints).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     fn then<C2>(self, chain: C2) -> Pipeline<T, D, C2> {
         Pipeline {
             name: self.name,
@@ -532,12 +537,9 @@ impl<T: 'static, D, C: Step<T>> Pipeline<T, D, C> {
         D: FnMut(&[u8]) -> Result<T, E> + Clone + Send + 'static,
         C::Out: Send + 'static,
     {
-        let none = KeyedState::new("none", |_: &Local| ()).checkpointed(
-            |_, _| {},
-            |_| Some(Local),
-            |_, _| {},
-            |_| Some(()),
-        );
+        // Each state has a name of its own in a checkpoint.
+        let none = KeyedState::new(&format!("{} (no state)", self.name), |_: &Local| ())
+            .checkpointed(|_, _| {}, |_| Some(Local), |_, _| {}, |_| Some(()));
         self.local()
             .update(
                 &none,

@@ -21,6 +21,7 @@ use tokio::sync::Notify;
 use super::super::checkpoint::{CheckpointOptions, Dir, Entries, Restored, Snapshot};
 use super::super::metrics::Metrics;
 use super::lock;
+use super::process::Process;
 use crate::failpoint::Failpoint;
 
 /// Streams a source keeps positions for (a hello for one more is refused).
@@ -153,6 +154,75 @@ pub(crate) struct WorkerCkpt {
     drains: RefCell<Vec<Rc<Notify>>>,
     /// (pipeline, stream) → (position, attached here): the streams read on this worker.
     pub(super) positions: RefCell<HashMap<(Arc<str>, u64), (u64, bool)>>,
+    /// The channels of the topology as this worker's checkpoints see them.
+    pub(super) channels: RefCell<ChannelBarriers>,
+}
+
+/// A pipeline that reads a channel has no source of its own to send its barriers: on each
+/// worker they go out once every pipeline writing the channel there is aligned (its drain has
+/// run everything from before the checkpoint, and what that wrote went to the readers) or has
+/// ended. Until then those writers' output still belongs before the checkpoint; after it, they
+/// are held until the snapshot.
+#[derive(Default)]
+pub(crate) struct ChannelBarriers {
+    /// channel → its writers' drains still running on this worker.
+    live: HashMap<u64, usize>,
+    /// channel → its writers not yet aligned for the checkpoint in progress (a channel leaves
+    /// the map when its readers' barriers have gone out).
+    left: HashMap<u64, usize>,
+    /// channel → the heads of the pipelines reading it on this worker.
+    pub(super) readers: HashMap<u64, Vec<Rc<RefCell<dyn Process>>>>,
+}
+
+impl ChannelBarriers {
+    /// A checkpoint starts: every channel waits for its live writers (the readers of a
+    /// channel with none left, returned, send their barriers now).
+    pub(super) fn start(&mut self) -> Vec<Rc<RefCell<dyn Process>>> {
+        self.left = self
+            .readers
+            .keys()
+            .map(|id| (*id, self.live.get(id).copied().unwrap_or(0)))
+            .collect();
+        self.ready()
+    }
+
+    /// A writer of `channels` is aligned (or ended, `gone`): the readers whose barriers may go
+    /// out now.
+    pub(super) fn writer_done(
+        &mut self,
+        channels: &[u64],
+        pending: bool,
+        gone: bool,
+    ) -> Vec<Rc<RefCell<dyn Process>>> {
+        for id in channels {
+            if gone {
+                if let Some(n) = self.live.get_mut(id) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+            if pending {
+                if let Some(n) = self.left.get_mut(id) {
+                    *n = n.saturating_sub(1);
+                }
+            }
+        }
+        self.ready()
+    }
+
+    fn ready(&mut self) -> Vec<Rc<RefCell<dyn Process>>> {
+        let done: Vec<u64> = self
+            .left
+            .iter()
+            .filter(|(_, n)| **n == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut heads = Vec::new();
+        for id in done {
+            self.left.remove(&id);
+            heads.extend(self.readers.get(&id).into_iter().flatten().cloned());
+        }
+        heads
+    }
 }
 
 impl WorkerCkpt {
@@ -168,6 +238,7 @@ impl WorkerCkpt {
             aligning: Cell::new(false),
             drains: RefCell::new(Vec::new()),
             positions: RefCell::new(HashMap::new()),
+            channels: RefCell::new(ChannelBarriers::default()),
         }
     }
 
@@ -177,10 +248,14 @@ impl WorkerCkpt {
         (e > self.done.get()).then_some(e)
     }
 
-    /// A drain starts: it takes part in alignment.
-    pub(super) fn join(&self, wake: Rc<Notify>) {
+    /// A drain starts: it takes part in alignment (and its pipeline writes `channels`).
+    pub(super) fn join(&self, wake: Rc<Notify>, channels: &[u64]) {
         self.active.set(self.active.get() + 1);
         self.drains.borrow_mut().push(wake);
+        let mut c = self.channels.borrow_mut();
+        for id in channels {
+            *c.live.entry(*id).or_insert(0) += 1;
+        }
     }
 
     pub(super) fn wake_drains(&self) {

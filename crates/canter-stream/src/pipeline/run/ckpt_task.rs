@@ -11,9 +11,14 @@ use super::ckpt::Part;
 use super::env::Env;
 use super::process::Process;
 
-/// A drain's inbox is aligned for the checkpoint in progress.
-pub(super) fn aligned(env: &Env) {
+/// A drain's inbox is aligned for the checkpoint in progress (its pipeline writes
+/// `channels`).
+pub(super) fn aligned(env: &Env, channels: &[u64]) {
     let Some(ck) = &env.ckpt else { return };
+    // The barriers of the channels' readers go out before the snapshot can be taken (after
+    // it, this pipeline runs again and writes what comes after the checkpoint).
+    let ready = ck.channels.borrow_mut().writer_done(channels, true, false);
+    send_barriers(env, ready);
     let left = ck.waiting.get().saturating_sub(1);
     ck.waiting.set(left);
     if left == 0 && ck.pending().is_some() {
@@ -22,11 +27,27 @@ pub(super) fn aligned(env: &Env) {
 }
 
 /// A drain has ended: it no longer takes part (aligned, if it had not said so yet).
-pub(super) fn leave(env: &Env, reported: bool) {
+pub(super) fn leave(env: &Env, reported: bool, channels: &[u64]) {
     let Some(ck) = &env.ckpt else { return };
     ck.active.set(ck.active.get().saturating_sub(1));
-    if ck.pending().is_some() && !reported {
-        aligned(env);
+    let unreported = ck.pending().is_some() && !reported;
+    let ready = ck
+        .channels
+        .borrow_mut()
+        .writer_done(channels, unreported, true);
+    send_barriers(env, ready);
+    if unreported {
+        aligned(env, &[]);
+    }
+}
+
+/// Sends the checkpoint in progress's barriers from the heads of pipelines reading channels.
+fn send_barriers(env: &Env, heads: Vec<Rc<RefCell<dyn Process>>>) {
+    let Some(epoch) = env.ckpt.as_ref().and_then(|c| c.pending()) else {
+        return;
+    };
+    for h in heads {
+        h.borrow_mut().barrier(epoch);
     }
 }
 
@@ -67,8 +88,26 @@ fn snapshot(env: &Env) {
 
 /// Each worker's checkpoint task: on a trigger, sends the barriers and stops the sources until
 /// the snapshot; on a durable checkpoint, has the source connections acknowledge it.
-pub(super) async fn worker_task(env: Rc<Env>, heads: Vec<Rc<RefCell<dyn Process>>>) {
+///
+/// `heads` are the pipelines' heads with the channel each reads, if it reads one: those send
+/// their barriers once the channel's writers here are aligned ([`ChannelBarriers`]).
+///
+/// [`ChannelBarriers`]: super::ckpt::ChannelBarriers
+pub(super) async fn worker_task(env: Rc<Env>, heads: Vec<(Option<u64>, Rc<RefCell<dyn Process>>)>) {
     let Some(ck) = &env.ckpt else { return };
+    let heads: Vec<_> = {
+        let mut c = ck.channels.borrow_mut();
+        heads
+            .into_iter()
+            .filter_map(|(reads, h)| match reads {
+                Some(id) => {
+                    c.readers.entry(id).or_default().push(h);
+                    None
+                }
+                None => Some(h),
+            })
+            .collect()
+    };
     let coord = ck.coord.clone();
     let wake = coord.wakes[env.me].clone();
     let mut acked = 0;
@@ -85,6 +124,8 @@ pub(super) async fn worker_task(env: Rc<Env>, heads: Vec<Rc<RefCell<dyn Process>
             for h in &heads {
                 h.borrow_mut().barrier(e);
             }
+            let ready = ck.channels.borrow_mut().start();
+            send_barriers(&env, ready);
             if ck.active.get() == 0 {
                 snapshot(&env);
             } else {

@@ -93,7 +93,8 @@ pub(crate) struct Prep {
     pub(super) file: Option<std::fs::File>,
     pub(super) resumes: Arc<Vec<Arc<Notify>>>,
     /// The keyed state's name, and whether it can be checkpointed.
-    pub(super) state: (String, bool),
+    /// Its keyed state's name, whether it has a codec, and its identity.
+    pub(super) state: (String, bool, u64),
     /// The source's streams (their positions), when the topology checkpoints.
     pub(super) streams: Option<Arc<Streams>>,
 }
@@ -238,7 +239,7 @@ where
             wire: self.wire.clone(),
         });
         let state = self.step.state();
-        let state = (state.name.to_string(), state.codec.is_some());
+        let state = (state.name.to_string(), state.codec.is_some(), state.id);
         let streams = opts
             .checkpoint
             .as_ref()
@@ -397,6 +398,10 @@ where
             counts: Vec::new(),
             origin: Rid::default(),
             ended: false,
+            writers_left: match &prep.source {
+                Source::Channel { writers, .. } => *writers,
+                _ => 0,
+            },
             _t: PhantomData,
         }));
         if let Source::Channel { id, .. } = &prep.source {
@@ -439,18 +444,19 @@ where
             _ => {}
         }
         // Ends from: the one worker reading a finite source; every worker reading a TCP
-        // source; every worker of every pipeline writing a channel.
+        // source or a channel (once every writer of the channel has ended there).
         let expected = match &prep.source {
-            Source::Channel { writers, .. } => env.total * writers,
+            Source::Channel { .. } => env.total,
             s if s.finite() => 1,
             _ => env.total,
         };
+        let writes = self.sink.channels();
         let done = tokio::task::spawn_local(drain(
             shared,
             tail,
             timer_wake,
             env.clone(),
-            expected,
+            Wiring { expected, writes },
             prep.resumes.clone(),
             sink_buf.map(|b| (b, flushed)),
         ));
@@ -475,12 +481,28 @@ impl Prep {
         self.source.finite()
     }
 
+    /// The channel this pipeline reads, if it reads one.
+    pub(super) fn reads(&self) -> Option<u64> {
+        match self.source {
+            Source::Channel { id, .. } => Some(id),
+            _ => None,
+        }
+    }
+
     pub(super) fn start(
         &self,
         env: &Rc<Env>,
     ) -> io::Result<(Rc<RefCell<dyn Process>>, tokio::task::JoinHandle<()>)> {
         lock(&self.def).start(self, env)
     }
+}
+
+/// Where a drain's pipeline sits in the topology.
+pub(super) struct Wiring {
+    /// The end markers that end its input.
+    expected: usize,
+    /// The channels its sink writes.
+    writes: Vec<u64>,
 }
 
 /// Runs what other workers sent this one for the pipeline, until every source has ended; then
@@ -491,16 +513,17 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
     tail: Rc<RefCell<Tl>>,
     timer_wake: Rc<Notify>,
     env: Rc<Env>,
-    expected: usize,
+    wiring: Wiring,
     resumes: Arc<Vec<Arc<Notify>>>,
     sink: Option<(Rc<RefCell<SinkBuf>>, Rc<Notify>)>,
 ) {
+    let Wiring { expected, writes } = wiring;
     let inbox = &shared.inboxes[env.me];
     let low = env.opts.inbox_capacity / 4;
     let wake = Rc::new(Notify::new());
     let mut gate: Gate<Batch<K, X>> = Gate::default();
     if let Some(ck) = &env.ckpt {
-        ck.join(wake.clone());
+        ck.join(wake.clone(), &writes);
     }
     let mut ends = 0;
     let mut wired = Vec::new();
@@ -515,7 +538,7 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
             if let Some(epoch) = ck.pending() {
                 if gate.reported < epoch && gate.aligned(epoch, env.me, env.workers) {
                     gate.reported = epoch;
-                    ckpt_task::aligned(&env);
+                    ckpt_task::aligned(&env, &writes);
                 }
             }
             // The snapshot is taken (or the worker is stopping): what waited runs first.
@@ -530,8 +553,18 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
             wake.notified().await;
             continue;
         }
-        // Keys' wake-ups that are due run first (steps with timers only).
-        let next = tail.borrow().next_wake();
+        // Keys' wake-ups that are due run first (steps with timers only); not between this
+        // inbox's alignment and the worker's snapshot, whose state and output they would split.
+        let frozen = env
+            .ckpt
+            .as_ref()
+            .and_then(|c| c.pending())
+            .is_some_and(|e| gate.reported >= e);
+        let next = if frozen {
+            None
+        } else {
+            tail.borrow().next_wake()
+        };
         if let Some(at) = next {
             let now = super::now_ns();
             if at <= now {
@@ -542,9 +575,9 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
         }
         let batches = std::mem::take(&mut *lock(&inbox.queue));
         if batches.is_empty() {
-            let sleep = tail
-                .borrow()
-                .next_wake()
+            let sleep = (!frozen)
+                .then(|| tail.borrow().next_wake())
+                .flatten()
                 .map(|at| std::time::Duration::from_nanos(at.saturating_sub(super::now_ns())));
             tokio::select! {
                 () = inbox.notify.notified() => {}
@@ -601,13 +634,6 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
     inbox
         .closed
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    ckpt_task::leave(
-        &env,
-        env.ckpt
-            .as_ref()
-            .and_then(|c| c.pending())
-            .is_some_and(|e| gate.reported >= e),
-    );
     {
         let mut t = tail.borrow_mut();
         // A shutdown of a topology that checkpoints is not the end of its input: what the
@@ -619,6 +645,16 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
         t.end_turn();
         t.close();
     }
+    // After what the end put out went to the channels' readers: a barrier of theirs that
+    // waited for this drain follows it.
+    ckpt_task::leave(
+        &env,
+        env.ckpt
+            .as_ref()
+            .and_then(|c| c.pending())
+            .is_some_and(|e| gate.reported >= e),
+        &writes,
+    );
     if let Some((buf, flushed)) = sink {
         buf.borrow_mut().closing_since = Some(clock());
         buf.borrow().wake_driver();

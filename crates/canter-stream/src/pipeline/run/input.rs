@@ -5,6 +5,6 @@
 pub(super) trait Input<T> {
     /// Runs `items` (each with its read time) through the steps, as one read of a source.
     fn items(&mut self, items: &mut Vec<(T, u64)>);
-    /// Every writer of the channel has ended on this worker.
+    /// One writer of the channel has ended on this worker (the input ends with the last).
     fn end(&mut self);
 }

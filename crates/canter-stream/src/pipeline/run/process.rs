@@ -246,6 +246,9 @@ pub(super) struct Head<T, D, C: Step<T>, KF, K, Tl> {
     pub(super) origin: Rid,
     /// The input has ended here (no more barriers go out).
     pub(super) ended: bool,
+    /// A pipeline reading a channel: the channel's writers on this worker that have not
+    /// ended (its input ends here with the last).
+    pub(super) writers_left: usize,
     pub(super) _t: PhantomData<fn() -> T>,
 }
 
@@ -429,7 +432,10 @@ where
     }
 
     fn end(&mut self) {
-        self.end_of_input();
+        self.writers_left = self.writers_left.saturating_sub(1);
+        if self.writers_left == 0 && !self.ended {
+            self.end_of_input();
+        }
     }
 }
 

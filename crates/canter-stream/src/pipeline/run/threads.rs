@@ -140,12 +140,8 @@ impl Running {
 }
 
 /// Counts each channel's writers for its readers; refuses a channel written and never read
-/// (its records would vanish), and channels in a topology that checkpoints (their records
-/// carry no source position).
-fn wire_channels(
-    mut defs: Vec<Box<dyn PipelineDef>>,
-    opts: &RunOptions,
-) -> io::Result<Vec<Box<dyn PipelineDef>>> {
+/// (its records would vanish).
+fn wire_channels(mut defs: Vec<Box<dyn PipelineDef>>) -> io::Result<Vec<Box<dyn PipelineDef>>> {
     let mut writers: std::collections::HashMap<u64, (usize, String)> = Default::default();
     for d in &defs {
         for id in d.writes() {
@@ -159,18 +155,6 @@ fn wire_channels(
             io::ErrorKind::InvalidInput,
             format!("pipeline {name}: it writes a channel no pipeline of the topology reads"),
         ));
-    }
-    if opts.checkpoint.is_some() {
-        if let Some(d) = defs.iter().find(|d| d.reads().is_some()) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "pipeline {}: it reads a channel, and a topology with channels cannot \
-                     checkpoint yet",
-                    d.name()
-                ),
-            ));
-        }
     }
     for d in &mut defs {
         if let Some(id) = d.reads() {
@@ -196,7 +180,7 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         Some(c) => restore(c),
         None => None,
     };
-    let defs = wire_channels(defs, &opts)?;
+    let defs = wire_channels(defs)?;
     let mut preps = Vec::new();
     for (i, d) in defs.into_iter().enumerate() {
         preps.push(d.prepare(i, &opts, &resumes, restored.as_ref())?);
@@ -212,6 +196,24 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
                     p.state.0
                 ),
             ));
+        }
+        // A checkpoint holds each state under its name: two states of one name would mix.
+        let mut names: std::collections::HashMap<&str, (u64, &str)> = Default::default();
+        for p in &preps {
+            let (name, _, id) = &p.state;
+            match names.insert(name, (*id, p.name())) {
+                Some((other, by)) if other != *id => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "pipelines {by} and {}: two keyed states named {name:?}, and the \
+                             topology checkpoints (each state needs a name of its own)",
+                            p.name()
+                        ),
+                    ));
+                }
+                _ => {}
+            }
         }
     }
     let metrics = Arc::new(Metrics::new(preps.iter().map(|p| p.metrics()).collect()));
@@ -376,7 +378,7 @@ pub(super) async fn worker(
         let mut dones = Vec::new();
         for p in &preps {
             let (head, done) = p.start(&env)?;
-            heads.push((p.finite(), head));
+            heads.push((p.finite(), p.reads(), head));
             dones.push(done);
         }
         // The stores exist now and no task has run yet: the restored state goes in first.
@@ -410,7 +412,7 @@ pub(super) async fn worker(
             }
         }
         if env.ckpt.is_some() {
-            let heads = heads.iter().map(|(_, h)| h.clone()).collect();
+            let heads = heads.iter().map(|(_, r, h)| (*r, h.clone())).collect();
             tokio::task::spawn_local(ckpt_task::worker_task(env.clone(), heads));
         }
         let stopped = Rc::new(Cell::new(false));
@@ -428,7 +430,7 @@ pub(super) async fn worker(
                 }
                 // Every record read so far has been processed (this is one thread), and each
                 // read's batches went out with it: the end markers follow them.
-                for (finite, head) in &heads {
+                for (finite, _, head) in &heads {
                     if !finite {
                         head.borrow_mut().end_of_input();
                     }
