@@ -21,8 +21,10 @@ use tokio::sync::Notify;
 use super::super::checkpoint::{CheckpointOptions, Dir, Entries, Restored, Snapshot};
 use super::super::metrics::Metrics;
 use super::lock;
-use super::process::Process;
 use crate::failpoint::Failpoint;
+
+/// Sends a pipeline head's barriers for a checkpoint (on this worker).
+pub(super) type SendBarrier = Rc<dyn Fn(u64)>;
 
 /// Streams a source keeps positions for (a hello for one more is refused).
 const MAX_STREAMS: usize = 65_536;
@@ -171,13 +173,13 @@ pub(crate) struct ChannelBarriers {
     /// the map when its readers' barriers have gone out).
     left: HashMap<u64, usize>,
     /// channel → the heads of the pipelines reading it on this worker.
-    pub(super) readers: HashMap<u64, Vec<Rc<RefCell<dyn Process>>>>,
+    pub(super) readers: HashMap<u64, Vec<SendBarrier>>,
 }
 
 impl ChannelBarriers {
     /// A checkpoint starts: every channel waits for its live writers (the readers of a
     /// channel with none left, returned, send their barriers now).
-    pub(super) fn start(&mut self) -> Vec<Rc<RefCell<dyn Process>>> {
+    pub(super) fn start(&mut self) -> Vec<SendBarrier> {
         self.left = self
             .readers
             .keys()
@@ -193,7 +195,7 @@ impl ChannelBarriers {
         channels: &[u64],
         pending: bool,
         gone: bool,
-    ) -> Vec<Rc<RefCell<dyn Process>>> {
+    ) -> Vec<SendBarrier> {
         for id in channels {
             if gone {
                 if let Some(n) = self.live.get_mut(id) {
@@ -209,7 +211,7 @@ impl ChannelBarriers {
         self.ready()
     }
 
-    fn ready(&mut self) -> Vec<Rc<RefCell<dyn Process>>> {
+    fn ready(&mut self) -> Vec<SendBarrier> {
         let done: Vec<u64> = self
             .left
             .iter()

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 
-use super::ckpt::Part;
+use super::ckpt::{Part, SendBarrier};
 use super::env::Env;
 use super::process::Process;
 
@@ -42,12 +42,12 @@ pub(super) fn leave(env: &Env, reported: bool, channels: &[u64]) {
 }
 
 /// Sends the checkpoint in progress's barriers from the heads of pipelines reading channels.
-fn send_barriers(env: &Env, heads: Vec<Rc<RefCell<dyn Process>>>) {
+fn send_barriers(env: &Env, heads: Vec<SendBarrier>) {
     let Some(epoch) = env.ckpt.as_ref().and_then(|c| c.pending()) else {
         return;
     };
     for h in heads {
-        h.borrow_mut().barrier(epoch);
+        h(epoch);
     }
 }
 
@@ -101,7 +101,8 @@ pub(super) async fn worker_task(env: Rc<Env>, heads: Vec<(Option<u64>, Rc<RefCel
             .into_iter()
             .filter_map(|(reads, h)| match reads {
                 Some(id) => {
-                    c.readers.entry(id).or_default().push(h);
+                    let send: SendBarrier = Rc::new(move |epoch| h.borrow_mut().barrier(epoch));
+                    c.readers.entry(id).or_default().push(send);
                     None
                 }
                 None => Some(h),
