@@ -621,3 +621,135 @@ fn channels_checkpoint_and_a_restart_counts_every_record_once() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// Event `i`: key `i % 7`, time (ns) in bursts a second apart (each burst's 50 events spread
+/// over 50 ms, out of order within it), value `i`.
+fn event(i: u64, buf: &mut Vec<u8>) {
+    let t = (i / 50) * 1_000_000_000 + ((i * 37) % 50) * 1_000_000;
+    buf.extend_from_slice(&((i % 7) as u32).to_be_bytes());
+    buf.extend_from_slice(&t.to_be_bytes());
+    buf.extend_from_slice(&i.to_be_bytes());
+}
+
+fn decode_event(b: &[u8]) -> Result<(u32, u64, u64), String> {
+    let word = |at: usize| -> Result<u64, String> {
+        Ok(u64::from_be_bytes(
+            b.get(at..at + 8)
+                .and_then(|s| s.try_into().ok())
+                .ok_or("short")?,
+        ))
+    };
+    let k: [u8; 4] = b.get(..4).and_then(|s| s.try_into().ok()).ok_or("short")?;
+    Ok((u32::from_be_bytes(k), word(4)?, word(12)?))
+}
+
+fn events(n: u64) -> Vec<(u32, u64, u64)> {
+    (0..n)
+        .map(|i| {
+            let mut b = Vec::new();
+            event(i, &mut b);
+            decode_event(&b).expect("decodes")
+        })
+        .collect()
+}
+
+/// `stateful_map` (Bytewax's): the state goes in by value, and a new state of None drops the
+/// key's, whose next item starts from the state's init: counts per key that restart after 5.
+#[test]
+fn stateful_map_returns_the_new_state_and_none_drops_it() {
+    const N: u64 = 5_000;
+    let mut want: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for (k, ..) in events(N) {
+        let v = want.entry(k).or_default();
+        let n = v.last().map_or(1, |n| n % 5 + 1);
+        v.push(n);
+    }
+    for workers in [1, 2] {
+        let got = Collector::new();
+        let mut t = Topology::new();
+        t.add(
+            Pipeline::new("count", Source::generate(N, event), decode_event)
+                .key_by(|(k, ..)| *k)
+                .stateful_map(
+                    &KeyedState::new("n", |_: &u32| 0u64),
+                    |n: u64, (k, ..): (u32, u64, u64)| {
+                        let n = n + 1;
+                        ((n < 5).then_some(n), (k, n))
+                    },
+                )
+                .sink(Sink::collect(&got)),
+        );
+        run_to_end(t, workers);
+        let mut per_key: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for (k, n) in got.take() {
+            per_key.entry(k).or_default().push(n);
+        }
+        assert_eq!(per_key, want, "{workers} workers");
+    }
+}
+
+/// `session_window`: each key's events of one burst (out of order within it, all within the
+/// gap) make one session, from its earliest time to one past its latest; `collect_window`
+/// gives each tumbling window's events sorted by time.
+#[test]
+fn session_and_collect_windows_match_a_plain_loop() {
+    use canter_stream::pipeline::{Aggregate, Span};
+    const N: u64 = 5_000;
+    const MS: u64 = 1_000_000;
+    let evs = events(N);
+    // Sessions: per (key, burst), the earliest and latest time and the values' sum.
+    let mut sessions: BTreeMap<(u32, u64), (u64, u64, u64)> = BTreeMap::new();
+    for (i, &(k, t, v)) in evs.iter().enumerate() {
+        let s = sessions
+            .entry((k, i as u64 / 50))
+            .or_insert((u64::MAX, 0, 0));
+        (s.0, s.1, s.2) = (s.0.min(t), s.1.max(t), s.2 + v);
+    }
+    let want_sessions: Vec<(u32, u64, u64, u64)> = sorted(
+        sessions
+            .iter()
+            .map(|(&(k, _), &(first, last, sum))| (k, first, last + 1, sum))
+            .collect(),
+    );
+    // Windows of 250 ms: per (key, window), the values in time order (arrival order for
+    // equal times).
+    let mut windows: BTreeMap<(u32, u64), Vec<(u64, u64)>> = BTreeMap::new();
+    for &(k, t, v) in &evs {
+        windows.entry((k, t / (250 * MS))).or_default().push((t, v));
+    }
+    let want_windows: Vec<(u32, u64, Vec<u64>)> = windows
+        .into_iter()
+        .map(|((k, w), mut items)| {
+            items.sort_by_key(|(t, _)| *t);
+            (k, w * 250 * MS, items.into_iter().map(|(_, v)| v).collect())
+        })
+        .collect();
+    for workers in [1, 2] {
+        let (s, w) = (Collector::new(), Collector::new());
+        let mut t = Topology::new();
+        t.add(
+            Pipeline::new("sessions", Source::generate(N, event), decode_event)
+                .key_by(|(k, ..)| *k)
+                .session_window(
+                    Duration::from_millis(100),
+                    |(_, t, _)| *t,
+                    Aggregate::new(
+                        || 0u64,
+                        |sum: &mut u64, (_, _, v): (u32, u64, u64)| *sum += v,
+                        |k: &u32, sum, span: Span| (*k, span.start, span.end, sum),
+                    ),
+                )
+                .sink(Sink::collect(&s)),
+        );
+        t.add(
+            Pipeline::new("windows", Source::generate(N, event), decode_event)
+                .key_by(|(k, ..)| *k)
+                .collect_window(Duration::from_millis(250), |(_, t, _)| *t)
+                .map(|(k, span, items)| (k, span.start, items.into_iter().map(|x| x.2).collect()))
+                .sink(Sink::collect(&w)),
+        );
+        run_to_end(t, workers);
+        assert_eq!(sorted(s.take()), want_sessions, "{workers} workers");
+        assert_eq!(sorted(w.take()), want_windows, "{workers} workers");
+    }
+}

@@ -43,6 +43,7 @@
 pub mod checkpoint;
 mod metrics;
 mod run;
+mod session;
 pub(crate) mod state;
 mod step;
 
@@ -56,6 +57,7 @@ use std::time::Duration;
 pub use checkpoint::CheckpointOptions;
 pub use metrics::{CheckpointTotals, Metrics, Percentiles, PipeSample, Sample, Totals};
 pub use run::{Group, Running, Shutdown, Wire};
+pub use session::{Session, SessionWindow};
 pub use state::{
     Aggregate, CountWindow, Emit, Final, Join, JoinEmit, JoinInsert, KeyedState, Local, Open, Span,
     StateCodec, Stateful, TumblingWindow, Update,
@@ -612,6 +614,39 @@ where
         self.stateful(Update::new(state, f))
     }
 
+    /// The stateful step of Bytewax's `stateful_map`: `f(state, item)` gets the key's state
+    /// (taken out of the store) and returns `(new state, output)`; the output goes on, and a
+    /// new state of `None` drops the key's state (its next item starts from the state's
+    /// `init` again).
+    #[allow(clippy::type_complexity)]
+    pub fn stateful_map<S, O, F>(
+        self,
+        state: &KeyedState<K, S>,
+        mut f: F,
+    ) -> Tail<
+        T,
+        D,
+        C,
+        KF,
+        K,
+        Update<K, S, impl FnMut(&mut S, C::Out, &mut Emit<'_, O>) + Clone + Send + 'static, O>,
+        Id<O>,
+    >
+    where
+        S: Default + 'static,
+        O: 'static,
+        F: FnMut(S, C::Out) -> (Option<S>, O) + Clone + Send + 'static,
+    {
+        self.update(state, move |s: &mut S, item, out: &mut Emit<'_, O>| {
+            let (next, o) = f(std::mem::take(s), item);
+            match next {
+                Some(n) => *s = n,
+                None => out.discard(),
+            }
+            out.emit(o)
+        })
+    }
+
     /// Count windows: every `size` items of a key are aggregated into one output.
     pub fn count_window<A, O>(
         self,
@@ -637,6 +672,58 @@ where
         O: Send + 'static,
     {
         self.stateful(TumblingWindow::new(size, time, agg))
+    }
+
+    /// Event-time session windows: a key's items no more than `gap` apart (by `time`, ns)
+    /// make one session, aggregated into one output when the session closes (see
+    /// [`SessionWindow`]).
+    pub fn session_window<A, O>(
+        self,
+        gap: Duration,
+        time: impl Fn(&C::Out) -> u64 + Send + Sync + 'static,
+        agg: Aggregate<K, C::Out, A, O>,
+    ) -> Tail<T, D, C, KF, K, SessionWindow<K, C::Out, A, O>, Id<O>>
+    where
+        A: Send + 'static,
+        O: Send + 'static,
+    {
+        self.stateful(SessionWindow::new(gap, time, agg))
+    }
+
+    /// Tumbling windows of `size` on event time whose output is the window's items, sorted by
+    /// their time (Bytewax's `collect_window`): `(key, span, items)`.
+    #[allow(clippy::type_complexity)]
+    pub fn collect_window(
+        self,
+        size: Duration,
+        time: impl Fn(&C::Out) -> u64 + Send + Sync + 'static,
+    ) -> Tail<
+        T,
+        D,
+        C,
+        KF,
+        K,
+        TumblingWindow<K, C::Out, Vec<(u64, C::Out)>, (K, Span, Vec<C::Out>)>,
+        Id<(K, Span, Vec<C::Out>)>,
+    >
+    where
+        C::Out: Send + 'static,
+    {
+        let time = Arc::new(time);
+        let at = time.clone();
+        self.tumbling_window(
+            size,
+            move |x: &C::Out| time(x),
+            Aggregate::new(
+                Vec::new,
+                move |v: &mut Vec<(u64, C::Out)>, x| v.push((at(&x), x)),
+                |k: &K, mut v: Vec<(u64, C::Out)>, span| {
+                    // Stable: items of one time keep their order of arrival.
+                    v.sort_by_key(|(t, _)| *t);
+                    (k.clone(), span, v.into_iter().map(|(_, x)| x).collect())
+                },
+            ),
+        )
     }
 
     /// At the end of the input, `(key, value)` for each key, the value folded from `init()`
