@@ -56,6 +56,7 @@ source_time_ns = _native.source_time_ns
 
 __all__ = [
     "Flow", "Stream", "KeyedStream", "State", "StatefulLogic", "PipelineError", "merge", "join",
+    "join_window",
     "tcp", "file", "directory", "kafka", "iterable", "stdin", "tcp_out", "file_out", "stdout",
     "kafka_out",
     "collect", "discard", "dead_letter",
@@ -458,6 +459,69 @@ def join(*sides, insert="last", emit="complete"):
     return Stream(_Node(flow, "join", [s._node for s in sides], (insert, emit)))
 
 
+def join_window(*sides, size, time, slide=None, product=False, wait=0.0):
+    """Joins keyed streams by key within event-time windows (Bytewax's `join_window`): the
+    records of each window of `size` seconds (a new one every `slide`, default `size`) are
+    gathered per side, and when the window closes (as `time_window`'s do: a record of the key
+    at or past its end plus `wait` seconds, or the end of the input: records of two streams
+    come out of order between them, and `wait` is how far) it emits `(key, start, end, row)`: a row of
+    each side's latest record in the window (None for a side with none), or with
+    `product=True` one row for every combination of the sides' records. `time(record)` gives
+    a record's time in seconds, whichever side it comes from. Late records are counted
+    (`stats()["late"]`) and dropped."""
+    if len(sides) < 2:
+        raise ValueError("join_window() takes two or more keyed streams")
+    for s in sides:
+        if not isinstance(s, KeyedStream):
+            raise TypeError(f"join_window() takes keyed streams (after key_by), not {s!r}")
+    if not callable(time):
+        raise TypeError("join_window(): time= takes a function giving a record's time")
+    slide = size if slide is None else slide
+    if slide > size:
+        raise ValueError(f"join_window(): slide ({slide}) larger than size ({size}) would "
+                         "skip records")
+    flow = sides[0].flow
+    if any(s.flow is not flow for s in sides):
+        raise ValueError("join_window(): the streams belong to different flows")
+    return Stream(_Node(flow, "join", [s._node for s in sides],
+                        ("window", float(size), float(slide), time, bool(product),
+                         _seconds(wait, "join_window", "wait"))))
+
+
+def _seconds(v, what, arg):
+    """A duration given as seconds or a timedelta, as float seconds."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if hasattr(v, "total_seconds"):
+        return float(v.total_seconds())
+    raise TypeError(f"{what}(): {arg}= takes seconds or a timedelta, not {v!r}")
+
+
+def _window_join(sides, time, product, wait):
+    """The time window stage and the step after it that make a `join_window` of the tagged
+    `(key, side, record)` items its pipeline reads."""
+    def at(tagged):
+        return time(tagged[2])
+
+    def init():
+        return [[] for _ in range(sides)]
+
+    def fold(acc, tagged):
+        _, side, record = tagged
+        if product:
+            acc[side].append(record)
+        else:
+            acc[side] = [record]
+        return acc
+
+    def rows(window):
+        key, start, end, acc = window
+        for row in itertools.product(*(vals or [None] for vals in acc)):
+            yield (key, start, end, row)
+    return (("window", "time", None, None, at, init, fold, None, None, wait),
+            ("flat_map", rows, None))
+
+
 class KeyedStream(Stream):
     """Records after `key_by`: next comes a stateful step, a join, or a sink (routed by key
     only)."""
@@ -465,6 +529,11 @@ class KeyedStream(Stream):
     def join(self, *others, insert="last", emit="complete"):
         """`join(self, *others, ...)`."""
         return join(self, *others, insert=insert, emit=emit)
+
+    def join_window(self, *others, size, time, slide=None, product=False, wait=0.0):
+        """`join_window(self, *others, ...)`."""
+        return join_window(self, *others, size=size, time=time, slide=slide, product=product,
+                           wait=wait)
 
     def _stateful(self, what, spec, name=None):
         out = self._child("stateful", spec)
@@ -583,14 +652,14 @@ class KeyedStream(Stream):
         if fold is not None and not callable(init):
             raise ValueError(f"{what}(): fold= needs init=, a function making the starting value")
 
-    def _window(self, what, by, size, slide, time, init, fold, reduce, late=False):
+    def _window(self, what, by, size, slide, time, init, fold, reduce, late=False, wait=0.0):
         self._agg(what, init, fold, reduce)
         slide = size if slide is None else slide
         if slide > size:
             raise ValueError(f"{what}(): slide ({slide}) larger than size ({size}) would skip records")
         mark = _late if late else None
         out = self._stateful(what, ("window", by, float(size), float(slide), time, init, fold,
-                                    reduce, mark))
+                                    reduce, mark, _seconds(wait, what, "wait")))
         return _split_late(out) if late else out
 
     def session_window(self, gap, *, time, init=None, fold=None, reduce=None, merge=None,
@@ -622,16 +691,19 @@ class KeyedStream(Stream):
         return self._window("count_window", "count", size, slide, None, init, fold, reduce)
 
     def time_window(self, size, *, time, slide=None, init=None, fold=None, reduce=None,
-                    late=False):
+                    late=False, wait=0.0):
         """Event-time windows of `size` seconds, a new one every `slide` seconds (default:
         `size`, tumbling); `time(record)` gives a record's time in seconds. A window closes
-        when a record of its key at or past its end arrives, or when the input ends, and is
-        emitted as `(key, start, end, value)`; a record whose windows have all closed is late:
+        when a record of its key at or past its end plus `wait` seconds arrives (records may
+        come that much out of order; Bytewax's `wait_for_system_duration`), or when the input
+        ends, and is emitted as `(key, start, end, value)`; a record whose windows have all
+        closed is late:
         counted (`stats()["late"]`) and dropped, or with `late=True` the step returns two
         streams: the windows, and the late records as `(key, record)`."""
         if not callable(time):
             raise TypeError("time_window(): time= takes a function giving a record's time")
-        return self._window("time_window", "time", size, slide, time, init, fold, reduce, late)
+        return self._window("time_window", "time", size, slide, time, init, fold, reduce, late,
+                            wait)
 
     def collect_window(self, size, *, time=None, slide=None, by="time"):
         """Windows whose value is the list of their records (Bytewax's `collect_window`):
@@ -747,6 +819,12 @@ class Flow:
                 elif k == "stateful":
                     seg["stateful"] = cur.arg
                     seg["stateful_name"] = cur.step_name
+                elif k == "join" and cur.arg[0] == "window":
+                    _, size, slide, time, product, wait = cur.arg
+                    seg["key"] = ("item", 0)
+                    window, rows = _window_join(len(cur.parents), time, product, wait)
+                    seg["stateful"] = window[:2] + (size, slide) + window[4:]
+                    seg["post"].append(rows)
                 elif k == "join":
                     seg["key"] = ("item", 0)
                     seg["stateful"] = ("join", len(cur.parents)) + cur.arg

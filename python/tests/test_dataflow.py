@@ -802,3 +802,73 @@ def test_a_join_keeps_its_records_across_a_restart(tmp_path):
         assert flow.wait(20)
     assert sorted(out2) == sorted((f"o{i}", (f"o{i} buy {i}", f"o{i} {10 * i}"))
                                   for i in range(1, 50, 2))
+
+
+@pytest.mark.parametrize("product", [False, True])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_join_window_matches_bytewax_rules(product, workers):
+    """`join_window` (Bytewax's): per key and 10 s window, the latest record of each side (None
+    for a side with none), or every combination with `product=True`; the same rows as Bytewax's
+    fold of `(side, record)` into per-side lists and `itertools.product`, computed here."""
+    rng = random.Random(11)
+    clicks = [(f"u{rng.randrange(20)}", "click", t) for t in range(0, 600, 2)]
+    buys = [(f"u{rng.randrange(20)}", "buy", t) for t in range(1, 600, 7)]
+    want = []
+    windows = {}
+    for side, recs in enumerate((clicks, buys)):
+        for r in recs:
+            w = windows.setdefault((r[0], r[2] // 10 * 10), [[], []])
+            if product:
+                w[side].append(r)
+            else:
+                w[side] = [r]
+    for (key, start), acc in windows.items():
+        for row in itertools.product(*(v or [None] for v in acc)):
+            want.append((key, float(start), float(start + 10), row))
+    got = []
+    flow = cp.Flow()
+    # Two sources read at once: their records come out of order between them by up to the
+    # whole input (600 s), which the windows wait for.
+    c = flow.source(cp.iterable(clicks)).key_by(lambda r: r[0])
+    b = flow.source(cp.iterable(buys)).key_by(lambda r: r[0])
+    (c.join_window(b, size=10, time=lambda r: r[2], product=product, wait=600)
+        .map(lambda w: (w[0], float(w[1]), float(w[2]), w[3])).sink(cp.collect(got)))
+    stats = run(flow, workers=workers)
+    assert sorted(got) == sorted(want)
+    assert sum(v["late"] for v in stats.values() if isinstance(v, dict) and "late" in v) == 0
+
+
+def test_time_window_waits_for_records_out_of_order_and_counts_later_ones_as_late():
+    """`wait=`: a window closes once a record `wait` seconds past its end comes; until then a
+    record out of order still joins it; after, it is late."""
+    got, late = [], []
+    flow = cp.Flow()
+    wins, lates = (flow.source(cp.iterable([("k", 1), ("k", 12), ("k", 3), ("k", 16), ("k", 4),
+                                             ("k", 25)]))
+                   .key_by(lambda r: r[0])
+                   .time_window(10, time=lambda r: r[1], init=list,
+                                fold=lambda acc, r: acc + [r[1]], wait=5, late=True))
+    wins.sink(cp.collect(got))
+    lates.sink(cp.collect(late))
+    run(flow)
+    # 3 came while the clock (latest 12, less 5) had not passed 10; 16 closed [0, 10); 4 is late.
+    assert sorted(got) == [("k", 0.0, 10.0, [1, 3]), ("k", 10.0, 20.0, [12, 16]),
+                           ("k", 20.0, 30.0, [25])]
+    assert late == [("k", ("k", 4))]
+    with pytest.raises((TypeError, ValueError), match="wait"):
+        flow = cp.Flow()
+        (flow.source(cp.iterable([1])).key_by(str)
+            .time_window(1, time=float, init=list, fold=lambda a, r: a, wait=-1)
+            .sink(cp.discard()))
+        run(flow)
+
+
+def test_join_window_refuses_what_cannot_work():
+    flow = cp.Flow()
+    a = flow.source(cp.iterable([1])).key_by(str)
+    with pytest.raises(ValueError, match="two or more"):
+        cp.join_window(a, size=1, time=float)
+    with pytest.raises(TypeError, match="keyed streams"):
+        cp.join_window(a, flow.source(cp.iterable([2])), size=1, time=float)
+    with pytest.raises(ValueError, match="slide"):
+        a.join_window(flow.source(cp.iterable([2])).key_by(str), size=1, slide=2, time=float)

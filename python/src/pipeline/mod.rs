@@ -680,9 +680,20 @@ fn stage(
                             "a time window's slide is at least 1 ns, not {slide} s"
                         )));
                     }
+                    // How long (event time) a window waits for records that come out of order.
+                    let wait: f64 = match st.get_item(9) {
+                        Ok(w) if !w.is_none() => w.extract()?,
+                        _ => 0.0,
+                    };
+                    if !(wait >= 0.0 && wait.is_finite()) {
+                        return Err(PyValueError::new_err(format!(
+                            "a time window's wait is zero or more seconds, not {wait}"
+                        )));
+                    }
                     Span::Time {
                         size: ns(size),
                         slide: ns(slide),
+                        wait: ns(wait),
                     }
                 }
                 other => return Err(PyValueError::new_err(format!("unknown window {other:?}"))),

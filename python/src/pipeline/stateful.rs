@@ -212,8 +212,9 @@ fn immutable(v: &Bound<'_, PyAny>) -> bool {
 pub(crate) enum Span {
     /// Items of the key, counted: windows of `size` items every `slide`.
     Count { size: u64, slide: u64 },
-    /// Event time in ns, from `time`: windows of `size` ns starting every `slide` ns.
-    Time { size: i64, slide: i64 },
+    /// Event time in ns, from `time`: windows of `size` ns starting every `slide` ns, closed
+    /// once the key's clock (its latest time less `wait` ns) has passed their end.
+    Time { size: i64, slide: i64, wait: i64 },
 }
 
 /// How a window's value is made.
@@ -409,7 +410,7 @@ impl Stateful<Key, (Key, Obj)> for Window {
                     }
                 }
             }
-            Span::Time { size, slide } => {
+            Span::Time { size, slide, wait } => {
                 let Some(time) = &self.time else { return };
                 let t = match time
                     .bind(py)
@@ -426,9 +427,11 @@ impl Stateful<Key, (Key, Obj)> for Window {
                     w.at = t;
                     w.seen = true;
                 }
-                // Windows that ended at or before the latest time seen close, in order.
+                // Windows that ended at or before the key's clock (the latest time seen, less
+                // the wait) close, in order.
+                let clock = w.at.saturating_sub(wait);
                 while let Some(entry) = w.open.first_entry() {
-                    if entry.key().saturating_add(size) > w.at {
+                    if entry.key().saturating_add(size) > clock {
                         break;
                     }
                     let (start, acc) = entry.remove_entry();
@@ -439,7 +442,7 @@ impl Stateful<Key, (Key, Obj)> for Window {
                 let mut start = t.div_euclid(slide) * slide;
                 let mut taken = false;
                 while start.saturating_add(size) > t {
-                    if start.saturating_add(size) > w.at {
+                    if start.saturating_add(size) > clock {
                         let acc = w.open.entry(start).or_insert(None);
                         if let Err(e) = self.fold(py, acc, &item) {
                             self.failures.fail(py, &self.name, &e, Some(&item));
