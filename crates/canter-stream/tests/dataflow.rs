@@ -753,3 +753,105 @@ fn session_and_collect_windows_match_a_plain_loop() {
         assert_eq!(sorted(w.take()), want_windows, "{workers} workers");
     }
 }
+
+/// `join_window` (Bytewax's): two sides read at once (their records out of order between them
+/// by up to the whole input, which the windows wait for), joined per key and 10 ms window:
+/// each side's latest record, or every combination; the same rows as a plain loop's.
+#[test]
+fn join_window_gives_each_windows_rows() {
+    use canter_stream::pipeline::{Channel, Span};
+    const N: u64 = 3_000;
+    const MS: u64 = 1_000_000;
+    // Side 0, item i: key i % 11 at i ms; side 1, item j: key (j * 7) % 11 at 3j + 1 ms.
+    let side0 = |i: u64, b: &mut Vec<u8>| {
+        b.extend_from_slice(&((i % 11) as u32).to_be_bytes());
+        b.extend_from_slice(&(i * MS).to_be_bytes());
+    };
+    let side1 = |j: u64, b: &mut Vec<u8>| {
+        b.extend_from_slice(&(((j * 7) % 11) as u32).to_be_bytes());
+        b.extend_from_slice(&((3 * j + 1) * MS).to_be_bytes());
+    };
+    let items = |side: usize, n: u64, make: &dyn Fn(u64, &mut Vec<u8>)| -> Vec<(u32, usize, u64)> {
+        (0..n)
+            .map(|i| {
+                let mut b = Vec::new();
+                make(i, &mut b);
+                let (k, t) = decode(&b).expect("decodes");
+                (k, side, t)
+            })
+            .collect()
+    };
+    let all: Vec<_> = items(0, N, &side0)
+        .into_iter()
+        .chain(items(1, N / 3, &side1))
+        .collect();
+    for product in [false, true] {
+        let mut windows: BTreeMap<(u32, u64), Vec<Vec<u64>>> = BTreeMap::new();
+        for &(k, side, t) in &all {
+            let w = windows
+                .entry((k, t / (10 * MS) * 10 * MS))
+                .or_insert_with(|| vec![Vec::new(), Vec::new()]);
+            if product {
+                w[side].push(t);
+            } else {
+                w[side] = vec![t];
+            }
+        }
+        let mut want = Vec::new();
+        for ((k, start), sides) in &windows {
+            let firsts: Vec<Option<u64>> = sides.iter().map(|s| s.first().copied()).collect();
+            if product {
+                for a in sides[0]
+                    .iter()
+                    .map(Some)
+                    .chain(sides[0].is_empty().then_some(None))
+                {
+                    for b in sides[1]
+                        .iter()
+                        .map(Some)
+                        .chain(sides[1].is_empty().then_some(None))
+                    {
+                        want.push((*k, *start, vec![a.copied(), b.copied()]));
+                    }
+                }
+            } else {
+                want.push((*k, *start, firsts));
+            }
+        }
+        want.sort();
+        for workers in [1, 2] {
+            let sides: Channel<(u32, usize, u64)> = Channel::new();
+            let rows = Collector::new();
+            let mut t = Topology::new();
+            t.add(
+                Pipeline::new("clicks", Source::generate(N, side0), decode)
+                    .map(|(k, t)| (k, 0usize, t))
+                    .sink(Sink::channel(&sides)),
+            );
+            t.add(
+                Pipeline::new("buys", Source::generate(N / 3, side1), decode)
+                    .map(|(k, t)| (k, 1usize, t))
+                    .sink(Sink::channel(&sides)),
+            );
+            t.add(
+                Pipeline::from_channel("join", &sides)
+                    .key_by(|(k, ..)| *k)
+                    .join_window(
+                        2,
+                        Duration::from_millis(10),
+                        Duration::from_secs(N),
+                        product,
+                        |t: &u64| *t,
+                    )
+                    .map(|(k, span, row): (u32, Span, Vec<Option<u64>>)| (k, span.start, row))
+                    .sink(Sink::collect(&rows)),
+            );
+            run_to_end(t, workers);
+            assert_eq!(
+                sorted(rows.take()),
+                want,
+                "product {product}, {workers} workers"
+            );
+        }
+    }
+}

@@ -41,6 +41,7 @@
 //!   HDR latency histograms from source read to sink write, as Prometheus text and JSON.
 
 pub mod checkpoint;
+mod join_window;
 mod metrics;
 mod run;
 mod session;
@@ -55,6 +56,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use checkpoint::CheckpointOptions;
+pub use join_window::{JoinWindow, JoinWindows};
 pub use metrics::{CheckpointTotals, Metrics, Percentiles, PipeSample, Sample, Totals};
 pub use run::{Group, Running, Shutdown, Wire};
 pub use session::{Session, SessionWindow};
@@ -816,6 +818,28 @@ where
         V: Clone + Send + 'static,
     {
         self.stateful(Join::new(sides, insert, emit))
+    }
+
+    /// Joins the sides merged into this stream by key within tumbling windows of event time
+    /// (Bytewax's `join_window`): items `(key, side, record)` as for [`Keyed::join`], each
+    /// record's time (ns) given by `time`; when a window of `size` closes (once the key's
+    /// latest time less `wait` has passed its end, or at the end of the input) the output is
+    /// `(key, span, row)`, one row of each side's latest record in the window, or with
+    /// `product` every combination (see [`JoinWindow`]).
+    #[allow(clippy::type_complexity)]
+    pub fn join_window<V>(
+        self,
+        sides: usize,
+        size: Duration,
+        wait: Duration,
+        product: bool,
+        time: impl Fn(&V) -> u64 + Send + Sync + 'static,
+    ) -> Tail<T, D, C, KF, K, JoinWindow<K, V>, Id<(K, Span, Vec<Option<V>>)>>
+    where
+        C: Step<T, Out = (K, usize, V)>,
+        V: Clone + Send + 'static,
+    {
+        self.stateful(JoinWindow::new(sides, size, wait, product, time))
     }
 
     /// Any [`Stateful`] step.

@@ -792,12 +792,9 @@ impl<K, V> Join<K, V> {
     }
 }
 
-/// `(key, row)` for every combination of the sides' records, the last side varying fastest.
-fn join_rows<K: Clone, V: Clone>(
-    key: &K,
-    sides: &[Vec<V>],
-    emit: &mut Emit<'_, (K, Vec<Option<V>>)>,
-) {
+/// Every combination of the sides' records (a record, or None for an empty side, from each),
+/// the last side varying fastest.
+pub(crate) fn join_rows<V: Clone>(sides: &[Vec<V>], mut row_out: impl FnMut(Vec<Option<V>>)) {
     let mut at = vec![0usize; sides.len()];
     loop {
         let row = sides
@@ -805,7 +802,7 @@ fn join_rows<K: Clone, V: Clone>(
             .zip(&at)
             .map(|(s, i)| s.get(*i).cloned())
             .collect();
-        emit.emit((key.clone(), row));
+        row_out(row);
         let mut i = sides.len();
         loop {
             if i == 0 {
@@ -847,16 +844,16 @@ where
         }
         match self.emit {
             JoinEmit::Complete if sides.iter().all(|s| !s.is_empty()) => {
-                join_rows(&key, sides, emit);
+                join_rows(sides, |row| emit.emit((key.clone(), row)));
                 emit.discard();
             }
-            JoinEmit::Running => join_rows(&key, sides, emit),
+            JoinEmit::Running => join_rows(sides, |row| emit.emit((key.clone(), row))),
             _ => {}
         }
     }
     fn finish(&mut self, key: &K, sides: &mut Vec<Vec<V>>, emit: &mut Emit<'_, Self::Out>) {
         if self.emit == JoinEmit::Final && sides.iter().any(|s| !s.is_empty()) {
-            join_rows(key, sides, emit);
+            join_rows(sides, |row| emit.emit((key.clone(), row)));
         }
         emit.discard();
     }
