@@ -608,42 +608,42 @@ class KeyedStream(Stream):
                             "(None) giving a key's logic")
         return self._stateful("stateful", ("logic", builder), name)
 
-    def _final(self, what, a=None, b=None):
-        return self._stateful(f"{what}_final", ("final", what, a, b))
+    def _final(self, what, a=None, b=None, name=None):
+        return self._stateful(f"{what}_final", ("final", what, a, b), name)
 
-    def count_final(self):
+    def count_final(self, name=None):
         """At the end of the input, `(key, n)` for each key: how many records it had."""
-        return self._final("count")
+        return self._final("count", name=name)
 
-    def fold_final(self, init, fold):
+    def fold_final(self, init, fold, name=None):
         """At the end of the input, `(key, value)` for each key: the value folded from
         `init()` by `value = fold(value, record)` over the key's records (Bytewax's
         `fold_final`). A `fold` that raises fails its record; the value stays as it was."""
         if not callable(init) or not callable(fold):
             raise TypeError("fold_final() takes init (a function making the starting value) and "
                             "fold(value, record)")
-        return self._final("fold", init, fold)
+        return self._final("fold", init, fold, name)
 
-    def reduce_final(self, f):
+    def reduce_final(self, f, name=None):
         """At the end of the input, `(key, value)` for each key: the key's records combined
         by `value = f(value, record)`, from its first record."""
         if not callable(f):
             raise TypeError("reduce_final() takes a function (value, record)")
-        return self._final("reduce", f)
+        return self._final("reduce", f, name=name)
 
-    def max_final(self, by=None):
+    def max_final(self, by=None, name=None):
         """At the end of the input, `(key, record)` for each key: its record with the largest
         `by(record)` (the record itself without `by`); the first of equals."""
         if by is not None and not callable(by):
             raise TypeError("max_final(): by= takes a function")
-        return self._final("max", by)
+        return self._final("max", by, name=name)
 
-    def min_final(self, by=None):
+    def min_final(self, by=None, name=None):
         """At the end of the input, `(key, record)` for each key: its record with the smallest
         `by(record)`; the first of equals."""
         if by is not None and not callable(by):
             raise TypeError("min_final(): by= takes a function")
-        return self._final("min", by)
+        return self._final("min", by, name=name)
 
     @staticmethod
     def _agg(what, init, fold, reduce):
@@ -652,18 +652,19 @@ class KeyedStream(Stream):
         if fold is not None and not callable(init):
             raise ValueError(f"{what}(): fold= needs init=, a function making the starting value")
 
-    def _window(self, what, by, size, slide, time, init, fold, reduce, late=False, wait=0.0):
+    def _window(self, what, by, size, slide, time, init, fold, reduce, late=False, wait=0.0,
+                name=None):
         self._agg(what, init, fold, reduce)
         slide = size if slide is None else slide
         if slide > size:
             raise ValueError(f"{what}(): slide ({slide}) larger than size ({size}) would skip records")
         mark = _late if late else None
         out = self._stateful(what, ("window", by, float(size), float(slide), time, init, fold,
-                                    reduce, mark, _seconds(wait, what, "wait")))
+                                    reduce, mark, _seconds(wait, what, "wait")), name)
         return _split_late(out) if late else out
 
     def session_window(self, gap, *, time, init=None, fold=None, reduce=None, merge=None,
-                       wait=0.0, late=False):
+                       wait=0.0, late=False, name=None):
         """Session windows (Bytewax's `SessionWindower`): a key's records whose times are at
         most `gap` seconds apart are one session; it closes when the key's clock (the latest
         time of its records less `wait` seconds, Bytewax's `wait_for_system_duration`) is more
@@ -680,18 +681,20 @@ class KeyedStream(Stream):
         if merge is not None and not callable(merge):
             raise TypeError("session_window(): merge= takes a function (value, value)")
         out = self._stateful("session_window", ("session", float(gap), time, init, fold, reduce,
-                                                merge, _late if late else None, float(wait)))
+                                                merge, _late if late else None, float(wait)),
+                             name)
         return _split_late(out) if late else out
 
-    def count_window(self, size, *, slide=None, init=None, fold=None, reduce=None):
+    def count_window(self, size, *, slide=None, init=None, fold=None, reduce=None, name=None):
         """Windows of `size` records of a key, a new one every `slide` records (default:
         `size`, tumbling). Each full window is emitted as `(key, start, end, value)`, value
         folded from `init()` by `fold(acc, record)` or made by `reduce(acc, record)`; a window
         still short when the input ends is emitted with the end it reached."""
-        return self._window("count_window", "count", size, slide, None, init, fold, reduce)
+        return self._window("count_window", "count", size, slide, None, init, fold, reduce,
+                            name=name)
 
     def time_window(self, size, *, time, slide=None, init=None, fold=None, reduce=None,
-                    late=False, wait=0.0):
+                    late=False, wait=0.0, name=None):
         """Event-time windows of `size` seconds, a new one every `slide` seconds (default:
         `size`, tumbling); `time(record)` gives a record's time in seconds. A window closes
         when a record of its key at or past its end plus `wait` seconds arrives (records may
@@ -703,9 +706,9 @@ class KeyedStream(Stream):
         if not callable(time):
             raise TypeError("time_window(): time= takes a function giving a record's time")
         return self._window("time_window", "time", size, slide, time, init, fold, reduce, late,
-                            wait)
+                            wait, name)
 
-    def collect_window(self, size, *, time=None, slide=None, by="time"):
+    def collect_window(self, size, *, time=None, slide=None, by="time", name=None):
         """Windows whose value is the list of their records (Bytewax's `collect_window`):
         as `time_window` with `time=` (the records sorted by their time, those of equal times
         in the order they came), or as `count_window` with `by="count"` (in the order they
@@ -716,7 +719,7 @@ class KeyedStream(Stream):
         if by == "count":
             if time is not None:
                 raise ValueError("collect_window(by='count') takes no time=")
-            return self.count_window(size, slide=slide, init=list, fold=append)
+            return self.count_window(size, slide=slide, init=list, fold=append, name=name)
         if by != "time":
             raise ValueError(f"collect_window(): by= is 'time' or 'count', not {by!r}")
         if not callable(time):
@@ -730,7 +733,7 @@ class KeyedStream(Stream):
 
         def ordered(w):
             return (w[0], w[1], w[2], [r for _, r in sorted(w[3], key=at)])
-        return (self.time_window(size, time=time, slide=slide, init=list, fold=timed)
+        return (self.time_window(size, time=time, slide=slide, init=list, fold=timed, name=name)
                 .map(ordered))
 
 

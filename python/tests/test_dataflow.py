@@ -680,6 +680,25 @@ def test_steps_named_by_the_user_in_errors_dead_letters_and_metrics(tmp_path):
         run(flow, errors="stop")
 
 
+def test_windows_and_final_aggregations_take_a_name_too(tmp_path):
+    dead = tmp_path / "dead.jsonl"
+
+    def add(acc, v):
+        if v == 7:
+            raise ValueError("seven")
+        return acc + v
+
+    flow = cp.Flow()
+    k = flow.source(cp.iterable([1, 7, 2, 3])).key_by(lambda v: "k")
+    k.fold_final(int, add, name="sums").sink(cp.discard())
+    k.time_window(10, time=float, init=int, fold=add, name="tens").sink(cp.discard())
+    k.count_window(2, init=int, fold=add, name="pairs").sink(cp.discard())
+    k.session_window(5, time=float, init=int, fold=add, name="bursts").sink(cp.discard())
+    run(flow, errors=cp.dead_letter(dead), metrics="127.0.0.1:0")
+    steps = sorted(json.loads(line)["step"] for line in dead.read_text().splitlines())
+    assert steps == ["bursts", "pairs", "sums", "tens"]
+
+
 def test_a_directory_source_reads_each_matching_file_once(tmp_path):
     d = tmp_path / "logs"
     d.mkdir()
