@@ -566,6 +566,49 @@ def word_count_flow(bootstrap, group, src, dst, config=None):
 
 
 @pytest.mark.parametrize("exactly_once", [False, True])
+def test_errors_stop_on_kafka_commits_nothing_from_the_failing_record_on(kafka_bootstrap,
+                                                                        exactly_once):
+    """errors="stop" on a Kafka flow: the results of the records before the failing one are
+    written, none after it; the group's committed offset is the failing record's, so the next
+    run (without the bug) starts there and every record has its result once."""
+    from confluent_kafka import Consumer, TopicPartition
+    tag = f"stop{time.time_ns() % 10**9}{int(exactly_once)}"
+    src, dst = f"{tag}-in", f"{tag}-out"
+    kafka_topics(kafka_bootstrap, src, dst, partitions=1)
+    kafka_produce(kafka_bootstrap, src, [(None, str(i).encode()) for i in range(500)])
+
+    def flow_failing_at(bad):
+        def check(n):
+            if n == bad:
+                raise ValueError(f"{n} is bad")
+            return n
+        flow = cp.Flow()
+        (flow.source(cp.kafka(src, kafka_bootstrap, group=tag, decode=cp.text))
+            .map(int).map(check).map(str).sink(cp.kafka_out(dst, encode=cp.text)))
+        return flow
+
+    with pytest.raises(cp.PipelineError, match="300 is bad"):
+        flow_failing_at(300).run(errors="stop", exactly_once=exactly_once,
+                                 commit_interval=0.1)
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": tag})
+    try:
+        [tp] = c.committed([TopicPartition(src, 0)], timeout=30)
+    finally:
+        c.close()
+    assert tp.offset == 300, tp
+    got = kafka_read(kafka_bootstrap, dst, 300)
+    assert [int(v) for _, v in got] == list(range(300))
+    flow = flow_failing_at(None)
+    flow.start(exactly_once=exactly_once, commit_interval=0.1)
+    try:
+        got = kafka_read(kafka_bootstrap, dst, 500)
+    finally:
+        flow.shutdown()
+        assert flow.wait(60)
+    assert [int(v) for _, v in got] == list(range(500))
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
 def test_kafka_flow_over_sasl_ssl_with_librdkafkas_settings(kafka_secure, exactly_once):
     """The settings dict confluent-kafka takes (SASL_SSL, SCRAM-SHA-256, a CA file) is the one
     `config=` takes: word counts over the secured listener, written and read by

@@ -52,6 +52,10 @@ thread_local! {
 impl PyTask {
     fn emit(&self, py: Python<'_>, p: &KPipe, key: Option<&Key>, v: Obj, out: &mut Out<'_>) {
         let Some(enc) = &p.encode else { return };
+        // Once errors="stop" has stopped the flow, nothing more goes out.
+        if p.failures.stopped.get().is_some() {
+            return;
+        }
         SCRATCH.with(|s| {
             let Ok(mut s) = s.try_borrow_mut() else {
                 return;
@@ -185,6 +189,12 @@ impl KeyedTask for PyTask {
         }
         super::set_read_ns(0);
         Ok(())
+    }
+
+    fn halted(&self) -> bool {
+        self.pipes
+            .first()
+            .is_some_and(|p| p.failures.stopped.get().is_some())
     }
 
     fn encode_key(&self, key: &Key, buf: &mut Vec<u8>) {

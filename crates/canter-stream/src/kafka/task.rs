@@ -43,6 +43,13 @@ pub trait KeyedTask: Send + Sync + 'static {
     fn encode_state(&self, state: &Self::State, buf: &mut Vec<u8>);
     /// A state from the changelog (`None`: unreadable, skipped).
     fn decode_state(&self, bytes: &[u8]) -> Option<Self::State>;
+
+    /// Whether the task has halted (an error policy that stops the pipeline at a failing
+    /// record): the workers then process no further record, and the positions they commit
+    /// end before the record that halted it, so that the next run starts there.
+    fn halted(&self) -> bool {
+        false
+    }
 }
 
 /// Where a task's results go: the output topic, each record to its key's partition (Kafka's

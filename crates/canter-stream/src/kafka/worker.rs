@@ -548,7 +548,15 @@ impl<T: KeyedTask> Worker<T> {
                 out.timestamp = e.timestamp;
                 out.read_ns = chunk.read_ns;
                 let offset = e.offset;
-                if let Err(why) = self.task.process(i, key, value, &mut task.state, &mut out) {
+                if self.task.halted() {
+                    break;
+                }
+                let result = self.task.process(i, key, value, &mut task.state, &mut out);
+                if self.task.halted() {
+                    // This record halted the task: not committed, nor anything after it.
+                    break;
+                }
+                if let Err(why) = result {
                     refused += 1;
                     let now = Instant::now();
                     if self
