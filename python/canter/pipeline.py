@@ -905,7 +905,9 @@ class Flow:
         (`canter receive --dedupe` drops the repeats after a restart). Windows, session
         windows, final aggregations and `stateful()` logic (its `snapshot()`, given back to
         its builder) are checkpointed too; with checkpoints on, a shutdown does not flush them
-        (it is not the end of the input: they go on after a restart). Flows whose graph
+        (it is not the end of the input: they go on after a restart), while a file read to
+        its end puts the end in a last checkpoint (final aggregations emitted and dropped), so
+        a run started again on the directory emits nothing twice. Flows whose graph
         joins pipelines (merge, branch, join, a stream read by several steps, a key_by after
         a stateful step) checkpoint as one: every pipeline's state at the same point of the
         input.

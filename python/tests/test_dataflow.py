@@ -891,3 +891,32 @@ def test_join_window_refuses_what_cannot_work():
         cp.join_window(a, flow.source(cp.iterable([2])), size=1, time=float)
     with pytest.raises(ValueError, match="slide"):
         a.join_window(flow.source(cp.iterable([2])).key_by(str), size=1, slide=2, time=float)
+
+
+def test_a_finished_run_started_again_on_its_checkpoints_emits_nothing_again(tmp_path):
+    """A file flow with checkpoints that reads its file to the end puts the end in a last
+    checkpoint (final aggregations emitted and dropped, the file at its end): the same flow
+    started again on that directory reads nothing and emits nothing (Bytewax's resume after
+    EOF); a longer file then gives only what the new lines add."""
+    src = tmp_path / "words.txt"
+    src.write_text("".join(f"w{i % 5}\n" for i in range(100)))
+    ckpt = tmp_path / "ckpt"
+
+    def counts(out):
+        flow = cp.Flow()
+        (flow.source(cp.file(src, frame="lines", decode=cp.text)).key_by(lambda w: w)
+            .count_final().sink(cp.collect(out)))
+        return flow
+    out = []
+    run(counts(out), checkpoint_dir=ckpt, checkpoint_interval=0.05)
+    assert sorted(out) == [(f"w{i}", 20) for i in range(5)]
+    again = []
+    flow = counts(again)
+    stats = run(flow, checkpoint_dir=ckpt, checkpoint_interval=0.05)
+    assert stats["checkpoints"]["restored_epoch"] > 0
+    assert again == []
+    with src.open("a") as f:
+        f.write("w1\nw7\n")
+    more = []
+    run(counts(more), checkpoint_dir=ckpt, checkpoint_interval=0.05)
+    assert sorted(more) == [("w1", 1), ("w7", 1)]

@@ -3,9 +3,10 @@
 //! the source streams' positions) sent to the coordinator, and the acknowledgements to the
 //! source connections once a checkpoint is durable.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use super::ckpt::{Part, SendBarrier};
 use super::env::Env;
@@ -140,5 +141,35 @@ pub(super) async fn worker_task(env: Rc<Env>, heads: Vec<(Option<u64>, Rc<RefCel
                 h.wake();
             }
         }
+    }
+}
+
+/// The input has ended on this worker (not a shutdown): waits for a checkpoint taken after the
+/// end, so that what the end did (final aggregations emitted and dropped, windows flushed, the
+/// sources at their end) is durable, and a run started again on the same directory does not
+/// do it again. Bounded by two intervals and ten seconds, or a shutdown.
+pub(super) async fn end_in_checkpoint(env: &Env, stopped: &Cell<bool>) {
+    let (Some(ck), Some(opts)) = (&env.ckpt, &env.opts.checkpoint) else {
+        return;
+    };
+    let after = ck.done.get();
+    let deadline = Instant::now() + opts.interval * 2 + Duration::from_secs(10);
+    loop {
+        let done = ck.done.get();
+        if done > after && ck.coord.acks[env.me].load(Ordering::SeqCst) >= done {
+            return;
+        }
+        if stopped.get() || env.shutting.get() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                worker = env.me,
+                "no checkpoint was made durable after the end of the input: a run started again \
+                 on this directory repeats what came after the last one"
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }

@@ -462,6 +462,9 @@ pub(super) async fn worker(
         {
             tracing::warn!(worker = me, "pipelines did not drain in time at shutdown");
         }
+        if ended {
+            ckpt_task::end_in_checkpoint(&env, &stopped).await;
+        }
         // The links deliver what they hold (the other processes wait for this worker's ends).
         for (buf, _) in &link_tasks {
             let mut b = buf.borrow_mut();
