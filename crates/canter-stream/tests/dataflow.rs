@@ -855,3 +855,57 @@ fn join_window_gives_each_windows_rows() {
         }
     }
 }
+
+/// `time_window` (Python's, in Rust): sliding windows of 100 ms every 25 ms, waiting 60 ms for
+/// the events that come out of order (within 50 ms of each other here): every window of every
+/// key holds exactly the events whose time falls in it, as a plain loop counts them.
+#[test]
+fn sliding_time_windows_that_wait_match_a_plain_loop() {
+    use canter_stream::pipeline::{Aggregate, Span};
+    const N: u64 = 5_000;
+    const MS: u64 = 1_000_000;
+    let (size, slide) = (100 * MS, 25 * MS);
+    let mut want: BTreeMap<(u32, u64), (u64, u64)> = BTreeMap::new();
+    for (k, t, v) in events(N) {
+        let mut s = t - t % slide;
+        loop {
+            if s + size <= t {
+                break;
+            }
+            let w = want.entry((k, s)).or_default();
+            (w.0, w.1) = (w.0 + 1, w.1 + v);
+            match s.checked_sub(slide) {
+                Some(p) => s = p,
+                None => break,
+            }
+        }
+    }
+    let want: Vec<(u32, u64, u64, u64, u64)> = want
+        .into_iter()
+        .map(|((k, s), (n, sum))| (k, s, s + size, n, sum))
+        .collect();
+    for workers in [1, 2] {
+        let got = Collector::new();
+        let mut t = Topology::new();
+        t.add(
+            Pipeline::new("windows", Source::generate(N, event), decode_event)
+                .key_by(|(k, ..)| *k)
+                .time_window(
+                    Duration::from_millis(100),
+                    Duration::from_millis(25),
+                    Duration::from_millis(60),
+                    |(_, t, _)| *t,
+                    Aggregate::new(
+                        || (0u64, 0u64),
+                        |a: &mut (u64, u64), (_, _, v): (u32, u64, u64)| {
+                            (a.0, a.1) = (a.0 + 1, a.1 + v)
+                        },
+                        |k: &u32, (n, sum), span: Span| (*k, span.start, span.end, n, sum),
+                    ),
+                )
+                .sink(Sink::collect(&got)),
+        );
+        run_to_end(t, workers);
+        assert_eq!(sorted(got.take()), want, "{workers} workers");
+    }
+}

@@ -47,6 +47,7 @@ mod run;
 mod session;
 pub(crate) mod state;
 mod step;
+mod time_window;
 
 use std::fmt::Display;
 use std::marker::PhantomData;
@@ -65,6 +66,7 @@ pub use state::{
     StateCodec, Stateful, TumblingWindow, Update,
 };
 pub use step::{Filter, FlatMap, Id, Map, Step, Then};
+pub use time_window::{TimeWindow, TimeWindows};
 
 use crate::frame::DEFAULT_MAX_FRAME;
 
@@ -726,6 +728,26 @@ where
                 },
             ),
         )
+    }
+
+    /// Event-time windows of `size`, a new one every `slide` (tumbling when equal), each item's
+    /// time (ns) given by `time`, closing once the key's latest time less `wait` has passed
+    /// their end (items may come that much out of order) or at the end of the input (see
+    /// [`TimeWindow`]; Python's `time_window`). `slide` is at least 1 ns and at most `size`.
+    pub fn time_window<A, O>(
+        self,
+        size: Duration,
+        slide: Duration,
+        wait: Duration,
+        time: impl Fn(&C::Out) -> u64 + Send + Sync + 'static,
+        agg: Aggregate<K, C::Out, A, O>,
+    ) -> Tail<T, D, C, KF, K, TimeWindow<K, C::Out, A, O>, Id<O>>
+    where
+        C::Out: Clone,
+        A: Send + 'static,
+        O: Send + 'static,
+    {
+        self.stateful(TimeWindow::new(size, slide, wait, time, agg))
     }
 
     /// At the end of the input, `(key, value)` for each key, the value folded from `init()`
