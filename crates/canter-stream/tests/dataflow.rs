@@ -493,11 +493,12 @@ fn words_state<const N: usize>(name: &str) -> KeyedState<u32, [u64; N]> {
 static SLOW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// A branch, two keyed pipelines reading its sides (keyed otherwise) and a merge of theirs,
-/// every one keeping checkpointed state: stopped in the middle of its input (after checkpoints taken while
-/// records were in every channel) and started again on the same directory, it ends with each
-/// key's count, even sum and odd sum equal to a plain loop's. A checkpoint that held a record
-/// in one pipeline's state and not in the next one's would lose it (the source resumes after
-/// it) or count it twice.
+/// every one keeping checkpointed state: stopped in the middle of its input (after
+/// checkpoints taken while records were in every channel) and started again on the same
+/// directory, it ends with each key's count, even sum and odd sum equal to a plain loop's
+/// (the last pipeline counts the records and sums them by parity). A checkpoint that held a
+/// record in one pipeline's state and not in the next one's would lose it (the source resumes
+/// after it) or count it twice.
 #[test]
 fn channels_checkpoint_and_a_restart_counts_every_record_once() {
     use canter_stream::pipeline::{Channel, CheckpointOptions};
@@ -907,5 +908,210 @@ fn sliding_time_windows_that_wait_match_a_plain_loop() {
         );
         run_to_end(t, workers);
         assert_eq!(sorted(got.take()), want, "{workers} workers");
+    }
+}
+
+#[allow(clippy::type_complexity)]
+fn u32_codec() -> (
+    impl Fn(&u32, &mut Vec<u8>) + Send + Sync + 'static,
+    impl Fn(&[u8]) -> Option<u32> + Send + Sync + 'static,
+) {
+    (
+        |k: &u32, b: &mut Vec<u8>| b.extend_from_slice(&k.to_be_bytes()),
+        |b: &[u8]| Some(u32::from_be_bytes(b.try_into().ok()?)),
+    )
+}
+
+#[allow(clippy::type_complexity)]
+fn u64_codec() -> (
+    impl Fn(&u64, &mut Vec<u8>) + Send + Sync + 'static,
+    impl Fn(&[u8]) -> Option<u64> + Send + Sync + 'static,
+) {
+    (
+        |v: &u64, b: &mut Vec<u8>| b.extend_from_slice(&v.to_be_bytes()),
+        |b: &[u8]| Some(u64::from_be_bytes(b.try_into().ok()?)),
+    )
+}
+
+/// [`SLOW`] for the tests of codecs (tests run at once, each with its own).
+static SLOW_CODECS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Runs `topology()` with checkpoints on `dir` until `enough` results (0: none needed) and
+/// three checkpoints after them (the first pipeline slowed by [`SLOW_CODECS`]), stops it, and
+/// runs it again to the end of its input: the results of both runs.
+fn stopped_and_finished<O: Send + 'static>(
+    dir: &std::path::Path,
+    workers: usize,
+    enough: usize,
+    got: &Collector<O>,
+    topology: impl Fn() -> Topology,
+) -> (Vec<O>, Vec<O>) {
+    use canter_stream::pipeline::CheckpointOptions;
+    use std::sync::atomic::Ordering;
+    let _ = std::fs::remove_dir_all(dir);
+    let options = || {
+        RunOptions::default()
+            .workers(workers)
+            .checkpoint(CheckpointOptions::new(dir).interval(Duration::from_millis(20)))
+    };
+    SLOW_CODECS.store(true, Ordering::Relaxed);
+    let running = topology().start(options()).expect("start");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut first = Vec::new();
+    while first.len() < enough {
+        assert!(Instant::now() < deadline, "no results: {}", first.len());
+        first.extend(got.take());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let at = running.metrics().checkpoints().completed;
+    while running.metrics().checkpoints().completed < at + 3 {
+        assert!(Instant::now() < deadline, "no checkpoints");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    SLOW_CODECS.store(false, Ordering::Relaxed);
+    running.shutdown_handle().shutdown();
+    running.wait().expect("workers");
+    first.extend(got.take());
+    let running = topology().start(options()).expect("restart");
+    assert!(running.metrics().checkpoints().restored_epoch > 0);
+    while !running.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted run did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    running.wait().expect("workers");
+    let _ = std::fs::remove_dir_all(dir);
+    (first, got.take())
+}
+
+/// Final aggregations and a join with codecs (`checkpointed`) keep their state across a stop
+/// in the middle of the input: the finals come once, at the end of the second run, equal to a
+/// plain loop's; the join's rows are exactly the reference's (a row made after the last
+/// checkpoint may come again after the restart, as any result does).
+#[test]
+fn final_aggregations_and_joins_checkpoint_with_codecs() {
+    use canter_stream::pipeline::{Channel, JoinEmit, JoinInsert};
+    use std::sync::atomic::Ordering;
+    const N: u64 = 40_000;
+    let mut counts: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut sums: BTreeMap<u32, u64> = BTreeMap::new();
+    for (k, v) in records(N) {
+        *counts.entry(k).or_default() += 1;
+        *sums.entry(k).or_default() += v;
+    }
+    for workers in [1, 2] {
+        let dir = std::env::temp_dir().join(format!(
+            "canter-lib-finals-ckpt-{}-{workers}",
+            std::process::id()
+        ));
+        let got = Collector::new();
+        let (first, second) = stopped_and_finished(&dir, workers, 0, &got, || {
+            let (both, finals) = (Channel::new(), Channel::new());
+            let mut t = Topology::new();
+            t.add(
+                Pipeline::new("in", Source::generate(N, make), decode)
+                    .key_by(|(k, _)| *k)
+                    .update(&words_state::<1>("seen"), |s, x: (u32, u64), out| {
+                        s[0] += 1;
+                        if SLOW_CODECS.load(Ordering::Relaxed) && s[0] % 4 == 0 {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        out.emit(x)
+                    })
+                    .sink(Sink::channel(&both)),
+            );
+            let (ek, dk) = u32_codec();
+            let (ev, dv) = u64_codec();
+            t.add(
+                Pipeline::from_channel("counts", &both)
+                    .key_by(|(k, _)| *k)
+                    .count_final()
+                    .checkpointed(ek, dk, ev, dv)
+                    .map(|(k, n)| (k, 0u8, n))
+                    .sink(Sink::channel(&finals)),
+            );
+            let (ek, dk) = u32_codec();
+            let (ev, dv) = u64_codec();
+            t.add(
+                Pipeline::from_channel("sums", &both)
+                    .key_by(|(k, _)| (*k + 1) % 97)
+                    .fold_final(|| 0u64, |s: &mut u64, (_, v): (u32, u64)| *s += v)
+                    .checkpointed(ek, dk, ev, dv)
+                    .map(|(k, s)| ((k + 96) % 97, 1u8, s))
+                    .sink(Sink::channel(&finals)),
+            );
+            t.add(Pipeline::from_channel("out", &finals).sink(Sink::collect(&got)));
+            t
+        });
+        // The first run, stopped, ends no input: its finals stay in the checkpoint.
+        assert!(first.is_empty(), "finals before the end: {}", first.len());
+        let mut c: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut s: BTreeMap<u32, u64> = BTreeMap::new();
+        for (k, which, n) in second {
+            let into = if which == 0 { &mut c } else { &mut s };
+            assert!(into.insert(k, n).is_none(), "key {k} came twice");
+        }
+        assert_eq!(c, counts, "{workers} workers");
+        assert_eq!(s, sums, "{workers} workers");
+    }
+    // A join: orders and fills by id, the orders' side slowed.
+    const ORDERS: u64 = 20_000;
+    let want: std::collections::BTreeSet<(u32, Vec<Option<u64>>)> = (0..ORDERS)
+        .filter(|i| i % 3 == 0)
+        .map(|i| (i as u32, vec![Some(i % 100 + 1), Some(1000 + i)]))
+        .collect();
+    for workers in [1, 2] {
+        let dir = std::env::temp_dir().join(format!(
+            "canter-lib-join-ckpt-{}-{workers}",
+            std::process::id()
+        ));
+        let got = Collector::new();
+        let (first, second) = stopped_and_finished(&dir, workers, 100, &got, || {
+            let sides: Channel<(u32, usize, u64)> = Channel::new();
+            let mut t = Topology::new();
+            t.add(
+                Pipeline::new(
+                    "orders",
+                    Source::generate(ORDERS, |i, b| {
+                        b.extend_from_slice(&(i as u32).to_be_bytes());
+                        b.extend_from_slice(&(i % 100 + 1).to_be_bytes());
+                    }),
+                    decode,
+                )
+                .map(|(id, qty)| {
+                    if SLOW_CODECS.load(Ordering::Relaxed) && id % 4 == 0 {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    (id, 0usize, qty)
+                })
+                .sink(Sink::channel(&sides)),
+            );
+            t.add(
+                Pipeline::new(
+                    "fills",
+                    Source::generate(ORDERS.div_ceil(3), |j, b| {
+                        b.extend_from_slice(&((j * 3) as u32).to_be_bytes());
+                        b.extend_from_slice(&(1000 + j * 3).to_be_bytes());
+                    }),
+                    decode,
+                )
+                .map(|(id, px)| (id, 1usize, px))
+                .sink(Sink::channel(&sides)),
+            );
+            let (ek, dk) = u32_codec();
+            let (ev, dv) = u64_codec();
+            t.add(
+                Pipeline::from_channel("join", &sides)
+                    .key_by(|(id, _, _)| *id)
+                    .join(2, JoinInsert::Last, JoinEmit::Complete)
+                    .checkpointed(ek, dk, ev, dv)
+                    .sink(Sink::collect(&got)),
+            );
+            t
+        });
+        let rows: std::collections::BTreeSet<_> = first.into_iter().chain(second).collect();
+        assert_eq!(rows, want, "{workers} workers");
     }
 }

@@ -763,7 +763,8 @@ where
         I: Fn() -> A + Send + Sync + 'static,
         F: Fn(&mut A, C::Out) + Send + Sync + 'static,
     {
-        self.stateful(Final::new("fold_final", move |acc, item| {
+        let name = format!("{} fold_final", self.head.name);
+        self.stateful(Final::new(&name, move |acc, item| {
             fold(acc.get_or_insert_with(&init), item)
         }))
     }
@@ -771,7 +772,8 @@ where
     /// At the end of the input, `(key, n)`: how many items each key had.
     #[allow(clippy::type_complexity)]
     pub fn count_final(self) -> Tail<T, D, C, KF, K, Final<K, C::Out, u64>, Id<(K, u64)>> {
-        self.stateful(Final::new("count_final", |n: &mut Option<u64>, _| {
+        let name = format!("{} count_final", self.head.name);
+        self.stateful(Final::new(&name, |n: &mut Option<u64>, _| {
             *n.get_or_insert(0) += 1
         }))
     }
@@ -786,15 +788,13 @@ where
     where
         F: Fn(C::Out, C::Out) -> C::Out + Send + Sync + 'static,
     {
-        self.stateful(Final::new(
-            "reduce_final",
-            move |acc: &mut Option<C::Out>, item| {
-                *acc = Some(match acc.take() {
-                    None => item,
-                    Some(a) => f(a, item),
-                })
-            },
-        ))
+        let name = format!("{} reduce_final", self.head.name);
+        self.stateful(Final::new(&name, move |acc: &mut Option<C::Out>, item| {
+            *acc = Some(match acc.take() {
+                None => item,
+                Some(a) => f(a, item),
+            })
+        }))
     }
 
     /// At the end of the input, `(key, item)`: the key's item with the largest `by(item)`
@@ -839,7 +839,8 @@ where
         C: Step<T, Out = (K, usize, V)>,
         V: Clone + Send + 'static,
     {
-        self.stateful(Join::new(sides, insert, emit))
+        let name = format!("{} join", self.head.name);
+        self.stateful(Join::new(&name, sides, insert, emit))
     }
 
     /// Joins the sides merged into this stream by key within tumbling windows of event time
@@ -871,6 +872,53 @@ where
             step,
             post: Id::new(),
         }
+    }
+}
+
+impl<T, D, C, KF, K, A, P> Tail<T, D, C, KF, K, Final<K, C::Out, A>, P>
+where
+    C: Step<T>,
+    P: Step<(K, A)>,
+    K: Clone + Send + 'static,
+    A: Send + 'static,
+{
+    /// Makes the final aggregation part of checkpoints (see [`KeyedState::checkpointed`]):
+    /// keys and the values folded so far are written and read back by these functions, so a
+    /// restarted topology goes on folding and emits each key's value once, at the end.
+    pub fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+    ) -> Self {
+        self.step = self
+            .step
+            .checkpointed(encode_key, decode_key, encode_value, decode_value);
+        self
+    }
+}
+
+impl<T, D, C, KF, K, V, P> Tail<T, D, C, KF, K, Join<K, V>, P>
+where
+    C: Step<T>,
+    P: Step<(K, Vec<Option<V>>)>,
+    K: Clone + Send + 'static,
+    V: Clone + Send + 'static,
+{
+    /// Makes the join's kept records part of checkpoints (see [`KeyedState::checkpointed`]):
+    /// keys and records are written and read back by these functions.
+    pub fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_record: impl Fn(&V, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_record: impl Fn(&[u8]) -> Option<V> + Send + Sync + 'static,
+    ) -> Self {
+        self.step = self
+            .step
+            .checkpointed(encode_key, decode_key, encode_record, decode_record);
+        self
     }
 }
 

@@ -714,6 +714,33 @@ impl<K, T, A> Final<K, T, A> {
             fold: Arc::new(fold),
         }
     }
+
+    /// The state with a codec: a 0 byte for no value yet, or 1 and the value's bytes.
+    pub(crate) fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+    ) -> Self {
+        self.state = self.state.checkpointed(
+            encode_key,
+            decode_key,
+            move |acc: &Option<A>, b| match acc {
+                None => b.push(0),
+                Some(a) => {
+                    b.push(1);
+                    encode_value(a, b)
+                }
+            },
+            move |b: &[u8]| match b.split_first() {
+                Some((0, [])) => Some(None),
+                Some((1, rest)) => decode_value(rest).map(Some),
+                _ => None,
+            },
+        );
+        self
+    }
 }
 
 impl<K, T, A> Stateful<K, T> for Final<K, T, A>
@@ -781,15 +808,68 @@ impl<K, V> Clone for Join<K, V> {
 }
 
 impl<K, V> Join<K, V> {
-    pub(crate) fn new(sides: usize, insert: JoinInsert, emit: JoinEmit) -> Self {
+    pub(crate) fn new(name: &str, sides: usize, insert: JoinInsert, emit: JoinEmit) -> Self {
         Join {
-            state: KeyedState::new("join", move |_: &K| {
-                (0..sides).map(|_| Vec::new()).collect()
-            }),
+            state: KeyedState::new(name, move |_: &K| (0..sides).map(|_| Vec::new()).collect()),
             insert,
             emit,
         }
     }
+
+    /// The join's state with a codec: per side, its records' count, then each record's
+    /// length and bytes (u32s, little-endian).
+    pub(crate) fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_record: impl Fn(&V, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_record: impl Fn(&[u8]) -> Option<V> + Send + Sync + 'static,
+    ) -> Self {
+        self.state = self.state.checkpointed(
+            encode_key,
+            decode_key,
+            move |sides: &Vec<Vec<V>>, b| {
+                put_u32(b, sides.len());
+                for side in sides {
+                    put_u32(b, side.len());
+                    for v in side {
+                        let at = b.len();
+                        b.extend_from_slice(&[0; 4]);
+                        encode_record(v, b);
+                        let n = (b.len() - at - 4) as u32;
+                        b[at..at + 4].copy_from_slice(&n.to_le_bytes());
+                    }
+                }
+            },
+            move |mut b: &[u8]| {
+                let mut sides = Vec::new();
+                for _ in 0..take_u32(&mut b)? {
+                    let n = take_u32(&mut b)?;
+                    let mut side = Vec::new();
+                    for _ in 0..n {
+                        let len = take_u32(&mut b)? as usize;
+                        let (rec, rest) = (b.get(..len)?, b.get(len..)?);
+                        side.push(decode_record(rec)?);
+                        b = rest;
+                    }
+                    sides.push(side);
+                }
+                b.is_empty().then_some(sides)
+            },
+        );
+        self
+    }
+}
+
+fn put_u32(b: &mut Vec<u8>, n: usize) {
+    b.extend_from_slice(&(n as u32).to_le_bytes());
+}
+
+/// A little-endian u32 off the front of `b`.
+fn take_u32(b: &mut &[u8]) -> Option<u32> {
+    let (n, rest) = (b.get(..4)?, b.get(4..)?);
+    *b = rest;
+    Some(u32::from_le_bytes(n.try_into().ok()?))
 }
 
 /// Every combination of the sides' records (a record, or None for an empty side, from each),
