@@ -2,16 +2,43 @@
 //! each key's Python state in its partition's task, kept in a compacted changelog (pickled) and
 //! moved with the partition, as canter's Rust Kafka pipelines do (`canter_stream::kafka`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use canter_stream::kafka::{Keyed, KeyedTask, Out, Refused};
+use canter_stream::pipeline::{Emit, Stateful};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::codec::{Decoder, Encoder};
 use super::key::Key;
+use super::stateful::{windows_from_py, windows_to_py, Window, Windows};
 use super::steps::{Chain, Failures, KeyFn};
 use super::{py, Obj};
+
+/// A key's open windows as the value a Kafka task's store holds: pickled into the changelog
+/// as the Python values a checkpoint holds (`__reduce__`), and made again from them.
+#[pyclass(module = "canter._native", name = "_KafkaWindows")]
+pub(crate) struct KafkaWindows {
+    w: Windows,
+}
+
+#[pymethods]
+impl KafkaWindows {
+    #[new]
+    fn new(form: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(KafkaWindows {
+            w: windows_from_py(form)?,
+        })
+    }
+
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyAny>,))> {
+        let py = slf.py();
+        let form = windows_to_py(py, &slf.borrow().w)?;
+        Ok((slf.get_type().into_any(), (form,)))
+    }
+}
 
 /// What a pipeline's stateful step is on Kafka.
 pub(crate) enum KStep {
@@ -21,6 +48,8 @@ pub(crate) enum KStep {
     Read(Obj),
     /// `f(state, record) -> (new_state, output)`.
     Map(Obj),
+    /// Count or time windows, their open windows per key in the store (as [`KafkaWindows`]).
+    Window(Mutex<Window>),
 }
 
 /// One pipeline of a Kafka flow.
@@ -92,6 +121,9 @@ impl PyTask {
         let Some((step, factory)) = &p.step else {
             return self.post(py, p, Some(&k), x, out);
         };
+        if let KStep::Window(window) = step {
+            return self.window(py, p, window, k, x, state, out);
+        }
         // A key's first record makes its state; if the factory raises, that record fails
         // (the key named) and the key's next record tries again.
         let fresh = if state.get(&k).is_none() {
@@ -141,6 +173,8 @@ impl PyTask {
                     Err(e) => Err(e),
                 }
             }
+            // Run by `window` above.
+            KStep::Window(_) => return,
         };
         match result {
             Ok(o) if o.is_none() => {}
@@ -150,6 +184,48 @@ impl PyTask {
     }
 
     /// The steps after the stateful one, then the output topic.
+    /// Runs a record through a window step: the key's windows from the store (made on its
+    /// first record), the closed ones emitted.
+    #[allow(clippy::too_many_arguments)]
+    fn window(
+        &self,
+        py: Python<'_>,
+        p: &KPipe,
+        window: &Mutex<Window>,
+        k: Key,
+        x: Obj,
+        state: &mut Keyed<Key, Obj>,
+        out: &mut Out<'_>,
+    ) {
+        let held = state.update(k.clone(), || {
+            Py::new(
+                py,
+                KafkaWindows {
+                    w: Windows::new(&k),
+                },
+            )
+            .map(|w| w.into_any())
+            .unwrap_or_else(|_| py.None())
+        });
+        let held = held.clone_ref(py);
+        let Ok(cell) = held.bind(py).cast::<KafkaWindows>() else {
+            let e = pyo3::exceptions::PyTypeError::new_err(
+                "the key's state is not a window's (a changelog of another flow?)",
+            );
+            return p.failures.fail(py, "window", &e, Some(&x));
+        };
+        let Ok(mut w) = cell.try_borrow_mut() else {
+            return;
+        };
+        let Ok(mut step) = window.lock() else {
+            return;
+        };
+        let (key, read_ns) = (Some(&k), out.read_time_ns());
+        let mut emit_one = |o: Obj| self.post(py, p, key, o, out);
+        let mut emit = Emit::new(&mut emit_one, read_ns);
+        step.update(&mut w.w, (k.clone(), x), &mut emit);
+    }
+
     fn post(&self, py: Python<'_>, p: &KPipe, k: Option<&Key>, o: Obj, out: &mut Out<'_>) {
         if p.post.is_empty() {
             return self.emit(py, p, k, o, out);

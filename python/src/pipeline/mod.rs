@@ -1297,6 +1297,9 @@ fn start_kafka(
     let mut inputs = Vec::new();
     let mut output: Option<String> = None;
     let mut state_id: Option<u64> = None;
+    // A window's pipeline keeps its own state in the flow's one store.
+    let mut windowed = false;
+    let pickle = Arc::new(Pickle::new(py)?);
     let mut pipes = Vec::new();
     for (s, failures) in specs.into_iter().zip(&failures) {
         let topic: String = s.source.get_item(1)?.extract()?;
@@ -1340,10 +1343,38 @@ fn start_kafka(
             Some(st) => {
                 let kind: String = st.get_item(0)?.extract()?;
                 if kind == "window" {
-                    return Err(bad(format!(
-                        "pipeline {}: windows do not run on Kafka yet (their state has no changelog codec)",
-                        s.name
-                    )));
+                    // Count and time windows: the key's open windows are its state in the
+                    // store (and the changelog); they close as later records come.
+                    if state_id.is_some() || windowed {
+                        return Err(bad(format!(
+                            "pipeline {}: a Kafka flow's pipelines share one keyed state, so a \
+                             window's pipeline is the flow's only stateful one",
+                            s.name
+                        )));
+                    }
+                    windowed = true;
+                    let Stage::Window(w) = stage(
+                        st,
+                        &s.name,
+                        s.pre.len(),
+                        s.stateful_name.as_deref(),
+                        &States::new(),
+                        failures.clone(),
+                        &pickle,
+                    )?
+                    else {
+                        return Err(bad("not a window".into()));
+                    };
+                    pipes.push(kafka::KPipe {
+                        decode: Decoder::from_spec(py, &s.decode)?,
+                        pre: chain(py, &s.pre, 1, failures)?,
+                        key,
+                        step: Some((kafka::KStep::Window(std::sync::Mutex::new(w)), py.None())),
+                        post: chain(py, &s.post, s.pre.len() + 3, failures)?,
+                        encode,
+                        failures: failures.clone(),
+                    });
+                    continue;
                 }
                 if kind == "logic" || st.get_item(5).is_ok_and(|t| !t.is_none()) {
                     return Err(bad(format!(
@@ -1371,7 +1402,7 @@ fn start_kafka(
                     )));
                 }
                 let id: u64 = st.get_item(1)?.extract()?;
-                if *state_id.get_or_insert(id) != id {
+                if windowed || *state_id.get_or_insert(id) != id {
                     return Err(bad("a Kafka flow's pipelines share one keyed state".into()));
                 }
                 let f = st.get_item(2)?.unbind();
@@ -1436,11 +1467,10 @@ fn start_kafka(
             job.session_timeout = Some(Duration::from_secs_f64(v.extract()?));
         }
     }
-    let pickle = py.import("pickle")?;
     let task = kafka::PyTask {
         pipes,
-        dumps: pickle.getattr("dumps")?.unbind(),
-        loads: pickle.getattr("loads")?.unbind(),
+        dumps: pickle.dumps.clone_ref(py),
+        loads: pickle.loads.clone_ref(py),
     };
     // While start waits for topics that do not exist yet, Ctrl-C ends the wait.
     let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1547,6 +1577,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(start_flow, m)?)?;
     m.add_function(wrap_pyfunction!(source_time_ns, m)?)?;
     m.add_class::<FlowHandle>()?;
+    m.add_class::<kafka::KafkaWindows>()?;
     m.add("PipelineError", m.py().get_type::<PipelineError>())?;
     Ok(())
 }

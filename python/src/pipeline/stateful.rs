@@ -311,14 +311,21 @@ fn send_late(
     }
 }
 
-impl Window {
-    pub(crate) fn new_state(name: &str) -> KeyedState<Key, Windows> {
-        KeyedState::new(name, |k: &Key| Windows {
-            key: k.clone(),
+impl Windows {
+    /// A key's windows before its first record.
+    pub(crate) fn new(key: &Key) -> Windows {
+        Windows {
+            key: key.clone(),
             open: BTreeMap::new(),
             at: 0,
             seen: false,
-        })
+        }
+    }
+}
+
+impl Window {
+    pub(crate) fn new_state(name: &str) -> KeyedState<Key, Windows> {
+        KeyedState::new(name, Windows::new)
     }
 
     /// Folds `item` into the window starting at `start`.
@@ -1268,44 +1275,44 @@ pub(crate) fn pickled_state<S: 'static>(
     )
 }
 
-/// A key's open windows as Python values: `(key, [(start, value or None), ...], at, seen)`.
+/// A key's windows in checkpoints, pickled as [`windows_to_py`] gives them.
 pub(crate) fn windows_codec(
     state: KeyedState<Key, Windows>,
     pickle: &Arc<Pickle>,
 ) -> KeyedState<Key, Windows> {
-    pickled_state(
-        state,
-        pickle,
-        |py, w: &Windows| {
-            let open: Vec<(i64, Obj)> = w
-                .open
-                .iter()
-                .map(|(s, a)| {
-                    (
-                        *s,
-                        a.as_ref().map_or_else(|| py.None(), |a| a.clone_ref(py)),
-                    )
-                })
-                .collect();
-            Ok((w.key.to_py(py), open, w.at, w.seen)
-                .into_pyobject(py)?
-                .into_any())
-        },
-        |v| {
-            let (key, open, at, seen): (Bound<'_, PyAny>, Vec<(i64, Obj)>, i64, bool) =
-                v.extract()?;
-            let py = v.py();
-            Ok(Windows {
-                key: Key::of(&key)?,
-                open: open
-                    .into_iter()
-                    .map(|(s, a)| (s, (!a.is_none(py)).then_some(a)))
-                    .collect(),
-                at,
-                seen,
-            })
-        },
-    )
+    pickled_state(state, pickle, windows_to_py, windows_from_py)
+}
+
+/// A key's open windows as Python values: `(key, [(start, value or None), ...], at, seen)`.
+pub(crate) fn windows_to_py<'py>(py: Python<'py>, w: &Windows) -> PyResult<Bound<'py, PyAny>> {
+    let open: Vec<(i64, Obj)> = w
+        .open
+        .iter()
+        .map(|(s, a)| {
+            (
+                *s,
+                a.as_ref().map_or_else(|| py.None(), |a| a.clone_ref(py)),
+            )
+        })
+        .collect();
+    Ok((w.key.to_py(py), open, w.at, w.seen)
+        .into_pyobject(py)?
+        .into_any())
+}
+
+/// The open windows [`windows_to_py`] gave.
+pub(crate) fn windows_from_py(v: &Bound<'_, PyAny>) -> PyResult<Windows> {
+    let (key, open, at, seen): (Bound<'_, PyAny>, Vec<(i64, Obj)>, i64, bool) = v.extract()?;
+    let py = v.py();
+    Ok(Windows {
+        key: Key::of(&key)?,
+        open: open
+            .into_iter()
+            .map(|(s, a)| (s, (!a.is_none(py)).then_some(a)))
+            .collect(),
+        at,
+        seen,
+    })
 }
 
 /// A key's sessions as Python values: `(key, [(start, end, value or None), ...], at, seen)`.

@@ -306,7 +306,10 @@ pub struct Emit<'a, O> {
 }
 
 impl<'a, O> Emit<'a, O> {
-    pub(crate) fn new(f: &'a mut dyn FnMut(O), read_ns: u64) -> Self {
+    /// An `Emit` handing each item to `f`, for input read at `read_ns` (ns since the Unix
+    /// epoch): to run a [`Stateful`] step where no pipeline's tail does, such as a Kafka task
+    /// that keeps the step's state in its changelog.
+    pub fn new(f: &'a mut dyn FnMut(O), read_ns: u64) -> Self {
         Emit {
             f,
             read_ns,
