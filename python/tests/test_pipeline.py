@@ -605,6 +605,46 @@ def test_time_windows_on_kafka_keep_their_open_windows_in_the_changelog(kafka_bo
     assert sorted(v.decode() for _, v in got) == sorted(closed + [f"{w} 190 10" for w in words])
 
 
+def test_session_windows_on_kafka_close_across_a_restart(kafka_bootstrap):
+    """Session windows on a Kafka flow: bursts 100 s apart are sessions (gap 10 s), each
+    emitted when the next burst's first record comes; the open one is in the changelog, and
+    the next run closes it."""
+    tag = f"ses{time.time_ns() % 10**9}"
+    src, dst = f"{tag}-in", f"{tag}-out"
+    kafka_topics(kafka_bootstrap, src, dst, partitions=2)
+    words = ["a", "b"]
+    times = [100 * b + i for b in range(5) for i in range(0, 8, 2)]
+    kafka_produce(kafka_bootstrap, src,
+                  [(w.encode(), f"{w} {t}".encode()) for t in times for w in words])
+
+    def sessions():
+        flow = cp.Flow()
+        (flow.source(cp.kafka(src, kafka_bootstrap, group=tag, decode=cp.text))
+            .map(str.split).key_by(lambda r: r[0])
+            .session_window(10, time=lambda r: int(r[1]), init=int, fold=lambda n, r: n + 1)
+            .map(lambda w: f"{w[0]} {int(w[1])} {int(w[2])} {w[3]}")
+            .sink(cp.kafka_out(dst, encode=cp.text)))
+        return flow
+    closed = [f"{w} {100 * b} {100 * b + 6} 4" for w in words for b in range(4)]
+    flow = sessions()
+    flow.start(commit_interval=0.1)
+    try:
+        got = kafka_read(kafka_bootstrap, dst, len(closed))
+    finally:
+        flow.shutdown()
+        assert flow.wait(60)
+    assert sorted(v.decode() for _, v in got) == sorted(closed)
+    kafka_produce(kafka_bootstrap, src, [(w.encode(), f"{w} 1000".encode()) for w in words])
+    flow = sessions()
+    flow.start(commit_interval=0.1)
+    try:
+        got = kafka_read(kafka_bootstrap, dst, len(closed) + 2)
+    finally:
+        flow.shutdown()
+        assert flow.wait(60)
+    assert sorted(v.decode() for _, v in got) == sorted(closed + [f"{w} 400 406 4" for w in words])
+
+
 @pytest.mark.parametrize("exactly_once", [False, True])
 def test_errors_stop_on_kafka_commits_nothing_from_the_failing_record_on(kafka_bootstrap,
                                                                         exactly_once):

@@ -11,32 +11,48 @@ use pyo3::types::PyBytes;
 
 use super::codec::{Decoder, Encoder};
 use super::key::Key;
-use super::stateful::{windows_from_py, windows_to_py, Window, Windows};
+use super::stateful::{
+    sessions_from_py, sessions_to_py, windows_from_py, windows_to_py, SessionWindow, Sessions,
+    Window, Windows,
+};
 use super::steps::{Chain, Failures, KeyFn};
 use super::{py, Obj};
 
-/// A key's open windows as the value a Kafka task's store holds: pickled into the changelog
-/// as the Python values a checkpoint holds (`__reduce__`), and made again from them.
+/// A key's open windows (time, count or session) as the value a Kafka task's store holds:
+/// pickled into the changelog as the Python values a checkpoint holds (`__reduce__`), and made
+/// again from them.
 #[pyclass(module = "canter._native", name = "_KafkaWindows")]
 pub(crate) struct KafkaWindows {
-    w: Windows,
+    w: Held,
+}
+
+/// What [`KafkaWindows`] holds.
+enum Held {
+    Windows(Windows),
+    Sessions(Sessions),
 }
 
 #[pymethods]
 impl KafkaWindows {
     #[new]
-    fn new(form: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(KafkaWindows {
-            w: windows_from_py(form)?,
-        })
+    fn new(kind: &str, form: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let w = match kind {
+            "sessions" => Held::Sessions(sessions_from_py(form)?),
+            _ => Held::Windows(windows_from_py(form)?),
+        };
+        Ok(KafkaWindows { w })
     }
 
+    #[allow(clippy::type_complexity)]
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
-    ) -> PyResult<(Bound<'py, PyAny>, (Bound<'py, PyAny>,))> {
+    ) -> PyResult<(Bound<'py, PyAny>, (&'static str, Bound<'py, PyAny>))> {
         let py = slf.py();
-        let form = windows_to_py(py, &slf.borrow().w)?;
-        Ok((slf.get_type().into_any(), (form,)))
+        let args = match &slf.borrow().w {
+            Held::Windows(w) => ("windows", windows_to_py(py, w)?),
+            Held::Sessions(w) => ("sessions", sessions_to_py(py, w)?),
+        };
+        Ok((slf.get_type().into_any(), args))
     }
 }
 
@@ -50,6 +66,8 @@ pub(crate) enum KStep {
     Map(Obj),
     /// Count or time windows, their open windows per key in the store (as [`KafkaWindows`]).
     Window(Mutex<Window>),
+    /// Session windows, kept the same way.
+    Session(Mutex<SessionWindow>),
 }
 
 /// One pipeline of a Kafka flow.
@@ -121,8 +139,8 @@ impl PyTask {
         let Some((step, factory)) = &p.step else {
             return self.post(py, p, Some(&k), x, out);
         };
-        if let KStep::Window(window) = step {
-            return self.window(py, p, window, k, x, state, out);
+        if matches!(step, KStep::Window(_) | KStep::Session(_)) {
+            return self.window(py, p, step, k, x, state, out);
         }
         // A key's first record makes its state; if the factory raises, that record fails
         // (the key named) and the key's next record tries again.
@@ -174,7 +192,7 @@ impl PyTask {
                 }
             }
             // Run by `window` above.
-            KStep::Window(_) => return,
+            KStep::Window(_) | KStep::Session(_) => return,
         };
         match result {
             Ok(o) if o.is_none() => {}
@@ -191,21 +209,20 @@ impl PyTask {
         &self,
         py: Python<'_>,
         p: &KPipe,
-        window: &Mutex<Window>,
+        step: &KStep,
         k: Key,
         x: Obj,
         state: &mut Keyed<Key, Obj>,
         out: &mut Out<'_>,
     ) {
         let held = state.update(k.clone(), || {
-            Py::new(
-                py,
-                KafkaWindows {
-                    w: Windows::new(&k),
-                },
-            )
-            .map(|w| w.into_any())
-            .unwrap_or_else(|_| py.None())
+            let w = match step {
+                KStep::Session(_) => Held::Sessions(Sessions::new(&k)),
+                _ => Held::Windows(Windows::new(&k)),
+            };
+            Py::new(py, KafkaWindows { w })
+                .map(|w| w.into_any())
+                .unwrap_or_else(|_| py.None())
         });
         let held = held.clone_ref(py);
         let Ok(cell) = held.bind(py).cast::<KafkaWindows>() else {
@@ -214,16 +231,30 @@ impl PyTask {
             );
             return p.failures.fail(py, "window", &e, Some(&x));
         };
-        let Ok(mut w) = cell.try_borrow_mut() else {
-            return;
-        };
-        let Ok(mut step) = window.lock() else {
+        let Ok(mut held) = cell.try_borrow_mut() else {
             return;
         };
         let (key, read_ns) = (Some(&k), out.read_time_ns());
         let mut emit_one = |o: Obj| self.post(py, p, key, o, out);
         let mut emit = Emit::new(&mut emit_one, read_ns);
-        step.update(&mut w.w, (k.clone(), x), &mut emit);
+        match (step, &mut held.w) {
+            (KStep::Window(m), Held::Windows(w)) => {
+                if let Ok(mut s) = m.lock() {
+                    s.update(w, (k.clone(), x), &mut emit);
+                }
+            }
+            (KStep::Session(m), Held::Sessions(w)) => {
+                if let Ok(mut s) = m.lock() {
+                    s.update(w, (k.clone(), x), &mut emit);
+                }
+            }
+            _ => {
+                let e = pyo3::exceptions::PyTypeError::new_err(
+                    "the key's windows are of another kind (a changelog of another flow?)",
+                );
+                p.failures.fail(py, "window", &e, Some(&x));
+            }
+        }
     }
 
     fn post(&self, py: Python<'_>, p: &KPipe, k: Option<&Key>, o: Obj, out: &mut Out<'_>) {

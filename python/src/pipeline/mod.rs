@@ -1342,9 +1342,9 @@ fn start_kafka(
             None => None,
             Some(st) => {
                 let kind: String = st.get_item(0)?.extract()?;
-                if kind == "window" {
-                    // Count and time windows: the key's open windows are its state in the
-                    // store (and the changelog); they close as later records come.
+                if kind == "window" || kind == "session" {
+                    // Count, time and session windows: the key's open windows are its state
+                    // in the store (and the changelog); they close as later records come.
                     if state_id.is_some() || windowed {
                         return Err(bad(format!(
                             "pipeline {}: a Kafka flow's pipelines share one keyed state, so a \
@@ -1353,7 +1353,7 @@ fn start_kafka(
                         )));
                     }
                     windowed = true;
-                    let Stage::Window(w) = stage(
+                    let w = match stage(
                         st,
                         &s.name,
                         s.pre.len(),
@@ -1361,15 +1361,16 @@ fn start_kafka(
                         &States::new(),
                         failures.clone(),
                         &pickle,
-                    )?
-                    else {
-                        return Err(bad("not a window".into()));
+                    )? {
+                        Stage::Window(w) => kafka::KStep::Window(std::sync::Mutex::new(w)),
+                        Stage::Session(w) => kafka::KStep::Session(std::sync::Mutex::new(w)),
+                        _ => return Err(bad("not a window".into())),
                     };
                     pipes.push(kafka::KPipe {
                         decode: Decoder::from_spec(py, &s.decode)?,
                         pre: chain(py, &s.pre, 1, failures)?,
                         key,
-                        step: Some((kafka::KStep::Window(std::sync::Mutex::new(w)), py.None())),
+                        step: Some((w, py.None())),
                         post: chain(py, &s.post, s.pre.len() + 3, failures)?,
                         encode,
                         failures: failures.clone(),
@@ -1380,12 +1381,6 @@ fn start_kafka(
                     return Err(bad(format!(
                         "pipeline {}: stateful() and ttl= do not run on Kafka yet (their \
                          wake-ups have no place in a task's commit)",
-                        s.name
-                    )));
-                }
-                if kind == "session" {
-                    return Err(bad(format!(
-                        "pipeline {}: windows do not run on Kafka yet (their state has no changelog codec)",
                         s.name
                     )));
                 }

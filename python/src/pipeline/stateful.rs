@@ -851,6 +851,18 @@ pub(crate) struct Sessions {
     seen: bool,
 }
 
+impl Sessions {
+    /// A key's sessions before its first record.
+    pub(crate) fn new(key: &Key) -> Sessions {
+        Sessions {
+            key: key.clone(),
+            open: BTreeMap::new(),
+            at: 0,
+            seen: false,
+        }
+    }
+}
+
 /// Session windows (Bytewax's `SessionWindower`): a key's records less than `gap` apart (or
 /// exactly) are one session; a session closes once the key's clock (its latest time less
 /// `wait`) is more than `gap` past its last record (or the input ends), and is emitted as
@@ -892,12 +904,7 @@ impl Clone for SessionWindow {
 
 impl SessionWindow {
     pub(crate) fn new_state(name: &str) -> KeyedState<Key, Sessions> {
-        KeyedState::new(name, |k: &Key| Sessions {
-            key: k.clone(),
-            open: BTreeMap::new(),
-            at: 0,
-            seen: false,
-        })
+        KeyedState::new(name, Sessions::new)
     }
 
     /// The value of two merged sessions, the earlier one's first.
@@ -1320,40 +1327,42 @@ pub(crate) fn sessions_codec(
     state: KeyedState<Key, Sessions>,
     pickle: &Arc<Pickle>,
 ) -> KeyedState<Key, Sessions> {
-    pickled_state(
-        state,
-        pickle,
-        |py, w: &Sessions| {
-            let open: Vec<(i64, i64, Obj)> = w
-                .open
-                .iter()
-                .map(|(s, (e, a))| {
-                    (
-                        *s,
-                        *e,
-                        a.as_ref().map_or_else(|| py.None(), |a| a.clone_ref(py)),
-                    )
-                })
-                .collect();
-            Ok((w.key.to_py(py), open, w.at, w.seen)
-                .into_pyobject(py)?
-                .into_any())
-        },
-        |v| {
-            type Saved<'py> = (Bound<'py, PyAny>, Vec<(i64, i64, Obj)>, i64, bool);
-            let (key, open, at, seen): Saved<'_> = v.extract()?;
-            let py = v.py();
-            Ok(Sessions {
-                key: Key::of(&key)?,
-                open: open
-                    .into_iter()
-                    .map(|(s, e, a)| (s, (e, (!a.is_none(py)).then_some(a))))
-                    .collect(),
-                at,
-                seen,
-            })
-        },
-    )
+    pickled_state(state, pickle, sessions_to_py, sessions_from_py)
+}
+
+/// A key's open sessions as Python values: `(key, [(start, end, value or None), ...], at,
+/// seen)`.
+pub(crate) fn sessions_to_py<'py>(py: Python<'py>, w: &Sessions) -> PyResult<Bound<'py, PyAny>> {
+    let open: Vec<(i64, i64, Obj)> = w
+        .open
+        .iter()
+        .map(|(s, (e, a))| {
+            (
+                *s,
+                *e,
+                a.as_ref().map_or_else(|| py.None(), |a| a.clone_ref(py)),
+            )
+        })
+        .collect();
+    Ok((w.key.to_py(py), open, w.at, w.seen)
+        .into_pyobject(py)?
+        .into_any())
+}
+
+/// The open sessions [`sessions_to_py`] gave.
+pub(crate) fn sessions_from_py(v: &Bound<'_, PyAny>) -> PyResult<Sessions> {
+    type Saved<'py> = (Bound<'py, PyAny>, Vec<(i64, i64, Obj)>, i64, bool);
+    let (key, open, at, seen): Saved<'_> = v.extract()?;
+    let py = v.py();
+    Ok(Sessions {
+        key: Key::of(&key)?,
+        open: open
+            .into_iter()
+            .map(|(s, e, a)| (s, (e, (!a.is_none(py)).then_some(a))))
+            .collect(),
+        at,
+        seen,
+    })
 }
 
 /// A final aggregation's value so far: `(count, value or None)`.
