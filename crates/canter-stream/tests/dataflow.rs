@@ -1115,3 +1115,74 @@ fn final_aggregations_and_joins_checkpoint_with_codecs() {
         assert_eq!(rows, want, "{workers} workers");
     }
 }
+
+/// Time windows with codecs keep their open windows across a stop in the middle of the input:
+/// after the restart every window of every key holds exactly its events (a window closed
+/// after the last checkpoint may come again, equal).
+#[test]
+fn time_windows_checkpoint_with_codecs() {
+    use canter_stream::pipeline::{Aggregate, Span};
+    use std::sync::atomic::Ordering;
+    const N: u64 = 20_000;
+    const MS: u64 = 1_000_000;
+    let mut want: BTreeMap<(u32, u64), (u64, u64)> = BTreeMap::new();
+    for (k, t, v) in events(N) {
+        let w = want.entry((k, t / (100 * MS) * 100 * MS)).or_default();
+        (w.0, w.1) = (w.0 + 1, w.1 + v);
+    }
+    for workers in [1, 2] {
+        let dir = std::env::temp_dir().join(format!(
+            "canter-lib-windows-ckpt-{}-{workers}",
+            std::process::id()
+        ));
+        let got = Collector::new();
+        let (first, second) = stopped_and_finished(&dir, workers, 50, &got, || {
+            let (ek, dk) = u32_codec();
+            let mut t = Topology::new();
+            t.add(
+                Pipeline::new("windows", Source::generate(N, event), decode_event)
+                    .map(|e: (u32, u64, u64)| {
+                        if SLOW_CODECS.load(Ordering::Relaxed) && e.2.is_multiple_of(4) {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        e
+                    })
+                    .key_by(|(k, ..)| *k)
+                    .time_window(
+                        Duration::from_millis(100),
+                        Duration::from_millis(100),
+                        Duration::from_millis(60),
+                        |(_, t, _)| *t,
+                        Aggregate::new(
+                            || (0u64, 0u64),
+                            |a: &mut (u64, u64), (_, _, v): (u32, u64, u64)| {
+                                (a.0, a.1) = (a.0 + 1, a.1 + v)
+                            },
+                            |k: &u32, a, span: Span| (*k, span.start, a),
+                        ),
+                    )
+                    .checkpointed(
+                        ek,
+                        dk,
+                        |a: &(u64, u64), b: &mut Vec<u8>| {
+                            b.extend_from_slice(&a.0.to_le_bytes());
+                            b.extend_from_slice(&a.1.to_le_bytes());
+                        },
+                        |b: &[u8]| {
+                            let w = |i: usize| b.get(i..i + 8)?.try_into().ok();
+                            Some((u64::from_le_bytes(w(0)?), u64::from_le_bytes(w(8)?)))
+                        },
+                    )
+                    .sink(Sink::collect(&got)),
+            );
+            t
+        });
+        let mut windows: BTreeMap<(u32, u64), (u64, u64)> = BTreeMap::new();
+        for (k, start, a) in first.into_iter().chain(second) {
+            if let Some(old) = windows.insert((k, start), a) {
+                assert_eq!(old, a, "window ({k}, {start}) came twice, differently");
+            }
+        }
+        assert_eq!(windows, want, "{workers} workers");
+    }
+}

@@ -747,7 +747,8 @@ where
         A: Send + 'static,
         O: Send + 'static,
     {
-        self.stateful(TimeWindow::new(size, slide, wait, time, agg))
+        let name = format!("{} time_window", self.head.name);
+        self.stateful(TimeWindow::new(&name, size, slide, wait, time, agg))
     }
 
     /// At the end of the input, `(key, value)` for each key, the value folded from `init()`
@@ -885,6 +886,31 @@ where
     /// Makes the final aggregation part of checkpoints (see [`KeyedState::checkpointed`]):
     /// keys and the values folded so far are written and read back by these functions, so a
     /// restarted topology goes on folding and emits each key's value once, at the end.
+    pub fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+    ) -> Self {
+        self.step = self
+            .step
+            .checkpointed(encode_key, decode_key, encode_value, decode_value);
+        self
+    }
+}
+
+impl<T, D, C, KF, K, A, O, P> Tail<T, D, C, KF, K, TimeWindow<K, C::Out, A, O>, P>
+where
+    C: Step<T>,
+    P: Step<O>,
+    K: Clone + Send + Sync + 'static,
+    A: Send + 'static,
+    O: Send + 'static,
+{
+    /// Makes the windows part of checkpoints (see [`KeyedState::checkpointed`]): keys and the
+    /// open windows' values are written and read back by these functions, so a restarted
+    /// topology finishes the windows that were open.
     pub fn checkpointed(
         mut self,
         encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,

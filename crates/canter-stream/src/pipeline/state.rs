@@ -819,8 +819,8 @@ impl<K, V> Join<K, V> {
         }
     }
 
-    /// The join's state with a codec: per side, its records' count, then each record's
-    /// length and bytes (u32s, little-endian).
+    /// The join's state with a codec: the sides' count, then per side its records' count and
+    /// each record's length and bytes (u32s, little-endian).
     pub(crate) fn checkpointed(
         mut self,
         encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
@@ -836,24 +836,16 @@ impl<K, V> Join<K, V> {
                 for side in sides {
                     put_u32(b, side.len());
                     for v in side {
-                        let at = b.len();
-                        b.extend_from_slice(&[0; 4]);
-                        encode_record(v, b);
-                        let n = (b.len() - at - 4) as u32;
-                        b[at..at + 4].copy_from_slice(&n.to_le_bytes());
+                        put_framed(b, |b| encode_record(v, b));
                     }
                 }
             },
             move |mut b: &[u8]| {
                 let mut sides = Vec::new();
                 for _ in 0..take_u32(&mut b)? {
-                    let n = take_u32(&mut b)?;
                     let mut side = Vec::new();
-                    for _ in 0..n {
-                        let len = take_u32(&mut b)? as usize;
-                        let (rec, rest) = (b.get(..len)?, b.get(len..)?);
-                        side.push(decode_record(rec)?);
-                        b = rest;
+                    for _ in 0..take_u32(&mut b)? {
+                        side.push(decode_record(take_framed(&mut b)?)?);
                     }
                     sides.push(side);
                 }
@@ -864,12 +856,36 @@ impl<K, V> Join<K, V> {
     }
 }
 
-fn put_u32(b: &mut Vec<u8>, n: usize) {
+pub(crate) fn put_u32(b: &mut Vec<u8>, n: usize) {
     b.extend_from_slice(&(n as u32).to_le_bytes());
 }
 
+/// Writes a length (u32) and then what `f` writes.
+pub(crate) fn put_framed(b: &mut Vec<u8>, f: impl FnOnce(&mut Vec<u8>)) {
+    let at = b.len();
+    b.extend_from_slice(&[0; 4]);
+    f(b);
+    let n = (b.len() - at - 4) as u32;
+    b[at..at + 4].copy_from_slice(&n.to_le_bytes());
+}
+
+/// What [`put_framed`] wrote, off the front of `b`.
+pub(crate) fn take_framed<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let len = take_u32(b)? as usize;
+    let (part, rest) = (b.get(..len)?, b.get(len..)?);
+    *b = rest;
+    Some(part)
+}
+
+/// A little-endian u64 off the front of `b`.
+pub(crate) fn take_u64(b: &mut &[u8]) -> Option<u64> {
+    let (n, rest) = (b.get(..8)?, b.get(8..)?);
+    *b = rest;
+    Some(u64::from_le_bytes(n.try_into().ok()?))
+}
+
 /// A little-endian u32 off the front of `b`.
-fn take_u32(b: &mut &[u8]) -> Option<u32> {
+pub(crate) fn take_u32(b: &mut &[u8]) -> Option<u32> {
     let (n, rest) = (b.get(..4)?, b.get(4..)?);
     *b = rest;
     Some(u32::from_le_bytes(n.try_into().ok()?))

@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::state::{Aggregate, Emit, KeyedState, Span, Stateful};
+use super::state::{
+    put_framed, put_u32, take_framed, take_u32, take_u64, Aggregate, Emit, KeyedState, Span,
+    Stateful,
+};
 
 /// One key's open windows, by start, and its latest item time.
 pub struct TimeWindows<K, A> {
@@ -51,6 +54,7 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> TimeWindow<K, T, A, O> 
     /// Windows of `size` every `slide` (at least 1 ns, and at most `size`: a larger slide
     /// would skip items), waiting `wait` for items out of order.
     pub(crate) fn new(
+        name: &str,
         size: Duration,
         slide: Duration,
         wait: Duration,
@@ -59,7 +63,7 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> TimeWindow<K, T, A, O> 
     ) -> Self {
         let size = nanos(size).max(1);
         TimeWindow {
-            state: KeyedState::new("time window", |k: &K| TimeWindows {
+            state: KeyedState::new(name, |k: &K| TimeWindows {
                 key: k.clone(),
                 open: BTreeMap::new(),
                 latest: None,
@@ -71,6 +75,50 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> TimeWindow<K, T, A, O> 
             agg,
             late: 0,
         }
+    }
+
+    /// The state with a codec: the key, the latest time (0 and a flag), then each open
+    /// window's start and value.
+    pub(crate) fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+    ) -> Self {
+        let (ek, dk) = (Arc::new(encode_key), Arc::new(decode_key));
+        let (ek2, dk2) = (ek.clone(), dk.clone());
+        self.state = self.state.checkpointed(
+            move |k, b| ek(k, b),
+            move |b| dk(b),
+            move |w: &TimeWindows<K, A>, b| {
+                put_framed(b, |b| ek2(&w.key, b));
+                b.push(u8::from(w.latest.is_some()));
+                b.extend_from_slice(&w.latest.unwrap_or(0).to_le_bytes());
+                put_u32(b, w.open.len());
+                for (start, acc) in &w.open {
+                    b.extend_from_slice(&start.to_le_bytes());
+                    put_framed(b, |b| encode_value(acc, b));
+                }
+            },
+            move |mut b: &[u8]| {
+                let key = dk2(take_framed(&mut b)?)?;
+                let (flag, rest) = b.split_first()?;
+                b = rest;
+                let latest = take_u64(&mut b)?;
+                let mut open = BTreeMap::new();
+                for _ in 0..take_u32(&mut b)? {
+                    let start = take_u64(&mut b)?;
+                    open.insert(start, decode_value(take_framed(&mut b)?)?);
+                }
+                b.is_empty().then_some(TimeWindows {
+                    key,
+                    open,
+                    latest: (*flag == 1).then_some(latest),
+                })
+            },
+        );
+        self
     }
 
     fn close(&self, key: &K, start: u64, acc: A, emit: &mut Emit<'_, O>) {
