@@ -1116,18 +1116,27 @@ fn final_aggregations_and_joins_checkpoint_with_codecs() {
     }
 }
 
-/// Time windows with codecs keep their open windows across a stop in the middle of the input:
-/// after the restart every window of every key holds exactly its events (a window closed
-/// after the last checkpoint may come again, equal).
+/// Time and session windows with codecs keep their open windows across a stop in the middle of
+/// the input: after the restart every window of every key holds exactly its events (a window
+/// closed after the last checkpoint may come again, equal).
 #[test]
 fn time_windows_checkpoint_with_codecs() {
     use canter_stream::pipeline::{Aggregate, Span};
     use std::sync::atomic::Ordering;
     const N: u64 = 20_000;
     const MS: u64 = 1_000_000;
-    let mut want: BTreeMap<(u32, u64), (u64, u64)> = BTreeMap::new();
-    for (k, t, v) in events(N) {
-        let w = want.entry((k, t / (100 * MS) * 100 * MS)).or_default();
+    // Tumbling windows of 100 ms (tag 0) and sessions (tag 1: a key's events of one burst),
+    // each (count, sum), by start.
+    let mut want: BTreeMap<(u8, u32, u64), (u64, u64)> = BTreeMap::new();
+    let mut first: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+    for (i, (k, t, v)) in events(N).into_iter().enumerate() {
+        let w = want.entry((0, k, t / (100 * MS) * 100 * MS)).or_default();
+        (w.0, w.1) = (w.0 + 1, w.1 + v);
+        let f = first.entry((k, i as u64 / 50)).or_insert(t);
+        *f = (*f).min(t);
+    }
+    for (i, (k, _, v)) in events(N).into_iter().enumerate() {
+        let w = want.entry((1, k, first[&(k, i as u64 / 50)])).or_default();
         (w.0, w.1) = (w.0 + 1, w.1 + v);
     }
     for workers in [1, 2] {
@@ -1136,9 +1145,40 @@ fn time_windows_checkpoint_with_codecs() {
             std::process::id()
         ));
         let got = Collector::new();
-        let (first, second) = stopped_and_finished(&dir, workers, 50, &got, || {
+        let (before, after) = stopped_and_finished(&dir, workers, 50, &got, || {
             let (ek, dk) = u32_codec();
+            let (ek2, dk2) = u32_codec();
+            let pair = |a: &(u64, u64), b: &mut Vec<u8>| {
+                b.extend_from_slice(&a.0.to_le_bytes());
+                b.extend_from_slice(&a.1.to_le_bytes());
+            };
+            let unpair = |b: &[u8]| {
+                let w = |i: usize| b.get(i..i + 8)?.try_into().ok();
+                Some((u64::from_le_bytes(w(0)?), u64::from_le_bytes(w(8)?)))
+            };
+            let count_sum = |tag: u8| {
+                Aggregate::new(
+                    || (0u64, 0u64),
+                    |a: &mut (u64, u64), (_, _, v): (u32, u64, u64)| {
+                        (a.0, a.1) = (a.0 + 1, a.1 + v)
+                    },
+                    move |k: &u32, a, span: Span| (tag, *k, span.start, a),
+                )
+            };
             let mut t = Topology::new();
+            t.add(
+                Pipeline::new("sessions", Source::generate(N, event), decode_event)
+                    .map(|e: (u32, u64, u64)| {
+                        if SLOW_CODECS.load(Ordering::Relaxed) && e.2.is_multiple_of(4) {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        e
+                    })
+                    .key_by(|(k, ..)| *k)
+                    .session_window(Duration::from_millis(100), |(_, t, _)| *t, count_sum(1))
+                    .checkpointed(ek2, dk2, pair, unpair)
+                    .sink(Sink::collect(&got)),
+            );
             t.add(
                 Pipeline::new("windows", Source::generate(N, event), decode_event)
                     .map(|e: (u32, u64, u64)| {
@@ -1153,34 +1193,20 @@ fn time_windows_checkpoint_with_codecs() {
                         Duration::from_millis(100),
                         Duration::from_millis(60),
                         |(_, t, _)| *t,
-                        Aggregate::new(
-                            || (0u64, 0u64),
-                            |a: &mut (u64, u64), (_, _, v): (u32, u64, u64)| {
-                                (a.0, a.1) = (a.0 + 1, a.1 + v)
-                            },
-                            |k: &u32, a, span: Span| (*k, span.start, a),
-                        ),
+                        count_sum(0),
                     )
-                    .checkpointed(
-                        ek,
-                        dk,
-                        |a: &(u64, u64), b: &mut Vec<u8>| {
-                            b.extend_from_slice(&a.0.to_le_bytes());
-                            b.extend_from_slice(&a.1.to_le_bytes());
-                        },
-                        |b: &[u8]| {
-                            let w = |i: usize| b.get(i..i + 8)?.try_into().ok();
-                            Some((u64::from_le_bytes(w(0)?), u64::from_le_bytes(w(8)?)))
-                        },
-                    )
+                    .checkpointed(ek, dk, pair, unpair)
                     .sink(Sink::collect(&got)),
             );
             t
         });
-        let mut windows: BTreeMap<(u32, u64), (u64, u64)> = BTreeMap::new();
-        for (k, start, a) in first.into_iter().chain(second) {
-            if let Some(old) = windows.insert((k, start), a) {
-                assert_eq!(old, a, "window ({k}, {start}) came twice, differently");
+        let mut windows: BTreeMap<(u8, u32, u64), (u64, u64)> = BTreeMap::new();
+        for (tag, k, start, a) in before.into_iter().chain(after) {
+            if let Some(old) = windows.insert((tag, k, start), a) {
+                assert_eq!(
+                    old, a,
+                    "window ({tag}, {k}, {start}) came twice, differently"
+                );
             }
         }
         assert_eq!(windows, want, "{workers} workers");

@@ -661,7 +661,8 @@ where
         A: Send + 'static,
         O: Send + 'static,
     {
-        self.stateful(CountWindow::new(size, agg))
+        let name = format!("{} count_window", self.head.name);
+        self.stateful(CountWindow::new(&name, size, agg))
     }
 
     /// Event-time tumbling windows of `size`, each item's time (ns) given by `time`.
@@ -675,7 +676,8 @@ where
         A: Send + 'static,
         O: Send + 'static,
     {
-        self.stateful(TumblingWindow::new(size, time, agg))
+        let name = format!("{} tumbling_window", self.head.name);
+        self.stateful(TumblingWindow::new(&name, size, time, agg))
     }
 
     /// Event-time session windows: a key's items no more than `gap` apart (by `time`, ns)
@@ -691,7 +693,8 @@ where
         A: Send + 'static,
         O: Send + 'static,
     {
-        self.stateful(SessionWindow::new(gap, time, agg))
+        let name = format!("{} session_window", self.head.name);
+        self.stateful(SessionWindow::new(&name, gap, time, agg))
     }
 
     /// Tumbling windows of `size` on event time whose output is the window's items, sorted by
@@ -886,6 +889,78 @@ where
     /// Makes the final aggregation part of checkpoints (see [`KeyedState::checkpointed`]):
     /// keys and the values folded so far are written and read back by these functions, so a
     /// restarted topology goes on folding and emits each key's value once, at the end.
+    pub fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+    ) -> Self {
+        self.step = self
+            .step
+            .checkpointed(encode_key, decode_key, encode_value, decode_value);
+        self
+    }
+}
+
+impl<T, D, C, KF, K, A, O, P> Tail<T, D, C, KF, K, CountWindow<K, C::Out, A, O>, P>
+where
+    C: Step<T>,
+    P: Step<O>,
+    K: Clone + Send + Sync + 'static,
+    A: Send + 'static,
+    O: Send + 'static,
+{
+    /// Makes the open windows part of checkpoints, as `checkpointed` does for time windows:
+    /// keys and the open windows' values are written and read back by these functions.
+    pub fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+    ) -> Self {
+        self.step = self
+            .step
+            .checkpointed(encode_key, decode_key, encode_value, decode_value);
+        self
+    }
+}
+
+impl<T, D, C, KF, K, A, O, P> Tail<T, D, C, KF, K, TumblingWindow<K, C::Out, A, O>, P>
+where
+    C: Step<T>,
+    P: Step<O>,
+    K: Clone + Send + Sync + 'static,
+    A: Send + 'static,
+    O: Send + 'static,
+{
+    /// Makes the open windows part of checkpoints, as `checkpointed` does for time windows:
+    /// keys and the open windows' values are written and read back by these functions.
+    pub fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+    ) -> Self {
+        self.step = self
+            .step
+            .checkpointed(encode_key, decode_key, encode_value, decode_value);
+        self
+    }
+}
+
+impl<T, D, C, KF, K, A, O, P> Tail<T, D, C, KF, K, SessionWindow<K, C::Out, A, O>, P>
+where
+    C: Step<T>,
+    P: Step<O>,
+    K: Clone + Send + Sync + 'static,
+    A: Send + 'static,
+    O: Send + 'static,
+{
+    /// Makes the open windows part of checkpoints, as `checkpointed` does for time windows:
+    /// keys and the open windows' values are written and read back by these functions.
     pub fn checkpointed(
         mut self,
         encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::state::{Aggregate, Emit, KeyedState, Span, Stateful};
+use super::state::{
+    put_framed, take_framed, take_u64, Aggregate, Emit, KeyedState, Span, Stateful,
+};
 
 /// One key's open session.
 pub struct Session<K, A> {
@@ -43,12 +45,13 @@ impl<K, T, A, O> Clone for SessionWindow<K, T, A, O> {
 
 impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> SessionWindow<K, T, A, O> {
     pub(crate) fn new(
+        name: &str,
         gap: Duration,
         time: impl Fn(&T) -> u64 + Send + Sync + 'static,
         agg: Aggregate<K, T, A, O>,
     ) -> Self {
         SessionWindow {
-            state: KeyedState::new("session window", |k: &K| Session {
+            state: KeyedState::new(name, |k: &K| Session {
                 key: k.clone(),
                 acc: None,
                 first: 0,
@@ -59,6 +62,51 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> SessionWindow<K, T, A, 
             agg,
             late: 0,
         }
+    }
+
+    /// The state with a codec: the key, the first and last times, then a 0 byte for no open
+    /// session or 1 and its value.
+    pub(crate) fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+    ) -> Self {
+        let (ek, dk) = (Arc::new(encode_key), Arc::new(decode_key));
+        let (ek2, dk2) = (ek.clone(), dk.clone());
+        self.state = self.state.checkpointed(
+            move |k, b| ek(k, b),
+            move |b| dk(b),
+            move |s: &Session<K, A>, b| {
+                put_framed(b, |b| ek2(&s.key, b));
+                b.extend_from_slice(&s.first.to_le_bytes());
+                b.extend_from_slice(&s.last.to_le_bytes());
+                match &s.acc {
+                    None => b.push(0),
+                    Some(a) => {
+                        b.push(1);
+                        encode_value(a, b)
+                    }
+                }
+            },
+            move |mut b: &[u8]| {
+                let key = dk2(take_framed(&mut b)?)?;
+                let (first, last) = (take_u64(&mut b)?, take_u64(&mut b)?);
+                let acc = match b.split_first()? {
+                    (0, []) => None,
+                    (1, rest) => Some(decode_value(rest)?),
+                    _ => return None,
+                };
+                Some(Session {
+                    key,
+                    acc,
+                    first,
+                    last,
+                })
+            },
+        );
+        self
     }
 
     fn close(&self, s: &mut Session<K, A>, emit: &mut Emit<'_, O>) {

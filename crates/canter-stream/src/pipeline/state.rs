@@ -533,6 +533,46 @@ pub struct Open<K, A> {
     at: u64,
 }
 
+impl<K: 'static, A: 'static> Open<K, A> {
+    /// A state of open windows with a codec: the key, the position or start, then a 0 byte for
+    /// no value yet or 1 and the value.
+    pub(crate) fn codec(
+        state: KeyedState<K, Open<K, A>>,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+    ) -> KeyedState<K, Open<K, A>> {
+        let (ek, dk) = (Arc::new(encode_key), Arc::new(decode_key));
+        let (ek2, dk2) = (ek.clone(), dk.clone());
+        state.checkpointed(
+            move |k, b| ek(k, b),
+            move |b| dk(b),
+            move |o: &Open<K, A>, b| {
+                put_framed(b, |b| ek2(&o.key, b));
+                b.extend_from_slice(&o.at.to_le_bytes());
+                match &o.acc {
+                    None => b.push(0),
+                    Some(a) => {
+                        b.push(1);
+                        encode_value(a, b)
+                    }
+                }
+            },
+            move |mut b: &[u8]| {
+                let key = dk2(take_framed(&mut b)?)?;
+                let at = take_u64(&mut b)?;
+                let acc = match b.split_first()? {
+                    (0, []) => None,
+                    (1, rest) => Some(decode_value(rest)?),
+                    _ => return None,
+                };
+                Some(Open { key, acc, at })
+            },
+        )
+    }
+}
+
 /// A count window: every `size` items of a key make one output.
 pub struct CountWindow<K, T, A, O> {
     state: KeyedState<K, Open<K, A>>,
@@ -551,9 +591,9 @@ impl<K, T, A, O> Clone for CountWindow<K, T, A, O> {
 }
 
 impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> CountWindow<K, T, A, O> {
-    pub(crate) fn new(size: u64, agg: Aggregate<K, T, A, O>) -> Self {
+    pub(crate) fn new(name: &str, size: u64, agg: Aggregate<K, T, A, O>) -> Self {
         CountWindow {
-            state: KeyedState::new("count window", |k: &K| Open {
+            state: KeyedState::new(name, |k: &K| Open {
                 key: k.clone(),
                 acc: None,
                 at: 0,
@@ -561,6 +601,26 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> CountWindow<K, T, A, O>
             size: size.max(1),
             agg,
         }
+    }
+}
+
+impl<K: 'static, T, A: 'static, O> CountWindow<K, T, A, O> {
+    /// The windows' state with a codec (see [`Open::codec`]).
+    pub(crate) fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+    ) -> Self {
+        self.state = Open::codec(
+            self.state,
+            encode_key,
+            decode_key,
+            encode_value,
+            decode_value,
+        );
+        self
     }
 }
 
@@ -619,12 +679,13 @@ impl<K, T, A, O> Clone for TumblingWindow<K, T, A, O> {
 
 impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> TumblingWindow<K, T, A, O> {
     pub(crate) fn new(
+        name: &str,
         size: Duration,
         time: impl Fn(&T) -> u64 + Send + Sync + 'static,
         agg: Aggregate<K, T, A, O>,
     ) -> Self {
         TumblingWindow {
-            state: KeyedState::new("tumbling window", |k: &K| Open {
+            state: KeyedState::new(name, |k: &K| Open {
                 key: k.clone(),
                 acc: None,
                 at: 0,
@@ -634,6 +695,26 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> TumblingWindow<K, T, A,
             agg,
             late: 0,
         }
+    }
+}
+
+impl<K: 'static, T, A: 'static, O> TumblingWindow<K, T, A, O> {
+    /// The windows' state with a codec (see [`Open::codec`]).
+    pub(crate) fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+    ) -> Self {
+        self.state = Open::codec(
+            self.state,
+            encode_key,
+            decode_key,
+            encode_value,
+            decode_value,
+        );
+        self
     }
 }
 
@@ -995,7 +1076,7 @@ mod tests {
 
     #[test]
     fn count_windows_close_every_n_items_per_key() {
-        let mut w = CountWindow::new(2, sum());
+        let mut w = CountWindow::new("w", 2, sum());
         let out = run(
             &mut w,
             &[(1, 1), (2, 10), (1, 2), (1, 4), (2, 20), (1, 8)],
@@ -1015,6 +1096,7 @@ mod tests {
     fn tumbling_windows_close_on_a_later_window_or_at_the_end_and_drop_late_items() {
         // Event time is the item's value in seconds.
         let mut w = TumblingWindow::new(
+            "w",
             Duration::from_secs(10),
             |&(_, v): &(u32, u64)| v * 1_000_000_000,
             sum(),
