@@ -1114,6 +1114,94 @@ fn final_aggregations_and_joins_checkpoint_with_codecs() {
         let rows: std::collections::BTreeSet<_> = first.into_iter().chain(second).collect();
         assert_eq!(rows, want, "{workers} workers");
     }
+    // A windowed join (each order and its fill by id, in 10 ms windows of the order's time,
+    // waiting for the whole input): every window is still open at the stop, and the restart
+    // ends with every row once.
+    let want: Vec<(u32, u64, Vec<Option<u64>>)> = (0..ORDERS)
+        .map(|i| {
+            let fill = (i % 3 == 0).then_some(1000 + i);
+            (
+                i as u32,
+                i / 10 * 10 * 1_000_000,
+                vec![Some(i % 100 + 1), fill],
+            )
+        })
+        .collect();
+    for workers in [1, 2] {
+        let dir = std::env::temp_dir().join(format!(
+            "canter-lib-join-window-ckpt-{}-{workers}",
+            std::process::id()
+        ));
+        let got = Collector::new();
+        let (first, second) = stopped_and_finished(&dir, workers, 0, &got, || {
+            let sides: Channel<(u32, usize, (u64, u64))> = Channel::new();
+            let mut t = Topology::new();
+            t.add(
+                Pipeline::new(
+                    "orders",
+                    Source::generate(ORDERS, |i, b| {
+                        b.extend_from_slice(&(i as u32).to_be_bytes());
+                        b.extend_from_slice(&(i % 100 + 1).to_be_bytes());
+                    }),
+                    decode,
+                )
+                .map(|(id, qty)| {
+                    if SLOW_CODECS.load(Ordering::Relaxed) && id % 4 == 0 {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    (id, 0usize, (u64::from(id), qty))
+                })
+                .sink(Sink::channel(&sides)),
+            );
+            t.add(
+                Pipeline::new(
+                    "fills",
+                    Source::generate(ORDERS.div_ceil(3), |j, b| {
+                        b.extend_from_slice(&((j * 3) as u32).to_be_bytes());
+                        b.extend_from_slice(&(1000 + j * 3).to_be_bytes());
+                    }),
+                    decode,
+                )
+                .map(|(id, px)| (id, 1usize, (u64::from(id), px)))
+                .sink(Sink::channel(&sides)),
+            );
+            let (ek, dk) = u32_codec();
+            t.add(
+                Pipeline::from_channel("join", &sides)
+                    .key_by(|(id, _, _)| *id)
+                    .join_window(
+                        2,
+                        Duration::from_millis(10),
+                        Duration::from_secs(3600),
+                        false,
+                        |(at, _): &(u64, u64)| at * 1_000_000,
+                    )
+                    .checkpointed(
+                        ek,
+                        dk,
+                        |(at, v): &(u64, u64), b: &mut Vec<u8>| {
+                            b.extend_from_slice(&at.to_le_bytes());
+                            b.extend_from_slice(&v.to_le_bytes());
+                        },
+                        |b: &[u8]| {
+                            let w = |i: usize| b.get(i..i + 8)?.try_into().ok();
+                            Some((u64::from_le_bytes(w(0)?), u64::from_le_bytes(w(8)?)))
+                        },
+                    )
+                    .map(|(id, span, row)| {
+                        (
+                            id,
+                            span.start,
+                            row.into_iter().map(|r| r.map(|x| x.1)).collect(),
+                        )
+                    })
+                    .sink(Sink::collect(&got)),
+            );
+            t
+        });
+        assert!(first.is_empty(), "rows before the end: {}", first.len());
+        assert_eq!(sorted(second), want, "{workers} workers");
+    }
 }
 
 /// Time and session windows with codecs keep their open windows across a stop in the middle of

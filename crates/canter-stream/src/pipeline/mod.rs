@@ -866,7 +866,8 @@ where
         C: Step<T, Out = (K, usize, V)>,
         V: Clone + Send + 'static,
     {
-        self.stateful(JoinWindow::new(sides, size, wait, product, time))
+        let name = format!("{} join_window", self.head.name);
+        self.stateful(JoinWindow::new(&name, sides, size, wait, product, time))
     }
 
     /// Any [`Stateful`] step.
@@ -971,6 +972,29 @@ where
         self.step = self
             .step
             .checkpointed(encode_key, decode_key, encode_value, decode_value);
+        self
+    }
+}
+
+impl<T, D, C, KF, K, V, P> Tail<T, D, C, KF, K, JoinWindow<K, V>, P>
+where
+    C: Step<T>,
+    P: Step<(K, Span, Vec<Option<V>>)>,
+    K: Clone + Send + Sync + 'static,
+    V: Clone + Send + 'static,
+{
+    /// Makes the windowed join's open windows part of checkpoints: keys and records are
+    /// written and read back by these functions.
+    pub fn checkpointed(
+        mut self,
+        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
+        encode_record: impl Fn(&V, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_record: impl Fn(&[u8]) -> Option<V> + Send + Sync + 'static,
+    ) -> Self {
+        self.step = self
+            .step
+            .checkpointed(encode_key, decode_key, encode_record, decode_record);
         self
     }
 }
