@@ -920,3 +920,24 @@ def test_a_finished_run_started_again_on_its_checkpoints_emits_nothing_again(tmp
     more = []
     run(counts(more), checkpoint_dir=ckpt, checkpoint_interval=0.05)
     assert sorted(more) == [("w1", 1), ("w7", 1)]
+
+
+def test_a_checkpointed_state_no_pipeline_holds_any_more_is_said(tmp_path, capfd):
+    """A flow restarted on a checkpoint of another shape (here its pipeline renamed, so its
+    window's state is named otherwise) restores what it can and says which state it left out,
+    instead of starting over in silence."""
+    src = tmp_path / "words.txt"
+    src.write_text("".join(f"w{i % 3}\n" for i in range(10)))
+    ckpt = tmp_path / "ckpt"
+
+    def windows(name):
+        flow = cp.Flow()
+        (flow.source(cp.file(src, frame="lines", decode=cp.text)).named(name)
+            .key_by(lambda w: w).count_window(100, init=int, fold=lambda n, w: n + 1)
+            .sink(cp.discard()))
+        return flow
+    run(windows("words"), checkpoint_dir=ckpt, checkpoint_interval=0.05)
+    capfd.readouterr()
+    run(windows("renamed"), checkpoint_dir=ckpt, checkpoint_interval=0.05)
+    err = capfd.readouterr().err
+    assert "no pipeline of this topology has" in err and "words window" in err, err

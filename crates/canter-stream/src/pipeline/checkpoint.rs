@@ -338,6 +338,14 @@ impl Restored {
     pub(crate) fn entries<'a>(&'a self, state: &'a str) -> impl Iterator<Item = &'a Entries> {
         self.chain.iter().filter_map(move |s| s.states.get(state))
     }
+
+    /// The names of the states the checkpoint holds.
+    pub(crate) fn state_names(&self) -> std::collections::BTreeSet<&str> {
+        self.chain
+            .iter()
+            .flat_map(|s| s.states.keys().map(String::as_str))
+            .collect()
+    }
 }
 
 /// The checkpoint directory.

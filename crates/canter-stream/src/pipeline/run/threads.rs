@@ -402,6 +402,25 @@ pub(super) async fn worker(
                     );
                 }
             }
+            if me == 0 {
+                // A state of the checkpoint no pipeline holds now (renamed, or its pipeline
+                // removed) is not restored: said, not ignored.
+                let held: std::collections::BTreeSet<String> = env
+                    .snaps
+                    .borrow()
+                    .iter()
+                    .map(|s| s.borrow().name().to_owned())
+                    .collect();
+                for name in r.state_names() {
+                    if !held.contains(name) {
+                        tracing::warn!(
+                            state = name,
+                            "the checkpoint holds a state no pipeline of this topology has: left \
+                             out of the restore"
+                        );
+                    }
+                }
+            }
             if r.workers as usize != env.workers && me == 0 {
                 tracing::warn!(
                     was = r.workers,
