@@ -556,13 +556,7 @@ class KeyedStream(Stream):
 
     @staticmethod
     def _ttl(ttl, what):
-        if ttl is None:
-            return None
-        if isinstance(ttl, (int, float)) and not isinstance(ttl, bool):
-            return float(ttl)
-        if hasattr(ttl, "total_seconds"):
-            return float(ttl.total_seconds())
-        raise TypeError(f"{what}(): ttl= takes seconds or a timedelta, not {ttl!r}")
+        return None if ttl is None else _seconds(ttl, what, "ttl")
 
     def update(self, state, f, *, on_eof=None, ttl=None, name=None):
         """`f(state, record)` with the record's key's state, which it may change in place;

@@ -501,7 +501,7 @@ static SLOW: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(
 /// after it) or count it twice.
 #[test]
 fn channels_checkpoint_and_a_restart_counts_every_record_once() {
-    use canter_stream::pipeline::{Channel, CheckpointOptions};
+    use canter_stream::pipeline::Channel;
     use std::sync::atomic::Ordering;
     const N: u64 = 40_000;
     let mut want: BTreeMap<u32, [u64; 3]> = BTreeMap::new();
@@ -515,7 +515,6 @@ fn channels_checkpoint_and_a_restart_counts_every_record_once() {
             "canter-lib-channels-ckpt-{}-{workers}",
             std::process::id()
         ));
-        let _ = std::fs::remove_dir_all(&dir);
         let got = Collector::new();
         let topology = || {
             let (evens, odds, both) = (Channel::new(), Channel::new(), Channel::new());
@@ -561,47 +560,15 @@ fn channels_checkpoint_and_a_restart_counts_every_record_once() {
             );
             t
         };
-        let options = || {
-            RunOptions::default()
-                .workers(workers)
-                .checkpoint(CheckpointOptions::new(&dir).interval(Duration::from_millis(20)))
-        };
-        // Stopped once a part of the input went through and three checkpoints followed.
-        SLOW.store(true, Ordering::Relaxed);
-        let running = topology().start(options()).expect("start");
-        let deadline = Instant::now() + Duration::from_secs(120);
-        let mut seen = Vec::new();
-        while seen.len() < 2_000 {
-            assert!(Instant::now() < deadline, "no results: {}", seen.len());
-            seen.extend(got.take());
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let at = running.metrics().checkpoints().completed;
-        while running.metrics().checkpoints().completed < at + 3 {
-            assert!(Instant::now() < deadline, "no checkpoints");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        SLOW.store(false, Ordering::Relaxed);
-        running.shutdown_handle().shutdown();
-        running.wait().expect("workers");
-        seen.extend(got.take());
-        let first = seen.len() as u64;
+        // Stopped once a part of the input went through and three checkpoints followed, then
+        // run again to the end from the last checkpoint.
+        let (before, after) = stopped_and_finished(&dir, workers, 2_000, &SLOW, &got, topology);
+        let first = before.len() as u64;
         assert!(
             first < N,
             "the first run was to stop in the middle ({first} results)"
         );
-        // Then to the end, from the last checkpoint.
-        let running = topology().start(options()).expect("restart");
-        assert!(running.metrics().checkpoints().restored_epoch > 0);
-        while !running.is_finished() {
-            assert!(
-                Instant::now() < deadline,
-                "the restarted run did not finish"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        running.wait().expect("workers");
-        seen.extend(got.take());
+        let seen: Vec<_> = before.into_iter().chain(after).collect();
         let mut last: BTreeMap<u32, [u64; 3]> = BTreeMap::new();
         for (k, s) in &seen {
             let n = want.get(k).map_or(0, |w| w[0]);
@@ -619,7 +586,6 @@ fn channels_checkpoint_and_a_restart_counts_every_record_once() {
             last, want,
             "{workers} workers, {first} results before the restart"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -937,12 +903,13 @@ fn u64_codec() -> (
 static SLOW_CODECS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Runs `topology()` with checkpoints on `dir` until `enough` results (0: none needed) and
-/// three checkpoints after them (the first pipeline slowed by [`SLOW_CODECS`]), stops it, and
-/// runs it again to the end of its input: the results of both runs.
+/// three checkpoints after them (the topology slowed while `slow` is set), stops it, and runs
+/// it again to the end of its input: the results of both runs.
 fn stopped_and_finished<O: Send + 'static>(
     dir: &std::path::Path,
     workers: usize,
     enough: usize,
+    slow: &std::sync::atomic::AtomicBool,
     got: &Collector<O>,
     topology: impl Fn() -> Topology,
 ) -> (Vec<O>, Vec<O>) {
@@ -954,7 +921,7 @@ fn stopped_and_finished<O: Send + 'static>(
             .workers(workers)
             .checkpoint(CheckpointOptions::new(dir).interval(Duration::from_millis(20)))
     };
-    SLOW_CODECS.store(true, Ordering::Relaxed);
+    slow.store(true, Ordering::Relaxed);
     let running = topology().start(options()).expect("start");
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut first = Vec::new();
@@ -968,7 +935,7 @@ fn stopped_and_finished<O: Send + 'static>(
         assert!(Instant::now() < deadline, "no checkpoints");
         std::thread::sleep(Duration::from_millis(5));
     }
-    SLOW_CODECS.store(false, Ordering::Relaxed);
+    slow.store(false, Ordering::Relaxed);
     running.shutdown_handle().shutdown();
     running.wait().expect("workers");
     first.extend(got.take());
@@ -1007,7 +974,7 @@ fn final_aggregations_and_joins_checkpoint_with_codecs() {
             std::process::id()
         ));
         let got = Collector::new();
-        let (first, second) = stopped_and_finished(&dir, workers, 0, &got, || {
+        let (first, second) = stopped_and_finished(&dir, workers, 0, &SLOW_CODECS, &got, || {
             let (both, finals) = (Channel::new(), Channel::new());
             let mut t = Topology::new();
             t.add(
@@ -1068,7 +1035,7 @@ fn final_aggregations_and_joins_checkpoint_with_codecs() {
             std::process::id()
         ));
         let got = Collector::new();
-        let (first, second) = stopped_and_finished(&dir, workers, 100, &got, || {
+        let (first, second) = stopped_and_finished(&dir, workers, 100, &SLOW_CODECS, &got, || {
             let sides: Channel<(u32, usize, u64)> = Channel::new();
             let mut t = Topology::new();
             t.add(
@@ -1133,7 +1100,7 @@ fn final_aggregations_and_joins_checkpoint_with_codecs() {
             std::process::id()
         ));
         let got = Collector::new();
-        let (first, second) = stopped_and_finished(&dir, workers, 0, &got, || {
+        let (first, second) = stopped_and_finished(&dir, workers, 0, &SLOW_CODECS, &got, || {
             let sides: Channel<(u32, usize, (u64, u64))> = Channel::new();
             let mut t = Topology::new();
             t.add(
@@ -1233,7 +1200,7 @@ fn time_windows_checkpoint_with_codecs() {
             std::process::id()
         ));
         let got = Collector::new();
-        let (before, after) = stopped_and_finished(&dir, workers, 50, &got, || {
+        let (before, after) = stopped_and_finished(&dir, workers, 50, &SLOW_CODECS, &got, || {
             let (ek, dk) = u32_codec();
             let (ek2, dk2) = u32_codec();
             let pair = |a: &(u64, u64), b: &mut Vec<u8>| {

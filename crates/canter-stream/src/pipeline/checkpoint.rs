@@ -137,7 +137,7 @@ impl Entries {
 }
 
 /// Writes `f`'s output after a 4-byte length.
-fn put_with_len(out: &mut Vec<u8>, f: impl FnOnce(&mut Vec<u8>)) {
+pub(crate) fn put_with_len(out: &mut Vec<u8>, f: impl FnOnce(&mut Vec<u8>)) {
     let at = out.len();
     out.extend_from_slice(&[0; 4]);
     f(out);
@@ -283,7 +283,9 @@ fn put_str(b: &mut Vec<u8>, s: &str) {
     b.extend_from_slice(s);
 }
 
-struct Reader<'a>(&'a [u8]);
+/// Reads what the writers here (big-endian numbers, [`put_with_len`]'s lengths) wrote; what is
+/// left is `.0`.
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], ()> {
@@ -294,7 +296,7 @@ impl<'a> Reader<'a> {
         self.0 = b;
         Ok(a)
     }
-    fn u8(&mut self) -> Result<u8, ()> {
+    pub(crate) fn u8(&mut self) -> Result<u8, ()> {
         Ok(self.take(1)?[0])
     }
     fn u16(&mut self) -> Result<u16, ()> {
@@ -302,17 +304,17 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(self.take(2)?);
         Ok(u16::from_be_bytes(a))
     }
-    fn u32(&mut self) -> Result<u32, ()> {
+    pub(crate) fn u32(&mut self) -> Result<u32, ()> {
         let mut a = [0u8; 4];
         a.copy_from_slice(self.take(4)?);
         Ok(u32::from_be_bytes(a))
     }
-    fn u64(&mut self) -> Result<u64, ()> {
+    pub(crate) fn u64(&mut self) -> Result<u64, ()> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_be_bytes(a))
     }
-    fn bytes(&mut self) -> Result<&'a [u8], ()> {
+    pub(crate) fn bytes(&mut self) -> Result<&'a [u8], ()> {
         let n = self.u32()? as usize;
         self.take(n)
     }

@@ -4,10 +4,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::state::{
-    join_rows, put_framed, put_u32, take_framed, take_u32, take_u64, Emit, KeyedState, Span,
-    Stateful,
-};
+use super::codecs::{put_opt_u64, put_u32, put_u64, take_opt_u64};
+use super::codecs::{Checkpointable, Codecs};
+use super::state::{join_rows, Emit, KeyedState, Span, Stateful};
 
 /// One key's open windows: by start, each side's records; and the key's latest time.
 pub struct JoinWindows<K, V> {
@@ -77,60 +76,28 @@ impl<K: Clone + Send + Sync + 'static, V: 'static> JoinWindow<K, V> {
     }
 }
 
-impl<K: 'static, V: 'static> JoinWindow<K, V> {
-    /// The state with a codec: the key, the latest time (a flag and the time), then each open
-    /// window's start and its sides' records.
-    pub(crate) fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_record: impl Fn(&V, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_record: impl Fn(&[u8]) -> Option<V> + Send + Sync + 'static,
-    ) -> Self {
-        let (ek, dk) = (Arc::new(encode_key), Arc::new(decode_key));
-        let (ek2, dk2) = (ek.clone(), dk.clone());
-        self.state = self.state.checkpointed(
-            move |k, b| ek(k, b),
-            move |b| dk(b),
-            move |w: &JoinWindows<K, V>, b| {
-                put_framed(b, |b| ek2(&w.key, b));
-                b.push(u8::from(w.latest.is_some()));
-                b.extend_from_slice(&w.latest.unwrap_or(0).to_le_bytes());
+impl<K: 'static, V: 'static> Checkpointable<K> for JoinWindow<K, V> {
+    type Value = V;
+    /// The key, its latest time, then each open window's start and its sides' records.
+    fn with_codecs(mut self, codecs: Codecs<K, V>) -> Self {
+        self.state = self.state.with_codecs(
+            codecs,
+            |c, w: &JoinWindows<K, V>, b| {
+                c.put_key(&w.key, b);
+                put_opt_u64(b, w.latest);
                 put_u32(b, w.open.len());
                 for (start, sides) in &w.open {
-                    b.extend_from_slice(&start.to_le_bytes());
-                    put_u32(b, sides.len());
-                    for side in sides {
-                        put_u32(b, side.len());
-                        for v in side {
-                            put_framed(b, |b| encode_record(v, b));
-                        }
-                    }
+                    put_u64(b, *start);
+                    c.put_sides(sides, b);
                 }
             },
-            move |mut b: &[u8]| {
-                let key = dk2(take_framed(&mut b)?)?;
-                let (flag, rest) = b.split_first()?;
-                b = rest;
-                let latest = take_u64(&mut b)?;
+            |c, b| {
+                let (key, latest) = (c.take_key(b)?, take_opt_u64(b)?);
                 let mut open = BTreeMap::new();
-                for _ in 0..take_u32(&mut b)? {
-                    let start = take_u64(&mut b)?;
-                    let mut sides = Vec::new();
-                    for _ in 0..take_u32(&mut b)? {
-                        let mut side = Vec::new();
-                        for _ in 0..take_u32(&mut b)? {
-                            side.push(decode_record(take_framed(&mut b)?)?);
-                        }
-                        sides.push(side);
-                    }
-                    open.insert(start, sides);
+                for _ in 0..b.u32().ok()? {
+                    open.insert(b.u64().ok()?, c.take_sides(b)?);
                 }
-                b.is_empty().then_some(JoinWindows {
-                    key,
-                    open,
-                    latest: (*flag == 1).then_some(latest),
-                })
+                Some(JoinWindows { key, open, latest })
             },
         );
         self

@@ -41,6 +41,7 @@
 //!   HDR latency histograms from source read to sink write, as Prometheus text and JSON.
 
 pub mod checkpoint;
+mod codecs;
 mod join_window;
 mod metrics;
 mod run;
@@ -57,6 +58,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use checkpoint::CheckpointOptions;
+pub use codecs::{Checkpointable, Codecs};
 pub use join_window::{JoinWindow, JoinWindows};
 pub use metrics::{CheckpointTotals, Metrics, Percentiles, PipeSample, Sample, Totals};
 pub use run::{Group, Running, Shutdown, Wire};
@@ -880,169 +882,25 @@ where
     }
 }
 
-impl<T, D, C, KF, K, A, P> Tail<T, D, C, KF, K, Final<K, C::Out, A>, P>
+impl<T, D, C, KF, K, U, P> Tail<T, D, C, KF, K, U, P>
 where
     C: Step<T>,
-    P: Step<(K, A)>,
-    K: Clone + Send + 'static,
-    A: Send + 'static,
+    U: Checkpointable<K>,
 {
-    /// Makes the final aggregation part of checkpoints (see [`KeyedState::checkpointed`]):
-    /// keys and the values folded so far are written and read back by these functions, so a
-    /// restarted topology goes on folding and emits each key's value once, at the end.
+    /// Makes a built-in step's state part of checkpoints (see [`KeyedState::checkpointed`]):
+    /// keys and the values the step keeps (a final aggregation's or a window's value, a join's
+    /// records) are written and read back by these functions, so a restarted topology goes on
+    /// from what the checkpoint held: windows open then are finished, a final aggregation is
+    /// emitted once, at the end.
     pub fn checkpointed(
         mut self,
         encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
         decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+        encode_value: impl Fn(&U::Value, &mut Vec<u8>) + Send + Sync + 'static,
+        decode_value: impl Fn(&[u8]) -> Option<U::Value> + Send + Sync + 'static,
     ) -> Self {
-        self.step = self
-            .step
-            .checkpointed(encode_key, decode_key, encode_value, decode_value);
-        self
-    }
-}
-
-impl<T, D, C, KF, K, A, O, P> Tail<T, D, C, KF, K, CountWindow<K, C::Out, A, O>, P>
-where
-    C: Step<T>,
-    P: Step<O>,
-    K: Clone + Send + Sync + 'static,
-    A: Send + 'static,
-    O: Send + 'static,
-{
-    /// Makes the open windows part of checkpoints, as `checkpointed` does for time windows:
-    /// keys and the open windows' values are written and read back by these functions.
-    pub fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
-    ) -> Self {
-        self.step = self
-            .step
-            .checkpointed(encode_key, decode_key, encode_value, decode_value);
-        self
-    }
-}
-
-impl<T, D, C, KF, K, A, O, P> Tail<T, D, C, KF, K, TumblingWindow<K, C::Out, A, O>, P>
-where
-    C: Step<T>,
-    P: Step<O>,
-    K: Clone + Send + Sync + 'static,
-    A: Send + 'static,
-    O: Send + 'static,
-{
-    /// Makes the open windows part of checkpoints, as `checkpointed` does for time windows:
-    /// keys and the open windows' values are written and read back by these functions.
-    pub fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
-    ) -> Self {
-        self.step = self
-            .step
-            .checkpointed(encode_key, decode_key, encode_value, decode_value);
-        self
-    }
-}
-
-impl<T, D, C, KF, K, A, O, P> Tail<T, D, C, KF, K, SessionWindow<K, C::Out, A, O>, P>
-where
-    C: Step<T>,
-    P: Step<O>,
-    K: Clone + Send + Sync + 'static,
-    A: Send + 'static,
-    O: Send + 'static,
-{
-    /// Makes the open windows part of checkpoints, as `checkpointed` does for time windows:
-    /// keys and the open windows' values are written and read back by these functions.
-    pub fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
-    ) -> Self {
-        self.step = self
-            .step
-            .checkpointed(encode_key, decode_key, encode_value, decode_value);
-        self
-    }
-}
-
-impl<T, D, C, KF, K, V, P> Tail<T, D, C, KF, K, JoinWindow<K, V>, P>
-where
-    C: Step<T>,
-    P: Step<(K, Span, Vec<Option<V>>)>,
-    K: Clone + Send + Sync + 'static,
-    V: Clone + Send + 'static,
-{
-    /// Makes the windowed join's open windows part of checkpoints: keys and records are
-    /// written and read back by these functions.
-    pub fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_record: impl Fn(&V, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_record: impl Fn(&[u8]) -> Option<V> + Send + Sync + 'static,
-    ) -> Self {
-        self.step = self
-            .step
-            .checkpointed(encode_key, decode_key, encode_record, decode_record);
-        self
-    }
-}
-
-impl<T, D, C, KF, K, A, O, P> Tail<T, D, C, KF, K, TimeWindow<K, C::Out, A, O>, P>
-where
-    C: Step<T>,
-    P: Step<O>,
-    K: Clone + Send + Sync + 'static,
-    A: Send + 'static,
-    O: Send + 'static,
-{
-    /// Makes the windows part of checkpoints (see [`KeyedState::checkpointed`]): keys and the
-    /// open windows' values are written and read back by these functions, so a restarted
-    /// topology finishes the windows that were open.
-    pub fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
-    ) -> Self {
-        self.step = self
-            .step
-            .checkpointed(encode_key, decode_key, encode_value, decode_value);
-        self
-    }
-}
-
-impl<T, D, C, KF, K, V, P> Tail<T, D, C, KF, K, Join<K, V>, P>
-where
-    C: Step<T>,
-    P: Step<(K, Vec<Option<V>>)>,
-    K: Clone + Send + 'static,
-    V: Clone + Send + 'static,
-{
-    /// Makes the join's kept records part of checkpoints (see [`KeyedState::checkpointed`]):
-    /// keys and records are written and read back by these functions.
-    pub fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_record: impl Fn(&V, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_record: impl Fn(&[u8]) -> Option<V> + Send + Sync + 'static,
-    ) -> Self {
-        self.step = self
-            .step
-            .checkpointed(encode_key, decode_key, encode_record, decode_record);
+        let codecs = Codecs::new(encode_key, decode_key, encode_value, decode_value);
+        self.step = self.step.with_codecs(codecs);
         self
     }
 }

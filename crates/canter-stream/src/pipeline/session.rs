@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::state::{
-    put_framed, take_framed, take_u64, Aggregate, Emit, KeyedState, Span, Stateful,
-};
+use super::codecs::{put_u64, Checkpointable, Codecs};
+use super::state::{Aggregate, Emit, KeyedState, Span, Stateful};
 
 /// One key's open session.
 pub struct Session<K, A> {
@@ -64,51 +63,6 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> SessionWindow<K, T, A, 
         }
     }
 
-    /// The state with a codec: the key, the first and last times, then a 0 byte for no open
-    /// session or 1 and its value.
-    pub(crate) fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
-    ) -> Self {
-        let (ek, dk) = (Arc::new(encode_key), Arc::new(decode_key));
-        let (ek2, dk2) = (ek.clone(), dk.clone());
-        self.state = self.state.checkpointed(
-            move |k, b| ek(k, b),
-            move |b| dk(b),
-            move |s: &Session<K, A>, b| {
-                put_framed(b, |b| ek2(&s.key, b));
-                b.extend_from_slice(&s.first.to_le_bytes());
-                b.extend_from_slice(&s.last.to_le_bytes());
-                match &s.acc {
-                    None => b.push(0),
-                    Some(a) => {
-                        b.push(1);
-                        encode_value(a, b)
-                    }
-                }
-            },
-            move |mut b: &[u8]| {
-                let key = dk2(take_framed(&mut b)?)?;
-                let (first, last) = (take_u64(&mut b)?, take_u64(&mut b)?);
-                let acc = match b.split_first()? {
-                    (0, []) => None,
-                    (1, rest) => Some(decode_value(rest)?),
-                    _ => return None,
-                };
-                Some(Session {
-                    key,
-                    acc,
-                    first,
-                    last,
-                })
-            },
-        );
-        self
-    }
-
     fn close(&self, s: &mut Session<K, A>, emit: &mut Emit<'_, O>) {
         if let Some(acc) = s.acc.take() {
             let span = Span {
@@ -117,6 +71,31 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> SessionWindow<K, T, A, 
             };
             emit.emit((self.agg.output)(&s.key, acc, span));
         }
+    }
+}
+
+impl<K: 'static, T, A: 'static, O> Checkpointable<K> for SessionWindow<K, T, A, O> {
+    type Value = A;
+    /// The key, the open session's first and last times, and its value (if any).
+    fn with_codecs(mut self, codecs: Codecs<K, A>) -> Self {
+        self.state = self.state.with_codecs(
+            codecs,
+            |c, s: &Session<K, A>, b| {
+                c.put_key(&s.key, b);
+                put_u64(b, s.first);
+                put_u64(b, s.last);
+                c.put_option(&s.acc, b);
+            },
+            |c, b| {
+                Some(Session {
+                    key: c.take_key(b)?,
+                    first: b.u64().ok()?,
+                    last: b.u64().ok()?,
+                    acc: c.take_option(b)?,
+                })
+            },
+        );
+        self
     }
 }
 

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::checkpoint::Entries;
+use super::checkpoint::{Entries, Reader};
+use super::codecs::{put_u64, Checkpointable, Codecs};
 
 /// A fast hasher for keys (the FxHash mix, then a folded multiply): keys come from the
 /// application, not from a peer choosing them to collide, and a symbol's 4 bytes hash in two
@@ -122,6 +123,32 @@ impl<K, S> std::fmt::Debug for KeyedState<K, S> {
             .field("name", &self.name)
             .field("checkpointed", &self.codec.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+impl<K: 'static, S: 'static> KeyedState<K, S> {
+    /// The state checkpointed with a built-in step's `codecs`: keys by their codec, each state
+    /// by `encode` and `decode` (a state whose bytes `decode` leaves some of is refused).
+    pub(crate) fn with_codecs<V: 'static>(
+        self,
+        codecs: Codecs<K, V>,
+        encode: impl Fn(&Codecs<K, V>, &S, &mut Vec<u8>) + Send + Sync + 'static,
+        decode: impl Fn(&Codecs<K, V>, &mut Reader<'_>) -> Option<S> + Send + Sync + 'static,
+    ) -> Self {
+        let (ek, dk, c) = (
+            codecs.encode_key.clone(),
+            codecs.decode_key.clone(),
+            codecs.clone(),
+        );
+        self.checkpointed(
+            move |k, b| ek(k, b),
+            move |b| dk(b),
+            move |st, b| encode(&codecs, st, b),
+            move |b| {
+                let mut r = Reader(b);
+                decode(&c, &mut r).filter(|_| r.0.is_empty())
+            },
+        )
     }
 }
 
@@ -534,40 +561,25 @@ pub struct Open<K, A> {
 }
 
 impl<K: 'static, A: 'static> Open<K, A> {
-    /// A state of open windows with a codec: the key, the position or start, then a 0 byte for
-    /// no value yet or 1 and the value.
-    pub(crate) fn codec(
+    /// A state of open windows with codecs: the key, the position or start, then the value
+    /// (if there is one yet).
+    fn with_codecs(
         state: KeyedState<K, Open<K, A>>,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
+        codecs: Codecs<K, A>,
     ) -> KeyedState<K, Open<K, A>> {
-        let (ek, dk) = (Arc::new(encode_key), Arc::new(decode_key));
-        let (ek2, dk2) = (ek.clone(), dk.clone());
-        state.checkpointed(
-            move |k, b| ek(k, b),
-            move |b| dk(b),
-            move |o: &Open<K, A>, b| {
-                put_framed(b, |b| ek2(&o.key, b));
-                b.extend_from_slice(&o.at.to_le_bytes());
-                match &o.acc {
-                    None => b.push(0),
-                    Some(a) => {
-                        b.push(1);
-                        encode_value(a, b)
-                    }
-                }
+        state.with_codecs(
+            codecs,
+            |c, o: &Open<K, A>, b| {
+                c.put_key(&o.key, b);
+                put_u64(b, o.at);
+                c.put_option(&o.acc, b);
             },
-            move |mut b: &[u8]| {
-                let key = dk2(take_framed(&mut b)?)?;
-                let at = take_u64(&mut b)?;
-                let acc = match b.split_first()? {
-                    (0, []) => None,
-                    (1, rest) => Some(decode_value(rest)?),
-                    _ => return None,
-                };
-                Some(Open { key, acc, at })
+            |c, b| {
+                Some(Open {
+                    key: c.take_key(b)?,
+                    at: b.u64().ok()?,
+                    acc: c.take_option(b)?,
+                })
             },
         )
     }
@@ -604,22 +616,10 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> CountWindow<K, T, A, O>
     }
 }
 
-impl<K: 'static, T, A: 'static, O> CountWindow<K, T, A, O> {
-    /// The windows' state with a codec (see [`Open::codec`]).
-    pub(crate) fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
-    ) -> Self {
-        self.state = Open::codec(
-            self.state,
-            encode_key,
-            decode_key,
-            encode_value,
-            decode_value,
-        );
+impl<K: 'static, T, A: 'static, O> Checkpointable<K> for CountWindow<K, T, A, O> {
+    type Value = A;
+    fn with_codecs(mut self, codecs: Codecs<K, A>) -> Self {
+        self.state = Open::with_codecs(self.state, codecs);
         self
     }
 }
@@ -698,22 +698,10 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> TumblingWindow<K, T, A,
     }
 }
 
-impl<K: 'static, T, A: 'static, O> TumblingWindow<K, T, A, O> {
-    /// The windows' state with a codec (see [`Open::codec`]).
-    pub(crate) fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
-    ) -> Self {
-        self.state = Open::codec(
-            self.state,
-            encode_key,
-            decode_key,
-            encode_value,
-            decode_value,
-        );
+impl<K: 'static, T, A: 'static, O> Checkpointable<K> for TumblingWindow<K, T, A, O> {
+    type Value = A;
+    fn with_codecs(mut self, codecs: Codecs<K, A>) -> Self {
+        self.state = Open::with_codecs(self.state, codecs);
         self
     }
 }
@@ -798,30 +786,16 @@ impl<K, T, A> Final<K, T, A> {
             fold: Arc::new(fold),
         }
     }
+}
 
-    /// The state with a codec: a 0 byte for no value yet, or 1 and the value's bytes.
-    pub(crate) fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
-    ) -> Self {
-        self.state = self.state.checkpointed(
-            encode_key,
-            decode_key,
-            move |acc: &Option<A>, b| match acc {
-                None => b.push(0),
-                Some(a) => {
-                    b.push(1);
-                    encode_value(a, b)
-                }
-            },
-            move |b: &[u8]| match b.split_first() {
-                Some((0, [])) => Some(None),
-                Some((1, rest)) => decode_value(rest).map(Some),
-                _ => None,
-            },
+impl<K: 'static, T, A: 'static> Checkpointable<K> for Final<K, T, A> {
+    type Value = A;
+    /// The value folded so far, if any.
+    fn with_codecs(mut self, codecs: Codecs<K, A>) -> Self {
+        self.state = self.state.with_codecs(
+            codecs,
+            |c, acc: &Option<A>, b| c.put_option(acc, b),
+            |c, b| c.take_option(b),
         );
         self
     }
@@ -899,77 +873,19 @@ impl<K, V> Join<K, V> {
             emit,
         }
     }
+}
 
-    /// The join's state with a codec: the sides' count, then per side its records' count and
-    /// each record's length and bytes (u32s, little-endian).
-    pub(crate) fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_record: impl Fn(&V, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_record: impl Fn(&[u8]) -> Option<V> + Send + Sync + 'static,
-    ) -> Self {
-        self.state = self.state.checkpointed(
-            encode_key,
-            decode_key,
-            move |sides: &Vec<Vec<V>>, b| {
-                put_u32(b, sides.len());
-                for side in sides {
-                    put_u32(b, side.len());
-                    for v in side {
-                        put_framed(b, |b| encode_record(v, b));
-                    }
-                }
-            },
-            move |mut b: &[u8]| {
-                let mut sides = Vec::new();
-                for _ in 0..take_u32(&mut b)? {
-                    let mut side = Vec::new();
-                    for _ in 0..take_u32(&mut b)? {
-                        side.push(decode_record(take_framed(&mut b)?)?);
-                    }
-                    sides.push(side);
-                }
-                b.is_empty().then_some(sides)
-            },
+impl<K: 'static, V: 'static> Checkpointable<K> for Join<K, V> {
+    type Value = V;
+    /// Each side's records kept so far.
+    fn with_codecs(mut self, codecs: Codecs<K, V>) -> Self {
+        self.state = self.state.with_codecs(
+            codecs,
+            |c, sides: &Vec<Vec<V>>, b| c.put_sides(sides, b),
+            |c, b| c.take_sides(b),
         );
         self
     }
-}
-
-pub(crate) fn put_u32(b: &mut Vec<u8>, n: usize) {
-    b.extend_from_slice(&(n as u32).to_le_bytes());
-}
-
-/// Writes a length (u32) and then what `f` writes.
-pub(crate) fn put_framed(b: &mut Vec<u8>, f: impl FnOnce(&mut Vec<u8>)) {
-    let at = b.len();
-    b.extend_from_slice(&[0; 4]);
-    f(b);
-    let n = (b.len() - at - 4) as u32;
-    b[at..at + 4].copy_from_slice(&n.to_le_bytes());
-}
-
-/// What [`put_framed`] wrote, off the front of `b`.
-pub(crate) fn take_framed<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
-    let len = take_u32(b)? as usize;
-    let (part, rest) = (b.get(..len)?, b.get(len..)?);
-    *b = rest;
-    Some(part)
-}
-
-/// A little-endian u64 off the front of `b`.
-pub(crate) fn take_u64(b: &mut &[u8]) -> Option<u64> {
-    let (n, rest) = (b.get(..8)?, b.get(8..)?);
-    *b = rest;
-    Some(u64::from_le_bytes(n.try_into().ok()?))
-}
-
-/// A little-endian u32 off the front of `b`.
-pub(crate) fn take_u32(b: &mut &[u8]) -> Option<u32> {
-    let (n, rest) = (b.get(..4)?, b.get(4..)?);
-    *b = rest;
-    Some(u32::from_le_bytes(n.try_into().ok()?))
 }
 
 /// Every combination of the sides' records (a record, or None for an empty side, from each),

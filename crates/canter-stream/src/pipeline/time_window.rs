@@ -5,10 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::state::{
-    put_framed, put_u32, take_framed, take_u32, take_u64, Aggregate, Emit, KeyedState, Span,
-    Stateful,
-};
+use super::codecs::{put_opt_u64, put_u32, put_u64, take_opt_u64};
+use super::codecs::{Checkpointable, Codecs};
+use super::state::{Aggregate, Emit, KeyedState, Span, Stateful};
 
 /// One key's open windows, by start, and its latest item time.
 pub struct TimeWindows<K, A> {
@@ -77,56 +76,40 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> TimeWindow<K, T, A, O> 
         }
     }
 
-    /// The state with a codec: the key, the latest time (0 and a flag), then each open
-    /// window's start and value.
-    pub(crate) fn checkpointed(
-        mut self,
-        encode_key: impl Fn(&K, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_key: impl Fn(&[u8]) -> Option<K> + Send + Sync + 'static,
-        encode_value: impl Fn(&A, &mut Vec<u8>) + Send + Sync + 'static,
-        decode_value: impl Fn(&[u8]) -> Option<A> + Send + Sync + 'static,
-    ) -> Self {
-        let (ek, dk) = (Arc::new(encode_key), Arc::new(decode_key));
-        let (ek2, dk2) = (ek.clone(), dk.clone());
-        self.state = self.state.checkpointed(
-            move |k, b| ek(k, b),
-            move |b| dk(b),
-            move |w: &TimeWindows<K, A>, b| {
-                put_framed(b, |b| ek2(&w.key, b));
-                b.push(u8::from(w.latest.is_some()));
-                b.extend_from_slice(&w.latest.unwrap_or(0).to_le_bytes());
-                put_u32(b, w.open.len());
-                for (start, acc) in &w.open {
-                    b.extend_from_slice(&start.to_le_bytes());
-                    put_framed(b, |b| encode_value(acc, b));
-                }
-            },
-            move |mut b: &[u8]| {
-                let key = dk2(take_framed(&mut b)?)?;
-                let (flag, rest) = b.split_first()?;
-                b = rest;
-                let latest = take_u64(&mut b)?;
-                let mut open = BTreeMap::new();
-                for _ in 0..take_u32(&mut b)? {
-                    let start = take_u64(&mut b)?;
-                    open.insert(start, decode_value(take_framed(&mut b)?)?);
-                }
-                b.is_empty().then_some(TimeWindows {
-                    key,
-                    open,
-                    latest: (*flag == 1).then_some(latest),
-                })
-            },
-        );
-        self
-    }
-
     fn close(&self, key: &K, start: u64, acc: A, emit: &mut Emit<'_, O>) {
         let span = Span {
             start,
             end: start.saturating_add(self.size),
         };
         emit.emit((self.agg.output)(key, acc, span));
+    }
+}
+
+impl<K: 'static, T, A: 'static, O> Checkpointable<K> for TimeWindow<K, T, A, O> {
+    type Value = A;
+    /// The key, its latest time, then each open window's start and value.
+    fn with_codecs(mut self, codecs: Codecs<K, A>) -> Self {
+        self.state = self.state.with_codecs(
+            codecs,
+            |c, w: &TimeWindows<K, A>, b| {
+                c.put_key(&w.key, b);
+                put_opt_u64(b, w.latest);
+                put_u32(b, w.open.len());
+                for (start, acc) in &w.open {
+                    put_u64(b, *start);
+                    c.put_value(acc, b);
+                }
+            },
+            |c, b| {
+                let (key, latest) = (c.take_key(b)?, take_opt_u64(b)?);
+                let mut open = BTreeMap::new();
+                for _ in 0..b.u32().ok()? {
+                    open.insert(b.u64().ok()?, c.take_value(b)?);
+                }
+                Some(TimeWindows { key, open, latest })
+            },
+        );
+        self
     }
 }
 
