@@ -1212,7 +1212,8 @@ def gone(pid):
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
         return state in ("Z", "X") and len(os.listdir(f"/proc/{pid}/task")) <= 1
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # Reaped before the open, or between the open and the read (ESRCH).
         return True
 
 
