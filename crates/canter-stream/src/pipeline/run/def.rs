@@ -638,8 +638,10 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
         let mut t = tail.borrow_mut();
         // A shutdown of a topology that checkpoints is not the end of its input: what the
         // steps hold (open windows, final aggregations) stays in the checkpoint and goes on
-        // after a restart, instead of coming out now and again then.
-        if !(env.ckpt.is_some() && env.shutting.get()) {
+        // after a restart, instead of coming out now and again then. Asked of the whole
+        // topology, not this worker's notice: the ends that made this drain stop may come
+        // from a worker that saw the shutdown before this one did.
+        if !(env.ckpt.is_some() && env.stop_requested()) {
             t.finish();
         }
         t.end_turn();

@@ -5,7 +5,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use canter_rt::proto::Handle;
@@ -43,7 +43,10 @@ pub(crate) struct Env {
     /// Source connections open on this worker.
     pub(super) open_sources: Cell<usize>,
     pub(super) tasks: RefCell<Vec<tokio::task::JoinHandle<()>>>,
+    /// This worker has seen the shutdown (its sources stop reading).
     pub(super) shutting: Cell<bool>,
+    /// The topology's shutdown was asked for (set before any worker is told).
+    stopping: Arc<AtomicBool>,
     pub(super) resumes: Arc<Vec<Arc<Notify>>>,
     /// Checkpoints on this worker (none when the topology does not checkpoint).
     pub(super) ckpt: Option<WorkerCkpt>,
@@ -61,6 +64,7 @@ impl Env {
         opts: RunOptions,
         resumes: Arc<Vec<Arc<Notify>>>,
         ckpt: Option<WorkerCkpt>,
+        stopping: Arc<AtomicBool>,
     ) -> Env {
         let workers = opts.workers;
         let (base, total) = match &opts.group {
@@ -89,11 +93,18 @@ impl Env {
             open_sources: Cell::new(0),
             tasks: RefCell::new(Vec::new()),
             shutting: Cell::new(false),
+            stopping,
             resumes,
             ckpt,
             snaps: RefCell::new(Vec::new()),
             channels: RefCell::new(HashMap::new()),
         }
+    }
+
+    /// Whether the topology is stopping, seen on this worker or not yet: an end of input that
+    /// another worker's shutdown sent can come before this worker's own notice of it.
+    pub(super) fn stop_requested(&self) -> bool {
+        self.shutting.get() || self.stopping.load(Ordering::SeqCst)
     }
 
     /// Registers the head of a pipeline reading channel `id` on this worker.

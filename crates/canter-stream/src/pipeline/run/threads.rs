@@ -24,7 +24,9 @@ use super::wire;
 use std::os::unix::net::UnixListener as StdUnixListener;
 
 pub(super) struct ShutdownInner {
-    pub(super) flag: AtomicBool,
+    /// Set before any worker is told: a worker that sees another's end of input after a
+    /// shutdown sees the shutdown too (see [`Env::stop_requested`](super::env::Env)).
+    pub(super) flag: Arc<AtomicBool>,
     pub(super) notifies: Vec<Arc<Notify>>,
     /// The TCP sources' servers: their accept loops stop, their connections are told.
     pub(super) servers: Vec<ShutdownHandle>,
@@ -240,7 +242,7 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         None => (None, None),
     };
     let shutdown = Shutdown(Arc::new(ShutdownInner {
-        flag: AtomicBool::new(false),
+        flag: Arc::new(AtomicBool::new(false)),
         notifies: (0..workers).map(|_| Arc::new(Notify::new())).collect(),
         servers: preps
             .iter()
@@ -268,7 +270,7 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         let preps = preps.clone();
         let opts = opts.clone();
         let resumes = resumes.clone();
-        let stop = shutdown.0.notifies[me].clone();
+        let stop = (shutdown.0.notifies[me].clone(), shutdown.0.flag.clone());
         let coord = coord.clone();
         let listener = (!listeners.is_empty()).then(|| listeners.remove(0));
         // Numbered across the group (for pinning: the processes' workers on their own CPUs).
@@ -338,14 +340,14 @@ pub(super) async fn worker(
     preps: Vec<Arc<Prep>>,
     opts: RunOptions,
     resumes: Arc<Vec<Arc<Notify>>>,
-    stop: Arc<Notify>,
+    (stop, stopping): (Arc<Notify>, Arc<AtomicBool>),
     coord: Option<Arc<Coord>>,
     listener: Option<StdUnixListener>,
 ) -> io::Result<()> {
     let drain_timeout = opts.drain_timeout;
     {
         let ckpt = coord.clone().map(WorkerCkpt::new);
-        let env = Rc::new(Env::new(me, opts, resumes.clone(), ckpt));
+        let env = Rc::new(Env::new(me, opts, resumes.clone(), ckpt, stopping));
         let mut link_tasks = Vec::new();
         if let (Some(listener), Some(g)) = (listener, env.opts.group.clone()) {
             let inboxes: link::Inboxes = Rc::new(preps.iter().map(|p| p.wire_in.clone()).collect());
