@@ -647,14 +647,15 @@ class KeyedStream(Stream):
             raise ValueError(f"{what}(): fold= needs init=, a function making the starting value")
 
     def _window(self, what, by, size, slide, time, init, fold, reduce, late=False, wait=0.0,
-                name=None):
+                name=None, partial=True):
         self._agg(what, init, fold, reduce)
         slide = size if slide is None else slide
         if slide > size:
             raise ValueError(f"{what}(): slide ({slide}) larger than size ({size}) would skip records")
         mark = _late if late else None
         out = self._stateful(what, ("window", by, float(size), float(slide), time, init, fold,
-                                    reduce, mark, _seconds(wait, what, "wait")), name)
+                                    reduce, mark, _seconds(wait, what, "wait"), bool(partial)),
+                             name)
         return _split_late(out) if late else out
 
     def session_window(self, gap, *, time, init=None, fold=None, reduce=None, merge=None,
@@ -679,13 +680,15 @@ class KeyedStream(Stream):
                              name)
         return _split_late(out) if late else out
 
-    def count_window(self, size, *, slide=None, init=None, fold=None, reduce=None, name=None):
+    def count_window(self, size, *, slide=None, init=None, fold=None, reduce=None, partial=True,
+                     name=None):
         """Windows of `size` records of a key, a new one every `slide` records (default:
         `size`, tumbling). Each full window is emitted as `(key, start, end, value)`, value
         folded from `init()` by `fold(acc, record)` or made by `reduce(acc, record)`; a window
-        still short when the input ends is emitted with the end it reached."""
+        still short when the input ends is emitted with the end it reached, or with
+        `partial=False` dropped and counted (`stats()[pipeline]["dropped_windows"]`)."""
         return self._window("count_window", "count", size, slide, None, init, fold, reduce,
-                            name=name)
+                            name=name, partial=partial)
 
     def time_window(self, size, *, time, slide=None, init=None, fold=None, reduce=None,
                     late=False, wait=0.0, name=None):
@@ -957,8 +960,9 @@ class Flow:
         """Counts per pipeline, by name: `source` (records read, or taken from the pipelines
         before it), `rejected` (input the decoder refused), `frame_errors` (broken frames),
         `failed` (a function raised, or a record failed to encode), `late` (records a window
-        refused as too late), `sink` (records handed to the sink, or to the pipelines after
-        it); and `checkpoints` (`completed`, `failed`, `restored_epoch`). A flow's graph runs as
+        refused as too late), `dropped_windows` (count windows dropped short at the end, with
+        `partial=False`), `sink` (records handed to the sink, or to the pipelines after it);
+        and `checkpoints` (`completed`, `failed`, `restored_epoch`). A flow's graph runs as
         several pipelines where it merges, branches, joins, fans out or keys again: the first
         of each source is named as the source's stream (`p1`, or `.named()`), the later ones
         `p1.2`, `p1.3`, ... unless a stream of theirs is `.named()`. Kafka flows: see

@@ -205,6 +205,24 @@ def test_a_short_last_count_window_is_emitted_with_the_end_it_reached():
                            ("b", 0, 1, ["b0"])]
 
 
+def test_partial_false_drops_short_last_count_windows_and_counts_them():
+    recs = [f"{k}{i}" for k in "abc" for i in range(7 if k == "c" else 5)]
+    for workers in (1, 2):
+        got = []
+        flow = cp.Flow()
+        (flow.source(cp.iterable(recs)).named("w").key_by(lambda r: r[0])
+            .count_window(3, slide=2, init=list, fold=lambda acc, r: acc + [r], partial=False)
+            .sink(cp.collect(got)))
+        stats = run(flow, workers=workers)
+        # Windows of 3 every 2: a and b (5 records) fill [0, 3) and [2, 5), and leave [4, 7)
+        # short; c (7 records) fills [0, 3), [2, 5) and [4, 7), and leaves [6, 9) short.
+        want = [(k, s, s + 3, [f"{k}{i}" for i in range(s, s + 3)])
+                for k, n in (("a", 5), ("b", 5), ("c", 7)) for s in range(0, n - 2, 2)]
+        assert sorted(got) == sorted(want)
+        assert stats["w"]["dropped_windows"] == 3
+        assert stats["w"]["late"] == 0
+
+
 def test_collect_window_sorts_a_time_windows_records_by_time():
     recs = [("k", 3.5, "c"), ("k", 1.0, "a"), ("k", 2.0, "b"), ("k", 2.0, "b2"),
             ("k", 12.0, "z")]

@@ -212,23 +212,30 @@ fn two_pipelines_share_one_keyed_state() {
     }
 }
 
-/// Count and event-time tumbling windows over the pipeline, against direct computation.
+/// Count and event-time tumbling windows over the pipeline, against direct computation: count
+/// windows emit a key's short last window at the end (with the end it reached), or, keeping
+/// only full ones, drop and count it.
 #[test]
 fn windows_aggregate_per_key() {
     const N: u64 = 10_000;
     let counts = Collector::new();
+    let full = Collector::new();
     let sums = Collector::new();
+    let sum = || {
+        Aggregate::new(
+            || 0u64,
+            |a: &mut u64, (_, v): (u32, u64)| *a += v,
+            |k: &u32, a, s: Span| (*k, a, s),
+        )
+    };
     let p = Pipeline::new("count", Source::generate(N, make), decode)
         .key_by(|(k, _)| *k)
-        .count_window(
-            10,
-            Aggregate::new(
-                || 0u64,
-                |a: &mut u64, (_, v): (u32, u64)| *a += v,
-                |k: &u32, a, s: Span| (*k, a, s),
-            ),
-        )
+        .count_window(10, sum())
         .sink(Sink::collect(&counts));
+    let f = Pipeline::new("full", Source::generate(N, make), decode)
+        .key_by(|(k, _)| *k)
+        .count_window_full(10, sum())
+        .sink(Sink::collect(&full));
     // Event time: the value, in ms.
     let q = Pipeline::new("tumbling", Source::generate(N, make), decode)
         .key_by(|(k, _)| *k)
@@ -243,8 +250,8 @@ fn windows_aggregate_per_key() {
         )
         .sink(Sink::collect(&sums));
     let mut t = Topology::new();
-    t.add(p).add(q);
-    run_to_end(t, RunOptions::default().workers(2));
+    t.add(p).add(f).add(q);
+    let metrics = run_to_end(t, RunOptions::default().workers(2));
     // Count windows: per key, every 10 consecutive values summed.
     let mut per_key: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     for i in 0..N {
@@ -254,22 +261,32 @@ fn windows_aggregate_per_key() {
         per_key.entry(k).or_default().push(v);
     }
     let mut expected: Vec<(u32, u64, Span)> = Vec::new();
+    let mut short = 0;
     for (k, vs) in &per_key {
-        for (j, c) in vs.chunks_exact(10).enumerate() {
+        for (j, c) in vs.chunks(10).enumerate() {
             let j = j as u64;
             expected.push((
                 *k,
                 c.iter().sum(),
                 Span {
                     start: j * 10,
-                    end: j * 10 + 10,
+                    end: j * 10 + c.len() as u64,
                 },
             ));
         }
+        short += u64::from(vs.len() % 10 != 0);
     }
+    assert!(short > 0, "some key's last window is short");
     let mut got = counts.take();
     got.sort_by_key(|(k, _, s)| (*k, s.start));
     assert_eq!(got, expected);
+    let mut got = full.take();
+    got.sort_by_key(|(k, _, s)| (*k, s.start));
+    expected.retain(|(_, _, s)| s.end - s.start == 10);
+    assert_eq!(got, expected, "full windows only");
+    let totals = |p: &str| metrics.totals(p).expect("pipeline");
+    assert_eq!(totals("full").dropped_windows, short);
+    assert_eq!(totals("count").dropped_windows, 0);
     // Tumbling windows of 1,000 ms over times 0..N ms: per key, items per second.
     let mut expected: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     for (k, vs) in &per_key {

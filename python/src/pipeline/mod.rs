@@ -704,6 +704,11 @@ fn stage(
                 .ok()
                 .filter(|f| !f.is_none())
                 .map(|f| Arc::new(f.unbind()));
+            // Count windows: whether one still short at the end of the input is emitted.
+            let partial = match st.get_item(10) {
+                Ok(p) if !p.is_none() => p.extract()?,
+                _ => true,
+            };
             let step = Window {
                 state: stateful::windows_codec(Window::new_state(&state), pickle),
                 span,
@@ -713,6 +718,8 @@ fn stage(
                 failures,
                 late: 0,
                 late_out,
+                partial,
+                dropped: 0,
             };
             Ok(Stage::Window(step))
         }
@@ -932,7 +939,8 @@ impl FlowHandle {
     }
 
     /// Counts per pipeline: `{name: {"source": n, "rejected": n, "failed": n, "sink": n,
-    /// "late": n}}` and `"checkpoints": {"completed": n, "failed": n, "restored_epoch": n}`;
+    /// "late": n, "dropped_windows": n}}` and `"checkpoints": {"completed": n, "failed": n,
+    /// "restored_epoch": n}`;
     /// a Kafka flow's pipelines have only "failed", and the job's counters are under "kafka"
     /// (`records_in`, `records_out`, `refused`, `commits`, ...).
     fn stats(&self, py: Python<'_>) -> PyResult<Py<PyDict>> {
@@ -947,6 +955,7 @@ impl FlowHandle {
                     d.set_item("frame_errors", t.frame_errors)?;
                     d.set_item("sink", t.sink_records)?;
                     d.set_item("late", t.late_records)?;
+                    d.set_item("dropped_windows", t.dropped_windows)?;
                 }
             }
             d.set_item("failed", f.count.load(Ordering::Relaxed))?;

@@ -279,6 +279,10 @@ pub(crate) struct Window {
     pub(crate) late: u64,
     /// Makes the object a late record goes on as (`late=True`), instead of only counting it.
     pub(crate) late_out: Option<Arc<Obj>>,
+    /// Count windows: a window still short at the end of the input is emitted (or dropped and
+    /// counted in `dropped`).
+    pub(crate) partial: bool,
+    pub(crate) dropped: u64,
 }
 
 impl Clone for Window {
@@ -292,6 +296,8 @@ impl Clone for Window {
             failures: self.failures.clone(),
             late: 0,
             late_out: self.late_out.clone(),
+            partial: self.partial,
+            dropped: 0,
         }
     }
 }
@@ -476,7 +482,9 @@ impl Stateful<Key, (Key, Obj)> for Window {
         for (start, acc) in std::mem::take(&mut w.open) {
             let Some(acc) = acc else { continue };
             match self.span {
-                // A count window still short at the end: emitted, with the end it reached.
+                // A count window still short at the end: emitted, with the end it reached (or
+                // dropped and counted, when only full ones are asked for).
+                Span::Count { .. } if !self.partial => self.dropped += 1,
                 Span::Count { .. } => {
                     let span = (int(py, start), int(py, w.at));
                     self.emit_span(py, &w.key, span, acc, emit)
@@ -489,6 +497,10 @@ impl Stateful<Key, (Key, Obj)> for Window {
 
     fn late(&self) -> u64 {
         self.late
+    }
+
+    fn dropped(&self) -> u64 {
+        self.dropped
     }
 }
 
@@ -536,6 +548,9 @@ impl<U: Stateful<Key, (Key, Obj)>> Stateful<Key, (Key, super::wire::Raw)> for De
     }
     fn late(&self) -> u64 {
         self.inner.late()
+    }
+    fn dropped(&self) -> u64 {
+        self.inner.dropped()
     }
 }
 

@@ -82,6 +82,7 @@ pub(crate) struct WorkerCounters {
     pub(crate) frame_errors: AtomicU64,
     pub(crate) sink: AtomicU64,
     pub(crate) late: AtomicU64,
+    pub(crate) dropped: AtomicU64,
     pub(crate) steps: Vec<AtomicU64>,
     pub(crate) latency: Mutex<Latency>,
 }
@@ -104,6 +105,7 @@ impl PipeMetrics {
                     frame_errors: AtomicU64::new(0),
                     sink: AtomicU64::new(0),
                     late: AtomicU64::new(0),
+                    dropped: AtomicU64::new(0),
                     steps: steps.iter().map(|_| AtomicU64::new(0)).collect(),
                     latency: Mutex::new(Latency {
                         total: histogram(),
@@ -126,6 +128,7 @@ impl PipeMetrics {
             frame_errors: self.sum(|w| &w.frame_errors),
             sink_records: self.sum(|w| &w.sink),
             late_records: self.sum(|w| &w.late),
+            dropped_windows: self.sum(|w| &w.dropped),
         }
     }
 
@@ -155,6 +158,8 @@ pub struct Totals {
     pub sink_records: u64,
     /// Items dropped as too late for their event-time window.
     pub late_records: u64,
+    /// Windows dropped short at the end of the input (count windows that keep only full ones).
+    pub dropped_windows: u64,
 }
 
 /// Latency percentiles in microseconds.
@@ -357,7 +362,7 @@ impl Metrics {
     /// latency from source read to sink write as a summary.
     pub fn prometheus(&self) -> String {
         let mut s = String::with_capacity(4096);
-        let counters: [(&str, &str, fn(&WorkerCounters) -> &AtomicU64); 5] = [
+        let counters: [(&str, &str, fn(&WorkerCounters) -> &AtomicU64); 6] = [
             (
                 "canter_source_records_total",
                 "Records read from a pipeline's source.",
@@ -382,6 +387,11 @@ impl Metrics {
                 "canter_late_records_total",
                 "Items too late for their event-time window.",
                 |w| &w.late,
+            ),
+            (
+                "canter_dropped_windows_total",
+                "Windows dropped short at the end of the input.",
+                |w| &w.dropped,
             ),
         ];
         for (name, help, get) in counters {

@@ -653,7 +653,9 @@ where
         })
     }
 
-    /// Count windows: every `size` items of a key are aggregated into one output.
+    /// Count windows: every `size` items of a key are aggregated into one output; a key's
+    /// window still short when the input ends is emitted then, its [`Span`] ending where the
+    /// key's items did.
     pub fn count_window<A, O>(
         self,
         size: u64,
@@ -664,7 +666,23 @@ where
         O: Send + 'static,
     {
         let name = format!("{} count_window", self.head.name);
-        self.stateful(CountWindow::new(&name, size, agg))
+        self.stateful(CountWindow::new(&name, size, true, agg))
+    }
+
+    /// Count windows that keep only full ones: as [`Keyed::count_window`], but a window
+    /// still short when the input ends is dropped, and counted
+    /// ([`Totals::dropped_windows`]).
+    pub fn count_window_full<A, O>(
+        self,
+        size: u64,
+        agg: Aggregate<K, C::Out, A, O>,
+    ) -> Tail<T, D, C, KF, K, CountWindow<K, C::Out, A, O>, Id<O>>
+    where
+        A: Send + 'static,
+        O: Send + 'static,
+    {
+        let name = format!("{} count_window", self.head.name);
+        self.stateful(CountWindow::new(&name, size, false, agg))
     }
 
     /// Event-time tumbling windows of `size`, each item's time (ns) given by `time`.

@@ -390,6 +390,11 @@ pub trait Stateful<K, T>: Clone + Send + 'static {
     fn late(&self) -> u64 {
         0
     }
+    /// Windows dropped short at the end of the input (count windows that keep only full
+    /// ones).
+    fn dropped(&self) -> u64 {
+        0
+    }
     /// Whether the step asks for wake-ups ([`Stateful::wake_at`]): a step that does not is
     /// never asked, at no cost.
     const TIMERS: bool = false;
@@ -585,11 +590,15 @@ impl<K: 'static, A: 'static> Open<K, A> {
     }
 }
 
-/// A count window: every `size` items of a key make one output.
+/// A count window: every `size` items of a key make one output. A window still short when the
+/// input ends is emitted with the end it reached (its [`Span`] shorter than `size`), or, when
+/// only full windows are kept, dropped and counted ([`Stateful::dropped`]).
 pub struct CountWindow<K, T, A, O> {
     state: KeyedState<K, Open<K, A>>,
     size: u64,
     agg: Aggregate<K, T, A, O>,
+    partial: bool,
+    dropped: u64,
 }
 
 impl<K, T, A, O> Clone for CountWindow<K, T, A, O> {
@@ -598,12 +607,14 @@ impl<K, T, A, O> Clone for CountWindow<K, T, A, O> {
             state: self.state.clone(),
             size: self.size,
             agg: self.agg.clone(),
+            partial: self.partial,
+            dropped: 0,
         }
     }
 }
 
 impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> CountWindow<K, T, A, O> {
-    pub(crate) fn new(name: &str, size: u64, agg: Aggregate<K, T, A, O>) -> Self {
+    pub(crate) fn new(name: &str, size: u64, partial: bool, agg: Aggregate<K, T, A, O>) -> Self {
         CountWindow {
             state: KeyedState::new(name, |k: &K| Open {
                 key: k.clone(),
@@ -612,6 +623,8 @@ impl<K: Clone + Send + Sync + 'static, T, A: 'static, O> CountWindow<K, T, A, O>
             }),
             size: size.max(1),
             agg,
+            partial,
+            dropped: 0,
         }
     }
 }
@@ -650,7 +663,23 @@ where
             }
         }
     }
-    // A count window left short at the end of the input is not emitted: it never filled.
+    fn finish(&mut self, _: &K, st: &mut Open<K, A>, emit: &mut Emit<'_, O>) {
+        if let Some(acc) = st.acc.take() {
+            if self.partial {
+                let span = Span {
+                    start: st.at - st.at % self.size,
+                    end: st.at,
+                };
+                emit.emit((self.agg.output)(&st.key, acc, span));
+            } else {
+                self.dropped += 1;
+            }
+        }
+        emit.discard();
+    }
+    fn dropped(&self) -> u64 {
+        self.dropped
+    }
 }
 
 /// An event-time tumbling window: items are grouped per key by the window of `size` their
@@ -992,7 +1021,7 @@ mod tests {
 
     #[test]
     fn count_windows_close_every_n_items_per_key() {
-        let mut w = CountWindow::new("w", 2, sum());
+        let mut w = CountWindow::new("w", 2, true, sum());
         let out = run(
             &mut w,
             &[(1, 1), (2, 10), (1, 2), (1, 4), (2, 20), (1, 8)],

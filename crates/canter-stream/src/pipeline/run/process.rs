@@ -128,6 +128,7 @@ where
         let m = &self.metrics.workers[self.me];
         m.sink.store(self.sink.count(), Ordering::Relaxed);
         m.late.store(self.step.late(), Ordering::Relaxed);
+        m.dropped.store(self.step.dropped(), Ordering::Relaxed);
     }
 
     fn finish(&mut self) {
