@@ -208,7 +208,11 @@ def kafka(topic, bootstrap, group="canter", decode=None, config=None):
     its topics are co-partitioned and partitioned by the key `key_by` gives (as Kafka Streams
     requires): each partition is a task owning the state of its keys, kept in a compacted
     changelog topic (`<group>-<state>-changelog`, states pickled) and moved with the
-    partition when workers or processes join or leave.
+    partition when workers or processes join or leave. A Kafka flow's stateful steps:
+    `update`, `with_state`, `stateful_map` (with `ttl=`: an expired key's state is a tombstone
+    in the changelog), count, time and session windows, and `stateful()` logic (pickled as
+    its `snapshot()`, built again from it by the builder; woken at its `notify_at()` within
+    the fetch wait, 0.1 s; its `on_eof` is not called: the input does not end).
 
     `config` takes client settings by librdkafka's names, as confluent-kafka does:
     ``{"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",

@@ -12,8 +12,8 @@ use pyo3::types::PyBytes;
 use super::codec::{Decoder, Encoder};
 use super::key::Key;
 use super::stateful::{
-    sessions_from_py, sessions_to_py, windows_from_py, windows_to_py, SessionWindow, Sessions,
-    Window, Windows,
+    key_repr, now_ns, sessions_from_py, sessions_to_py, windows_from_py, windows_to_py, Logic,
+    SessionWindow, Sessions, Window, Windows,
 };
 use super::steps::{Chain, Failures, KeyFn};
 use super::{py, Obj};
@@ -56,6 +56,70 @@ impl KafkaWindows {
     }
 }
 
+/// A key's `stateful()` logic as the value a Kafka task's store holds: pickled into the
+/// changelog as the logic's `snapshot()` (or the object itself, without one), and made again
+/// by the builder from it (Bytewax's resume state) when the key is next needed.
+#[pyclass(module = "canter._native", name = "_KafkaLogic")]
+pub(crate) struct KafkaLogic {
+    /// The key's logic, once built.
+    logic: Option<Obj>,
+    /// Read from the changelog, not built yet: ("snapshot", state) or ("object", logic).
+    form: Option<(String, Obj)>,
+}
+
+#[pymethods]
+impl KafkaLogic {
+    #[new]
+    fn new(how: String, x: Obj) -> Self {
+        KafkaLogic {
+            logic: None,
+            form: Some((how, x)),
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (String, Bound<'py, PyAny>))> {
+        let py = slf.py();
+        let me = slf.borrow();
+        let args = match (&me.logic, &me.form) {
+            (Some(l), _) => {
+                let l = l.bind(py);
+                if l.hasattr("snapshot")? {
+                    ("snapshot".to_owned(), l.call_method0("snapshot")?)
+                } else {
+                    ("object".to_owned(), l.clone())
+                }
+            }
+            (None, Some((how, x))) => (how.clone(), x.bind(py).clone()),
+            (None, None) => ("none".to_owned(), py.None().into_bound(py)),
+        };
+        Ok((slf.get_type().into_any(), args))
+    }
+}
+
+impl KafkaLogic {
+    /// Builds the logic from what the changelog held, if that is what the key has.
+    fn build(&mut self, py: Python<'_>, builder: &Obj) -> PyResult<()> {
+        if let Some((how, x)) = self.form.take() {
+            self.logic = match how.as_str() {
+                "snapshot" => Some(builder.bind(py).call1((x,))?.unbind()),
+                "object" => Some(x),
+                _ => None,
+            };
+        }
+        Ok(())
+    }
+}
+
+/// What wakes a Kafka flow's keys: a `stateful()` logic's `notify_at()` (pipeline `.0`), or a
+/// state's expiry after `ttl` ns without a record.
+pub(crate) enum Timer {
+    Logic(usize),
+    Ttl(u64),
+}
+
 /// What a pipeline's stateful step is on Kafka.
 pub(crate) enum KStep {
     /// `f(state, record)`, the state saved to the changelog; output unless None.
@@ -68,6 +132,8 @@ pub(crate) enum KStep {
     Window(Mutex<Window>),
     /// Session windows, kept the same way.
     Session(Mutex<SessionWindow>),
+    /// A `stateful()` logic per key (as [`KafkaLogic`]), woken at its `notify_at()`.
+    Logic(Mutex<Logic>),
 }
 
 /// One pipeline of a Kafka flow.
@@ -87,6 +153,8 @@ pub(crate) struct PyTask {
     pub(crate) pipes: Vec<KPipe>,
     pub(crate) dumps: Obj,
     pub(crate) loads: Obj,
+    /// What the keys' wake-ups do, if anything wakes them.
+    pub(crate) timer: Option<Timer>,
 }
 
 thread_local! {
@@ -142,6 +210,14 @@ impl PyTask {
         if matches!(step, KStep::Window(_) | KStep::Session(_)) {
             return self.window(py, p, step, k, x, state, out);
         }
+        if let KStep::Logic(m) = step {
+            return self.logic(py, p, m, Some(x), k, state, out);
+        }
+        if let Some(Timer::Ttl(ttl)) = self.timer {
+            // The key's state expires `ttl` after its latest record (as in the file engine,
+            // whatever the record did).
+            self.expire_later(&k, ttl, state);
+        }
         // A key's first record makes its state; if the factory raises, that record fails
         // (the key named) and the key's next record tries again.
         let fresh = if state.get(&k).is_none() {
@@ -191,8 +267,8 @@ impl PyTask {
                     Err(e) => Err(e),
                 }
             }
-            // Run by `window` above.
-            KStep::Window(_) | KStep::Session(_) => return,
+            // Run by `window` and `logic` above.
+            KStep::Window(_) | KStep::Session(_) | KStep::Logic(_) => return,
         };
         match result {
             Ok(o) if o.is_none() => {}
@@ -257,6 +333,83 @@ impl PyTask {
         }
     }
 
+    /// Sets `k`'s expiry `ttl` from now (if it has state).
+    fn expire_later(&self, k: &Key, ttl: u64, state: &mut Keyed<Key, Obj>) {
+        state.wake_at(k, Some(now_ns().saturating_add(ttl)));
+    }
+
+    /// Runs a key's `stateful()` logic: `on_item(x)`, or `on_notify()` without a record. The
+    /// logic is built on the key's first record (or from its changelog snapshot); its outputs
+    /// go on as `(key, output)`; a discard (or a builder that failed) drops the key's state,
+    /// and otherwise its `notify_at()` sets the key's wake-up.
+    #[allow(clippy::too_many_arguments)]
+    fn logic(
+        &self,
+        py: Python<'_>,
+        p: &KPipe,
+        step: &Mutex<Logic>,
+        x: Option<Obj>,
+        k: Key,
+        state: &mut Keyed<Key, Obj>,
+        out: &mut Out<'_>,
+    ) {
+        let fresh = || {
+            Py::new(
+                py,
+                KafkaLogic {
+                    logic: None,
+                    form: None,
+                },
+            )
+            .map(|l| l.into_any())
+            .unwrap_or_else(|_| py.None())
+        };
+        let held = match &x {
+            Some(_) => state.update(k.clone(), fresh).clone_ref(py),
+            // A wake-up: only a key that still has its logic (and it is written again: the
+            // notify may change it).
+            None => match state.get(&k) {
+                Some(_) => state.update(k.clone(), fresh).clone_ref(py),
+                None => return,
+            },
+        };
+        let Ok(cell) = held.bind(py).cast::<KafkaLogic>() else {
+            let e = pyo3::exceptions::PyTypeError::new_err(
+                "the key's state is not a stateful() logic's (a changelog of another flow?)",
+            );
+            return p.failures.fail(py, "stateful", &e, x.as_ref());
+        };
+        let (Ok(mut held), Ok(mut lg)) = (cell.try_borrow_mut(), step.lock()) else {
+            return;
+        };
+        if let Err(e) = held.build(py, &lg.builder) {
+            let what = format!(
+                "stateful (the builder, from the changelog, key {})",
+                key_repr(py, &k)
+            );
+            p.failures.fail(py, &what, &e, x.as_ref());
+            state.remove(&k);
+            return;
+        }
+        let read_ns = out.read_time_ns();
+        let discard = {
+            let mut emit_one = |o: Obj| self.post(py, p, Some(&k), o, out);
+            let mut emit = Emit::new(&mut emit_one, read_ns);
+            match x {
+                Some(x) => lg.update(&mut held.logic, (k.clone(), x), &mut emit),
+                None => lg.notify(&k, &mut held.logic, now_ns(), &mut emit),
+            }
+            emit.discarded()
+        };
+        if discard || held.logic.is_none() {
+            drop(held);
+            state.remove(&k);
+            return;
+        }
+        let at = lg.wake_at(&k, &held.logic);
+        state.wake_at(&k, at);
+    }
+
     fn post(&self, py: Python<'_>, p: &KPipe, k: Option<&Key>, o: Obj, out: &mut Out<'_>) {
         if p.post.is_empty() {
             return self.emit(py, p, k, o, out);
@@ -302,6 +455,69 @@ impl KeyedTask for PyTask {
         self.pipes
             .first()
             .is_some_and(|p| p.failures.stopped.get().is_some())
+    }
+
+    fn wake(&self, key: &Key, state: &mut Keyed<Key, Obj>, out: &mut Out<'_>) {
+        let py = py();
+        match self.timer {
+            // Expired: a tombstone in the changelog; its next record starts from the factory.
+            Some(Timer::Ttl(_)) => {
+                state.remove(key);
+            }
+            Some(Timer::Logic(i)) => {
+                let Some(p) = self.pipes.get(i) else { return };
+                if let Some((KStep::Logic(m), _)) = &p.step {
+                    self.logic(py, p, m, None, key.clone(), state, out);
+                }
+            }
+            None => {}
+        }
+    }
+
+    fn restored(&self, state: &mut Keyed<Key, Obj>) {
+        let py = py();
+        let keys: Vec<Key> = state.keys().cloned().collect();
+        match self.timer {
+            // Restored states expire `ttl` from now (their last record's time is not kept).
+            Some(Timer::Ttl(ttl)) => {
+                for k in &keys {
+                    self.expire_later(k, ttl, state);
+                }
+            }
+            // Each key's logic is built again from its snapshot, and asked when to wake.
+            Some(Timer::Logic(i)) => {
+                let Some(p) = self.pipes.get(i) else { return };
+                let Some((KStep::Logic(m), _)) = &p.step else {
+                    return;
+                };
+                let Ok(mut lg) = m.lock() else { return };
+                for k in keys {
+                    let Some(held) = state.get(&k).map(|h| h.clone_ref(py)) else {
+                        continue;
+                    };
+                    let Ok(cell) = held.bind(py).cast::<KafkaLogic>() else {
+                        continue;
+                    };
+                    let Ok(mut held) = cell.try_borrow_mut() else {
+                        continue;
+                    };
+                    match held.build(py, &lg.builder) {
+                        Ok(()) => {
+                            let at = lg.wake_at(&k, &held.logic);
+                            state.wake_at(&k, at);
+                        }
+                        Err(e) => {
+                            let what = format!(
+                                "stateful (the builder, from the changelog, key {})",
+                                key_repr(py, &k)
+                            );
+                            p.failures.fail(py, &what, &e, None);
+                        }
+                    }
+                }
+            }
+            None => {}
+        }
     }
 
     fn encode_key(&self, key: &Key, buf: &mut Vec<u8>) {

@@ -1306,8 +1306,10 @@ fn start_kafka(
     let mut inputs = Vec::new();
     let mut output: Option<String> = None;
     let mut state_id: Option<u64> = None;
-    // A window's pipeline keeps its own state in the flow's one store.
+    // A window's (or a stateful() logic's) pipeline keeps its own state in the flow's one
+    // store.
     let mut windowed = false;
+    let mut timer: Option<kafka::Timer> = None;
     let pickle = Arc::new(Pickle::new(py)?);
     let mut pipes = Vec::new();
     for (s, failures) in specs.into_iter().zip(&failures) {
@@ -1386,12 +1388,61 @@ fn start_kafka(
                     });
                     continue;
                 }
-                if kind == "logic" || st.get_item(5).is_ok_and(|t| !t.is_none()) {
-                    return Err(bad(format!(
-                        "pipeline {}: stateful() and ttl= do not run on Kafka yet (their \
-                         wake-ups have no place in a task's commit)",
-                        s.name
-                    )));
+                if kind == "logic" {
+                    // A key's logic is its state in the store (and the changelog, as its
+                    // snapshot); its notify_at() wakes it between records.
+                    if state_id.is_some() || windowed {
+                        return Err(bad(format!(
+                            "pipeline {}: a Kafka flow's pipelines share one keyed state, so a \
+                             stateful() logic's pipeline is the flow's only stateful one",
+                            s.name
+                        )));
+                    }
+                    windowed = true;
+                    let Stage::Logic(lg) = stage(
+                        st,
+                        &s.name,
+                        s.pre.len(),
+                        s.stateful_name.as_deref(),
+                        &States::new(),
+                        failures.clone(),
+                        &pickle,
+                    )?
+                    else {
+                        return Err(bad("not a stateful() logic".into()));
+                    };
+                    timer = Some(kafka::Timer::Logic(pipes.len()));
+                    pipes.push(kafka::KPipe {
+                        decode: Decoder::from_spec(py, &s.decode)?,
+                        pre: chain(py, &s.pre, 1, failures)?,
+                        key,
+                        step: Some((kafka::KStep::Logic(std::sync::Mutex::new(lg)), py.None())),
+                        post: chain(py, &s.post, s.pre.len() + 3, failures)?,
+                        encode,
+                        failures: failures.clone(),
+                    });
+                    continue;
+                }
+                if let Some(t) = st.get_item(5).ok().filter(|t| !t.is_none()) {
+                    // The key's state expires `ttl` after its latest record: a wake-up.
+                    let t: f64 = t.extract()?;
+                    if t.is_nan() || t <= 0.0 {
+                        return Err(bad(format!(
+                            "{kind}(): ttl= is seconds, more than 0, not {t}"
+                        )));
+                    }
+                    let ttl = (t * 1e9).min(u64::MAX as f64) as u64;
+                    match timer {
+                        Some(kafka::Timer::Ttl(other)) if other != ttl => {
+                            return Err(bad(format!(
+                                "pipeline {}: the pipelines sharing a Kafka flow's keyed state \
+                                 take one ttl= ({} s and {t} s given)",
+                                s.name,
+                                other as f64 / 1e9
+                            )));
+                        }
+                        _ => timer = Some(kafka::Timer::Ttl(ttl)),
+                    }
                 }
                 if kind == "final" {
                     return Err(bad(format!(
@@ -1475,6 +1526,7 @@ fn start_kafka(
         pipes,
         dumps: pickle.dumps.clone_ref(py),
         loads: pickle.loads.clone_ref(py),
+        timer,
     };
     // While start waits for topics that do not exist yet, Ctrl-C ends the wait.
     let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1582,6 +1634,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(source_time_ns, m)?)?;
     m.add_class::<FlowHandle>()?;
     m.add_class::<kafka::KafkaWindows>()?;
+    m.add_class::<kafka::KafkaLogic>()?;
     m.add("PipelineError", m.py().get_type::<PipelineError>())?;
     Ok(())
 }

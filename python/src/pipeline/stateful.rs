@@ -128,7 +128,7 @@ impl Stateful<Key, (Key, Obj)> for Update {
 }
 
 /// `repr(key)` for messages.
-fn key_repr(py: Python<'_>, key: &Key) -> String {
+pub(crate) fn key_repr(py: Python<'_>, key: &Key) -> String {
     key.to_py(py)
         .bind(py)
         .repr()
@@ -1048,7 +1048,7 @@ impl Stateful<Key, (Key, Obj)> for SessionWindow {
 }
 
 /// Now, in ns since the Unix epoch (system time, as wake-ups are).
-fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)

@@ -46,9 +46,25 @@ pub trait KeyedTask: Send + Sync + 'static {
 
     /// Whether the task has halted (an error policy that stops the pipeline at a failing
     /// record): the workers then process no further record, and the positions they commit
-    /// end before the record that halted it, so that the next run starts there.
+    /// end before the record that halted it, so that the next run starts there. Under
+    /// exactly-once, the worker where it halted aborts its open transaction instead (the
+    /// record may have changed its key's state and sent results before it failed): its tasks
+    /// commit nothing since their last commit.
     fn halted(&self) -> bool {
         false
+    }
+
+    /// `key`'s wake-up came (the time [`Keyed::wake_at`] set for it, now cleared): runs the
+    /// task's timers for it (Bytewax's `on_notify`, a state's expiry), with `out` for results
+    /// (stamped with the present time). Called between records, in the task's commit.
+    fn wake(&self, key: &Self::Key, state: &mut Keyed<Self::Key, Self::State>, out: &mut Out<'_>) {
+        let _ = (key, state, out);
+    }
+
+    /// The task's state was just read from the changelog: sets its keys' wake-ups again
+    /// ([`Keyed::wake_at`]), which the changelog does not keep.
+    fn restored(&self, state: &mut Keyed<Self::Key, Self::State>) {
+        let _ = state;
     }
 }
 

@@ -401,7 +401,13 @@ impl<T: KeyedTask> Worker<T> {
                 self.enqueue(f, read_ns)?;
             }
         }
-        self.process_ready();
+        if self.process_ready() && self.job.exactly_once {
+            // The record that halted the task may have changed its key's state and sent
+            // results before it failed: the open transaction holds them, and its offset is not
+            // committed. Nothing of it may commit: the transaction aborts, and the next run
+            // starts from the last commit (the records since then are processed once, then).
+            self.back_to_last_commit(&"a record stopped the flow (errors=\"stop\")");
+        }
         if self.producer.due() {
             self.flush().await?;
         }
@@ -487,7 +493,9 @@ impl<T: KeyedTask> Worker<T> {
     /// as of an answer no older than the record's own. (Its partition may be led by another
     /// broker: an answer from there that left before the record's came may predate records
     /// written before it, such as a quote its producer had acknowledged before the order.)
-    fn process_ready(&mut self) {
+    /// Returns whether a record processed here halted the task.
+    fn process_ready(&mut self) -> bool {
+        let mut halted_here = false;
         let partitions: Vec<i32> = self.tasks.keys().copied().collect();
         for p in partitions {
             let caught: Vec<Option<Answer>> = self
@@ -554,6 +562,7 @@ impl<T: KeyedTask> Worker<T> {
                 let result = self.task.process(i, key, value, &mut task.state, &mut out);
                 if self.task.halted() {
                     // This record halted the task: not committed, nor anything after it.
+                    halted_here = true;
                     break;
                 }
                 if let Err(why) = result {
@@ -569,16 +578,13 @@ impl<T: KeyedTask> Worker<T> {
                     }
                 }
                 if let Some(e) = out.refused.take() {
-                    Stats::add(&self.stats.sink_refused, 1);
-                    let now = Instant::now();
-                    if self
-                        .last_sink_log
-                        .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
-                    {
-                        self.last_sink_log = Some(now);
-                        tracing::error!(worker = self.me, topic = %self.job.output, error = %e,
-                            "kafka pipeline: the output refused a result (more are counted, not logged, for a second)");
-                    }
+                    sink_refused(
+                        &self.stats,
+                        &mut self.last_sink_log,
+                        self.me,
+                        &self.job.output,
+                        &e,
+                    );
                 }
                 n += 1;
                 input.processed = Some(offset + 1);
@@ -587,10 +593,33 @@ impl<T: KeyedTask> Worker<T> {
                     input.chunks.pop_front();
                 }
             }
+            // Keys' wake-ups that are due, after the records before them.
+            if !halted_here && task.state.has_wakes() && !self.task.halted() {
+                let now = now_ns();
+                out.timestamp = i64::try_from(now / 1_000_000).unwrap_or(i64::MAX);
+                out.read_ns = now;
+                for k in task.state.due(now) {
+                    self.task.wake(&k, &mut task.state, &mut out);
+                    if let Some(e) = out.refused.take() {
+                        sink_refused(
+                            &self.stats,
+                            &mut self.last_sink_log,
+                            self.me,
+                            &self.job.output,
+                            &e,
+                        );
+                    }
+                    if self.task.halted() {
+                        halted_here = true;
+                        break;
+                    }
+                }
+            }
             Stats::add(&self.stats.records_in, n);
             Stats::add(&self.stats.records_out, out.emitted);
             Stats::add(&self.stats.refused, refused);
         }
+        halted_here
     }
 
     /// Flushes the producer. If that fails (the brokers refused for longer than the delivery
@@ -883,6 +912,7 @@ impl<T: KeyedTask> Worker<T> {
             false => None,
         };
         let restored = self.restore(p, &mut state).await?;
+        self.task.restored(&mut state);
         let committed = match early {
             Some(c) => c,
             None => {
@@ -964,5 +994,17 @@ fn entry(r: &canter_kafka::records::Record<'_>, base: usize) -> Entry {
         offset: r.offset,
         key: r.key.map(at),
         value: r.value.map_or((0, 0), at),
+    }
+}
+
+/// The output refused a result (over the producer's maximum size): counted, and logged at most
+/// once a second.
+fn sink_refused(stats: &Stats, last_log: &mut Option<Instant>, me: usize, topic: &str, e: &Error) {
+    Stats::add(&stats.sink_refused, 1);
+    let now = Instant::now();
+    if last_log.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+        *last_log = Some(now);
+        tracing::error!(worker = me, topic = %topic, error = %e,
+            "kafka pipeline: the output refused a result (more are counted, not logged, for a second)");
     }
 }

@@ -354,7 +354,7 @@ impl<'a, O> Emit<'a, O> {
 
     /// Whether [`Emit::discard`] was called.
     #[inline]
-    pub(crate) fn discarded(&self) -> bool {
+    pub fn discarded(&self) -> bool {
         self.discard
     }
 
