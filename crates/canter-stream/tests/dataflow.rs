@@ -1267,3 +1267,156 @@ fn time_windows_checkpoint_with_codecs() {
         assert_eq!(windows, want, "{workers} workers");
     }
 }
+
+/// The pair records cross processes as (key, value), 12 bytes.
+struct PairWire;
+
+impl canter_stream::pipeline::Wire<u32, (u32, u64)> for PairWire {
+    fn encode(&self, items: Vec<(u32, (u32, u64))>, out: &mut Vec<u8>) -> Result<(), String> {
+        for (k, (_, v)) in items {
+            out.extend_from_slice(&k.to_le_bytes());
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        Ok(())
+    }
+
+    fn decode(&self, bytes: &[u8], out: &mut Vec<(u32, (u32, u64))>) -> Result<(), String> {
+        if !bytes.len().is_multiple_of(12) {
+            return Err(format!("{} bytes", bytes.len()));
+        }
+        for c in bytes.chunks_exact(12) {
+            let k = u32::from_le_bytes(c[..4].try_into().map_err(|_| "short")?);
+            let v = u64::from_le_bytes(c[4..].try_into().map_err(|_| "short")?);
+            out.push((k, (k, v)));
+        }
+        Ok(())
+    }
+}
+
+/// Slows the group checkpoint test's first run.
+static SLOW_GROUP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A group of two processes (two topologies of this test process, linked by the group's
+/// sockets as separate processes are) checkpoints as one: the first process's coordinator
+/// triggers both, each process's workers send their barriers across the links, and the one
+/// file holds every worker's keys. Stopped in the middle of the input after checkpoints, and
+/// started again: each key's count and sum (final aggregations, held by the worker of the
+/// group that owns the key) come once, at the end, equal to a plain loop's; both processes
+/// emit some.
+#[test]
+fn a_group_of_processes_checkpoints_as_one_and_a_restart_counts_every_record_once() {
+    use canter_stream::pipeline::{CheckpointOptions, Group};
+    use std::sync::atomic::Ordering;
+    const N: u64 = 40_000;
+    let mut want: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for (k, v) in records(N) {
+        let w = want.entry(k).or_default();
+        (w.0, w.1) = (w.0 + 1, w.1 + v);
+    }
+    for workers in [1, 2] {
+        let base = std::env::temp_dir().join(format!(
+            "canter-lib-group-ckpt-{}-{workers}",
+            std::process::id()
+        ));
+        let (ckpt, sockets) = (base.join("ckpt"), base.join("group"));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&sockets).expect("group dir");
+        let outs = [Collector::new(), Collector::new()];
+        let topology = |out: &Collector<(u32, (u64, u64))>| {
+            let (ek, dk) = u32_codec();
+            let mut t = Topology::new();
+            t.add(
+                Pipeline::new("in", Source::generate(N, make), decode)
+                    .map(|x: (u32, u64)| {
+                        if SLOW_GROUP.load(Ordering::Relaxed) && x.1.is_multiple_of(8) {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        x
+                    })
+                    .key_by(|(k, _)| *k)
+                    .wire(PairWire)
+                    .fold_final(
+                        || (0u64, 0u64),
+                        |a: &mut (u64, u64), (_, v): (u32, u64)| (a.0, a.1) = (a.0 + 1, a.1 + v),
+                    )
+                    .checkpointed(
+                        ek,
+                        dk,
+                        |a: &(u64, u64), b: &mut Vec<u8>| {
+                            b.extend_from_slice(&a.0.to_be_bytes());
+                            b.extend_from_slice(&a.1.to_be_bytes());
+                        },
+                        |b: &[u8]| {
+                            let w = |i: usize| b.get(i..i + 8)?.try_into().ok();
+                            Some((u64::from_be_bytes(w(0)?), u64::from_be_bytes(w(8)?)))
+                        },
+                    )
+                    .sink(Sink::collect(out)),
+            );
+            t
+        };
+        let start = |p: usize| {
+            let opts = RunOptions::default()
+                .workers(workers)
+                .group(Group::new(p, 2, &sockets))
+                .checkpoint(CheckpointOptions::new(&ckpt).interval(Duration::from_millis(20)));
+            topology(&outs[p]).start(opts).expect("start")
+        };
+        SLOW_GROUP.store(true, Ordering::Relaxed);
+        let running = [start(0), start(1)];
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while running[0].metrics().checkpoints().completed < 3 {
+            assert!(Instant::now() < deadline, "no checkpoints of the group");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Stopped in the middle of the input (the generated source is the group's first
+        // worker's).
+        let read = running[0]
+            .metrics()
+            .totals("in")
+            .expect("in")
+            .source_records;
+        assert!(read < N, "the input ended before the stop: {read}");
+        SLOW_GROUP.store(false, Ordering::Relaxed);
+        for r in &running {
+            r.shutdown_handle().shutdown();
+        }
+        for r in running {
+            r.wait().expect("workers");
+        }
+        for o in &outs {
+            assert!(o.take().is_empty(), "finals at a shutdown");
+        }
+        let running = [start(0), start(1)];
+        let restored: Vec<u64> = running
+            .iter()
+            .map(|r| r.metrics().checkpoints().restored_epoch)
+            .collect();
+        assert!(
+            restored[0] > 0 && restored[0] == restored[1],
+            "{restored:?}"
+        );
+        for r in &running {
+            while !r.is_finished() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the restarted group did not finish"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        for r in running {
+            r.wait().expect("workers");
+        }
+        let _ = std::fs::remove_dir_all(&base);
+        let mut got: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for o in &outs {
+            let mine = o.take();
+            assert!(!mine.is_empty(), "both processes own keys");
+            for (k, a) in mine {
+                assert!(got.insert(k, a).is_none(), "key {k} came twice");
+            }
+        }
+        assert_eq!(got, want, "{workers} workers in each process");
+    }
+}

@@ -39,7 +39,7 @@ impl<K, T> Batch<K, T> {
 
 /// One pipeline's inbox on one worker, as checkpoints see it.
 pub(super) struct Gate<B> {
-    /// Workers whose barrier has come.
+    /// Workers whose barrier has come (by their number in the group).
     barred: u64,
     /// Workers whose input has ended.
     ended: u64,
@@ -85,7 +85,8 @@ impl<K, T> Gate<Batch<K, T>> {
         }
     }
 
-    /// Whether every other worker's barrier for `epoch` has come or its input has ended.
+    /// Whether every other worker's barrier for `epoch` has come or its input has ended (`me`
+    /// and `workers` numbered across the group's processes).
     pub(super) fn aligned(&self, epoch: u64, me: usize, workers: usize) -> bool {
         let all = if workers >= 64 {
             u64::MAX

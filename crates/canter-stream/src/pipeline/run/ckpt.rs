@@ -12,7 +12,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,7 +35,7 @@ pub(crate) struct Streams {
     pub(super) name: Arc<str>,
     /// stream → (position, attached to a connection).
     table: Mutex<HashMap<u64, (u64, bool)>>,
-    acked: Mutex<HashMap<u64, u64>>,
+    pub(super) acked: Mutex<HashMap<u64, u64>>,
 }
 
 impl Streams {
@@ -91,7 +91,7 @@ impl Streams {
 
 /// What the workers and the coordinator share.
 pub(crate) struct Coord {
-    workers: usize,
+    pub(super) workers: usize,
     /// The checkpoint each worker is asked for.
     pub(super) trigger: Vec<AtomicU64>,
     /// The last checkpoint made durable, per worker (its sources then send acknowledgements).
@@ -99,17 +99,42 @@ pub(crate) struct Coord {
     /// Wakes each worker's checkpoint task.
     pub(super) wakes: Vec<Arc<Notify>>,
     /// From a checkpoint's trigger until every part came: streams are not attached meanwhile.
-    in_progress: AtomicBool,
+    pub(super) in_progress: AtomicBool,
     parts: Mutex<Sender<Part>>,
     pub(super) streams: Vec<Arc<Streams>>,
     pub(super) restored: Option<Restored>,
 }
 
-/// One worker's part of a checkpoint.
+/// The other processes of a group, as the first process's coordinator sees them (their
+/// coordinators, over the group's checkpoint socket).
+pub(super) trait Peers: Send {
+    /// How many processes beside this one.
+    fn count(&self) -> usize;
+    /// Takes the connections that came; whether every process is connected.
+    fn ready(&mut self) -> bool;
+    /// Tells every process to start checkpoint `epoch`.
+    fn trigger(&mut self, epoch: u64);
+    /// Waits (until `deadline`, or `stop`) for every other process's part of checkpoint
+    /// `epoch`: their positions (merged), their states added to `pending` (a late part's
+    /// too), and whether every process answered with every worker's part.
+    fn collect(
+        &mut self,
+        epoch: u64,
+        deadline: Instant,
+        stop: &AtomicBool,
+        pending: &mut BTreeMap<String, Entries>,
+    ) -> (BTreeMap<(String, u64), u64>, bool);
+    /// Tells every process that checkpoint `epoch` is durable, with the streams' positions.
+    fn durable(&mut self, epoch: u64, positions: &BTreeMap<(String, u64), u64>);
+}
+
+/// One worker's part of a checkpoint (or, in a group, one process's).
 pub(super) struct Part {
     pub(super) epoch: u64,
     pub(super) positions: Vec<(Arc<str>, u64, u64)>,
     pub(super) states: Vec<(String, Entries)>,
+    /// A process's part: whether every worker of it answered (a worker's: true).
+    pub(super) complete: bool,
 }
 
 impl Coord {
@@ -274,13 +299,16 @@ impl WorkerCkpt {
     }
 }
 
-/// The coordinator: a checkpoint every interval, until `stop`.
+/// The coordinator: a checkpoint every interval, until `stop`. In a group, this is the first
+/// process's, and `followers` the other processes' coordinators: every checkpoint waits for
+/// all of them, and holds all their workers' states.
 pub(super) fn coordinate(
     coord: Arc<Coord>,
     opts: CheckpointOptions,
     parts: Receiver<Part>,
     metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
+    mut followers: Option<Box<dyn Peers>>,
 ) {
     let m = &metrics.checkpoints;
     let (mut epoch, mut written, mut positions) = match &coord.restored {
@@ -308,57 +336,49 @@ pub(super) fn coordinate(
         if next < Instant::now() {
             next = Instant::now() + opts.interval;
         }
+        if let Some(f) = &mut followers {
+            if !f.ready() {
+                continue;
+            }
+        }
         epoch += 1;
         let started = Instant::now();
-        coord.in_progress.store(true, Ordering::SeqCst);
-        for w in 0..coord.workers {
-            coord.trigger[w].store(epoch, Ordering::SeqCst);
-            coord.wakes[w].notify_one();
+        if let Some(f) = &mut followers {
+            f.trigger(epoch);
         }
-        let mut got = Vec::with_capacity(coord.workers);
-        let deadline = started + Duration::from_secs(10);
-        while got.len() < coord.workers {
-            match parts.recv_timeout(Duration::from_millis(20)) {
-                Ok(p) if p.epoch == epoch => got.push(p),
-                Ok(late) => merge_states(&mut pending, late.states),
-                Err(RecvTimeoutError::Timeout) => {
-                    if stop.load(Ordering::SeqCst) || Instant::now() >= deadline {
-                        break;
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
+        let (mut got, mut complete) = coord.gather(epoch, &parts, &stop, &mut pending);
+        if let Some(f) = &mut followers {
+            let (theirs, all) = f.collect(
+                epoch,
+                started + Duration::from_secs(10),
+                &stop,
+                &mut pending,
+            );
+            for (k, pos) in theirs {
+                let at = got.entry(k).or_insert(0);
+                *at = (*at).max(pos);
             }
+            complete &= all;
         }
-        coord.in_progress.store(false, Ordering::SeqCst);
         let align_us = started.elapsed().as_micros() as u64;
-        let complete = got.len() == coord.workers;
-        for p in &mut got {
-            if complete {
-                for (pipe, stream, pos) in p.positions.drain(..) {
-                    let at = positions.entry((pipe.to_string(), stream)).or_insert(0);
-                    *at = (*at).max(pos);
-                }
-            }
-            merge_states(&mut pending, std::mem::take(&mut p.states));
-        }
         if !complete {
             // The workers that answered cleared their lists of changed keys: their changes
-            // go with the next checkpoint.
+            // (in `pending`) go with the next checkpoint.
             if !stop.load(Ordering::SeqCst) {
                 m.abandoned.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    epoch,
-                    answered = got.len(),
-                    "checkpoint abandoned: not every worker answered"
-                );
+                tracing::warn!(epoch, "checkpoint abandoned: not every worker answered");
             }
             continue;
+        }
+        for (k, pos) in got {
+            let at = positions.entry(k).or_insert(0);
+            *at = (*at).max(pos);
         }
         failpoint.pass("checkpoint-parts");
         let snap = Snapshot {
             epoch,
             base: written,
-            workers: coord.workers as u32,
+            workers: (coord.workers * followers.as_ref().map_or(1, |f| f.count() + 1)) as u32,
             positions: positions.clone(),
             states: std::mem::take(&mut pending),
         };
@@ -383,17 +403,9 @@ pub(super) fn coordinate(
                     write_started.elapsed().as_micros() as u64,
                     Ordering::Relaxed,
                 );
-                for s in &coord.streams {
-                    let mut acked = lock(&s.acked);
-                    for ((pipe, stream), pos) in &positions {
-                        if **pipe == *s.name {
-                            acked.insert(*stream, *pos);
-                        }
-                    }
-                }
-                for w in 0..coord.workers {
-                    coord.acks[w].store(epoch, Ordering::SeqCst);
-                    coord.wakes[w].notify_one();
+                coord.durable(epoch, &positions);
+                if let Some(f) = &mut followers {
+                    f.durable(epoch, &positions);
                 }
                 if snap.base.is_none() {
                     full_bytes = bytes;
@@ -444,7 +456,7 @@ pub(super) fn coordinate(
 }
 
 /// Adds a part's entries to what the next file carries (later entries apply after earlier).
-fn merge_states(into: &mut BTreeMap<String, Entries>, states: Vec<(String, Entries)>) {
+pub(super) fn merge_states(into: &mut BTreeMap<String, Entries>, states: Vec<(String, Entries)>) {
     for (name, e) in states {
         into.entry(name).or_default().append(&e);
     }

@@ -80,6 +80,7 @@ fn snapshot(env: &Env) {
         epoch,
         positions,
         states,
+        complete: true,
     });
     ck.done.set(epoch);
     ck.aligning.set(false);

@@ -388,6 +388,7 @@ where
             total: env.total,
             pipe: prep.index,
             links: env.links.clone(),
+            stopping: env.stopping.clone(),
             log_wire: RateLog::default(),
             read_ns: 0,
             records: 0,
@@ -536,7 +537,7 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
     loop {
         if let Some(ck) = &env.ckpt {
             if let Some(epoch) = ck.pending() {
-                if gate.reported < epoch && gate.aligned(epoch, env.me, env.workers) {
+                if gate.reported < epoch && gate.aligned(epoch, env.gid, env.total) {
                     gate.reported = epoch;
                     ckpt_task::aligned(&env, &writes);
                 }

@@ -46,7 +46,10 @@ pub(crate) struct Env {
     /// This worker has seen the shutdown (its sources stop reading).
     pub(super) shutting: Cell<bool>,
     /// The topology's shutdown was asked for (set before any worker is told).
-    stopping: Arc<AtomicBool>,
+    pub(super) stopping: Arc<AtomicBool>,
+    /// A worker of another process of the group ended its input for a shutdown (or its link
+    /// was lost): that is not the end of the input either.
+    pub(super) peer_stopped: Cell<bool>,
     pub(super) resumes: Arc<Vec<Arc<Notify>>>,
     /// Checkpoints on this worker (none when the topology does not checkpoint).
     pub(super) ckpt: Option<WorkerCkpt>,
@@ -94,6 +97,7 @@ impl Env {
             tasks: RefCell::new(Vec::new()),
             shutting: Cell::new(false),
             stopping,
+            peer_stopped: Cell::new(false),
             resumes,
             ckpt,
             snaps: RefCell::new(Vec::new()),
@@ -102,9 +106,10 @@ impl Env {
     }
 
     /// Whether the topology is stopping, seen on this worker or not yet: an end of input that
-    /// another worker's shutdown sent can come before this worker's own notice of it.
+    /// another worker's shutdown sent can come before this worker's own notice of it (and a
+    /// group's other processes say theirs on their links).
     pub(super) fn stop_requested(&self) -> bool {
-        self.shutting.get() || self.stopping.load(Ordering::SeqCst)
+        self.shutting.get() || self.stopping.load(Ordering::SeqCst) || self.peer_stopped.get()
     }
 
     /// Registers the head of a pipeline reading channel `id` on this worker.
@@ -240,6 +245,8 @@ pub(super) trait WireIn {
     fn push_wire(&self, to: usize, from: usize, records: usize, bytes: Vec<u8>);
     /// Worker `from`'s input has ended.
     fn push_end(&self, to: usize, from: usize);
+    /// Worker `from`'s barrier for checkpoint `epoch`.
+    fn push_barrier(&self, to: usize, from: usize, epoch: u64);
     fn gauge(&self, to: usize) -> &Arc<Gauge>;
 }
 
@@ -250,6 +257,10 @@ impl<K, T> WireIn for Shared<K, T> {
 
     fn push_end(&self, to: usize, from: usize) {
         self.inboxes[to].push(Batch::End(from));
+    }
+
+    fn push_barrier(&self, to: usize, from: usize, epoch: u64) {
+        self.inboxes[to].push(Batch::Barrier(from, epoch));
     }
 
     fn gauge(&self, to: usize) -> &Arc<Gauge> {

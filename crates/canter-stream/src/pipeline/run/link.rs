@@ -192,8 +192,17 @@ async fn read_link(mut s: UnixStream, env: Rc<Env>, inboxes: Inboxes) {
             match kind {
                 wire::DATA => inbox.push_wire(env.me, from, records, body.to_vec()),
                 wire::END => {
+                    if records == 1 {
+                        env.peer_stopped.set(true);
+                    }
                     inbox.push_end(env.me, from);
                     ended[pipe] = true;
+                }
+                wire::BARRIER => {
+                    let Some(epoch) = body.get(..8).and_then(|b| b.try_into().ok()) else {
+                        break 'link "a barrier frame without its epoch".to_owned();
+                    };
+                    inbox.push_barrier(env.me, from, u64::from_le_bytes(epoch));
                 }
                 wire::BYE => return,
                 other => break 'link format!("a frame of kind {other}"),
@@ -222,6 +231,8 @@ async fn read_link(mut s: UnixStream, env: Rc<Env>, inboxes: Inboxes) {
         worker = env.gid, from, error = %why,
         "lost the link from a worker of another process: its records in flight are lost"
     );
+    // Not the end of the input: what the steps hold is not emitted as if it were.
+    env.peer_stopped.set(true);
     for (inbox, ended) in inboxes.iter().zip(ended) {
         if !ended {
             inbox.push_end(env.me, from);

@@ -14,6 +14,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 mod barrier;
 mod ckpt;
+mod ckpt_group;
 mod ckpt_task;
 mod def;
 mod env;

@@ -247,6 +247,8 @@ pub(super) struct Head<T, D, C: Step<T>, KF, K, Tl> {
     pub(super) origin: Rid,
     /// The input has ended here (no more barriers go out).
     pub(super) ended: bool,
+    /// The topology's shutdown was asked for (an end of input sent then says so on links).
+    pub(super) stopping: Arc<std::sync::atomic::AtomicBool>,
     /// A pipeline reading a channel: the channel's writers on this worker that have not
     /// ended (its input ends here with the last).
     pub(super) writers_left: usize,
@@ -366,9 +368,11 @@ where
         for inbox in &self.shared.inboxes {
             inbox.push(Batch::End(self.gid));
         }
+        // A shutdown's end is not the input's: the other processes' workers hear which.
+        let stopped = u32::from(self.stopping.load(Ordering::SeqCst));
         for link in self.links.iter().flatten() {
             let mut l = link.borrow_mut();
-            let at = wire::begin_frame(&mut l.data, wire::END, self.pipe, 0);
+            let at = wire::begin_frame(&mut l.data, wire::END, self.pipe, stopped);
             wire::end_frame(&mut l.data, at);
             l.wake.notify_one();
         }
@@ -386,11 +390,22 @@ where
         if self.ended {
             return;
         }
-        // Every record read so far went out with its read: the barrier follows them.
+        // Every record read so far went out with its read: the barrier follows them, on this
+        // process's inboxes and on the links to the other processes' workers.
         for (w, inbox) in self.shared.inboxes.iter().enumerate() {
             if w != self.me && !inbox.closed.load(Ordering::SeqCst) {
-                inbox.push(Batch::Barrier(self.me, epoch));
+                inbox.push(Batch::Barrier(self.gid, epoch));
             }
+        }
+        for link in self.links.iter().flatten() {
+            let mut l = link.borrow_mut();
+            if l.dead {
+                continue;
+            }
+            let at = wire::begin_frame(&mut l.data, wire::BARRIER, self.pipe, 0);
+            l.data.extend_from_slice(&epoch.to_le_bytes());
+            wire::end_frame(&mut l.data, at);
+            l.wake.notify_one();
         }
     }
 }

@@ -16,6 +16,7 @@ use super::super::checkpoint::{CheckpointOptions, Dir, Restored};
 use super::super::metrics::Metrics;
 use super::super::RunOptions;
 use super::ckpt::{self, Coord, WorkerCkpt};
+use super::ckpt_group;
 use super::ckpt_task;
 use super::def::{PipelineDef, Prep};
 use super::env::Env;
@@ -173,7 +174,7 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "no pipelines"));
     }
     let mut listeners = match &opts.group {
-        Some(g) => group_listeners(g, workers, opts.checkpoint.is_some())?,
+        Some(g) => group_listeners(g, workers)?,
         None => Vec::new(),
     };
     let resumes: Arc<Vec<Arc<Notify>>> =
@@ -230,13 +231,33 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
             let streams = preps.iter().filter_map(|p| p.streams.clone()).collect();
             let coord = Arc::new(Coord::new(workers, streams, restored, tx));
             let stop = Arc::new(AtomicBool::new(false));
-            let t = {
-                let (coord, c, metrics, stop) =
-                    (coord.clone(), c.clone(), metrics.clone(), stop.clone());
-                std::thread::Builder::new()
-                    .name("canter-pipeline-checkpoints".into())
-                    .spawn(move || ckpt::coordinate(coord, c, rx, metrics, stop))?
-            };
+            // In a group, the first process's coordinator takes the checkpoints of all; the
+            // others' relay to it over the group's checkpoint socket.
+            let group = opts
+                .group
+                .as_ref()
+                .map(|g| (g.process, g.processes, ckpt_group::socket_path(&g.dir)));
+            let t =
+                {
+                    let (coord, c, metrics, stop) =
+                        (coord.clone(), c.clone(), metrics.clone(), stop.clone());
+                    let thread =
+                        std::thread::Builder::new().name("canter-pipeline-checkpoints".into());
+                    match group {
+                        Some((process, _, path)) if process > 0 => thread
+                            .spawn(move || ckpt_group::follow(coord, path, process, rx, stop))?,
+                        Some((_, processes, path)) => {
+                            let peers: Box<dyn ckpt::Peers> = Box::new(
+                                ckpt_group::Followers::bind(&path, processes, restored_epoch)?,
+                            );
+                            thread.spawn(move || {
+                                ckpt::coordinate(coord, c, rx, metrics, stop, Some(peers))
+                            })?
+                        }
+                        None => thread
+                            .spawn(move || ckpt::coordinate(coord, c, rx, metrics, stop, None))?,
+                    }
+                };
             (Some(coord), Some((t, stop)))
         }
         None => (None, None),
@@ -390,7 +411,7 @@ pub(super) async fn worker(
                 let name = snap.name().to_owned();
                 let (mut applied, mut bad) = (0, 0);
                 for entries in r.entries(&name) {
-                    let (a, b) = snap.restore(entries, me, env.workers);
+                    let (a, b) = snap.restore(entries, env.gid, env.total);
                     applied += a;
                     bad += b;
                 }
@@ -423,10 +444,10 @@ pub(super) async fn worker(
                     }
                 }
             }
-            if r.workers as usize != env.workers && me == 0 {
+            if r.workers as usize != env.total && me == 0 {
                 tracing::warn!(
                     was = r.workers,
-                    now = env.workers,
+                    now = env.total,
                     "restored a checkpoint of another number of workers: keys move to their new \
                      owners, but a receiver's dedupe by worker may let repeats through"
                 );
@@ -508,11 +529,7 @@ pub(super) async fn worker(
 }
 
 /// The sockets of this process's workers in a group, after checking the group.
-fn group_listeners(
-    g: &super::wire::Group,
-    workers: usize,
-    checkpoints: bool,
-) -> io::Result<Vec<StdUnixListener>> {
+fn group_listeners(g: &super::wire::Group, workers: usize) -> io::Result<Vec<StdUnixListener>> {
     let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
     if g.processes == 0 || g.process >= g.processes {
         return Err(invalid(format!(
@@ -525,13 +542,6 @@ fn group_listeners(
             "group: {} processes of {workers} workers: at most 64 workers in all",
             g.processes
         )));
-    }
-    if checkpoints {
-        return Err(invalid(
-            "group: checkpoints are per topology, and a group's keys move between processes: \
-             run a group without checkpoints"
-                .to_owned(),
-        ));
     }
     (0..workers)
         .map(|me| {

@@ -67,9 +67,13 @@ pub(super) const HEADER: usize = 1 + 2 + 4;
 pub(super) const MAX_FRAME: usize = 256 << 20;
 /// Frame kinds.
 pub(super) const DATA: u8 = 0;
+/// The sender's input has ended (records: 1 if for a shutdown, not the input's end).
 pub(super) const END: u8 = 1;
 /// The sender's worker has ended: the link closes cleanly after this.
 pub(super) const BYE: u8 = 2;
+/// A checkpoint's barrier (its epoch, a little-endian `u64`, in the body): the records before
+/// it on the link belong before the checkpoint.
+pub(super) const BARRIER: u8 = 3;
 
 pub(super) fn hello(from: usize, to: usize, total: usize) -> Vec<u8> {
     let mut h = MAGIC.to_vec();
