@@ -999,7 +999,9 @@ class Flow:
         (pickled: records must be picklable); the processes' TCP sources share their ports
         (each needs a fixed one), a file source is read by the first process, and sinks are
         per process (`tcp_out`, `file_out`, `discard`; not `collect`, whose list would be a
-        child's). Checkpoints are per process and are refused with processes."""
+        child's). With `checkpoint_dir=`, the processes checkpoint as one: the first process
+        takes each checkpoint of every worker of the group into the one directory, and a
+        run started again with as many processes restores it (each key in its process)."""
         if processes > 1:
             return self._run_processes(processes, workers, errors, metrics, settings)
         self.start(workers=workers, errors=errors, metrics=metrics, **settings)
@@ -1106,9 +1108,6 @@ class Flow:
         """What a TCP or file flow in several processes cannot do, refused before forking."""
         if any(n.arg.spec[0] == "kafka" for n in self._sources):
             raise ValueError("a flow's sources are all Kafka topics, or none of them")
-        if settings.get("checkpoint_dir") is not None:
-            raise ValueError("processes= with checkpoint_dir=: checkpoints are per process, and "
-                             "keys cross processes; run one process with workers= to checkpoint")
         for p in self._segments():
             if p["sink"][0] == "list":
                 raise ValueError(f"pipeline {p['name']}: collect() fills a list in one process; "
@@ -1150,10 +1149,13 @@ def _merged(processes, statuses, ended):
         for name, counts in o["stats"].items():
             into = total.setdefault(name, {})
             for k, v in counts.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    into[k] = into.get(k, 0) + v
-                else:
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
                     into.setdefault(k, v)
+                elif name == "checkpoints":
+                    # The group's checkpoints are the same in every process: not summed.
+                    into[k] = max(into.get(k, 0), v)
+                else:
+                    into[k] = into.get(k, 0) + v
     return total
 
 

@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -959,3 +960,95 @@ def test_a_checkpointed_state_no_pipeline_holds_any_more_is_said(tmp_path, capfd
     run(windows("renamed"), checkpoint_dir=ckpt, checkpoint_interval=0.05)
     err = capfd.readouterr().err
     assert "no pipeline of this topology has" in err and "words window" in err, err
+
+
+GROUP_FLOW = """
+import json, os, sys, time
+import canter.pipeline as cp
+
+slow = os.environ.get("SLOW") == "1"
+
+
+def pace(line):
+    i = int(line)
+    if slow and i % 4 == 0:
+        time.sleep(0.001)
+    return i
+
+
+flow = cp.Flow()
+(flow.source(cp.file(sys.argv[1], frame="lines", decode=cp.text)).map(pace)
+    .key_by(lambda i: str(i % 13))
+    .fold_final(lambda: [0, 0], lambda a, i: [a[0] + 1, a[1] + i])
+    .map(lambda kv: [kv[0], kv[1][0], kv[1][1], os.getpid()])
+    .sink(cp.file_out(sys.argv[2], encode=cp.json)))
+stats = flow.run(workers=1, processes=2, checkpoint_dir=sys.argv[3], checkpoint_interval=0.05)
+print(json.dumps(stats["checkpoints"]))
+"""
+
+
+def checkpoint_epoch(d):
+    """The latest checkpoint file's epoch in directory `d` (0: none yet)."""
+    try:
+        names = os.listdir(d)
+    except FileNotFoundError:
+        return 0
+    return max((int(n.split(".")[0]) for n in names
+                if n.endswith((".full", ".delta")) and not n.startswith(".")), default=0)
+
+
+def sequenced(path):
+    """The records of a framed file sink with checkpoints: each frame's 24-byte sequence
+    header dropped."""
+    b, at, out = path.read_bytes() if path.exists() else b"", 0, []
+    while at < len(b):
+        n = int.from_bytes(b[at:at + 4], "big")
+        out.append(b[at + 4 + 24:at + 4 + n])
+        at += 4 + n
+    return out
+
+
+def test_a_flow_of_two_processes_checkpoints_as_one_and_a_restart_counts_every_record_once(
+        tmp_path):
+    """`run(processes=2, checkpoint_dir=...)`: the two processes checkpoint as one (the first
+    takes every worker's keys into the directory). Stopped with SIGTERM in the middle of the
+    file after checkpoints, it emits no final aggregation (the input has not ended); started
+    again, the final count and sum of each key come once, equal to a plain loop's, from the
+    process owning the key (both own some)."""
+    n = 20_000
+    src, out, ckpt = tmp_path / "in.txt", tmp_path / "out.bin", tmp_path / "ckpt"
+    # Lines of 101 bytes: the file is read in several chunks of 256 KiB (a checkpoint comes
+    # between two).
+    src.write_text("".join(f"{i:0100d}\n" for i in range(n)))
+    (tmp_path / "gflow.py").write_text(GROUP_FLOW)
+    want = {}
+    for i in range(n):
+        c, s = want.get(str(i % 13), (0, 0))
+        want[str(i % 13)] = (c + 1, s + i)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), SLOW="1")
+    cmd = [sys.executable, "gflow.py", str(src), str(out), str(ckpt)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        wait_until(lambda: checkpoint_epoch(ckpt) >= 3 or proc.poll() is not None, timeout=60,
+                   what="three checkpoints of the group")
+    finally:
+        ended = proc.poll()
+        if ended is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert ended is None, f"the first run ended before the stop ({ended}): {err}"
+    assert sequenced(out) == [], "finals at a shutdown"
+    env["SLOW"] = "0"
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["restored_epoch"] > 0, done.stdout
+    got, pids = {}, set()
+    for rec in sequenced(out):
+        k, c, s, pid = json.loads(rec)
+        assert k not in got, f"key {k} came twice"
+        got[k] = (c, s)
+        pids.add(pid)
+    assert got == want
+    assert len(pids) == 2, "both processes own keys"

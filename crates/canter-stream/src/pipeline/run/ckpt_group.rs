@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::super::checkpoint::{Entries, Snapshot};
+use super::super::metrics::Metrics;
 use super::ckpt::{merge_states, Coord, Part, Peers};
 use super::lock;
 
@@ -332,6 +333,7 @@ pub(super) fn follow(
     path: PathBuf,
     process: usize,
     parts: Receiver<Part>,
+    metrics: Arc<Metrics>,
     stop: Arc<AtomicBool>,
 ) {
     let restored = coord.restored.as_ref().map_or(0, |r| r.epoch);
@@ -398,7 +400,13 @@ pub(super) fn follow(
                 }
             }
             DURABLE => match Snapshot::decode(&body) {
-                Ok(snap) => coord.durable(snap.epoch, &snap.positions),
+                Ok(snap) => {
+                    // The group's checkpoint, in this process's metrics too.
+                    let m = &metrics.checkpoints;
+                    m.completed.fetch_add(1, Ordering::Relaxed);
+                    m.last_epoch.store(snap.epoch, Ordering::Relaxed);
+                    coord.durable(snap.epoch, &snap.positions)
+                }
                 Err(e) => tracing::error!(error = %e, "a durable notice did not decode"),
             },
             other => tracing::warn!(kind = other, "unexpected checkpoint frame"),

@@ -244,8 +244,9 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
                     let thread =
                         std::thread::Builder::new().name("canter-pipeline-checkpoints".into());
                     match group {
-                        Some((process, _, path)) if process > 0 => thread
-                            .spawn(move || ckpt_group::follow(coord, path, process, rx, stop))?,
+                        Some((process, _, path)) if process > 0 => thread.spawn(move || {
+                            ckpt_group::follow(coord, path, process, rx, metrics, stop)
+                        })?,
                         Some((_, processes, path)) => {
                             let peers: Box<dyn ckpt::Peers> = Box::new(
                                 ckpt_group::Followers::bind(&path, processes, restored_epoch)?,
