@@ -25,7 +25,7 @@ pub(super) enum Batch<K, T> {
     /// Worker `.0`'s input has ended.
     End(usize),
     /// `.1` records from worker `.0` of another process: their read times and the batch as
-    /// the pipeline's [`Wire`](super::wire::Wire) encoded it (a group runs no checkpoints).
+    /// the pipeline's [`Wire`](super::wire::Wire) encoded it.
     Wire(usize, usize, Vec<u8>),
 }
 

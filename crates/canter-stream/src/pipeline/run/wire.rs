@@ -29,7 +29,9 @@ pub trait Wire<K, T>: Send + Sync + 'static {
 /// worker of the whole group. The processes' TCP sources share their ports (SO_REUSEPORT), a
 /// file or generated source is read by the group's first worker only, and records whose key
 /// lives in another process cross to it in batches over Unix sockets in `dir`, encoded by the
-/// pipeline's [`Wire`]. Checkpoints are per topology and are refused in a group.
+/// pipeline's [`Wire`]. With checkpoints, the group checkpoints as one: the first process
+/// takes each checkpoint of every worker of the group into the one directory (every process
+/// names the same), and a group started again with as many processes restores it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Group {
