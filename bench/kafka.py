@@ -47,7 +47,8 @@ import time
 
 BENCH = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH)
-CANTER = os.path.join(ROOT, "target", "release", "canter")
+# CANTER_BIN: another build of canter (an A/B of two builds: bench/kafka_ab.sh).
+CANTER = os.environ.get("CANTER_BIN") or os.path.join(ROOT, "target", "release", "canter")
 BARE = os.path.join(ROOT, "target", "release", "examples", "bare")
 RDKAFKA = os.path.join(BENCH, "target", "release", "peer-kafka-rdkafka")
 KAFKA_SH = os.path.join(ROOT, "tools", "kafka", "kafka.sh")
