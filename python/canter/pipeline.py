@@ -202,7 +202,7 @@ def kafka_config(pairs=(), file=None):
     return out
 
 
-def kafka(topic, bootstrap, group="canter", decode=None, config=None):
+def kafka(topic, bootstrap, group="canter", decode=None, config=None, tail=True):
     """A Kafka topic's record values, read as a member of consumer group `group` from the
     brokers at `bootstrap` ("host:port,..."). A flow's sources are all Kafka topics or none;
     its topics are co-partitioned and partitioned by the key `key_by` gives (as Kafka Streams
@@ -212,14 +212,22 @@ def kafka(topic, bootstrap, group="canter", decode=None, config=None):
     `update`, `with_state`, `stateful_map` (with `ttl=`: an expired key's state is a tombstone
     in the changelog), count, time and session windows, and `stateful()` logic (pickled as
     its `snapshot()`, built again from it by the builder; woken at its `notify_at()` within
-    the fetch wait, 0.1 s; its `on_eof` is not called: the input does not end).
+    the fetch wait, 0.1 s; its `on_eof` runs only when the input ends, below).
 
     `config` takes client settings by librdkafka's names, as confluent-kafka does:
     ``{"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
     "sasl.username": ..., "sasl.password": ..., "ssl.ca.location": "ca.pem"}``, and
     ``linger.ms``, ``compression.type``, ``session.timeout.ms``, ``fetch.max.bytes``, … An
-    unknown key is a ValueError naming it."""
-    return _Source(("kafka", topic, bootstrap, group, _kafka_config(config)), _decoder(decode))
+    unknown key is a ValueError naming it.
+
+    `tail=False` (Bytewax's name) reads the topics to their ends, then ends the flow: each
+    partition up to its end as the flow starts (the last stable offset under exactly-once),
+    then final aggregations, open windows and `on_eof` hooks run as at the end of a file, and
+    their results commit with the ends; a process ends once the group has committed every
+    partition at its end. The state goes on from there: the next such run reads what came
+    since. A flow's sources are all `tail=False` or none."""
+    return _Source(("kafka", topic, bootstrap, group, _kafka_config(config), bool(tail)),
+                   _decoder(decode))
 
 
 def kafka_out(topic, encode=None, config=None):

@@ -12,8 +12,8 @@ use pyo3::types::PyBytes;
 use super::codec::{Decoder, Encoder};
 use super::key::Key;
 use super::stateful::{
-    key_repr, now_ns, sessions_from_py, sessions_to_py, windows_from_py, windows_to_py, Logic,
-    SessionWindow, Sessions, Window, Windows,
+    key_repr, now_ns, sessions_from_py, sessions_to_py, windows_from_py, windows_to_py, Acc, Final,
+    Logic, SessionWindow, Sessions, Window, Windows,
 };
 use super::steps::{Chain, Failures, KeyFn};
 use super::{py, Obj};
@@ -113,6 +113,33 @@ impl KafkaLogic {
     }
 }
 
+/// A key's final aggregation so far (its count, and its value) as the value a Kafka task's
+/// store holds, pickled into the changelog as `(count, value)`.
+#[pyclass(module = "canter._native", name = "_KafkaFinal")]
+pub(crate) struct KafkaFinal {
+    acc: Acc,
+}
+
+#[pymethods]
+impl KafkaFinal {
+    #[new]
+    fn new(n: u64, value: Option<Obj>) -> Self {
+        KafkaFinal {
+            acc: Acc { n, value },
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (u64, Option<Obj>))> {
+        let py = slf.py();
+        let me = slf.borrow();
+        let value = me.acc.value.as_ref().map(|v| v.clone_ref(py));
+        Ok((slf.get_type().into_any(), (me.acc.n, value)))
+    }
+}
+
 /// What wakes a Kafka flow's keys: a `stateful()` logic's `notify_at()` (pipeline `.0`), or a
 /// state's expiry after `ttl` ns without a record.
 pub(crate) enum Timer {
@@ -134,6 +161,8 @@ pub(crate) enum KStep {
     Session(Mutex<SessionWindow>),
     /// A `stateful()` logic per key (as [`KafkaLogic`]), woken at its `notify_at()`.
     Logic(Mutex<Logic>),
+    /// A final aggregation per key (as [`KafkaFinal`]), emitted at the end of a bounded read.
+    Final(Mutex<Final>),
 }
 
 /// One pipeline of a Kafka flow.
@@ -146,6 +175,8 @@ pub(crate) struct KPipe {
     /// The output topic's encoder, or None: the results are dropped.
     pub(crate) encode: Option<Encoder>,
     pub(crate) failures: Arc<Failures>,
+    /// `on_eof(state)` of an `update` or `stateful_map`, at the end of a bounded read.
+    pub(crate) on_eof: Option<Obj>,
 }
 
 /// The task every worker runs: input `i` goes through pipeline `i`.
@@ -213,6 +244,9 @@ impl PyTask {
         if let KStep::Logic(m) = step {
             return self.logic(py, p, m, Some(x), k, state, out);
         }
+        if let KStep::Final(m) = step {
+            return self.fold_final(py, p, m, k, x, state);
+        }
         if let Some(Timer::Ttl(ttl)) = self.timer {
             // The key's state expires `ttl` after its latest record (as in the file engine,
             // whatever the record did).
@@ -267,8 +301,8 @@ impl PyTask {
                     Err(e) => Err(e),
                 }
             }
-            // Run by `window` and `logic` above.
-            KStep::Window(_) | KStep::Session(_) | KStep::Logic(_) => return,
+            // Run by `window`, `logic` and `fold_final` above.
+            KStep::Window(_) | KStep::Session(_) | KStep::Logic(_) | KStep::Final(_) => return,
         };
         match result {
             Ok(o) if o.is_none() => {}
@@ -330,6 +364,124 @@ impl PyTask {
                 );
                 p.failures.fail(py, "window", &e, Some(&x));
             }
+        }
+    }
+
+    /// Adds a record to its key's final aggregation (made on the key's first record).
+    fn fold_final(
+        &self,
+        py: Python<'_>,
+        p: &KPipe,
+        step: &Mutex<Final>,
+        k: Key,
+        x: Obj,
+        state: &mut Keyed<Key, Obj>,
+    ) {
+        let held = state
+            .update(k.clone(), || {
+                Py::new(
+                    py,
+                    KafkaFinal {
+                        acc: Acc { n: 0, value: None },
+                    },
+                )
+                .map(|f| f.into_any())
+                .unwrap_or_else(|_| py.None())
+            })
+            .clone_ref(py);
+        let Ok(cell) = held.bind(py).cast::<KafkaFinal>() else {
+            let e = pyo3::exceptions::PyTypeError::new_err(
+                "the key's state is not a final aggregation's (a changelog of another flow?)",
+            );
+            return p.failures.fail(py, "final", &e, Some(&x));
+        };
+        let (Ok(mut held), Ok(mut f)) = (cell.try_borrow_mut(), step.lock()) else {
+            return;
+        };
+        let mut none = |_: Obj| {};
+        let mut emit = Emit::new(&mut none, 0);
+        f.update(&mut held.acc, (k, x), &mut emit);
+    }
+
+    /// The end of a bounded read for key `k` of pipeline `p`: its final aggregation, open
+    /// windows or logic's `on_eof` emitted and the key's state dropped; an `update`'s
+    /// `on_eof(state)` emitted (the state kept).
+    fn end_key(
+        &self,
+        py: Python<'_>,
+        p: &KPipe,
+        k: &Key,
+        state: &mut Keyed<Key, Obj>,
+        out: &mut Out<'_>,
+    ) {
+        let Some((step, _)) = &p.step else { return };
+        let Some(held) = state.get(k).map(|h| h.clone_ref(py)) else {
+            return;
+        };
+        let discard = {
+            let mut emit_one = |o: Obj| self.post(py, p, Some(k), o, out);
+            let mut emit = Emit::new(&mut emit_one, 0);
+            match step {
+                KStep::Final(m) => {
+                    if let (Ok(cell), Ok(mut f)) = (held.bind(py).cast::<KafkaFinal>(), m.lock()) {
+                        if let Ok(mut h) = cell.try_borrow_mut() {
+                            f.finish(k, &mut h.acc, &mut emit);
+                        }
+                    }
+                }
+                KStep::Window(m) => {
+                    if let (Ok(cell), Ok(mut w)) = (held.bind(py).cast::<KafkaWindows>(), m.lock())
+                    {
+                        if let Ok(mut h) = cell.try_borrow_mut() {
+                            if let Held::Windows(open) = &mut h.w {
+                                w.finish(k, open, &mut emit);
+                            }
+                        }
+                    }
+                }
+                KStep::Session(m) => {
+                    if let (Ok(cell), Ok(mut w)) = (held.bind(py).cast::<KafkaWindows>(), m.lock())
+                    {
+                        if let Ok(mut h) = cell.try_borrow_mut() {
+                            if let Held::Sessions(open) = &mut h.w {
+                                w.finish(k, open, &mut emit);
+                            }
+                        }
+                    }
+                }
+                KStep::Logic(m) => {
+                    if let (Ok(cell), Ok(mut lg)) = (held.bind(py).cast::<KafkaLogic>(), m.lock()) {
+                        if let Ok(mut h) = cell.try_borrow_mut() {
+                            match h.build(py, &lg.builder) {
+                                Ok(()) => lg.finish(k, &mut h.logic, &mut emit),
+                                Err(e) => {
+                                    let what = format!(
+                                        "stateful (the builder, from the changelog, key {})",
+                                        key_repr(py, k)
+                                    );
+                                    p.failures.fail(py, &what, &e, None);
+                                }
+                            }
+                        }
+                    }
+                }
+                KStep::Update(_) | KStep::Read(_) | KStep::Map(_) => {
+                    if let Some(f) = &p.on_eof {
+                        match f.bind(py).call1((held.bind(py),)) {
+                            Ok(o) if o.is_none() => {}
+                            Ok(o) => emit.emit(o.unbind()),
+                            Err(e) => {
+                                let what = format!("on_eof (key {})", key_repr(py, k));
+                                p.failures.fail(py, &what, &e, None);
+                            }
+                        }
+                    }
+                }
+            }
+            emit.discarded()
+        };
+        if discard {
+            state.remove(k);
         }
     }
 
@@ -471,6 +623,17 @@ impl KeyedTask for PyTask {
                 }
             }
             None => {}
+        }
+    }
+
+    fn end(&self, state: &mut Keyed<Key, Obj>, out: &mut Out<'_>) {
+        let py = py();
+        let keys: Vec<Key> = state.keys().cloned().collect();
+        super::set_read_ns(0);
+        for p in self.pipes.iter().filter(|p| p.step.is_some()) {
+            for k in &keys {
+                self.end_key(py, p, k, state, out);
+            }
         }
     }
 

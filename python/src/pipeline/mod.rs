@@ -1310,6 +1310,7 @@ fn start_kafka(
     // store.
     let mut windowed = false;
     let mut timer: Option<kafka::Timer> = None;
+    let mut tails: Option<bool> = None;
     let pickle = Arc::new(Pickle::new(py)?);
     let mut pipes = Vec::new();
     for (s, failures) in specs.into_iter().zip(&failures) {
@@ -1327,6 +1328,17 @@ fn start_kafka(
         }
         inputs.push(topic);
         merge(s.source.get_item(4).ok())?;
+        // tail=False: the topics are read to their ends, then the flow ends.
+        let tail: bool = match s.source.get_item(5) {
+            Ok(t) if !t.is_none() => t.extract()?,
+            _ => true,
+        };
+        if *tails.get_or_insert(tail) != tail {
+            return Err(bad(
+                "a Kafka flow's sources are all read to their ends (tail=False) or none".into(),
+            ));
+        }
+        let bounded = !tail;
         let sink_kind: String = s.sink.get_item(0)?.extract()?;
         let encode = match sink_kind.as_str() {
             "kafka" => {
@@ -1349,22 +1361,32 @@ fn start_kafka(
             Some(k) => Some(key_fn(py, k, s.pre.len() + 1)?.0),
             None => None,
         };
+        let mut pipe_on_eof: Option<Obj> = None;
         let step = match &s.stateful {
             None => None,
             Some(st) => {
                 let kind: String = st.get_item(0)?.extract()?;
-                if kind == "window" || kind == "session" {
-                    // Count, time and session windows: the key's open windows are its state
-                    // in the store (and the changelog); they close as later records come.
+                if matches!(kind.as_str(), "window" | "session" | "logic" | "final") {
+                    // Steps with a state of their own (windows' open windows, a stateful()
+                    // logic, a final aggregation): it is the key's state in the store (and the
+                    // changelog); a logic's notify_at() wakes it between records; the end of a
+                    // bounded read flushes them.
+                    if kind == "final" && !bounded {
+                        return Err(bad(format!(
+                            "pipeline {}: final aggregations need an input that ends: read the \
+                             topics to their ends with kafka(..., tail=False)",
+                            s.name
+                        )));
+                    }
                     if state_id.is_some() || windowed {
                         return Err(bad(format!(
                             "pipeline {}: a Kafka flow's pipelines share one keyed state, so a \
-                             window's pipeline is the flow's only stateful one",
+                             {kind} step's pipeline is the flow's only stateful one",
                             s.name
                         )));
                     }
                     windowed = true;
-                    let w = match stage(
+                    let step = match stage(
                         st,
                         &s.name,
                         s.pre.len(),
@@ -1375,51 +1397,22 @@ fn start_kafka(
                     )? {
                         Stage::Window(w) => kafka::KStep::Window(std::sync::Mutex::new(w)),
                         Stage::Session(w) => kafka::KStep::Session(std::sync::Mutex::new(w)),
-                        _ => return Err(bad("not a window".into())),
+                        Stage::Final(f) => kafka::KStep::Final(std::sync::Mutex::new(f)),
+                        Stage::Logic(lg) => {
+                            timer = Some(kafka::Timer::Logic(pipes.len()));
+                            kafka::KStep::Logic(std::sync::Mutex::new(lg))
+                        }
+                        _ => return Err(bad(format!("{kind}: not a step with its own state"))),
                     };
                     pipes.push(kafka::KPipe {
                         decode: Decoder::from_spec(py, &s.decode)?,
                         pre: chain(py, &s.pre, 1, failures)?,
                         key,
-                        step: Some((w, py.None())),
+                        step: Some((step, py.None())),
                         post: chain(py, &s.post, s.pre.len() + 3, failures)?,
                         encode,
                         failures: failures.clone(),
-                    });
-                    continue;
-                }
-                if kind == "logic" {
-                    // A key's logic is its state in the store (and the changelog, as its
-                    // snapshot); its notify_at() wakes it between records.
-                    if state_id.is_some() || windowed {
-                        return Err(bad(format!(
-                            "pipeline {}: a Kafka flow's pipelines share one keyed state, so a \
-                             stateful() logic's pipeline is the flow's only stateful one",
-                            s.name
-                        )));
-                    }
-                    windowed = true;
-                    let Stage::Logic(lg) = stage(
-                        st,
-                        &s.name,
-                        s.pre.len(),
-                        s.stateful_name.as_deref(),
-                        &States::new(),
-                        failures.clone(),
-                        &pickle,
-                    )?
-                    else {
-                        return Err(bad("not a stateful() logic".into()));
-                    };
-                    timer = Some(kafka::Timer::Logic(pipes.len()));
-                    pipes.push(kafka::KPipe {
-                        decode: Decoder::from_spec(py, &s.decode)?,
-                        pre: chain(py, &s.pre, 1, failures)?,
-                        key,
-                        step: Some((kafka::KStep::Logic(std::sync::Mutex::new(lg)), py.None())),
-                        post: chain(py, &s.post, s.pre.len() + 3, failures)?,
-                        encode,
-                        failures: failures.clone(),
+                        on_eof: None,
                     });
                     continue;
                 }
@@ -1444,18 +1437,15 @@ fn start_kafka(
                         _ => timer = Some(kafka::Timer::Ttl(ttl)),
                     }
                 }
-                if kind == "final" {
+                let on_eof = st.get_item(4).ok().filter(|f| !f.is_none());
+                if on_eof.is_some() && !bounded {
                     return Err(bad(format!(
-                        "pipeline {}: final aggregations need an input that ends; a Kafka flow's does not",
+                        "pipeline {}: on_eof needs an input that ends: read the topics to their \
+                         ends with kafka(..., tail=False)",
                         s.name
                     )));
                 }
-                if st.get_item(4).is_ok_and(|f| !f.is_none()) {
-                    return Err(bad(format!(
-                        "pipeline {}: on_eof needs an input that ends; a Kafka flow's does not",
-                        s.name
-                    )));
-                }
+                pipe_on_eof = on_eof.map(Bound::unbind);
                 let id: u64 = st.get_item(1)?.extract()?;
                 if windowed || *state_id.get_or_insert(id) != id {
                     return Err(bad("a Kafka flow's pipelines share one keyed state".into()));
@@ -1486,6 +1476,7 @@ fn start_kafka(
             post: chain(py, &s.post, s.pre.len() + 3, failures)?,
             encode,
             failures: failures.clone(),
+            on_eof: pipe_on_eof,
         });
     }
     let (Some(bootstrap), Some(group)) = (bootstrap, group) else {
@@ -1496,6 +1487,7 @@ fn start_kafka(
     let mut job = canter_stream::kafka::KafkaJob::new(&bootstrap, &group, &inputs, &output);
     job.workers = workers.max(1);
     job.hooks = Some(gil_hooks());
+    job.bounded = tails == Some(false);
     let setting = |e: canter_stream::kafka::KafkaError| {
         let text = e.to_string();
         bad(text.trim_start_matches("kafka: settings: ").to_owned())
@@ -1635,6 +1627,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FlowHandle>()?;
     m.add_class::<kafka::KafkaWindows>()?;
     m.add_class::<kafka::KafkaLogic>()?;
+    m.add_class::<kafka::KafkaFinal>()?;
     m.add("PipelineError", m.py().get_type::<PipelineError>())?;
     Ok(())
 }

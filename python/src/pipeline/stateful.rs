@@ -603,8 +603,8 @@ pub(crate) enum FinalAgg {
 
 /// A key's final aggregation so far: the count, or the value.
 pub(crate) struct Acc {
-    n: u64,
-    value: Option<Obj>,
+    pub(crate) n: u64,
+    pub(crate) value: Option<Obj>,
 }
 
 /// A final aggregation (`count_final`, `fold_final`, `reduce_final`, `max_final`,

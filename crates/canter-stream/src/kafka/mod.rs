@@ -125,6 +125,14 @@ pub struct KafkaJob {
     /// Asked while [`start`] waits for topics: `true` ends the wait with an error (a front end
     /// whose user pressed Ctrl-C).
     pub interrupted: Option<Interrupt>,
+    /// A bounded read (Bytewax's `tail=False`): each input partition is read up to its end as
+    /// a worker first asks (the last stable offset under exactly-once, the high watermark
+    /// otherwise); a task read to its ends runs [`KeyedTask::end`] (final aggregations,
+    /// windows flushed) and commits the ends; a worker ends once its tasks have and the group
+    /// has committed every input partition at its end (it stays a member until then, to take
+    /// over a lost member's tasks). Meant for topics not written meanwhile: a task that moves
+    /// to a worker started later reads to that worker's ends.
+    pub bounded: bool,
 }
 
 /// A check [`start`] calls while it waits ([`KafkaJob::interrupted`]).
@@ -167,6 +175,7 @@ impl KafkaJob {
             shutdown_timeout: Duration::from_secs(10),
             health: Arc::default(),
             interrupted: None,
+            bounded: false,
         }
     }
 

@@ -61,6 +61,14 @@ pub trait KeyedTask: Send + Sync + 'static {
         let _ = (key, state, out);
     }
 
+    /// A bounded read ([`KafkaJob::bounded`](super::KafkaJob::bounded)) has read every input
+    /// of the task to its end: emits what waits for the end (final aggregations, open
+    /// windows) to `out` and drops what no longer has a use ([`Keyed::remove`]). Committed
+    /// with the ends.
+    fn end(&self, state: &mut Keyed<Self::Key, Self::State>, out: &mut Out<'_>) {
+        let _ = (state, out);
+    }
+
     /// The task's state was just read from the changelog: sets its keys' wake-ups again
     /// ([`Keyed::wake_at`]), which the changelog does not keep.
     fn restored(&self, state: &mut Keyed<Self::Key, Self::State>) {

@@ -191,6 +191,10 @@ impl Input {
 struct TaskState<K, S> {
     state: Keyed<K, S>,
     inputs: Vec<Input>,
+    /// A bounded read ([`KafkaJob::bounded`]): where each input's partition ends.
+    ends: Option<Vec<i64>>,
+    /// A bounded read's task that has read its inputs to their ends and run its end.
+    finished: bool,
 }
 
 struct Worker<T: KeyedTask> {
@@ -219,6 +223,11 @@ struct Worker<T: KeyedTask> {
     /// Every task went back to its last commit since the main loop last looked.
     rolled_back: bool,
     failpoint: Failpoint,
+    /// A bounded read: every input partition's end, as this worker first asked (its last
+    /// stable offset under exactly-once, its high watermark otherwise).
+    ends: Option<HashMap<Tp, i64>>,
+    /// When a bounded read next asks whether the group has read every partition to its end.
+    next_done_check: Instant,
 }
 
 /// Inputs and changelogs are read `read_committed` under exactly-once (what an aborted
@@ -298,6 +307,8 @@ pub(super) async fn run<T: KeyedTask>(
         last_sink_log: None,
         rolled_back: false,
         failpoint: Failpoint::from_env(),
+        ends: None,
+        next_done_check: Instant::now(),
         last_committed: HashMap::new(),
         job,
     };
@@ -333,6 +344,13 @@ impl<T: KeyedTask> Worker<T> {
         let mut backoff = Duration::from_millis(100);
         let mut paused = false;
         while !stop.load(Ordering::Relaxed) {
+            if self.job.bounded && matches!(self.input_done().await, Ok(true)) {
+                tracing::info!(
+                    worker = self.me,
+                    "kafka pipeline: every input partition is read to its end (a bounded read)"
+                );
+                break;
+            }
             let step = self.step(&mut next_commit).await;
             let rolled_back = std::mem::take(&mut self.rolled_back) && self.job.exactly_once;
             match step {
@@ -431,6 +449,12 @@ impl<T: KeyedTask> Worker<T> {
         let Some(task) = self.tasks.get_mut(&f.partition) else {
             return Ok(());
         };
+        // A bounded read takes nothing at or past its input's end.
+        let end = task
+            .ends
+            .as_ref()
+            .and_then(|e| e.get(input).copied())
+            .unwrap_or(i64::MAX);
         // Chunks in offset order: runs of plain batches point into the fetched bytes; each
         // compressed batch is inflated into a buffer of its own.
         let queue = &mut task.inputs[input].chunks;
@@ -441,7 +465,7 @@ impl<T: KeyedTask> Worker<T> {
             if b.compression == Codec::None {
                 for r in b.records(&mut self.scratch)? {
                     let r = r?;
-                    if r.offset >= f.from {
+                    if r.offset >= f.from && r.offset < end {
                         plain.push(entry(&r, base));
                     }
                 }
@@ -462,7 +486,7 @@ impl<T: KeyedTask> Worker<T> {
             let mut entries = Vec::with_capacity(b.count as usize);
             for r in b.records_in(&buf) {
                 let r = r?;
-                if r.offset >= f.from {
+                if r.offset >= f.from && r.offset < end {
                     entries.push(entry(&r, inflated));
                 }
             }
@@ -615,11 +639,102 @@ impl<T: KeyedTask> Worker<T> {
                     }
                 }
             }
+            // A bounded read whose every input is read to its end: the task's end (final
+            // aggregations, windows flushed), and its offsets are the ends.
+            if let (Some(ends), false) = (&task.ends, task.finished || halted_here) {
+                let fetcher = &self.fetcher;
+                let at_end = task
+                    .inputs
+                    .iter()
+                    .zip(ends)
+                    .enumerate()
+                    .all(|(i, (input, end))| {
+                        input.chunks.is_empty()
+                            && fetcher
+                                .position(&self.job.inputs[i], p)
+                                .is_some_and(|pos| pos >= *end)
+                    });
+                if at_end && !self.task.halted() {
+                    let now = now_ns();
+                    out.timestamp = i64::try_from(now / 1_000_000).unwrap_or(i64::MAX);
+                    out.read_ns = now;
+                    self.task.end(&mut task.state, &mut out);
+                    if let Some(e) = out.refused.take() {
+                        sink_refused(
+                            &self.stats,
+                            &mut self.last_sink_log,
+                            self.me,
+                            &self.job.output,
+                            &e,
+                        );
+                    }
+                    for (input, end) in task.inputs.iter_mut().zip(ends) {
+                        input.processed = Some(input.processed.map_or(*end, |o| o.max(*end)));
+                    }
+                    task.finished = true;
+                    for t in &self.job.inputs {
+                        self.fetcher.unassign(t, p);
+                    }
+                    tracing::debug!(
+                        worker = self.me,
+                        task = p,
+                        "kafka pipeline: task read to its end"
+                    );
+                }
+            }
             Stats::add(&self.stats.records_in, n);
             Stats::add(&self.stats.records_out, out.emitted);
             Stats::add(&self.stats.refused, refused);
         }
         halted_here
+    }
+
+    /// A bounded read's input partitions' ends, asked of the brokers once.
+    async fn ends(&mut self) -> Result<&HashMap<Tp, i64>, Error> {
+        if self.ends.is_none() {
+            let spec = match self.job.exactly_once {
+                true => OffsetSpec::LastStable,
+                false => OffsetSpec::Latest,
+            };
+            let mut ends = HashMap::new();
+            for t in &self.job.inputs {
+                let cluster = self.fetcher.cluster();
+                cluster.refresh(&[t.as_str()]).await?;
+                let n = cluster.topic(t).map_or(0, |i| i.partitions.len() as i32);
+                let all: Vec<i32> = (0..n).collect();
+                for (p, end) in cluster.list_offsets(t, &all, spec).await? {
+                    ends.insert((t.clone(), p), end);
+                }
+            }
+            tracing::info!(
+                worker = self.me,
+                partitions = ends.len(),
+                "kafka pipeline: a bounded read ends at the partitions' ends as of now"
+            );
+            self.ends = Some(ends);
+        }
+        Ok(self.ends.get_or_insert_with(HashMap::new))
+    }
+
+    /// A bounded read: whether this worker's tasks are read to their ends and the group has
+    /// committed every input partition at its end (asked at most twice a second).
+    async fn input_done(&mut self) -> Result<bool, Error> {
+        if !self.pending.is_empty()
+            || self.tasks.values().any(|t| !t.finished)
+            || Instant::now() < self.next_done_check
+        {
+            return Ok(false);
+        }
+        self.next_done_check = Instant::now() + Duration::from_millis(500);
+        let ends = self.ends().await?.clone();
+        let parts: Vec<Tp> = ends.keys().cloned().collect();
+        let committed = self
+            .member
+            .committed(&mut self.group_cluster, &parts)
+            .await?;
+        Ok(committed
+            .iter()
+            .all(|(tp, c)| c.is_some_and(|c| c >= ends.get(tp).copied().unwrap_or(0))))
     }
 
     /// Flushes the producer. If that fails (the brokers refused for longer than the delivery
@@ -933,7 +1048,27 @@ impl<T: KeyedTask> Worker<T> {
                 processed: None,
             })
             .collect();
-        self.tasks.insert(p, TaskState { state, inputs });
+        let ends = match self.job.bounded {
+            true => {
+                let ends = self.ends().await?;
+                Some(
+                    parts
+                        .iter()
+                        .map(|tp| ends.get(tp).copied().unwrap_or(0))
+                        .collect(),
+                )
+            }
+            false => None,
+        };
+        self.tasks.insert(
+            p,
+            TaskState {
+                state,
+                inputs,
+                ends,
+                finished: false,
+            },
+        );
         Stats::add(&self.stats.tasks_assigned, 1);
         self.stats.tasks_owned.fetch_add(1, Ordering::Relaxed);
         tracing::info!(worker = self.me, task = p, restored, took_ms = started.elapsed().as_millis() as u64,
