@@ -177,6 +177,9 @@ pub(crate) struct KPipe {
     pub(crate) failures: Arc<Failures>,
     /// `on_eof(state)` of an `update` or `stateful_map`, at the end of a bounded read.
     pub(crate) on_eof: Option<Obj>,
+    /// The `key_by` step's and the stateful step's names in failures (as the file engine
+    /// names them: `3:key_by:f`, `4:update`, or the step's `name=`).
+    pub(crate) names: (Arc<str>, Arc<str>),
 }
 
 /// The task every worker runs: input `i` goes through pipeline `i`.
@@ -233,7 +236,7 @@ impl PyTask {
         };
         let k = match kf.key(py, x.bind(py)) {
             Ok(k) => k,
-            Err(e) => return p.failures.fail(py, "key_by", &e, Some(&x)),
+            Err(e) => return p.failures.fail(py, &p.names.0, &e, Some(&x)),
         };
         let Some((step, factory)) = &p.step else {
             return self.post(py, p, Some(&k), x, out);
@@ -264,7 +267,7 @@ impl PyTask {
                         .repr()
                         .map(|r| r.to_string())
                         .unwrap_or_default();
-                    let step = format!("keyed_state (the state factory, for key {key})");
+                    let step = format!("{} (the state factory, for key {key})", p.names.1);
                     return p.failures.fail(py, &step, &e, Some(&x));
                 }
             }
@@ -307,7 +310,7 @@ impl PyTask {
         match result {
             Ok(o) if o.is_none() => {}
             Ok(o) => self.post(py, p, Some(&k), o.unbind(), out),
-            Err(e) => p.failures.fail(py, "stateful", &e, Some(&x)),
+            Err(e) => p.failures.fail(py, &p.names.1, &e, Some(&x)),
         }
     }
 
@@ -339,7 +342,7 @@ impl PyTask {
             let e = pyo3::exceptions::PyTypeError::new_err(
                 "the key's state is not a window's (a changelog of another flow?)",
             );
-            return p.failures.fail(py, "window", &e, Some(&x));
+            return p.failures.fail(py, &p.names.1, &e, Some(&x));
         };
         let Ok(mut held) = cell.try_borrow_mut() else {
             return;
@@ -362,7 +365,7 @@ impl PyTask {
                 let e = pyo3::exceptions::PyTypeError::new_err(
                     "the key's windows are of another kind (a changelog of another flow?)",
                 );
-                p.failures.fail(py, "window", &e, Some(&x));
+                p.failures.fail(py, &p.names.1, &e, Some(&x));
             }
         }
     }
@@ -393,7 +396,7 @@ impl PyTask {
             let e = pyo3::exceptions::PyTypeError::new_err(
                 "the key's state is not a final aggregation's (a changelog of another flow?)",
             );
-            return p.failures.fail(py, "final", &e, Some(&x));
+            return p.failures.fail(py, &p.names.1, &e, Some(&x));
         };
         let (Ok(mut held), Ok(mut f)) = (cell.try_borrow_mut(), step.lock()) else {
             return;
@@ -456,7 +459,8 @@ impl PyTask {
                                 Ok(()) => lg.finish(k, &mut h.logic, &mut emit),
                                 Err(e) => {
                                     let what = format!(
-                                        "stateful (the builder, from the changelog, key {})",
+                                        "{} (the builder, from the changelog, key {})",
+                                        p.names.1,
                                         key_repr(py, k)
                                     );
                                     p.failures.fail(py, &what, &e, None);
@@ -471,7 +475,8 @@ impl PyTask {
                             Ok(o) if o.is_none() => {}
                             Ok(o) => emit.emit(o.unbind()),
                             Err(e) => {
-                                let what = format!("on_eof (key {})", key_repr(py, k));
+                                let what =
+                                    format!("{} (on_eof, key {})", p.names.1, key_repr(py, k));
                                 p.failures.fail(py, &what, &e, None);
                             }
                         }
@@ -529,14 +534,15 @@ impl PyTask {
             let e = pyo3::exceptions::PyTypeError::new_err(
                 "the key's state is not a stateful() logic's (a changelog of another flow?)",
             );
-            return p.failures.fail(py, "stateful", &e, x.as_ref());
+            return p.failures.fail(py, &p.names.1, &e, x.as_ref());
         };
         let (Ok(mut held), Ok(mut lg)) = (cell.try_borrow_mut(), step.lock()) else {
             return;
         };
         if let Err(e) = held.build(py, &lg.builder) {
             let what = format!(
-                "stateful (the builder, from the changelog, key {})",
+                "{} (the builder, from the changelog, key {})",
+                p.names.1,
                 key_repr(py, &k)
             );
             p.failures.fail(py, &what, &e, x.as_ref());
@@ -671,7 +677,8 @@ impl KeyedTask for PyTask {
                         }
                         Err(e) => {
                             let what = format!(
-                                "stateful (the builder, from the changelog, key {})",
+                                "{} (the builder, from the changelog, key {})",
+                                p.names.1,
                                 key_repr(py, &k)
                             );
                             p.failures.fail(py, &what, &e, None);

@@ -1357,11 +1357,30 @@ fn start_kafka(
                 )))
             }
         };
-        let key = match &s.key {
-            Some(k) => Some(key_fn(py, k, s.pre.len() + 1)?.0),
-            None => None,
+        let (key, key_name) = match &s.key {
+            Some(k) => {
+                let (f, name) = key_fn(py, k, s.pre.len() + 1)?;
+                (Some(f), name)
+            }
+            None => (None, String::new()),
         };
         let mut pipe_on_eof: Option<Obj> = None;
+        // The stateful step's name, as the file engine gives it.
+        let step_name: String = match (&s.stateful_name, &s.stateful) {
+            (Some(n), _) => n.clone(),
+            (None, Some(st)) => {
+                let kind: String = st.get_item(0)?.extract()?;
+                match kind.as_str() {
+                    "final" => {
+                        let what: String = st.get_item(1)?.extract()?;
+                        format!("{}:{what}_final", s.pre.len() + 2)
+                    }
+                    _ => format!("{}:{kind}", s.pre.len() + 2),
+                }
+            }
+            (None, None) => String::new(),
+        };
+        let names: (Arc<str>, Arc<str>) = (key_name.into(), step_name.into());
         let step = match &s.stateful {
             None => None,
             Some(st) => {
@@ -1413,6 +1432,7 @@ fn start_kafka(
                         encode,
                         failures: failures.clone(),
                         on_eof: None,
+                        names: names.clone(),
                     });
                     continue;
                 }
@@ -1477,6 +1497,7 @@ fn start_kafka(
             encode,
             failures: failures.clone(),
             on_eof: pipe_on_eof,
+            names,
         });
     }
     let (Some(bootstrap), Some(group)) = (bootstrap, group) else {

@@ -80,6 +80,9 @@ fn market_spread_from_kafka_to_kafka_matches_the_reference() {
     // The counters, as Prometheus text and JSON.
     // The last quotes may still be on their way when the last result is in.
     p.wait_counter("records_in", 100_000, Duration::from_secs(10));
+    // A worker that joined late takes its tasks in a rebalance, which may still be under way
+    // when the last result is in: wait until the four tasks are owned again.
+    p.wait_counter("tasks_owned", 4, Duration::from_secs(60));
     let metrics = p.metrics_addr();
     let text = common::fetch(metrics, "GET", "/metrics", "");
     assert_eq!(text.status, 200);
