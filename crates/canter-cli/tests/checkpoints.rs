@@ -385,7 +385,12 @@ fn checkpoints_fail_and_the_pipeline_keeps_running(name: &str, full_disk: bool) 
         if text.contains("canter_checkpoints_total{result=\"failed\"} ")
             && !text.contains("canter_checkpoints_total{result=\"failed\"} 0")
         {
-            assert!(text.contains("canter_checkpoints_total{result=\"completed\"} 0"));
+            // An unwritable directory takes no checkpoint; on a full disk, one taken before
+            // the records came (the sender slow to start on a busy machine) is small enough
+            // to be written.
+            if !full_disk {
+                assert!(text.contains("canter_checkpoints_total{result=\"completed\"} 0"));
+            }
             break;
         }
         assert!(Instant::now() < deadline, "{text}");
