@@ -530,33 +530,14 @@ def kafka_produce(bootstrap, topic, records, config=None):
     assert p.flush(30) == 0
 
 
-def kafka_read(bootstrap, topic, n, timeout=60, config=None):
-    """The first `n` committed values of `topic` (all partitions)."""
+def kafka_read(bootstrap, topic, n, timeout=60, config=None, settle=0.0):
+    """`topic`'s committed values (all partitions): at least `n` (within `timeout` seconds),
+    and with `settle` any more that come within that many seconds after them (to see a
+    record that came twice)."""
     from confluent_kafka import Consumer
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{time.time_ns()}",
                   "auto.offset.reset": "earliest", "isolation.level": "read_committed",
                   "enable.auto.commit": False, **(config or {})})
-    c.subscribe([topic])
-    out = []
-    deadline = time.time() + timeout
-    try:
-        while len(out) < n and time.time() < deadline:
-            m = c.poll(0.5)
-            if m is not None and m.error() is None:
-                out.append((m.key(), m.value()))
-    finally:
-        c.close()
-    assert len(out) >= n, f"{len(out)} of {n} results on {topic}"
-    return out
-
-
-def kafka_read_all(bootstrap, topic, n, settle=3.0, timeout=60):
-    """`topic`'s committed values: at least `n` (within `timeout` seconds), and any more that
-    come within `settle` seconds after them (to see a record that came twice)."""
-    from confluent_kafka import Consumer
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{time.time_ns()}",
-                  "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-                  "enable.auto.commit": False})
     c.subscribe([topic])
     out, deadline, quiet = [], time.time() + timeout, None
     try:
@@ -572,6 +553,12 @@ def kafka_read_all(bootstrap, topic, n, settle=3.0, timeout=60):
         c.close()
     assert len(out) >= n, f"{len(out)} of {n} results on {topic}"
     return out
+
+
+def kafka_read_all(bootstrap, topic, n, settle=3.0):
+    """`kafka_read` waiting `settle` seconds more after the `n`th value, for one that came
+    twice."""
+    return kafka_read(bootstrap, topic, n, settle=settle)
 
 
 def test_errors_stop_under_exactly_once_commits_no_part_of_the_failing_record(kafka_bootstrap):

@@ -7,6 +7,9 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::PairWire;
+
 use canter_stream::pipeline::{
     Aggregate, Collector, KeyedState, Local, Pipeline, RunOptions, Sink, Source, Span, Topology,
 };
@@ -831,34 +834,6 @@ fn local_pipelines_stay_on_the_reading_worker_and_hooks_wrap_the_workers() {
         HashSet::from(["canter-pipeline-0".to_owned()])
     );
     assert_eq!(threads(false).len(), 3);
-}
-
-/// Keys and items of the generated streams over a group's links.
-struct PairWire;
-
-impl canter_stream::pipeline::Wire<u32, (u32, u64)> for PairWire {
-    fn encode(&self, items: Vec<(u32, (u32, u64))>, out: &mut Vec<u8>) -> Result<(), String> {
-        for (k, (_, v)) in items {
-            out.extend_from_slice(&k.to_le_bytes());
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        Ok(())
-    }
-
-    fn decode(&self, bytes: &[u8], out: &mut Vec<(u32, (u32, u64))>) -> Result<(), String> {
-        if !bytes.len().is_multiple_of(12) {
-            return Err(format!("{} bytes", bytes.len()));
-        }
-        for c in bytes.chunks_exact(12) {
-            let mut k = [0u8; 4];
-            let mut v = [0u8; 8];
-            k.copy_from_slice(&c[..4]);
-            v.copy_from_slice(&c[4..]);
-            let (k, v) = (u32::from_le_bytes(k), u64::from_le_bytes(v));
-            out.push((k, (k, v)));
-        }
-        Ok(())
-    }
 }
 
 /// Two topologies as the two processes of a group (one test process: the links are the same

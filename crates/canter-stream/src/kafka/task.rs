@@ -124,4 +124,11 @@ impl Out<'_> {
     pub fn read_time_ns(&self) -> u64 {
         self.read_ns
     }
+
+    /// Results made without an input record (wake-ups, a bounded read's end) are stamped with
+    /// `now` (ns since the Unix epoch).
+    pub(super) fn stamp(&mut self, now: u64) {
+        self.timestamp = i64::try_from(now / 1_000_000).unwrap_or(i64::MAX);
+        self.read_ns = now;
+    }
 }

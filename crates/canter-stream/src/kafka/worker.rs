@@ -219,7 +219,8 @@ struct Worker<T: KeyedTask> {
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
     last_refusal_log: Option<Instant>,
-    last_sink_log: Option<Instant>,
+    /// Results the output refused: counted, logged at most once a second.
+    sink_log: SinkLog,
     /// Every task went back to its last commit since the main loop last looked.
     rolled_back: bool,
     failpoint: Failpoint,
@@ -287,6 +288,7 @@ pub(super) async fn run<T: KeyedTask>(
             .classic(job.session_timeout.unwrap_or(Duration::from_secs(45))),
         _ => Member::new(&job.group, &inputs).with_assignor("range"),
     };
+    let sink_stats = stats.clone();
     let mut w = Worker {
         me,
         task,
@@ -304,7 +306,12 @@ pub(super) async fn run<T: KeyedTask>(
         key_buf: Vec::new(),
         value_buf: Vec::new(),
         last_refusal_log: None,
-        last_sink_log: None,
+        sink_log: SinkLog {
+            stats: sink_stats,
+            last: None,
+            me,
+            topic: job.output.clone(),
+        },
         rolled_back: false,
         failpoint: Failpoint::from_env(),
         ends: None,
@@ -601,15 +608,7 @@ impl<T: KeyedTask> Worker<T> {
                             offset, reason = %why.0, "kafka pipeline: record refused (skipped; more are counted, not logged, for a second)");
                     }
                 }
-                if let Some(e) = out.refused.take() {
-                    sink_refused(
-                        &self.stats,
-                        &mut self.last_sink_log,
-                        self.me,
-                        &self.job.output,
-                        &e,
-                    );
-                }
+                self.sink_log.refused(&mut out);
                 n += 1;
                 input.processed = Some(offset + 1);
                 chunk.next += 1;
@@ -620,19 +619,10 @@ impl<T: KeyedTask> Worker<T> {
             // Keys' wake-ups that are due, after the records before them.
             if !halted_here && task.state.has_wakes() && !self.task.halted() {
                 let now = now_ns();
-                out.timestamp = i64::try_from(now / 1_000_000).unwrap_or(i64::MAX);
-                out.read_ns = now;
+                out.stamp(now);
                 for k in task.state.due(now) {
                     self.task.wake(&k, &mut task.state, &mut out);
-                    if let Some(e) = out.refused.take() {
-                        sink_refused(
-                            &self.stats,
-                            &mut self.last_sink_log,
-                            self.me,
-                            &self.job.output,
-                            &e,
-                        );
-                    }
+                    self.sink_log.refused(&mut out);
                     if self.task.halted() {
                         halted_here = true;
                         break;
@@ -655,19 +645,9 @@ impl<T: KeyedTask> Worker<T> {
                                 .is_some_and(|pos| pos >= *end)
                     });
                 if at_end && !self.task.halted() {
-                    let now = now_ns();
-                    out.timestamp = i64::try_from(now / 1_000_000).unwrap_or(i64::MAX);
-                    out.read_ns = now;
+                    out.stamp(now_ns());
                     self.task.end(&mut task.state, &mut out);
-                    if let Some(e) = out.refused.take() {
-                        sink_refused(
-                            &self.stats,
-                            &mut self.last_sink_log,
-                            self.me,
-                            &self.job.output,
-                            &e,
-                        );
-                    }
+                    self.sink_log.refused(&mut out);
                     for (input, end) in task.inputs.iter_mut().zip(ends) {
                         input.processed = Some(input.processed.map_or(*end, |o| o.max(*end)));
                     }
@@ -1132,14 +1112,27 @@ fn entry(r: &canter_kafka::records::Record<'_>, base: usize) -> Entry {
     }
 }
 
-/// The output refused a result (over the producer's maximum size): counted, and logged at most
-/// once a second.
-fn sink_refused(stats: &Stats, last_log: &mut Option<Instant>, me: usize, topic: &str, e: &Error) {
-    Stats::add(&stats.sink_refused, 1);
-    let now = Instant::now();
-    if last_log.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
-        *last_log = Some(now);
-        tracing::error!(worker = me, topic = %topic, error = %e,
-            "kafka pipeline: the output refused a result (more are counted, not logged, for a second)");
+/// Results the output refused (over the producer's maximum size).
+struct SinkLog {
+    stats: Arc<Stats>,
+    last: Option<Instant>,
+    me: usize,
+    topic: String,
+}
+
+impl SinkLog {
+    /// If `out` refused its last result: counted, and logged at most once a second.
+    fn refused(&mut self, out: &mut Out<'_>) {
+        let Some(e) = out.refused.take() else { return };
+        Stats::add(&self.stats.sink_refused, 1);
+        let now = Instant::now();
+        if self
+            .last
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            self.last = Some(now);
+            tracing::error!(worker = self.me, topic = %self.topic, error = %e,
+                "kafka pipeline: the output refused a result (more are counted, not logged, for a second)");
+        }
     }
 }

@@ -665,8 +665,7 @@ where
         A: Send + 'static,
         O: Send + 'static,
     {
-        let name = format!("{} count_window", self.head.name);
-        self.stateful(CountWindow::new(&name, size, true, agg))
+        self.count_windows(size, true, agg)
     }
 
     /// Count windows that keep only full ones: as [`Keyed::count_window`], but a window
@@ -681,8 +680,21 @@ where
         A: Send + 'static,
         O: Send + 'static,
     {
+        self.count_windows(size, false, agg)
+    }
+
+    fn count_windows<A, O>(
+        self,
+        size: u64,
+        partial: bool,
+        agg: Aggregate<K, C::Out, A, O>,
+    ) -> Tail<T, D, C, KF, K, CountWindow<K, C::Out, A, O>, Id<O>>
+    where
+        A: Send + 'static,
+        O: Send + 'static,
+    {
         let name = format!("{} count_window", self.head.name);
-        self.stateful(CountWindow::new(&name, size, false, agg))
+        self.stateful(CountWindow::new(&name, size, partial, agg))
     }
 
     /// Event-time tumbling windows of `size`, each item's time (ns) given by `time`.
