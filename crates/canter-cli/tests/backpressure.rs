@@ -4,10 +4,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use canter_testkit::read_some;
 use common::Server;
 
 const MIB: u64 = 1024;
@@ -103,7 +104,7 @@ fn pipelined_flood_without_reading() {
         .set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let mut buf = [0u8; 16];
-    match c.stream.read(&mut buf) {
+    match read_some(&mut c.stream, &mut buf) {
         Ok(n) => panic!("unexpected {n} bytes (or EOF) after the last response"),
         Err(e) => assert!(matches!(
             e.kind(),

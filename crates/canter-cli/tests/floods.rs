@@ -10,7 +10,7 @@
 
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::net::TcpStream;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use canter_testkit::read_some;
 use canter_testkit::{connect_stream, open_files_limit};
 use common::Server;
 
@@ -107,7 +108,7 @@ fn read_until_closed(s: &mut TcpStream, deadline: Instant, ends: &mut Ends) {
         let left = deadline.saturating_duration_since(Instant::now());
         s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
             .unwrap();
-        match s.read(&mut buf) {
+        match read_some(s, &mut buf) {
             Ok(0) => {
                 ends.eof += 1;
                 break;
@@ -414,7 +415,7 @@ fn heads_just_over_the_limit_get_431() {
         let mut got = Vec::new();
         let mut buf = [0u8; 1024];
         let end = loop {
-            match s.read(&mut buf) {
+            match read_some(s, &mut buf) {
                 Ok(0) => break Ok(()),
                 Ok(n) => got.extend_from_slice(&buf[..n]),
                 Err(e) => break Err(e),

@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use canter_h2::hpack::{Decoder, Encoder, Indexing};
+use canter_testkit::read_some;
 use common::{curl, curl_any_status, need, random_bytes, Server, TempFile};
 
 const H2SPEC: &str = "github.com/summerwind/h2spec/cmd/h2spec@v2.2.1+incompatible";
@@ -412,7 +413,7 @@ impl H2Client {
                 }
             }
             let mut chunk = [0u8; 16384];
-            match self.sock.read(&mut chunk) {
+            match read_some(&mut self.sock, &mut chunk) {
                 Ok(0) | Err(_) => return None,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
             }

@@ -7,10 +7,11 @@
 
 mod common;
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Write};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use canter_testkit::read_some;
 use common::Server;
 
 /// Reads until EOF or reset; returns what arrived and when the connection ended.
@@ -88,7 +89,7 @@ fn dribbling_head_is_cut_off_and_others_are_served() {
             }
             sent += 1;
         }
-        match c.stream.read(&mut buf) {
+        match read_some(&mut c.stream, &mut buf) {
             Ok(0) => break,
             Ok(n) => received.extend_from_slice(&buf[..n]),
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}

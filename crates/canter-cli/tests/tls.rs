@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use canter_testkit::read_some;
 use canter_testkit::{fingerprint, Pki};
 use common::{curl, random_bytes, Server, TempFile};
 
@@ -472,7 +473,7 @@ fn until_closed(mut s: TcpStream) -> Vec<u8> {
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
-        match s.read(&mut buf) {
+        match read_some(&mut s, &mut buf) {
             Ok(0) => return got,
             Ok(n) => got.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return got,

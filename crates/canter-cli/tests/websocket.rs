@@ -8,6 +8,7 @@ mod common;
 
 use std::process::Command;
 
+use canter_testkit::read_some;
 use common::Server;
 
 #[test]
@@ -139,7 +140,7 @@ fn canter_load_speaks_wss() {
 
 /// A WebSocket on the demo's `/ws/echo` over a plain socket, upgraded.
 fn upgraded(port: u16) -> std::net::TcpStream {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
         .unwrap();
@@ -151,7 +152,11 @@ fn upgraded(port: u16) -> std::net::TcpStream {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(s.read(&mut byte).unwrap(), 1, "closed in the upgrade");
+        assert_eq!(
+            read_some(&mut s, &mut byte).unwrap(),
+            1,
+            "closed in the upgrade"
+        );
         head.push(byte[0]);
     }
     assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");

@@ -13,7 +13,7 @@
 mod common;
 
 use std::fs::File;
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
@@ -23,6 +23,7 @@ use canter_rt::http::StatusCode;
 use canter_rt::{Body, Config, Reply, Request, Response};
 use canter_testkit::random_bytes;
 
+use canter_testkit::read_some;
 use common::{test_config, test_timeouts, TestServer};
 
 /// A fresh directory for one test.
@@ -296,7 +297,7 @@ fn shutdown_lets_the_transfer_finish() {
     c.skip_bytes(LEN as u64, |p| got.extend_from_slice(p));
     assert!(got == data, "bytes differ from the file");
     let mut byte = [0u8; 1];
-    match c.stream.read(&mut byte) {
+    match read_some(&mut c.stream, &mut byte) {
         Ok(0) => {}
         Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
         other => panic!("expected the connection to close, got {other:?}"),

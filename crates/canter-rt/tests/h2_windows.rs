@@ -5,11 +5,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::Duration;
 
 use canter_rt::{Reply, Request, Response};
+use canter_testkit::read_some;
 use common::{test_config, TestServer};
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
@@ -41,7 +42,7 @@ fn until_ping_ack(sock: &mut TcpStream, buf: &mut Vec<u8>, round: u32) {
             }
         }
         let mut chunk = [0u8; 16384];
-        let n = sock.read(&mut chunk).unwrap();
+        let n = read_some(sock, &mut chunk).unwrap();
         assert!(n > 0, "connection closed after {round} reset uploads");
         buf.extend_from_slice(&chunk[..n]);
     }
@@ -147,7 +148,7 @@ fn a_slow_response_stream_does_not_keep_the_worker_busy() {
     let mut got = Vec::new();
     let mut chunk = [0u8; 4096];
     while !got.windows(5).filter(|w| w == b"tick\n").count().eq(&5) {
-        let n = h2.read(&mut chunk).unwrap();
+        let n = read_some(&mut h2, &mut chunk).unwrap();
         assert!(n > 0, "closed early");
         got.extend_from_slice(&chunk[..n]);
     }
@@ -214,7 +215,7 @@ fn a_window_update_that_arrives_while_output_backs_up_is_acted_on_at_once() {
             std::thread::sleep(Duration::from_millis(200));
             updated = true;
         }
-        let n = h2.read(&mut chunk).unwrap();
+        let n = read_some(&mut h2, &mut chunk).unwrap();
         assert!(n > 0, "closed after {data} bytes of data");
         buf.extend_from_slice(&chunk[..n]);
     }

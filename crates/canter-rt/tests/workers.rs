@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::rc::Rc;
 use std::time::Duration;
@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use canter_rt::proto::{Conn, Protocol};
 use canter_rt::{Config, Server};
+use canter_testkit::read_some;
 
 /// Answers every chunk with the tag of its server and the worker thread's name.
 struct Tagged {
@@ -31,7 +32,7 @@ fn ask(addr: std::net::SocketAddr) -> String {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.write_all(b"?").unwrap();
     let mut buf = [0u8; 256];
-    let n = s.read(&mut buf).unwrap();
+    let n = read_some(&mut s, &mut buf).unwrap();
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
@@ -102,5 +103,5 @@ fn ask_fails(addr: std::net::SocketAddr) -> bool {
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let _ = s.write_all(b"?");
     let mut buf = [0u8; 16];
-    matches!(s.read(&mut buf), Ok(0) | Err(_))
+    matches!(read_some(&mut s, &mut buf), Ok(0) | Err(_))
 }

@@ -8,13 +8,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use canter_rt::ws::{CloseFrame, Message, WebSocket};
 use canter_rt::{Reply, Request, Response, WsUpgrade};
+use canter_testkit::read_some;
 use canter_ws::deflate::{self, DeflateConfig};
 use canter_ws::{Connection, Event, Limits};
 use common::ws_client::{client_role, has_field, raw_handshake, upgrade_request, Client, KEY};
@@ -232,7 +233,7 @@ fn bad_upgrade_requests_are_refused_with_their_status() {
     t.write_all(b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
     let mut buf = [0u8; 4096];
-    let n = t.read(&mut buf).unwrap();
+    let n = read_some(&mut t, &mut buf).unwrap();
     let text = String::from_utf8_lossy(&buf[..n]);
     assert!(
         text.contains("HTTP/1.1 400 ") || text.contains("HTTP/1.1 404 "),

@@ -17,6 +17,18 @@ pub fn connect_stream(addr: SocketAddr) -> TcpStream {
     stream
 }
 
+/// `reader.read(buf)`, tried again when it is interrupted. A blocking read with a timeout
+/// (`SO_RCVTIMEO`) fails with `EINTR` after the process is stopped and continued, even with no
+/// signal handler (signal(7)), as when a busy or suspended machine freezes the test for a moment.
+pub fn read_some(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match reader.read(buf) {
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
 /// A parsed response.
 #[derive(Clone)]
 pub struct Response {
@@ -124,7 +136,7 @@ impl Client {
         }
         let old = self.buf.len();
         self.buf.resize(old + 64 * 1024, 0);
-        let r = self.stream.read(&mut self.buf[old..]);
+        let r = read_some(&mut self.stream, &mut self.buf[old..]);
         let n = *r.as_ref().unwrap_or(&0);
         self.buf.truncate(old + n);
         r
@@ -348,7 +360,7 @@ impl Client {
     pub fn expect_silence(&mut self, wait: Duration, what: &str) {
         self.stream.set_read_timeout(Some(wait)).unwrap();
         let mut byte = [0u8; 1];
-        match self.stream.read(&mut byte) {
+        match read_some(&mut self.stream, &mut byte) {
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Ok(0) => panic!("{what}: unexpected EOF"),
             Ok(_) => {

@@ -16,7 +16,7 @@ mod kafka;
 mod pki;
 mod process;
 
-pub use client::{chunked, connect_stream, Client, Response, IO_TIMEOUT};
+pub use client::{chunked, connect_stream, read_some, Client, Response, IO_TIMEOUT};
 pub use data::random_bytes;
 pub use kafka::{KafkaCluster, Secured};
 pub use pki::{fingerprint, CertFiles, Pki};

@@ -1,11 +1,12 @@
 //! A blocking WebSocket client for the runtime's tests: canter-ws's engine in the client role
 //! over a socket with timeouts, plus raw frames for what a well-behaved client never sends.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use canter_testkit::read_some;
 use canter_ws::deflate::{self, DeflateConfig};
 use canter_ws::{Connection, Event, Limits, Role};
 
@@ -42,7 +43,7 @@ pub fn raw_handshake(addr: SocketAddr, request: &str) -> (TcpStream, String, Byt
             return (tcp, head, buf);
         }
         let mut chunk = [0u8; 4096];
-        let n = tcp.read(&mut chunk).unwrap();
+        let n = read_some(&mut tcp, &mut chunk).unwrap();
         assert!(n > 0, "closed before the response head: {buf:?}");
         buf.extend_from_slice(&chunk[..n]);
     }
@@ -81,7 +82,7 @@ impl Client {
                 break String::from_utf8(input.split_to(end + 4).to_vec()).unwrap();
             }
             let mut chunk = [0u8; 4096];
-            let n = tcp.read(&mut chunk).unwrap();
+            let n = read_some(&mut tcp, &mut chunk).unwrap();
             assert!(n > 0, "closed before the response head");
             input.extend_from_slice(&chunk[..n]);
         };
@@ -129,7 +130,7 @@ impl Client {
                 return event;
             }
             let mut chunk = vec![0u8; 64 * 1024];
-            match self.tcp.read(&mut chunk) {
+            match read_some(&mut self.tcp, &mut chunk) {
                 Ok(0) => return None,
                 Ok(n) => self.input.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return None,
@@ -143,7 +144,7 @@ impl Client {
         let started = Instant::now();
         let mut chunk = [0u8; 4096];
         loop {
-            match self.tcp.read(&mut chunk) {
+            match read_some(&mut self.tcp, &mut chunk) {
                 Ok(0) => return,
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
