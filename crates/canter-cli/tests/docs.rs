@@ -1,5 +1,5 @@
 //! ARCHITECTURE.md names files a newcomer opens next: every one it names must exist. A name is
-//! the end of a path in the repository (`link.rs`, `canter-rt/src/link.rs`, `tests/layers.rs`
+//! the end of a path in the repository (`link.rs`, `canter-rt/src/core/link.rs`, `tests/layers.rs`
 //! in its crate); one that starts with `../` is beside the repository (the shared tools).
 
 #![allow(clippy::unwrap_used)]

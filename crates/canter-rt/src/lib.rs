@@ -28,67 +28,42 @@ compile_error!(
      SO_REUSEPORT's balancing across listeners and SIOCOUTQ"
 );
 
-mod body;
-mod config;
-pub mod framing;
-#[cfg(feature = "http2")]
-mod h2;
-mod http1;
-mod http_serve;
-mod http_state;
-mod link;
-mod log_bridge;
-mod outbound;
-mod output;
+mod core;
+mod httpd;
 pub mod proto;
-pub mod proxy;
-mod server;
-mod service;
-mod stats;
-mod syscall;
-#[cfg(feature = "tls")]
-mod tls;
-mod transport;
-mod worker;
 #[cfg(feature = "ws")]
 pub mod ws;
-#[cfg(feature = "ws")]
-mod ws_driver;
-#[cfg(all(feature = "ws", feature = "http2"))]
-mod ws_h2;
-#[cfg(feature = "ws")]
-mod ws_hub;
-#[cfg(feature = "ws")]
-mod ws_upgrade;
 
-pub use body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
+#[cfg(feature = "tls")]
+pub use crate::core::config::TlsListener;
+pub use crate::core::config::{Config, ConfigBuilder, ParkHooks, MAX_SERVER_NAME};
+pub use crate::core::log_bridge::route_log_records;
+#[cfg(feature = "tls")]
+pub use crate::core::outbound::connect_tls;
+pub use crate::core::outbound::{connect, connect_tcp};
+pub use crate::core::proxy;
+pub use crate::core::server::{
+    listen, map_large_blocks, on_signals, pin_to_cpu, run_here, shutdown_on_signals, spawn_worker,
+    Server, ServerWorker, ShutdownHandle,
+};
+pub use crate::core::stats::{ClientFault, Stats};
+#[cfg(feature = "tls")]
+pub use crate::core::tls::{reload_on_sighup, ClientTls, ServerTls, TlsAcceptor, TlsError};
+#[cfg(feature = "tls")]
+pub use crate::core::transport::{PeerCertificates, TlsStream};
+pub use crate::core::transport::{Stream, Transport};
+pub use crate::httpd::body::{Body, BodyError, BodyStream, RequestBody, PIPE_CAPACITY};
+pub use crate::httpd::serve::serve_connection;
+pub use crate::httpd::service::{ConnectProtocol, Reply, Request, Response, Service};
+pub use crate::proto::framing;
+#[cfg(feature = "ws")]
+pub use crate::ws::hub::Hub as WsHub;
+#[cfg(feature = "ws")]
+pub use crate::ws::upgrade::{WsRefused, WsUpgrade};
 /// The request head every protocol hands to a [`Service`]: HTTP/1.1 parses it, HTTP/2 builds
 /// one from its header block; [`Request::head`] gives it.
 pub use canter_http::{BodyKind, RequestHead, Version};
 pub use canter_http::{ConfigError, Limits, LimitsBuilder, Timeouts, TimeoutsBuilder};
-#[cfg(feature = "tls")]
-pub use config::TlsListener;
-pub use config::{Config, ConfigBuilder, ParkHooks, MAX_SERVER_NAME};
-pub use http_serve::serve_connection;
-pub use log_bridge::route_log_records;
-#[cfg(feature = "tls")]
-pub use outbound::connect_tls;
-pub use outbound::{connect, connect_tcp};
-pub use server::{
-    listen, map_large_blocks, on_signals, pin_to_cpu, run_here, shutdown_on_signals, spawn_worker,
-    Server, ServerWorker, ShutdownHandle,
-};
-pub use service::{ConnectProtocol, Reply, Request, Response, Service};
-pub use stats::{ClientFault, Stats};
-#[cfg(feature = "tls")]
-pub use tls::{reload_on_sighup, ClientTls, ServerTls, TlsAcceptor, TlsError};
-#[cfg(feature = "tls")]
-pub use transport::{PeerCertificates, TlsStream};
-pub use transport::{Stream, Transport};
-#[cfg(feature = "ws")]
-pub use ws_hub::Hub as WsHub;
-#[cfg(feature = "ws")]
-pub use ws_upgrade::{WsRefused, WsUpgrade};
 
 pub use bytes;
 pub use http;

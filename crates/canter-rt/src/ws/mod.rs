@@ -1,6 +1,6 @@
 //! WebSocket connections on the runtime: what a handler holds ([`WebSocket`], its halves
 //! [`WsSender`] and [`WsReceiver`], [`Message`]); the driver that runs the connection after
-//! the upgrade is `ws_driver.rs`.
+//! the upgrade is `ws/driver.rs`.
 //!
 //! The connection stays one task: after the 101 the HTTP/1.1 driver hands its transport and
 //! its link (buffers, write timeout, read budget) to the WebSocket driver, which runs the sans-IO engine
@@ -26,6 +26,12 @@
 //! - **The close handshake**: after this end's close the peer has [`WsConfig::close_timeout`]
 //!   to answer before the connection is dropped.
 //! - **Shutdown**: a draining server closes each WebSocket with 1001 (going away).
+
+pub(crate) mod driver;
+#[cfg(feature = "http2")]
+pub(crate) mod h2;
+pub(crate) mod hub;
+pub(crate) mod upgrade;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -363,7 +369,7 @@ pub(crate) struct Info {
     pub(crate) peer: Option<SocketAddr>,
 }
 
-/// The state the connection's driver (`ws_driver.rs`) and the handler's halves share (one
+/// The state the connection's driver (`ws/driver.rs`) and the handler's halves share (one
 /// thread).
 pub(crate) struct State {
     pub(crate) engine: Connection,
@@ -602,7 +608,7 @@ async fn flusher() {
 
 /// One nonblocking `send` of `buf` to `fd`, `EINTR` retried.
 fn send_now(fd: RawFd, buf: &[u8]) -> std::io::Result<usize> {
-    crate::syscall::retry(|| {
+    crate::core::syscall::retry(|| {
         // SAFETY: `fd` is an open socket: `State::direct` holds it only while the connection's
         // transport is open (cleared by `Session::end`, which runs before the transport is
         // closed, on this same thread); the pointer and length describe `buf`, readable for

@@ -9,7 +9,7 @@ use std::time::Duration;
 use canter_http::{ConfigError, Limits, Timeouts};
 
 #[cfg(feature = "tls")]
-use crate::tls::TlsAcceptor;
+use crate::core::tls::TlsAcceptor;
 
 /// Server settings, built with [`Config::builder`], which checks them; `Config::default()`
 /// serves 127.0.0.1:8080 on every core.
@@ -50,7 +50,7 @@ pub struct Config {
     #[cfg(feature = "http2")]
     pub(crate) http2: Option<canter_h2::Settings>,
     pub(crate) fault_log_interval: Duration,
-    pub(crate) proxy_protocol: Option<crate::proxy::ProxyProtocol>,
+    pub(crate) proxy_protocol: Option<crate::core::proxy::ProxyProtocol>,
     pub(crate) park_hooks: Option<ParkHooks>,
     pub(crate) coalesce: Option<Duration>,
 }
@@ -153,7 +153,7 @@ impl Config {
     /// Whether an HTTP listener hands over a connection only once its first bytes have arrived
     /// (`TCP_DEFER_ACCEPT`, as nginx's `listen ... deferred`). `true` (the default): the first
     /// read of a new connection finds its request, so a connection answered and closed in one
-    /// go never waits in the event loop (see [`crate::transport`]'s `LazyTcp`). A client that
+    /// go never waits in the event loop (see [`crate::core::transport`]'s `LazyTcp`). A client that
     /// connects and stays silent is handed over after about a second, when the kernel gives up
     /// waiting; its header timeout runs from then. Custom protocols ([`Server::serve_protocol`](crate::Server::serve_protocol))
     /// never defer: their server may have to speak first.
@@ -216,7 +216,7 @@ impl Config {
     /// not allowed, or with a missing, malformed, oversized or late header, is closed with a
     /// debug line (a [`ClientFault::Protocol`](crate::ClientFault::Protocol)). `None` (the
     /// default): no header expected.
-    pub fn proxy_protocol(&self) -> Option<&crate::proxy::ProxyProtocol> {
+    pub fn proxy_protocol(&self) -> Option<&crate::core::proxy::ProxyProtocol> {
         self.proxy_protocol.as_ref()
     }
 
@@ -378,7 +378,10 @@ impl ConfigBuilder {
     }
 
     /// See [`Config::proxy_protocol`].
-    pub fn proxy_protocol(mut self, proxy_protocol: Option<crate::proxy::ProxyProtocol>) -> Self {
+    pub fn proxy_protocol(
+        mut self,
+        proxy_protocol: Option<crate::core::proxy::ProxyProtocol>,
+    ) -> Self {
         self.0.proxy_protocol = proxy_protocol;
         self
     }

@@ -29,15 +29,15 @@ use bytes::{Bytes, BytesMut};
 use canter_h2::{Connection, ErrorCode, Event, Settings, Sink};
 use http::{HeaderName, StatusCode};
 
-use crate::body::{Body, BodyError, BodyStream, Pipe, PipeState, RequestBody};
-use crate::config::Config;
-use crate::http_state::{count_io_fault, Http};
-use crate::link::{Ending, Link, Timer};
-use crate::output::Out;
-use crate::service::{Reply, Request, Response, Service};
-use crate::stats::ClientFault;
-use crate::transport::Transport;
-use crate::worker::{later, Registration, Worker, READ_BUF};
+use crate::core::config::Config;
+use crate::core::link::{Ending, Link, Timer};
+use crate::core::output::Out;
+use crate::core::stats::ClientFault;
+use crate::core::transport::Transport;
+use crate::core::worker::{later, Registration, Worker, READ_BUF};
+use crate::httpd::body::{Body, BodyError, BodyStream, Pipe, PipeState, RequestBody};
+use crate::httpd::service::{Reply, Request, Response, Service};
+use crate::httpd::state::{count_io_fault, Http};
 
 /// Response body bytes queued on one stream (waiting for window) below which its body source
 /// is pulled for more.
@@ -365,7 +365,7 @@ impl<S: Service, T: Transport> H2<S, T> {
         if !self.timer.poll_expired(cx, first) {
             return Poll::Pending;
         }
-        let passed = |at: Instant| crate::worker::clock() >= Worker::expiry(at);
+        let passed = |at: Instant| crate::core::worker::clock() >= Worker::expiry(at);
         if write_at.is_some_and(passed) {
             if self.link.write_timed_out(&self.io) {
                 return Poll::Ready(Err(Stop::Timeout("write")));
@@ -544,9 +544,9 @@ impl<S: Service, T: Transport> H2<S, T> {
             let pipe = Rc::new(RefCell::new(Pipe::new()));
             (Some(pipe.clone()), RequestBody::piped(pipe, declared))
         };
-        let protocol = head
-            .protocol()
-            .map(|p| crate::service::ConnectProtocol(String::from_utf8_lossy(p).into_owned()));
+        let protocol = head.protocol().map(|p| {
+            crate::httpd::service::ConnectProtocol(String::from_utf8_lossy(p).into_owned())
+        });
         self.dispatch(stream, rh, pipe, body, head_only, protocol);
     }
 
@@ -558,7 +558,7 @@ impl<S: Service, T: Transport> H2<S, T> {
         pipe: Option<Rc<RefCell<Pipe>>>,
         body: RequestBody,
         head_only: bool,
-        protocol: Option<crate::service::ConnectProtocol>,
+        protocol: Option<crate::httpd::service::ConnectProtocol>,
     ) {
         let connect = rh.method() == canter_http::Method::Connect;
         let mut req = Request::new(rh, body);
@@ -660,7 +660,7 @@ impl<S: Service, T: Transport> H2<S, T> {
         match (body, pipe) {
             (Body::Upgrade(up), Some(pipe)) if connect && res.status == StatusCode::OK => {
                 let input = RequestBody::piped(pipe.clone(), None);
-                let tunnel = crate::ws_h2::H2Tunnel::new(up, input, self.link.worker.clone());
+                let tunnel = crate::ws::h2::H2Tunnel::new(up, input, self.link.worker.clone());
                 res.body = Body::stream(None, tunnel);
                 true
             }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use canter_http::RequestHead;
 use http::{Extensions, HeaderName, HeaderValue, Method, StatusCode};
 
-use crate::body::{Body, RequestBody};
+use crate::httpd::body::{Body, RequestBody};
 
 /// A request as the handler sees it: the parsed head and a streaming body.
 pub struct Request {

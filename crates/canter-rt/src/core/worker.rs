@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::Waker;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::stats::Stats;
+use crate::core::stats::Stats;
 use bytes::BytesMut;
 
 /// Size of a fresh read buffer.
@@ -47,7 +47,7 @@ pub(crate) fn count_faults_into(stats: Arc<Stats>) {
 
 /// Counts a client fault into the counters of the server worker that runs on this thread;
 /// nothing on a thread that runs none.
-pub(crate) fn fault_on_this_thread(kind: crate::stats::ClientFault) {
+pub(crate) fn fault_on_this_thread(kind: crate::core::stats::ClientFault) {
     STATS.with(|stats| {
         if let Some(stats) = stats.borrow().as_ref() {
             stats.fault(kind);
@@ -125,9 +125,9 @@ impl Worker {
         &self.stats
     }
 
-    /// Counts a client fault (see [`crate::stats::ClientFault`]); the caller logs it at DEBUG.
+    /// Counts a client fault (see [`crate::core::stats::ClientFault`]); the caller logs it at DEBUG.
     #[cold]
-    pub(crate) fn fault(&self, kind: crate::stats::ClientFault) {
+    pub(crate) fn fault(&self, kind: crate::core::stats::ClientFault) {
         self.stats.fault(kind);
     }
 

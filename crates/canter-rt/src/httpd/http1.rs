@@ -1,5 +1,5 @@
 //! The HTTP/1.1 driver: one task per connection owns the transport, its [`Link`] (buffers,
-//! read budget, write timeout, the close: see [`crate::link`]) and the [`canter_h1::Conn`]
+//! read budget, write timeout, the close: see [`crate::core::link`]) and the [`canter_h1::Conn`]
 //! state, and runs the handler inline. What is HTTP/1.1's lives here: the keep-or-close
 //! decisions the engine makes, when a close lingers, the cached response preamble, the h2c
 //! upgrade and the HTTP/2 preface sniffing.
@@ -14,7 +14,7 @@
 //!    pool while waiting), then loop.
 //!
 //! A handler that returns a future is polled by this same task; when it waits for request body
-//! bytes the task reads the socket for it (see [`crate::body`]).
+//! bytes the task reads the socket for it (see [`crate::httpd::body`]).
 
 use std::cell::RefCell;
 use std::fs::File;
@@ -34,14 +34,14 @@ use canter_http::RequestHead;
 use http::{HeaderName, HeaderValue, StatusCode};
 use tokio::io::Interest;
 
-use crate::body::{Body, BodyError, Pipe, PipeState, RequestBody};
-use crate::config::Config;
-use crate::http_state::{count_io_fault, Http};
-use crate::link::{Ending, Link, Stall, Timer, WriteError};
-use crate::service::{Reply, Request, Response, Service};
-use crate::stats::ClientFault;
-use crate::transport::Transport;
-use crate::worker::{clock, later, Registration, Worker, READ_BUF};
+use crate::core::config::Config;
+use crate::core::link::{Ending, Link, Stall, Timer, WriteError};
+use crate::core::stats::ClientFault;
+use crate::core::transport::Transport;
+use crate::core::worker::{clock, later, Registration, Worker, READ_BUF};
+use crate::httpd::body::{Body, BodyError, Pipe, PipeState, RequestBody};
+use crate::httpd::service::{Reply, Request, Response, Service};
+use crate::httpd::state::{count_io_fault, Http};
 
 /// Buffered input up to which the connection keeps reading while a handler is pending, to
 /// notice a peer that goes away.
@@ -146,7 +146,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
                     // Draining wakes the connection through its registration: this task now.
                     let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
                     link.worker.set_waker(registration.id, waker);
-                    crate::ws_driver::serve(io, link, up, timeout, budget).await;
+                    crate::ws::driver::serve(io, link, up, timeout, budget).await;
                     drop(registration);
                 };
                 if worker.spawns() {

@@ -13,7 +13,7 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::syscall::retry;
+use crate::core::syscall::retry;
 
 /// A byte stream the connection actor can drive.
 ///

@@ -7,8 +7,8 @@
 use log::{Level, LevelFilter, Log, Metadata, Record};
 use tracing_log::LogTracer;
 
-use crate::stats::ClientFault;
-use crate::worker::fault_on_this_thread;
+use crate::core::stats::ClientFault;
+use crate::core::worker::fault_on_this_thread;
 
 struct Bridge(LogTracer);
 

@@ -1,7 +1,7 @@
 //! The WebSocket session and its HTTP/1.1 driver: a connection after its upgrade (the 101
 //! written) runs on the connection's own task ([`serve`]). One over an HTTP/2 stream (RFC
 //! 8441's extended CONNECT) is the same [`Session`] as the stream's response body
-//! (`ws_h2.rs`): the engine, the handler's future and the bounds described in [`crate::ws`];
+//! (`ws/h2.rs`): the engine, the handler's future and the bounds described in [`crate::ws`];
 //! only where the bytes come from and go to differs.
 
 use std::cell::RefCell;
@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use canter_ws::{close, Event};
 
-use crate::link::{Ending, Link, Timer};
-use crate::stats::ClientFault;
-use crate::transport::Transport;
-use crate::worker::{clock, later, Worker, READ_BUF};
+use crate::core::link::{Ending, Link, Timer};
+use crate::core::stats::ClientFault;
+use crate::core::transport::Transport;
+use crate::core::worker::{clock, later, Worker, READ_BUF};
 use crate::ws::{
     Accepted, CloseFrame, Message, State, Text, Upgrade, WebSocket, WsConfig, WsError,
 };

@@ -1,7 +1,7 @@
 //! The connection actor's core: what every protocol driver on the runtime gets from one place.
 //!
-//! A driver is the task of one connection: HTTP/1.1's (`http1.rs`), HTTP/2's (`h2.rs`) and the
-//! one that runs any [`Protocol`](crate::proto::Protocol) (`proto.rs`). Each owns its transport
+//! A driver is the task of one connection: HTTP/1.1's (`httpd/http1.rs`), HTTP/2's (`httpd/h2.rs`) and the
+//! one that runs any [`Protocol`](crate::proto::Protocol) (`proto/mod.rs`). Each owns its transport
 //! and its protocol's state; the rest of the connection is a [`Link`], with the same rules for
 //! all three:
 //!
@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use tokio::time::Sleep;
 
-use crate::output::Out;
-use crate::transport::{poll_read_buf, Transport};
-use crate::worker::{clock, later, Worker, READ_BUF};
+use crate::core::output::Out;
+use crate::core::transport::{poll_read_buf, Transport};
+use crate::core::worker::{clock, later, Worker, READ_BUF};
 
 /// Lingering close: how long in all, and how long per read, a connection keeps draining the
 /// peer's input after its last answer.

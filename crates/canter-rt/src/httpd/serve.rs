@@ -13,18 +13,18 @@ use std::sync::Arc;
 #[cfg(all(feature = "http2", feature = "tls"))]
 use bytes::BytesMut;
 
-use crate::config::{Config, EPOCH_DATE};
-#[cfg(feature = "http2")]
-use crate::h2;
-use crate::http1;
-use crate::http_state::Http;
+use crate::core::config::{Config, EPOCH_DATE};
 #[cfg(all(feature = "http2", feature = "tls"))]
-use crate::link::Link;
-use crate::server::{in_event_loop, Accept, Accepted, Server};
-use crate::service::Service;
-use crate::stats::Stats;
-use crate::transport::{LazyTcp, Transport};
-use crate::worker::{Registration, Worker, TICK};
+use crate::core::link::Link;
+use crate::core::server::{in_event_loop, Accept, Accepted, Server};
+use crate::core::stats::Stats;
+use crate::core::transport::{LazyTcp, Transport};
+use crate::core::worker::{Registration, Worker, TICK};
+#[cfg(feature = "http2")]
+use crate::httpd::h2;
+use crate::httpd::http1;
+use crate::httpd::service::Service;
+use crate::httpd::state::Http;
 
 impl Server {
     /// Runs the workers until shutdown; blocks the calling thread. `factory(i)` builds the
@@ -150,7 +150,7 @@ pub(crate) async fn serve_tls<S: Service>(
     registration: Registration,
     tcp: tokio::net::TcpStream,
     peer: SocketAddr,
-    acceptor: crate::server::Acceptor,
+    acceptor: crate::core::server::Acceptor,
     svc: Rc<Http<S>>,
     worker: Rc<Worker>,
     cfg: Rc<Config>,
@@ -174,7 +174,7 @@ pub(crate) async fn serve_tls<S: Service>(
             serve(registration, tls, peer, svc, worker, cfg, false).await
         }
         Err(e) => {
-            worker.fault(crate::stats::ClientFault::TlsHandshake);
+            worker.fault(crate::core::stats::ClientFault::TlsHandshake);
             tracing::debug!(%peer, error = %e, "TLS handshake failed");
         }
     }
@@ -186,7 +186,7 @@ pub(crate) async fn serve_tls<S: Service>(
     _registration: Registration,
     _tcp: tokio::net::TcpStream,
     _peer: SocketAddr,
-    acceptor: crate::server::Acceptor,
+    acceptor: crate::core::server::Acceptor,
     _svc: Rc<Http<S>>,
     _worker: Rc<Worker>,
     _cfg: Rc<Config>,
@@ -260,7 +260,7 @@ async fn serve_proxied<S: Service>(
         return;
     };
     let Some(peer) =
-        crate::proxy::client_of(&mut tcp, peer, cfg.proxy_protocol.as_ref(), &worker).await
+        crate::core::proxy::client_of(&mut tcp, peer, cfg.proxy_protocol.as_ref(), &worker).await
     else {
         return;
     };

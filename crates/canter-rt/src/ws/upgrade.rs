@@ -9,8 +9,8 @@ use canter_ws::handshake::{self, HandshakeError};
 use canter_ws::{deflate, Connection, Role};
 use http::{header, HeaderValue, StatusCode};
 
-use crate::body::Body;
-use crate::service::{ConnectProtocol, Request, Response};
+use crate::httpd::body::Body;
+use crate::httpd::service::{ConnectProtocol, Request, Response};
 use crate::ws::{Accepted, Info, Upgrade, WebSocket, WsConfig};
 
 /// A checked WebSocket upgrade request, to answer with [`WsUpgrade::on_upgrade`].

@@ -43,6 +43,8 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
+pub mod framing;
+
 use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -59,13 +61,13 @@ use tokio::time::{Instant, Sleep};
 
 use canter_http::ConfigError;
 
-use crate::config::Config;
-use crate::link::{Ending, Link};
-use crate::server::{Accept, Accepted, Server};
+use crate::core::config::Config;
+use crate::core::link::{Ending, Link};
+use crate::core::server::{Accept, Accepted, Server};
 #[cfg(feature = "tls")]
-use crate::tls::{ClientTls, TlsAcceptor};
-use crate::transport::{Stream, Transport};
-use crate::worker::{Worker, READ_BUF};
+use crate::core::tls::{ClientTls, TlsAcceptor};
+use crate::core::transport::{Stream, Transport};
+use crate::core::worker::{Worker, READ_BUF};
 
 /// A protocol driven by the connection actor. Only [`Protocol::on_data`] is required.
 pub trait Protocol: 'static {
@@ -654,7 +656,7 @@ impl Server {
     }
 }
 
-impl crate::server::ServerWorker {
+impl crate::core::server::ServerWorker {
     /// Serves a custom protocol on the calling thread's event loop (a worker run by
     /// [`crate::spawn_worker`] or [`crate::run_here`]) until the server's shutdown, then drains,
     /// as [`Server::serve_protocol`] does on each of its own workers: `make` is called with
@@ -703,12 +705,13 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
         tokio::task::spawn_local(async move {
             let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
             worker.set_waker(registration.id, waker);
-            let Some(mut tcp) = crate::server::in_event_loop(tcp, peer) else {
+            let Some(mut tcp) = crate::core::server::in_event_loop(tcp, peer) else {
                 return;
             };
             // Behind a load balancer the peer is the client its PROXY header names.
             let Some(peer) =
-                crate::proxy::client_of(&mut tcp, peer, cfg.proxy_protocol.as_ref(), &worker).await
+                crate::core::proxy::client_of(&mut tcp, peer, cfg.proxy_protocol.as_ref(), &worker)
+                    .await
             else {
                 return;
             };
@@ -721,7 +724,7 @@ impl<P: Protocol, G: FnMut(SocketAddr) -> P + 'static> Accept for ProtocolAccept
                 Some(acceptor) => match acceptor.accept(tcp).await {
                     Ok(s) => Stream::Tls(Box::new(s)),
                     Err(e) => {
-                        worker.fault(crate::stats::ClientFault::TlsHandshake);
+                        worker.fault(crate::core::stats::ClientFault::TlsHandshake);
                         tracing::debug!(%peer, error = %e, "TLS handshake failed");
                         return;
                     }

@@ -19,7 +19,7 @@ use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use tokio::net::TcpStream;
 
-use crate::transport::TlsStream;
+use crate::core::transport::TlsStream;
 
 /// What went wrong setting TLS up: a file that could not be read or parsed, a key that does not
 /// match its certificate, settings rustls refused.
@@ -363,7 +363,7 @@ fn self_signed(provider: &CryptoProvider) -> Result<(Arc<CertifiedKey>, String),
         .push(rcgen::DnType::CommonName, "canter development certificate");
     let cert = params.self_signed(&key).map_err(generate)?;
     let der = cert.der().clone();
-    let fingerprint = crate::transport::sha256_fingerprint(&der);
+    let fingerprint = crate::core::transport::sha256_fingerprint(&der);
     let key_der = PrivateKeyDer::try_from(key.serialize_der())
         .map_err(|e| TlsError::Generate(e.to_owned()))?;
     let certified = CertifiedKey::from_der(vec![der], key_der, provider)?;

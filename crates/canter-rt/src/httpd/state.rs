@@ -1,15 +1,15 @@
 //! What both HTTP drivers share, and neither owns: a worker's service with its per-worker
 //! HTTP state ([`Http`]: the cached HTTP/1.1 preamble block, brought up to the worker's second
 //! when used) and the accounting of a connection's I/O end ([`count_io_fault`]). The HTTP/1.1
-//! driver (`http1.rs`) and the HTTP/2 driver (`h2.rs`) import it; it imports neither.
+//! driver (`httpd/http1.rs`) and the HTTP/2 driver (`httpd/h2.rs`) import it; it imports neither.
 
 use std::cell::{Cell, RefCell};
 use std::io;
 
 use canter_h1::Preamble;
 
-use crate::stats::ClientFault;
-use crate::worker::Worker;
+use crate::core::stats::ClientFault;
+use crate::core::worker::Worker;
 
 /// HTTP/1.1's per-worker state: the preformatted `HTTP/1.1 200 OK` + `Server` + `Date` block
 /// the engine writes at the top of most responses, its date brought up to the worker's second

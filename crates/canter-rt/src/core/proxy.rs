@@ -432,7 +432,7 @@ pub(crate) async fn client_of(
     tcp: &mut TcpStream,
     peer: SocketAddr,
     expected: Option<&ProxyProtocol>,
-    worker: &crate::worker::Worker,
+    worker: &crate::core::worker::Worker,
 ) -> Option<SocketAddr> {
     let Some(pp) = expected else {
         return Some(peer);
@@ -440,7 +440,7 @@ pub(crate) async fn client_of(
     match read_header(tcp, peer, pp).await {
         Ok(client) => Some(client),
         Err(e) => {
-            worker.fault(crate::stats::ClientFault::Protocol);
+            worker.fault(crate::core::stats::ClientFault::Protocol);
             tracing::debug!(%peer, error = %e, "PROXY protocol: closing");
             None
         }

@@ -17,10 +17,10 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::config::Config;
-use crate::stats::Stats;
+use crate::core::config::Config;
+use crate::core::stats::Stats;
 #[cfg(feature = "tls")]
-use crate::tls::TlsAcceptor;
+use crate::core::tls::TlsAcceptor;
 
 /// What hands a connection from the TLS listener its handshake; none without the `tls`
 /// feature (there is no TLS listener then, and `Option<Acceptor>` is always `None`).
@@ -30,7 +30,7 @@ pub(crate) type Acceptor = TlsAcceptor;
 /// feature (there is no TLS listener then, and `Option<Acceptor>` is always `None`).
 #[cfg(not(feature = "tls"))]
 pub(crate) type Acceptor = std::convert::Infallible;
-use crate::worker::{Registration, Worker};
+use crate::core::worker::{Registration, Worker};
 
 /// Stops a running server gracefully: listeners close, idle connections close, in-flight
 /// requests finish (up to [`Config::drain_timeout`]).
@@ -395,7 +395,7 @@ pub(crate) trait Accept: 'static {
 pub(crate) struct Accepted {
     pub(crate) registration: Registration,
     /// Nonblocking, and not yet in the event loop: a driver registers it when it wants
-    /// ([`TcpStream::from_std`], or lazily with [`crate::transport::LazyTcp`]).
+    /// ([`TcpStream::from_std`], or lazily with [`crate::core::transport::LazyTcp`]).
     pub(crate) tcp: std::net::TcpStream,
     pub(crate) peer: SocketAddr,
     /// Set when the connection came from the TLS listener: its handshake is still to run.
@@ -461,7 +461,7 @@ where
         let (before, after) = hooks
             .map(|h| (Some(h.before_park), Some(h.after_unpark)))
             .unwrap_or((None, None));
-        let coalesce = config.coalesce.map(crate::worker::Coalesce::new);
+        let coalesce = config.coalesce.map(crate::core::worker::Coalesce::new);
         builder
             .on_thread_park(move || {
                 if let Some(f) = &before {
@@ -557,14 +557,14 @@ where
         drop(listeners.tls);
         None
     };
-    crate::worker::count_faults_into(stats.clone());
+    crate::core::worker::count_faults_into(stats.clone());
     let worker = Rc::new(Worker::new(stats));
     worker.allow_spawns();
     let mut accept = factory(index);
     let cfg = Rc::new(config);
     // One summary of the client faults for the whole server, from the first worker.
     let summary = (index == 0 && !cfg.fault_log_interval.is_zero()).then(|| {
-        tokio::task::spawn_local(crate::stats::summarize_faults(
+        tokio::task::spawn_local(crate::core::stats::summarize_faults(
             worker.stats().clone(),
             cfg.fault_log_interval,
         ))
@@ -572,7 +572,7 @@ where
     let ticker = {
         let worker = worker.clone();
         tokio::task::spawn_local(async move {
-            let mut every = tokio::time::interval(crate::worker::TICK);
+            let mut every = tokio::time::interval(crate::core::worker::TICK);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             loop {
                 every.tick().await;
@@ -612,7 +612,7 @@ where
     drop(listener);
     drop(tls);
     worker.drain();
-    let deadline = tokio::time::Instant::from_std(crate::worker::later(
+    let deadline = tokio::time::Instant::from_std(crate::core::worker::later(
         std::time::Instant::now(),
         cfg.drain_timeout,
     ));

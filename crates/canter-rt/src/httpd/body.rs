@@ -114,7 +114,7 @@ impl Pipe {
     pub(crate) fn push(&mut self, data: Bytes) {
         self.received += data.len() as u64;
         if let Some(started) = self.wait_started.take() {
-            self.waited += crate::worker::clock().saturating_duration_since(started);
+            self.waited += crate::core::worker::clock().saturating_duration_since(started);
         }
         self.buffered += data.len();
         self.chunks.push_back(data);
@@ -222,7 +222,7 @@ impl RequestBody {
             PipeState::Open => {
                 pipe.wanted = true;
                 if pipe.wait_started.is_none() {
-                    pipe.wait_started = Some(crate::worker::clock());
+                    pipe.wait_started = Some(crate::core::worker::clock());
                 }
                 if !pipe.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
                     pipe.waker = Some(cx.waker().clone());

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 
 #[cfg(feature = "tls")]
-use crate::tls::ClientTls;
-use crate::transport::Stream;
+use crate::core::tls::ClientTls;
+use crate::core::transport::Stream;
 
 /// Connects to `addr` over plain TCP (TCP_NODELAY set), failing after `timeout`.
 pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<Stream> {

@@ -1,4 +1,4 @@
-//! WebSocket over an HTTP/2 stream (RFC 8441): the session of `ws_driver.rs` as the stream's
+//! WebSocket over an HTTP/2 stream (RFC 8441): the session of `ws/driver.rs` as the stream's
 //! response body, fed by its request body.
 
 use std::future::Future;
@@ -10,10 +10,10 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use tokio::time::Sleep;
 
-use crate::body::{BodyStream, RequestBody};
-use crate::worker::{clock, Worker};
+use crate::core::worker::{clock, Worker};
+use crate::httpd::body::{BodyStream, RequestBody};
+use crate::ws::driver::{Piece, Session};
 use crate::ws::Upgrade;
-use crate::ws_driver::{Piece, Session};
 
 /// A WebSocket over an HTTP/2 stream (RFC 8441): the stream's request body brings the
 /// client's frames, and this, the response body, takes ours. The HTTP/2 driver pulls it only

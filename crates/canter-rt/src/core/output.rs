@@ -7,8 +7,8 @@ use std::task::{ready, Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use crate::transport::Transport;
-use crate::worker::Worker;
+use crate::core::transport::Transport;
+use crate::core::worker::Worker;
 
 /// A body piece at least this large is queued for `writev` instead of copied.
 const ZERO_COPY_MIN: usize = 16 * 1024;
