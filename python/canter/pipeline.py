@@ -212,7 +212,14 @@ def kafka(topic, bootstrap, group="canter", decode=None, config=None, tail=True)
     `update`, `with_state`, `stateful_map` (with `ttl=`: an expired key's state is a tombstone
     in the changelog), count, time and session windows, and `stateful()` logic (pickled as
     its `snapshot()`, built again from it by the builder; woken at its `notify_at()` within
-    the fetch wait, 0.1 s; its `on_eof` runs only when the input ends, below).
+    the fetch wait, 0.1 s; its `on_eof` runs only when the input ends, below), and `join`
+    (each key's sides in the changelog). A Kafka flow is a graph as any flow is (merge,
+    branch, join, a stream read by several steps, a key_by after a stateful step), run in
+    each partition's task, with one keyed state (the pipelines' `update` steps share it, or
+    one window, logic, final aggregation or join) and one output topic; a result keeps the
+    key of the record it came from unless a later `key_by` sets another. A `key_by` after
+    the stateful step keys the results only: no stateful step may follow it (its keys would
+    not be divided by the input's partitions).
 
     `config` takes client settings by librdkafka's names, as confluent-kafka does:
     ``{"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
@@ -818,6 +825,9 @@ class Flow:
             if key is not None:
                 seg["key"] = key.arg
                 seg["key_name"] = key.step_name
+            # A line that starts at a key_by after a stateful step (or another key_by): its key
+            # is a new one, which a Kafka flow's partitions are not divided by.
+            seg["rekeyed"] = source[0] == "channel" and key is None and node.kind == "key_by"
             cur = node
             while True:
                 if cur.name is not None:
@@ -935,14 +945,16 @@ class Flow:
         if batched and checkpoint_dir is not None:
             raise ValueError(f"pipeline {batched[0]}: flat_map_batch cannot be checkpointed yet "
                              "(a batch's results have no position of their own)")
+        on_kafka = any(n.arg.spec[0] == "kafka" for n in self._sources)
+        rekeyed = [p["name"] for p in pipelines if p["rekeyed"] and p["stateful"] is not None]
+        if rekeyed and on_kafka:
+            raise ValueError(f"pipeline {rekeyed[0]}: a stateful step after a key_by that "
+                             "changes the key (one after a stateful step) needs its records "
+                             "moved to their key's partition, which Kafka flows do not do yet: "
+                             "only stateless steps may follow such a key_by on Kafka")
         if batched and any(p["source"][0] == "kafka" for p in pipelines):
             raise ValueError(f"pipeline {batched[0]}: flat_map_batch is not available on Kafka "
                              "flows yet")
-        chained = [p["name"] for p in pipelines if p["source"][0] == "channel"]
-        if chained and any(n.arg.spec[0] == "kafka" for n in self._sources):
-            raise ValueError(f"pipeline {chained[0]}: merge, branch, join, a stream read by "
-                             "several steps and a key_by after a stateful step do not run on "
-                             "Kafka flows yet")
         kafka = {"exactly_once": bool(exactly_once)}
         if commit_interval is not None:
             kafka["commit_interval"] = float(commit_interval)

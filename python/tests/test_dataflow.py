@@ -427,12 +427,6 @@ def test_shapes_that_cannot_work_are_refused_clearly():
         flow.start()
     with pytest.raises(TypeError, match="keyed streams"):
         cp.join(flow.source(cp.iterable([1])), flow.source(cp.iterable([2])).key_by(str))
-    flow = cp.Flow()
-    k = flow.source(cp.kafka("t", "127.0.0.1:1")).key_by(len)
-    k.update(flow.keyed_state(dict), lambda s, r: r).sink(cp.kafka_out("o"))
-    k.update(flow.keyed_state(dict), lambda s, r: r).sink(cp.kafka_out("o"))
-    with pytest.raises(ValueError, match="do not run on Kafka flows yet"):
-        flow.start()
 
 
 def test_a_join_and_a_merge_in_two_processes(tmp_path):

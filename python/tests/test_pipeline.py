@@ -860,6 +860,119 @@ def test_a_bounded_kafka_read_flushes_open_windows_and_runs_on_eof(kafka_bootstr
     assert sorted(v.decode() for _, v in got) == ["10 in all", "10 in all"]
 
 
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_merge_branch_and_fan_out_on_kafka(kafka_bootstrap, exactly_once):
+    """A graph on Kafka: two co-partitioned topics merged (one with steps of its own), keyed,
+    counted by `stateful_map`, the counts read by two steps (fan-out): a branch on parity
+    whose two sides both write the output topic, and a map that writes it too. Every record
+    of both topics is counted once (each word's counts run 1..n over both topics), every
+    result is keyed by its word (through the branch), and `run` ends by itself (tail=False)
+    over two workers sharing three partitions."""
+    tag = f"graph{int(exactly_once)}{time.time_ns() % 10**9}"
+    src_a, src_b, dst = f"{tag}-a", f"{tag}-b", f"{tag}-out"
+    kafka_topics(kafka_bootstrap, src_a, src_b, dst, partitions=3)
+    a = [f"w{i % 20}" for i in range(600)]
+    b = [f"w{i % 15}" for i in range(450)]
+    kafka_produce(kafka_bootstrap, src_a, [(w.encode(), w.encode()) for w in a])
+    # Topic b's records are upper case; its own steps make them the same words.
+    kafka_produce(kafka_bootstrap, src_b, [(w.encode(), w.upper().encode()) for w in b])
+    flow = cp.Flow()
+    ka = flow.source(cp.kafka(src_a, kafka_bootstrap, group=tag, decode=cp.text, tail=False))
+    kb = (flow.source(cp.kafka(src_b, kafka_bootstrap, group=tag, decode=cp.text, tail=False))
+          .map(str.lower).filter(lambda w: w.startswith("w")))
+    counted = (cp.merge(ka, kb).key_by(lambda w: w)
+               .stateful_map(flow.keyed_state(int), lambda n, w: (n + 1, (w, n + 1))))
+    even, odd = counted.branch(lambda wn: wn[1] % 2 == 0)
+    even.map(lambda wn: f"even {wn[0]} {wn[1]}").sink(cp.kafka_out(dst, encode=cp.text))
+    odd.map(lambda wn: f"odd {wn[0]} {wn[1]}").sink(cp.kafka_out(dst, encode=cp.text))
+    counted.map(lambda wn: f"all {wn[0]} {wn[1]}").sink(cp.kafka_out(dst, encode=cp.text))
+    stats = flow.run(workers=2, exactly_once=exactly_once, commit_interval=0.1)
+    assert stats["kafka"]["records_in"] == len(a) + len(b), stats
+    total = {}
+    for w in a + b:
+        total[w] = total.get(w, 0) + 1
+    want = sorted([f"{'even' if n % 2 == 0 else 'odd'} {w} {n}"
+                   for w, t in total.items() for n in range(1, t + 1)]
+                  + [f"all {w} {n}" for w, t in total.items() for n in range(1, t + 1)])
+    got = kafka_read_all(kafka_bootstrap, dst, len(want))
+    assert sorted(v.decode() for _, v in got) == want
+    for k, v in got:
+        assert k == v.decode().split()[1].encode(), f"{v!r} keyed {k!r}"
+
+
+@pytest.mark.parametrize("exactly_once", [False, True])
+def test_join_on_kafka_keeps_its_sides_in_the_changelog(kafka_bootstrap, exactly_once):
+    """Orders and fills on two co-partitioned topics joined by order id (Bytewax's defaults:
+    insert "last", emit "complete"). The first run reads only orders (each waits in its key's
+    state, in the changelog); a second run of the group, after the fills came, restores them
+    and emits one row per filled order, keyed by the id; a third sees nothing new. With
+    emit="final", a group's one run emits every order, with its fill or None, at the end."""
+    tag = f"kjoin{int(exactly_once)}{time.time_ns() % 10**9}"
+    orders_t, fills_t, dst = f"{tag}-orders", f"{tag}-fills", f"{tag}-out"
+    kafka_topics(kafka_bootstrap, orders_t, fills_t, dst, partitions=3)
+    orders = [(f"o{i}", i % 7) for i in range(300)]
+    fills = [(f"o{i}", 10 * i) for i in range(0, 300, 3)]
+
+    def flow(group=tag, out=dst, emit="complete"):
+        f = cp.Flow()
+        o = (f.source(cp.kafka(orders_t, kafka_bootstrap, group=group, decode=cp.json,
+                               tail=False)).key_by(lambda r: r[0]))
+        x = (f.source(cp.kafka(fills_t, kafka_bootstrap, group=group, decode=cp.json,
+                               tail=False)).key_by(lambda r: r[0]))
+        (o.join(x, emit=emit)
+            .map(lambda kv: json.dumps([kv[0]] + [s and s[1] for s in kv[1]]))
+            .sink(cp.kafka_out(out, encode=cp.text)))
+        return f
+
+    kafka_produce(kafka_bootstrap, orders_t, [(k.encode(), json.dumps([k, q]).encode())
+                                              for k, q in orders])
+    stats = flow().run(workers=2, exactly_once=exactly_once, commit_interval=0.1)
+    assert stats["kafka"]["records_in"] == len(orders), stats
+    assert stats["kafka"]["records_out"] == 0, stats
+    kafka_produce(kafka_bootstrap, fills_t, [(k.encode(), json.dumps([k, p]).encode())
+                                             for k, p in fills])
+    stats = flow().run(workers=2, exactly_once=exactly_once, commit_interval=0.1)
+    assert stats["kafka"]["records_in"] == len(fills), stats
+    got = kafka_read_all(kafka_bootstrap, dst, len(fills))
+    want = sorted(json.dumps([k, int(k[1:]) % 7, p]) for k, p in fills)
+    assert sorted(v.decode() for _, v in got) == want
+    for k, v in got:
+        assert k == json.loads(v)[0].encode()
+    stats = flow().run(workers=1, exactly_once=exactly_once, commit_interval=0.1)
+    assert stats["kafka"]["records_in"] == 0 and stats["kafka"]["records_out"] == 0, stats
+    # emit="final": at the end of the read, every order with its fill or None.
+    kafka_topics(kafka_bootstrap, f"{dst}-final", partitions=3)
+    flow(f"{tag}-final", f"{dst}-final", "final").run(
+        workers=2, exactly_once=exactly_once, commit_interval=0.1)
+    got = kafka_read_all(kafka_bootstrap, f"{dst}-final", len(orders))
+    paid = dict(fills)
+    assert sorted(v.decode() for _, v in got) == sorted(
+        json.dumps([k, q, paid.get(k)]) for k, q in orders)
+
+
+def test_a_kafka_flow_writes_one_output_topic_and_keeps_one_state(kafka_bootstrap):
+    """What a graph on Kafka cannot do yet is refused by name: two output topics, two states."""
+    flow = cp.Flow()
+    yes, no = flow.source(cp.kafka("t", kafka_bootstrap, group="g")).branch(bool)
+    yes.sink(cp.kafka_out("o1"))
+    no.sink(cp.kafka_out("o2"))
+    with pytest.raises(ValueError, match="one output topic"):
+        flow.start()
+    flow = cp.Flow()
+    k = flow.source(cp.kafka("t", kafka_bootstrap, group="g")).key_by(len)
+    k.update(flow.keyed_state(dict), lambda s, r: r).sink(cp.kafka_out("o"))
+    k.update(flow.keyed_state(dict), lambda s, r: r).sink(cp.kafka_out("o"))
+    with pytest.raises(ValueError, match="share one keyed state"):
+        flow.start()
+    flow = cp.Flow()
+    counts = flow.keyed_state(int)
+    (flow.source(cp.kafka("t", kafka_bootstrap, group="g")).key_by(len)
+        .stateful_map(counts, lambda n, r: (n + 1, r)).key_by(str)
+        .stateful_map(counts, lambda n, r: (n + 1, r)).sink(cp.kafka_out("o")))
+    with pytest.raises(ValueError, match="changes the key"):
+        flow.start()
+
+
 def test_final_aggregations_on_kafka_need_tail_false(kafka_bootstrap):
     flow = cp.Flow()
     (flow.source(cp.kafka("a", kafka_bootstrap, group="g")).key_by(lambda w: w).count_final()

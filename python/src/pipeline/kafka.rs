@@ -1,6 +1,13 @@
-//! Flows on Kafka: input topics in (one per pipeline, co-partitioned), one output topic out,
-//! each key's Python state in its partition's task, kept in a compacted changelog (pickled) and
-//! moved with the partition, as canter's Rust Kafka pipelines do (`canter_stream::kafka`).
+//! Flows on Kafka: input topics in (one per source pipeline, co-partitioned), one output topic
+//! out, each key's Python state in its partition's task, kept in a compacted changelog
+//! (pickled) and moved with the partition, as canter's Rust Kafka pipelines do
+//! (`canter_stream::kafka`). A flow's graph (merge, branch, join, a stream read by several
+//! steps, a key_by after a stateful step) runs inside the task: a pipeline's results for a
+//! channel are queued and run through the channel's readers after the step that made them,
+//! before the task's next record, so no state is borrowed twice and nothing crosses a thread.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
 
 use std::sync::{Arc, Mutex};
 
@@ -13,7 +20,7 @@ use super::codec::{Decoder, Encoder};
 use super::key::Key;
 use super::stateful::{
     key_repr, now_ns, sessions_from_py, sessions_to_py, windows_from_py, windows_to_py, Acc, Final,
-    Logic, SessionWindow, Sessions, Window, Windows,
+    Join, JoinEmit, Logic, SessionWindow, Sessions, Sides, Window, Windows,
 };
 use super::steps::{Chain, Failures, KeyFn};
 use super::{py, Obj};
@@ -140,6 +147,36 @@ impl KafkaFinal {
     }
 }
 
+/// A key's join (the records each side holds) as the value a Kafka task's store holds,
+/// pickled into the changelog as the sides' lists.
+#[pyclass(module = "canter._native", name = "_KafkaJoin")]
+pub(crate) struct KafkaJoin {
+    sides: Sides,
+}
+
+#[pymethods]
+impl KafkaJoin {
+    #[new]
+    fn new(sides: Vec<Vec<Obj>>) -> Self {
+        KafkaJoin {
+            sides: Sides(sides),
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Vec<Vec<Obj>>,))> {
+        let py = slf.py();
+        let me = slf.borrow();
+        let sides = me
+            .sides
+            .0
+            .iter()
+            .map(|v| v.iter().map(|o| o.clone_ref(py)).collect())
+            .collect();
+        Ok((slf.get_type().into_any(), (sides,)))
+    }
+}
+
 /// What wakes a Kafka flow's keys: a `stateful()` logic's `notify_at()` (pipeline `.0`), or a
 /// state's expiry after `ttl` ns without a record.
 pub(crate) enum Timer {
@@ -163,6 +200,23 @@ pub(crate) enum KStep {
     Logic(Mutex<Logic>),
     /// A final aggregation per key (as [`KafkaFinal`]), emitted at the end of a bounded read.
     Final(Mutex<Final>),
+    /// One side of a join: `(key, side, record)` to the join's channel; no state.
+    Tag(usize),
+    /// A join of keyed streams, each key's sides in the store (as [`KafkaJoin`]).
+    Join(Mutex<Join>),
+}
+
+/// Where a pipeline's results go.
+pub(crate) enum Route {
+    /// The output topic, through its encoder.
+    Topic(Encoder),
+    /// Nowhere (`discard()`).
+    Discard,
+    /// The pipelines that read a channel (a merge, a join, a stream read by several steps, a
+    /// key_by after a stateful step), by their index in [`PyTask::pipes`].
+    Channel(Vec<usize>),
+    /// A branch: its predicate, then the readers of its true stream and of its false one.
+    Branch(Obj, Vec<usize>, Vec<usize>),
 }
 
 /// One pipeline of a Kafka flow.
@@ -172,8 +226,8 @@ pub(crate) struct KPipe {
     pub(crate) key: Option<KeyFn>,
     pub(crate) step: Option<(KStep, Obj)>,
     pub(crate) post: Chain,
-    /// The output topic's encoder, or None: the results are dropped.
-    pub(crate) encode: Option<Encoder>,
+    /// Where the results go.
+    pub(crate) route: Route,
     pub(crate) failures: Arc<Failures>,
     /// `on_eof(state)` of an `update` or `stateful_map`, at the end of a bounded read.
     pub(crate) on_eof: Option<Obj>,
@@ -182,9 +236,12 @@ pub(crate) struct KPipe {
     pub(crate) names: (Arc<str>, Arc<str>),
 }
 
-/// The task every worker runs: input `i` goes through pipeline `i`.
+/// The task every worker runs: input `i` goes through pipeline `inputs[i]`, and on through the
+/// pipelines that read its channels.
 pub(crate) struct PyTask {
     pub(crate) pipes: Vec<KPipe>,
+    /// The pipeline of each input topic.
+    pub(crate) inputs: Vec<usize>,
     pub(crate) dumps: Obj,
     pub(crate) loads: Obj,
     /// What the keys' wake-ups do, if anything wakes them.
@@ -193,18 +250,77 @@ pub(crate) struct PyTask {
 
 thread_local! {
     /// A result's key and value, reused from one result to the next.
-    static SCRATCH: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const {
-        std::cell::RefCell::new((Vec::new(), Vec::new()))
+    static SCRATCH: RefCell<(Vec<u8>, Vec<u8>)> = const {
+        RefCell::new((Vec::new(), Vec::new()))
     };
+    /// Records sent to channels and not yet run through their readers: (reader, record, the
+    /// key of the record it came from, which results keep when the reader sets none).
+    static PENDING: RefCell<VecDeque<(usize, Obj, Option<Key>)>> = const {
+        RefCell::new(VecDeque::new())
+    };
+}
+
+/// `k`'s state in the store as a `T` (made by `made` on the key's first record); a state of
+/// another kind (a changelog of another flow) is a TypeError naming `what` it should be.
+fn held_as<'py, T: pyo3::PyClass + Into<pyo3::PyClassInitializer<T>>>(
+    py: Python<'py>,
+    state: &mut Keyed<Key, Obj>,
+    k: &Key,
+    made: impl FnOnce() -> T,
+    what: &str,
+) -> PyResult<Bound<'py, T>> {
+    let held = state
+        .update(k.clone(), || {
+            Py::new(py, made())
+                .map(|f| f.into_any())
+                .unwrap_or_else(|_| py.None())
+        })
+        .clone_ref(py)
+        .into_bound(py);
+    held.cast_into::<T>().map_err(|_| {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "the key's state is not {what} (a changelog of another flow?)"
+        ))
+    })
+}
+
+/// Queues `v` for each of `readers`.
+fn send(py: Python<'_>, readers: &[usize], key: Option<&Key>, v: Obj) {
+    PENDING.with(|q| {
+        let mut q = q.borrow_mut();
+        if let Some((last, rest)) = readers.split_last() {
+            for &r in rest {
+                q.push_back((r, v.clone_ref(py), key.cloned()));
+            }
+            q.push_back((*last, v, key.cloned()));
+        }
+    });
 }
 
 impl PyTask {
     fn emit(&self, py: Python<'_>, p: &KPipe, key: Option<&Key>, v: Obj, out: &mut Out<'_>) {
-        let Some(enc) = &p.encode else { return };
         // Once errors="stop" has stopped the flow, nothing more goes out.
         if p.failures.stopped.get().is_some() {
             return;
         }
+        let enc = match &p.route {
+            Route::Topic(enc) => enc,
+            Route::Discard => return,
+            Route::Channel(readers) => return send(py, readers, key, v),
+            Route::Branch(pred, yes, no) => {
+                // A predicate that raises fails the record (it goes to neither side).
+                match pred
+                    .bind(py)
+                    .call1((v.bind(py),))
+                    .and_then(|r| r.is_truthy())
+                {
+                    Ok(true) => send(py, yes, key, v),
+                    Ok(false) => send(py, no, key, v),
+                    Err(e) => p.failures.fail(py, "branch", &e, Some(&v)),
+                }
+                return;
+            }
+        };
         SCRATCH.with(|s| {
             let Ok(mut s) = s.try_borrow_mut() else {
                 return;
@@ -222,17 +338,19 @@ impl PyTask {
         })
     }
 
-    /// Runs one record, after the steps before `key_by`, through the rest of pipeline `p`.
+    /// Runs one record, after the steps before `key_by`, through the rest of pipeline `p`;
+    /// `inherited` is the key results carry when `p` sets none (its input's, from a channel).
     fn keyed(
         &self,
         py: Python<'_>,
         p: &KPipe,
         x: Obj,
+        inherited: Option<&Key>,
         state: &mut Keyed<Key, Obj>,
         out: &mut Out<'_>,
     ) {
         let Some(kf) = &p.key else {
-            return self.post(py, p, None, x, out);
+            return self.post(py, p, inherited, x, out);
         };
         let k = match kf.key(py, x.bind(py)) {
             Ok(k) => k,
@@ -249,6 +367,15 @@ impl PyTask {
         }
         if let KStep::Final(m) = step {
             return self.fold_final(py, p, m, k, x, state);
+        }
+        if let KStep::Tag(side) = step {
+            return match (k.to_py(py), *side, x).into_pyobject(py) {
+                Ok(t) => self.post(py, p, Some(&k), t.into_any().unbind(), out),
+                Err(e) => p.failures.fail(py, &p.names.1, &e, None),
+            };
+        }
+        if let KStep::Join(m) = step {
+            return self.join(py, p, m, k, x, state, out);
         }
         if let Some(Timer::Ttl(ttl)) = self.timer {
             // The key's state expires `ttl` after its latest record (as in the file engine,
@@ -304,8 +431,13 @@ impl PyTask {
                     Err(e) => Err(e),
                 }
             }
-            // Run by `window`, `logic` and `fold_final` above.
-            KStep::Window(_) | KStep::Session(_) | KStep::Logic(_) | KStep::Final(_) => return,
+            // Run by `window`, `logic`, `fold_final` and `join` above.
+            KStep::Window(_)
+            | KStep::Session(_)
+            | KStep::Logic(_)
+            | KStep::Final(_)
+            | KStep::Tag(_)
+            | KStep::Join(_) => return,
         };
         match result {
             Ok(o) if o.is_none() => {}
@@ -370,6 +502,77 @@ impl PyTask {
         }
     }
 
+    /// Runs a side's `(key, side, record)` through its key's join (made on the key's first
+    /// record); a join that emits a complete row drops the key's sides.
+    #[allow(clippy::too_many_arguments)]
+    fn join(
+        &self,
+        py: Python<'_>,
+        p: &KPipe,
+        step: &Mutex<Join>,
+        k: Key,
+        x: Obj,
+        state: &mut Keyed<Key, Obj>,
+        out: &mut Out<'_>,
+    ) {
+        let Ok(mut j) = step.lock() else { return };
+        let sides = j.sides;
+        let made = || KafkaJoin {
+            sides: Sides((0..sides).map(|_| Vec::new()).collect()),
+        };
+        let cell = match held_as(py, state, &k, made, "a join's") {
+            Ok(cell) => cell,
+            Err(e) => return p.failures.fail(py, &p.names.1, &e, Some(&x)),
+        };
+        let Ok(mut held) = cell.try_borrow_mut() else {
+            return;
+        };
+        let discard = {
+            let mut emit_one = |o: Obj| self.post(py, p, Some(&k), o, out);
+            let mut emit = Emit::new(&mut emit_one, 0);
+            j.update(&mut held.sides, (k.clone(), x), &mut emit);
+            emit.discarded()
+        };
+        if discard {
+            drop(held);
+            state.remove(&k);
+        }
+    }
+
+    /// Runs the records queued for channels through their readers, and what those send on,
+    /// until none is left (a flow's graph has no cycle).
+    fn drain(&self, py: Python<'_>, state: &mut Keyed<Key, Obj>, out: &mut Out<'_>) {
+        loop {
+            let Some((r, x, key)) = PENDING.with(|q| q.borrow_mut().pop_front()) else {
+                return;
+            };
+            let Some(p) = self.pipes.get(r) else { continue };
+            if p.failures.stopped.get().is_some() {
+                PENDING.with(|q| q.borrow_mut().clear());
+                return;
+            }
+            self.enter(py, p, x, key.as_ref(), state, out);
+        }
+    }
+
+    /// Runs a record through every step of pipeline `p`.
+    fn enter(
+        &self,
+        py: Python<'_>,
+        p: &KPipe,
+        x: Obj,
+        inherited: Option<&Key>,
+        state: &mut Keyed<Key, Obj>,
+        out: &mut Out<'_>,
+    ) {
+        if p.pre.is_empty() {
+            self.keyed(py, p, x, inherited, state, out);
+        } else {
+            p.pre
+                .run_all(py, x, &mut |x| self.keyed(py, p, x, inherited, state, out));
+        }
+    }
+
     /// Adds a record to its key's final aggregation (made on the key's first record).
     fn fold_final(
         &self,
@@ -380,23 +583,12 @@ impl PyTask {
         x: Obj,
         state: &mut Keyed<Key, Obj>,
     ) {
-        let held = state
-            .update(k.clone(), || {
-                Py::new(
-                    py,
-                    KafkaFinal {
-                        acc: Acc { n: 0, value: None },
-                    },
-                )
-                .map(|f| f.into_any())
-                .unwrap_or_else(|_| py.None())
-            })
-            .clone_ref(py);
-        let Ok(cell) = held.bind(py).cast::<KafkaFinal>() else {
-            let e = pyo3::exceptions::PyTypeError::new_err(
-                "the key's state is not a final aggregation's (a changelog of another flow?)",
-            );
-            return p.failures.fail(py, &p.names.1, &e, Some(&x));
+        let made = || KafkaFinal {
+            acc: Acc { n: 0, value: None },
+        };
+        let cell = match held_as(py, state, &k, made, "a final aggregation's") {
+            Ok(cell) => cell,
+            Err(e) => return p.failures.fail(py, &p.names.1, &e, Some(&x)),
         };
         let (Ok(mut held), Ok(mut f)) = (cell.try_borrow_mut(), step.lock()) else {
             return;
@@ -469,6 +661,16 @@ impl PyTask {
                         }
                     }
                 }
+                // emit="final" emits what the sides hold and drops them; the other modes keep
+                // them for the next run of the group, as an `update`'s state is kept.
+                KStep::Join(m) => {
+                    if let (Ok(cell), Ok(mut j)) = (held.bind(py).cast::<KafkaJoin>(), m.lock()) {
+                        if let (Ok(mut h), JoinEmit::Final) = (cell.try_borrow_mut(), j.when) {
+                            j.finish(k, &mut h.sides, &mut emit);
+                        }
+                    }
+                }
+                KStep::Tag(_) => {}
                 KStep::Update(_) | KStep::Read(_) | KStep::Map(_) => {
                     if let Some(f) = &p.on_eof {
                         match f.bind(py).call1((held.bind(py),)) {
@@ -589,7 +791,7 @@ impl KeyedTask for PyTask {
         out: &mut Out<'_>,
     ) -> Result<(), Refused> {
         let py = py();
-        let Some(p) = self.pipes.get(input) else {
+        let Some(p) = self.inputs.get(input).and_then(|&i| self.pipes.get(i)) else {
             return Err(Refused(format!("no pipeline for input {input}")));
         };
         let rec = p.decode.decode(py, value).map_err(|e| {
@@ -599,12 +801,8 @@ impl KeyedTask for PyTask {
             Refused(why)
         })?;
         super::set_read_ns(out.read_time_ns());
-        if p.pre.is_empty() {
-            self.keyed(py, p, rec, state, out);
-        } else {
-            p.pre
-                .run_all(py, rec, &mut |x| self.keyed(py, p, x, state, out));
-        }
+        self.enter(py, p, rec, None, state, out);
+        self.drain(py, state, out);
         super::set_read_ns(0);
         Ok(())
     }
@@ -630,6 +828,7 @@ impl KeyedTask for PyTask {
             }
             None => {}
         }
+        self.drain(py, state, out);
     }
 
     fn end(&self, state: &mut Keyed<Key, Obj>, out: &mut Out<'_>) {
@@ -639,6 +838,7 @@ impl KeyedTask for PyTask {
         for p in self.pipes.iter().filter(|p| p.step.is_some()) {
             for k in &keys {
                 self.end_key(py, p, k, state, out);
+                self.drain(py, state, out);
             }
         }
     }

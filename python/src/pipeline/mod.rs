@@ -726,7 +726,10 @@ fn stage(
         "final" => {
             let what: String = st.get_item(1)?.extract()?;
             let (a, b) = (st.get_item(2)?.unbind(), st.get_item(3)?.unbind());
-            let by = |f: Obj| (!f.is_none(py_static())).then_some(f);
+            // The caller's token: `stage` runs on the thread that starts the flow, not on a
+            // worker (where `py_static` may be called).
+            let py = st.py();
+            let by = |f: Obj| (!f.is_none(py)).then_some(f);
             let agg = match what.as_str() {
                 "count" => FinalAgg::Count,
                 "fold" => FinalAgg::Fold { init: a, fold: b },
@@ -825,6 +828,7 @@ fn stage(
             };
             Ok(Stage::Join(Join {
                 state: stateful::join_codec(Join::new_state(&state, sides), pickle),
+                sides,
                 insert,
                 when,
                 name,
@@ -1147,17 +1151,17 @@ pub(crate) fn start_flow(
             ))
         })
         .collect();
-    let kafka_sources = specs
-        .iter()
-        .filter(|s| {
-            s.source
-                .get_item(0)
-                .and_then(|k| k.extract::<String>())
-                .is_ok_and(|k| k == "kafka")
-        })
-        .count();
+    let source_is = |s: &Spec<'_>, kind: &str| {
+        s.source
+            .get_item(0)
+            .and_then(|k| k.extract::<String>())
+            .is_ok_and(|k| k == kind)
+    };
+    let kafka_sources = specs.iter().filter(|s| source_is(s, "kafka")).count();
+    // Channels (a graph's inner pipelines) are read from the flow's other pipelines.
+    let channels = specs.iter().filter(|s| source_is(s, "channel")).count();
     if kafka_sources > 0 {
-        if kafka_sources != specs.len() {
+        if kafka_sources + channels != specs.len() {
             return Err(PyValueError::new_err(
                 "a flow's sources are all Kafka topics, or none of them",
             ));
@@ -1313,44 +1317,85 @@ fn start_kafka(
     let mut tails: Option<bool> = None;
     let pickle = Arc::new(Pickle::new(py)?);
     let mut pipes = Vec::new();
-    for (s, failures) in specs.into_iter().zip(&failures) {
-        let topic: String = s.source.get_item(1)?.extract()?;
-        let (b, g): (String, String) = (
-            s.source.get_item(2)?.extract()?,
-            s.source.get_item(3)?.extract()?,
-        );
-        if bootstrap.get_or_insert_with(|| b.clone()) != &b
-            || group.get_or_insert_with(|| g.clone()) != &g
-        {
-            return Err(bad(
-                "a Kafka flow's sources share one bootstrap and one group".into(),
-            ));
+    // The pipelines that read each channel (by their index, which is the spec's), and the
+    // pipeline of each input topic.
+    let mut readers: std::collections::HashMap<u64, Vec<usize>> = Default::default();
+    for (i, s) in specs.iter().enumerate() {
+        if s.source.get_item(0)?.extract::<String>()? == "channel" {
+            readers
+                .entry(s.source.get_item(1)?.extract()?)
+                .or_default()
+                .push(i);
         }
-        inputs.push(topic);
-        merge(s.source.get_item(4).ok())?;
-        // tail=False: the topics are read to their ends, then the flow ends.
-        let tail: bool = match s.source.get_item(5) {
-            Ok(t) if !t.is_none() => t.extract()?,
-            _ => true,
+    }
+    let readers_of = |id: u64| readers.get(&id).cloned().unwrap_or_default();
+    let mut input_pipes = Vec::new();
+    // Whether the topics are read to their ends: known before the first channel's pipeline is
+    // built (Flow._segments cuts every source's pipeline first).
+    let mut bounded = false;
+    for (i, (s, failures)) in specs.into_iter().zip(&failures).enumerate() {
+        let route = match s.sink.get_item(0)?.extract::<String>()?.as_str() {
+            "channel" => Some(kafka::Route::Channel(readers_of(
+                s.sink.get_item(1)?.extract()?,
+            ))),
+            "branch" => Some(kafka::Route::Branch(
+                s.sink.get_item(1)?.unbind(),
+                readers_of(s.sink.get_item(2)?.extract()?),
+                readers_of(s.sink.get_item(3)?.extract()?),
+            )),
+            _ => None,
         };
-        if *tails.get_or_insert(tail) != tail {
-            return Err(bad(
-                "a Kafka flow's sources are all read to their ends (tail=False) or none".into(),
-            ));
+        let from_channel = s.source.get_item(0)?.extract::<String>()? == "channel";
+        // A channel's records come decoded.
+        let decoder = |s: &Spec<'_>| match from_channel {
+            true => Ok(Decoder::Raw),
+            false => Decoder::from_spec(py, &s.decode),
+        };
+        if !from_channel {
+            input_pipes.push(i);
+            let topic: String = s.source.get_item(1)?.extract()?;
+            let (b, g): (String, String) = (
+                s.source.get_item(2)?.extract()?,
+                s.source.get_item(3)?.extract()?,
+            );
+            if bootstrap.get_or_insert_with(|| b.clone()) != &b
+                || group.get_or_insert_with(|| g.clone()) != &g
+            {
+                return Err(bad(
+                    "a Kafka flow's sources share one bootstrap and one group".into(),
+                ));
+            }
+            inputs.push(topic);
+            merge(s.source.get_item(4).ok())?;
+            // tail=False: the topics are read to their ends, then the flow ends.
+            let tail: bool = match s.source.get_item(5) {
+                Ok(t) if !t.is_none() => t.extract()?,
+                _ => true,
+            };
+            if *tails.get_or_insert(tail) != tail {
+                return Err(bad(
+                    "a Kafka flow's sources are all read to their ends (tail=False) or none".into(),
+                ));
+            }
+            bounded = !tail;
         }
-        let bounded = !tail;
         let sink_kind: String = s.sink.get_item(0)?.extract()?;
-        let encode = match sink_kind.as_str() {
-            "kafka" => {
+        let route = match (route, sink_kind.as_str()) {
+            (Some(r), _) => r,
+            (None, "kafka") => {
                 let t: String = s.sink.get_item(1)?.extract()?;
                 if output.get_or_insert_with(|| t.clone()) != &t {
-                    return Err(bad("a Kafka flow writes one output topic".into()));
+                    return Err(bad(format!(
+                        "pipeline {}: a Kafka flow writes one output topic ({} and {t} given)",
+                        s.name,
+                        output.as_deref().unwrap_or_default()
+                    )));
                 }
                 merge(s.sink.get_item(3).ok())?;
-                Some(Encoder::from_spec(py, &s.sink.get_item(2)?)?)
+                kafka::Route::Topic(Encoder::from_spec(py, &s.sink.get_item(2)?)?)
             }
-            "discard" => None,
-            other => {
+            (None, "discard") => kafka::Route::Discard,
+            (None, other) => {
                 return Err(bad(format!(
                     "pipeline {}: a Kafka flow's sinks are kafka_out or discard, not {other}",
                     s.name
@@ -1383,9 +1428,23 @@ fn start_kafka(
         let names: (Arc<str>, Arc<str>) = (key_name.into(), step_name.into());
         let step = match &s.stateful {
             None => None,
+            // One side of a join: no state of its own.
+            Some(st) if st.get_item(0)?.extract::<String>()? == "tag" => {
+                Some((kafka::KStep::Tag(st.get_item(1)?.extract()?), py.None()))
+            }
             Some(st) => {
                 let kind: String = st.get_item(0)?.extract()?;
-                if matches!(kind.as_str(), "window" | "session" | "logic" | "final") {
+                if kind == "join" && !bounded && st.get_item(3)?.extract::<String>()? == "final" {
+                    return Err(bad(format!(
+                        "pipeline {}: a join with emit=\"final\" needs an input that ends: read \
+                         the topics to their ends with kafka(..., tail=False)",
+                        s.name
+                    )));
+                }
+                if matches!(
+                    kind.as_str(),
+                    "window" | "session" | "logic" | "final" | "join"
+                ) {
                     // Steps with a state of their own (windows' open windows, a stateful()
                     // logic, a final aggregation): it is the key's state in the store (and the
                     // changelog); a logic's notify_at() wakes it between records; the end of a
@@ -1417,6 +1476,7 @@ fn start_kafka(
                         Stage::Window(w) => kafka::KStep::Window(std::sync::Mutex::new(w)),
                         Stage::Session(w) => kafka::KStep::Session(std::sync::Mutex::new(w)),
                         Stage::Final(f) => kafka::KStep::Final(std::sync::Mutex::new(f)),
+                        Stage::Join(j) => kafka::KStep::Join(std::sync::Mutex::new(j)),
                         Stage::Logic(lg) => {
                             timer = Some(kafka::Timer::Logic(pipes.len()));
                             kafka::KStep::Logic(std::sync::Mutex::new(lg))
@@ -1424,12 +1484,12 @@ fn start_kafka(
                         _ => return Err(bad(format!("{kind}: not a step with its own state"))),
                     };
                     pipes.push(kafka::KPipe {
-                        decode: Decoder::from_spec(py, &s.decode)?,
+                        decode: decoder(&s)?,
                         pre: chain(py, &s.pre, 1, failures)?,
                         key,
                         step: Some((step, py.None())),
                         post: chain(py, &s.post, s.pre.len() + 3, failures)?,
-                        encode,
+                        route,
                         failures: failures.clone(),
                         on_eof: None,
                         names: names.clone(),
@@ -1489,12 +1549,12 @@ fn start_kafka(
             }
         };
         pipes.push(kafka::KPipe {
-            decode: Decoder::from_spec(py, &s.decode)?,
+            decode: decoder(&s)?,
             pre: chain(py, &s.pre, 1, failures)?,
             key,
             step,
             post: chain(py, &s.post, s.pre.len() + 3, failures)?,
-            encode,
+            route,
             failures: failures.clone(),
             on_eof: pipe_on_eof,
             names,
@@ -1537,6 +1597,7 @@ fn start_kafka(
     }
     let task = kafka::PyTask {
         pipes,
+        inputs: input_pipes,
         dumps: pickle.dumps.clone_ref(py),
         loads: pickle.loads.clone_ref(py),
         timer,
@@ -1649,6 +1710,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kafka::KafkaWindows>()?;
     m.add_class::<kafka::KafkaLogic>()?;
     m.add_class::<kafka::KafkaFinal>()?;
+    m.add_class::<kafka::KafkaJoin>()?;
     m.add("PipelineError", m.py().get_type::<PipelineError>())?;
     Ok(())
 }

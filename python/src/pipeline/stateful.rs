@@ -752,12 +752,14 @@ pub(crate) enum JoinEmit {
 }
 
 /// A key's records, per side.
-pub(crate) struct Sides(Vec<Vec<Obj>>);
+pub(crate) struct Sides(pub(crate) Vec<Vec<Obj>>);
 
 /// A join of `sides` keyed streams: its input is the sides' `(key, side, record)` (see
 /// [`Tag`]); it emits `(key, (record of side 0, record of side 1, ...))`.
 pub(crate) struct Join {
     pub(crate) state: KeyedState<Key, Sides>,
+    /// How many streams it joins.
+    pub(crate) sides: usize,
     pub(crate) insert: Insert,
     pub(crate) when: JoinEmit,
     pub(crate) name: Arc<str>,
@@ -768,6 +770,7 @@ impl Clone for Join {
     fn clone(&self) -> Self {
         Join {
             state: self.state.clone(),
+            sides: self.sides,
             insert: self.insert,
             when: self.when,
             name: self.name.clone(),
