@@ -25,6 +25,7 @@ class Server:
             env={**os.environ, **(env or {})}, start_new_session=True,
         )
         self.lines = []
+        self.eof = False
         self.port = None
         self._seen = threading.Condition()
         self._serving = serving
@@ -46,9 +47,17 @@ class Server:
                 if m and self.port is None:
                     self.port = int(m.group(1))
                 self._seen.notify_all()
+        with self._seen:
+            self.eof = True
+            self._seen.notify_all()
 
     def log(self):
+        """Everything logged so far; once the process has exited, everything it logged (the
+        reader thread may not have taken its last lines yet when it is reaped)."""
+        deadline = time.time() + 10
         with self._seen:
+            while self.proc.poll() is not None and not self.eof and time.time() < deadline:
+                self._seen.wait(0.1)
             return "".join(self.lines)
 
     def wait_for(self, pattern, timeout=10):

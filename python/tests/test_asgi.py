@@ -384,5 +384,5 @@ def test_log_lines_to_a_pipe_are_not_coloured(start_server):
     assert requests.get(s.base + "/", timeout=10).status_code == 200
     assert s.stop() == 0
     log = s.log()
-    assert "canter_rt::server: shutting down" in log, log
+    assert "canter_rt::core::server: shutting down" in log, log
     assert "\x1b[" not in log, log
