@@ -165,14 +165,7 @@ impl KafkaJoin {
 
     #[allow(clippy::type_complexity)]
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Vec<Vec<Obj>>,))> {
-        let py = slf.py();
-        let me = slf.borrow();
-        let sides = me
-            .sides
-            .0
-            .iter()
-            .map(|v| v.iter().map(|o| o.clone_ref(py)).collect())
-            .collect();
+        let sides = slf.borrow().sides.lists(slf.py());
         Ok((slf.get_type().into_any(), (sides,)))
     }
 }
@@ -518,7 +511,7 @@ impl PyTask {
         let Ok(mut j) = step.lock() else { return };
         let sides = j.sides;
         let made = || KafkaJoin {
-            sides: Sides((0..sides).map(|_| Vec::new()).collect()),
+            sides: Sides::empty(sides),
         };
         let cell = match held_as(py, state, &k, made, "a join's") {
             Ok(cell) => cell,

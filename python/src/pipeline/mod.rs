@@ -1334,22 +1334,11 @@ fn start_kafka(
     // built (Flow._segments cuts every source's pipeline first).
     let mut bounded = false;
     for (i, (s, failures)) in specs.into_iter().zip(&failures).enumerate() {
-        let route = match s.sink.get_item(0)?.extract::<String>()?.as_str() {
-            "channel" => Some(kafka::Route::Channel(readers_of(
-                s.sink.get_item(1)?.extract()?,
-            ))),
-            "branch" => Some(kafka::Route::Branch(
-                s.sink.get_item(1)?.unbind(),
-                readers_of(s.sink.get_item(2)?.extract()?),
-                readers_of(s.sink.get_item(3)?.extract()?),
-            )),
-            _ => None,
-        };
         let from_channel = s.source.get_item(0)?.extract::<String>()? == "channel";
         // A channel's records come decoded.
-        let decoder = |s: &Spec<'_>| match from_channel {
-            true => Ok(Decoder::Raw),
-            false => Decoder::from_spec(py, &s.decode),
+        let decode = match from_channel {
+            true => Decoder::Raw,
+            false => Decoder::from_spec(py, &s.decode)?,
         };
         if !from_channel {
             input_pipes.push(i);
@@ -1380,9 +1369,14 @@ fn start_kafka(
             bounded = !tail;
         }
         let sink_kind: String = s.sink.get_item(0)?.extract()?;
-        let route = match (route, sink_kind.as_str()) {
-            (Some(r), _) => r,
-            (None, "kafka") => {
+        let route = match sink_kind.as_str() {
+            "channel" => kafka::Route::Channel(readers_of(s.sink.get_item(1)?.extract()?)),
+            "branch" => kafka::Route::Branch(
+                s.sink.get_item(1)?.unbind(),
+                readers_of(s.sink.get_item(2)?.extract()?),
+                readers_of(s.sink.get_item(3)?.extract()?),
+            ),
+            "kafka" => {
                 let t: String = s.sink.get_item(1)?.extract()?;
                 if output.get_or_insert_with(|| t.clone()) != &t {
                     return Err(bad(format!(
@@ -1394,8 +1388,8 @@ fn start_kafka(
                 merge(s.sink.get_item(3).ok())?;
                 kafka::Route::Topic(Encoder::from_spec(py, &s.sink.get_item(2)?)?)
             }
-            (None, "discard") => kafka::Route::Discard,
-            (None, other) => {
+            "discard" => kafka::Route::Discard,
+            other => {
                 return Err(bad(format!(
                     "pipeline {}: a Kafka flow's sinks are kafka_out or discard, not {other}",
                     s.name
@@ -1484,7 +1478,7 @@ fn start_kafka(
                         _ => return Err(bad(format!("{kind}: not a step with its own state"))),
                     };
                     pipes.push(kafka::KPipe {
-                        decode: decoder(&s)?,
+                        decode,
                         pre: chain(py, &s.pre, 1, failures)?,
                         key,
                         step: Some((step, py.None())),
@@ -1549,7 +1543,7 @@ fn start_kafka(
             }
         };
         pipes.push(kafka::KPipe {
-            decode: decoder(&s)?,
+            decode,
             pre: chain(py, &s.pre, 1, failures)?,
             key,
             step,

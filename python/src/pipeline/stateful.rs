@@ -754,6 +754,21 @@ pub(crate) enum JoinEmit {
 /// A key's records, per side.
 pub(crate) struct Sides(pub(crate) Vec<Vec<Obj>>);
 
+impl Sides {
+    /// `n` sides without a record.
+    pub(crate) fn empty(n: usize) -> Sides {
+        Sides((0..n).map(|_| Vec::new()).collect())
+    }
+
+    /// The sides' records as lists (what a checkpoint or a changelog pickles).
+    pub(crate) fn lists(&self, py: Python<'_>) -> Vec<Vec<Obj>> {
+        self.0
+            .iter()
+            .map(|v| v.iter().map(|o| o.clone_ref(py)).collect())
+            .collect()
+    }
+}
+
 /// A join of `sides` keyed streams: its input is the sides' `(key, side, record)` (see
 /// [`Tag`]); it emits `(key, (record of side 0, record of side 1, ...))`.
 pub(crate) struct Join {
@@ -781,9 +796,7 @@ impl Clone for Join {
 
 impl Join {
     pub(crate) fn new_state(name: &str, sides: usize) -> KeyedState<Key, Sides> {
-        KeyedState::new(name, move |_: &Key| {
-            Sides((0..sides).map(|_| Vec::new()).collect())
-        })
+        KeyedState::new(name, move |_: &Key| Sides::empty(sides))
     }
 
     /// `(key, row)` for every combination of the sides' records (None for an empty side).
@@ -1414,13 +1427,7 @@ pub(crate) fn join_codec(
     pickled_state(
         state,
         pickle,
-        |py, s: &Sides| {
-            let sides: Vec<Vec<Obj>> =
-                s.0.iter()
-                    .map(|v| v.iter().map(|o| o.clone_ref(py)).collect())
-                    .collect();
-            Ok(sides.into_pyobject(py)?.into_any())
-        },
+        |py, s: &Sides| Ok(s.lists(py).into_pyobject(py)?.into_any()),
         |v| Ok(Sides(v.extract()?)),
     )
 }
