@@ -26,6 +26,7 @@ OUT = os.path.join(ROOT, "BENCHMARKS.md")
 # (area, heading, the script that records it): the order of BENCHMARKS.md.
 AREAS = [
     ("http1", "HTTP/1.1", "bench/run.py"),
+    ("http1-instructions", "HTTP/1.1: instructions per request", "bench/cg_steady.py --table"),
     ("http2", "HTTP/2", "bench/h2.py"),
     ("tls", "TLS", "bench/tls.py"),
     ("churn", "A new connection per request", "bench/churn.py"),
@@ -34,6 +35,8 @@ AREAS = [
     ("techempower", "TechEmpower's database tests (PostgreSQL)", "bench/techempower.py"),
     ("market-spread", "Stream pipelines: Market Spread", "bench/market_spread.py"),
     ("kafka", "Stream pipelines on Kafka: Market Spread", "bench/kafka.py"),
+    ("kafka-secure", "Kafka where users run it: SASL_SSL, the classic group protocol",
+     "bench/kafka_secure.py"),
     ("kafka-chaos", "Exactly once on Kafka under faults", "bench/kafka_chaos.py"),
     ("checkpoints", "Checkpoints of TCP pipelines", "bench/market_spread.py"),
     ("checkpoints-recovery", "Checkpoints of TCP pipelines: recovery by state size",
@@ -42,6 +45,7 @@ AREAS = [
     ("python-pipelines", "Pipelines in Python: Market Spread", "bench/market_spread.py"),
     ("python-pipelines-cost", "Pipelines in Python: where the time goes",
      "bench/python_pipelines.py"),
+    ("dataflows", "Dataflows in Python against Bytewax 0.21", "bench/dataflows.py"),
     ("python-pipelines-kafka", "Pipelines in Python on Kafka: Market Spread", "bench/kafka.py"),
     ("python-pipelines-processes", "Pipelines in Python across processes",
      "bench/python_processes.py"),
