@@ -105,8 +105,14 @@ impl Out {
                     self.queued -= n;
                     return;
                 }
+                None if n >= self.buf.len() => {
+                    // All of it written (the usual case): emptied in place, so the buffer keeps
+                    // its whole allocation and goes back to the pool without being reclaimed.
+                    self.buf.clear();
+                    return;
+                }
                 None => {
-                    self.buf.advance(n.min(self.buf.len()));
+                    self.buf.advance(n);
                     return;
                 }
             }
