@@ -153,7 +153,7 @@ impl Config {
     /// Whether an HTTP listener hands over a connection only once its first bytes have arrived
     /// (`TCP_DEFER_ACCEPT`, as nginx's `listen ... deferred`). `true` (the default): the first
     /// read of a new connection finds its request, so a connection answered and closed in one
-    /// go never waits in the event loop (see [`crate::core::transport`]'s `LazyTcp`). A client that
+    /// go never waits in the event loop (see the transport's `LazyTcp`). A client that
     /// connects and stays silent is handed over after about a second, when the kernel gives up
     /// waiting; its header timeout runs from then. Custom protocols ([`Server::serve_protocol`](crate::Server::serve_protocol))
     /// never defer: their server may have to speak first.

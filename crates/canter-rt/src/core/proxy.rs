@@ -2,7 +2,7 @@
 //! opens each connection with a header that names the client it accepted, so the server sees
 //! the client's address instead of the balancer's.
 //!
-//! [`parse`] is the sans-IO part (bytes in, a header or "need more" out); [`read_header`] reads
+//! [`parse`] is the sans-IO part (bytes in, a header or "need more" out); `read_header` reads
 //! one from an accepted connection without consuming a byte beyond it, so what follows (a TLS
 //! handshake, an HTTP request) is read by the next layer as if the header had never been there.
 

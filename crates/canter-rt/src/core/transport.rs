@@ -56,7 +56,7 @@ pub trait Transport: Unpin + 'static {
 
     /// The TCP socket when bytes written to it reach the peer as they are, so that files can go
     /// out with `sendfile(2)`; `None` when the transport transforms them (TLS), and for a
-    /// [`LazyTcp`] until [`Transport::register`] has made it a socket of the event loop.
+    /// `LazyTcp` until [`Transport::register`] has made it a socket of the event loop.
     fn raw_tcp(&self) -> Option<&TcpStream> {
         None
     }
@@ -68,7 +68,7 @@ pub trait Transport: Unpin + 'static {
         self.raw_tcp().is_some()
     }
 
-    /// Makes the transport a socket of the event loop, if it is not yet one ([`LazyTcp`]), so
+    /// Makes the transport a socket of the event loop, if it is not yet one (`LazyTcp`), so
     /// that [`Transport::raw_tcp`] returns it; nothing for the others.
     fn register(&mut self) -> io::Result<()> {
         Ok(())

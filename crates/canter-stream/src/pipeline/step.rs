@@ -3,8 +3,8 @@
 use std::marker::PhantomData;
 
 /// A chain of stateless steps taking `I`: pushes each item through every step and hands what
-/// comes out of the last one to `emit`. Built by [`Flow`](super::Flow)'s `map`, `filter` and
-/// `flat_map`; one call per item, all steps inlined into it.
+/// comes out of the last one to `emit`. Built by [`Pipeline`](super::Pipeline)'s `map`,
+/// `filter` and `flat_map`; one call per item, all steps inlined into it.
 pub trait Step<I>: Clone + Send + 'static {
     /// What the chain's last step gives.
     type Out;
