@@ -5,10 +5,30 @@
 mod common;
 
 use std::net::TcpStream;
-use std::thread;
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{Client, Server};
+
+/// How long the server may take to do what a test waits for (generous: a busy machine).
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Waits until the server has read every byte `client` sent (the request is in its hands).
+fn held(client: &Client) {
+    assert!(
+        canter_testkit::wait_until_read_by_peer(&client.stream, WAIT),
+        "the server did not read the request within {WAIT:?}"
+    );
+}
+
+/// Waits until the server has begun to drain: every worker has closed its listener, which it
+/// does in the same turn as it marks its connections as draining.
+fn draining(server: &Server) {
+    assert!(
+        canter_testkit::wait_until_refused(server.addr(), WAIT),
+        "the server still accepted connections {WAIT:?} after SIGTERM; log:\n{}",
+        server.log()
+    );
+}
 
 #[test]
 fn sigterm_drains_gracefully() {
@@ -18,13 +38,13 @@ fn sigterm_drains_gracefully() {
     let mut idle = server.client();
     assert_eq!(idle.get("/plaintext").text(), "Hello, World!");
 
-    // A request in flight: half of its body sent.
+    // A request in flight: half of its body sent, and read by the server.
     let mut busy = server.client();
     busy.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n01234");
-    thread::sleep(Duration::from_millis(300));
+    held(&busy);
 
     server.signal("TERM");
-    thread::sleep(Duration::from_millis(300));
+    draining(&server);
 
     // The idle connection is closed without a response.
     let start = Instant::now();
@@ -61,9 +81,9 @@ fn in_flight_response_during_drain_says_connection_close() {
     let server = Server::start();
     let mut busy = server.client();
     busy.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n01234");
-    thread::sleep(Duration::from_millis(300));
+    held(&busy);
     server.signal("TERM");
-    thread::sleep(Duration::from_millis(300));
+    draining(&server);
     busy.send("56789");
     let r = busy.response();
     assert_eq!(r.text(), "0123456789");
@@ -74,9 +94,8 @@ fn in_flight_response_during_drain_says_connection_close() {
 #[test]
 fn sigterm_with_no_connections_exits_promptly() {
     let mut server = Server::start();
-    // Give the signal thread time to install its handlers (see
+    // The handlers are in place once the address is announced (see
     // `sigterm_right_after_startup_is_graceful`).
-    thread::sleep(Duration::from_millis(200));
     let start = Instant::now();
     server.signal("TERM");
     let status = server
@@ -93,14 +112,16 @@ fn new_connections_are_refused_while_draining() {
     // Keep the server draining with a request in flight.
     let mut busy = server.client();
     busy.send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab");
-    thread::sleep(Duration::from_millis(300));
+    held(&busy);
     server.signal("TERM");
-    thread::sleep(Duration::from_millis(500));
-    let late = TcpStream::connect_timeout(&server.addr(), Duration::from_secs(2));
+    // Connections are refused while the request is still in flight (the server cannot finish
+    // draining before the rest of its body comes).
     assert!(
-        late.is_err(),
-        "a new connection was accepted while draining"
+        canter_testkit::wait_until_refused(server.addr(), WAIT),
+        "new connections were still accepted {WAIT:?} after SIGTERM; log:\n{}",
+        server.log()
     );
+    server.assert_alive();
     busy.send("cd");
     let r = busy.response();
     assert_eq!(r.text(), "abcd");

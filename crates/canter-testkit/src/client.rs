@@ -29,6 +29,80 @@ pub fn read_some(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
+/// Waits up to `deadline` until the peer of `stream` has read every byte sent to it: `stream`'s
+/// send queue and the peer socket's receive queue are both empty, as the kernel counts them
+/// (`/proc/net/tcp` and `tcp6`; the peer must be on this machine). False at the deadline. For
+/// tests that must know a server holds a request before they act (a signal, a timeout), instead
+/// of sleeping and hoping it has.
+pub fn wait_until_read_by_peer(stream: &TcpStream, deadline: Duration) -> bool {
+    let (Ok(local), Ok(peer)) = (stream.local_addr(), stream.peer_addr()) else {
+        return false;
+    };
+    let start = std::time::Instant::now();
+    loop {
+        let ours = socket_queues(local, peer).map(|(tx, _)| tx);
+        let theirs = socket_queues(peer, local).map(|(_, rx)| rx);
+        if ours == Some(0) && theirs == Some(0) {
+            return true;
+        }
+        if start.elapsed() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The send and receive queues (bytes) of the TCP socket bound to `local` and connected to
+/// `remote`, from `/proc/net/tcp` or `/proc/net/tcp6`.
+fn socket_queues(local: SocketAddr, remote: SocketAddr) -> Option<(u64, u64)> {
+    let table = if local.is_ipv4() {
+        "/proc/net/tcp"
+    } else {
+        "/proc/net/tcp6"
+    };
+    let text = std::fs::read_to_string(table).ok()?;
+    let (want_local, want_remote) = (proc_addr(local), proc_addr(remote));
+    text.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 5 || f[1] != want_local || f[2] != want_remote {
+            return None;
+        }
+        let (tx, rx) = f[4].split_once(':')?;
+        Some((
+            u64::from_str_radix(tx, 16).ok()?,
+            u64::from_str_radix(rx, 16).ok()?,
+        ))
+    })
+}
+
+/// An address as `/proc/net/tcp` writes it: the address's bytes as 32-bit words in the host's
+/// byte order, in hex, then the port in hex.
+fn proc_addr(addr: SocketAddr) -> String {
+    let words: Vec<u32> = match addr.ip() {
+        std::net::IpAddr::V4(ip) => vec![u32::from_ne_bytes(ip.octets())],
+        std::net::IpAddr::V6(ip) => ip
+            .octets()
+            .chunks(4)
+            .map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    };
+    let hex: String = words.iter().map(|w| format!("{w:08X}")).collect();
+    format!("{hex}:{:04X}", addr.port())
+}
+
+/// Waits up to `deadline` until a connection to `addr` is refused (nothing listens there any
+/// more); a connection that is still accepted meanwhile is closed at once. False at the deadline.
+pub fn wait_until_refused(addr: SocketAddr, deadline: Duration) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => return true,
+            _ if start.elapsed() > deadline => return false,
+            _ => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
 /// A parsed response.
 #[derive(Clone)]
 pub struct Response {
@@ -388,4 +462,43 @@ pub fn chunked(pieces: &[Vec<u8>]) -> Vec<u8> {
     }
     out.extend_from_slice(b"0\r\n\r\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+
+    use super::*;
+
+    #[test]
+    fn read_by_peer_is_seen_only_once_the_peer_has_read() {
+        for host in ["127.0.0.1:0", "[::1]:0"] {
+            let Ok(listener) = TcpListener::bind(host) else {
+                assert!(host.starts_with('['), "cannot bind {host}");
+                continue; // no IPv6 loopback on this machine
+            };
+            let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (mut server, _) = listener.accept().unwrap();
+            client.write_all(b"hello").unwrap();
+            assert!(
+                !wait_until_read_by_peer(&client, Duration::from_millis(200)),
+                "{host}: five unread bytes counted as read"
+            );
+            let mut buf = [0; 5];
+            server.read_exact(&mut buf).unwrap();
+            assert!(
+                wait_until_read_by_peer(&client, Duration::from_secs(10)),
+                "{host}: the bytes the peer read were not seen as read"
+            );
+        }
+    }
+
+    #[test]
+    fn refused_is_seen_only_once_nothing_listens() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        assert!(!wait_until_refused(addr, Duration::from_millis(200)));
+        drop(listener);
+        assert!(wait_until_refused(addr, Duration::from_secs(10)));
+    }
 }

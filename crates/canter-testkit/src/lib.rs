@@ -16,7 +16,10 @@ mod kafka;
 mod pki;
 mod process;
 
-pub use client::{chunked, connect_stream, read_some, Client, Response, IO_TIMEOUT};
+pub use client::{
+    chunked, connect_stream, read_some, wait_until_read_by_peer, wait_until_refused, Client,
+    Response, IO_TIMEOUT,
+};
 pub use data::random_bytes;
 pub use kafka::{KafkaCluster, Secured};
 pub use pki::{fingerprint, CertFiles, Pki};
