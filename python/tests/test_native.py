@@ -249,11 +249,17 @@ def test_a_client_that_does_not_read_stops_the_generator(start_server):
     sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     sock.sendall(b"GET /firehose HTTP/1.1\r\nHost: x\r\n\r\n")
-    time.sleep(1.0)
+    # Waited for, not assumed after a fixed time: the producer stalls (the same count twice,
+    # half a second apart; a busy machine may take longer to fill the buffers).
+    deadline = time.time() + 30
     first = get(s, "/produced").json()
-    time.sleep(0.5)
-    second = get(s, "/produced").json()
-    assert first["n"] == second["n"], (first, second)
+    while True:
+        time.sleep(0.5)
+        second = get(s, "/produced").json()
+        if second["n"] == first["n"] and second["n"] > 0:
+            break
+        assert time.time() < deadline, ("still producing", first, second)
+        first = second
     assert 0 < second["n"] < 20_000, second
     assert not second["done"]
     sock.close()
