@@ -192,3 +192,35 @@ def wait_until_no_websocket_is_live(port, within=10.0):
             return time.time() - start
         assert time.time() - start < within, f"{live} WebSocket handler(s) still running"
         time.sleep(0.02)
+
+
+def _socket_queues(local, remote):
+    """(send queue, receive queue) in bytes of the IPv4 TCP socket bound to `local` and
+    connected to `remote`, from /proc/net/tcp; None if there is none."""
+
+    def proc(addr):
+        host, port = addr[0], addr[1]
+        word = int.from_bytes(socket.inet_aton(host), sys.byteorder)
+        return f"{word:08X}:{port:04X}"
+
+    want = (proc(local), proc(remote))
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if (fields[1], fields[2]) == want:
+                tx, rx = fields[4].split(":")
+                return int(tx, 16), int(rx, 16)
+    return None
+
+
+def wait_read_by_peer(sock, within=20.0):
+    """Waits until the server has read every byte sent on `sock` (our send queue and its
+    socket's receive queue are empty, as the kernel counts them): the request is in its hands."""
+    local, peer = sock.getsockname(), sock.getpeername()
+    deadline = time.time() + within
+    while True:
+        ours, theirs = _socket_queues(local, peer), _socket_queues(peer, local)
+        if ours is not None and theirs is not None and ours[0] == 0 and theirs[1] == 0:
+            return
+        assert time.time() < deadline, f"the server did not read the request: {ours} {theirs}"
+        time.sleep(0.005)

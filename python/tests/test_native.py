@@ -211,14 +211,20 @@ def test_a_worker_that_dies_is_restarted(start_server):
 
 
 def test_sigterm_drains_in_flight_requests(start_server):
+    from conftest import wait_read_by_peer
+
     s = start_server([sys.executable, "native_app.py", "0", "1"])
-    got = {}
-    t = threading.Thread(target=lambda: got.setdefault("r", get(s, "/sleep?s=0.5")))
-    t.start()
-    time.sleep(0.2)
-    s.proc.send_signal(signal.SIGTERM)
-    t.join(10)
-    assert got["r"].status_code == 200 and got["r"].json() == {"slept": True}
+    with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+        c.sendall(b"GET /sleep?s=0.5 HTTP/1.1\r\nHost: x\r\n\r\n")
+        # The request is in the server's hands before the signal (waited for, not assumed).
+        wait_read_by_peer(c)
+        s.proc.send_signal(signal.SIGTERM)
+        data = b""
+        while not data.endswith(b'{"slept":true}'):
+            chunk = c.recv(4096)
+            assert chunk, f"closed before the answer: {data!r}"
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 "), data
     assert s.proc.wait(10) == 0
     assert "stopped" in s.log()
 
