@@ -66,7 +66,9 @@ def record(area, command, table, note=""):
     if area not in {a for a, _, _ in AREAS}:
         raise ValueError(f"unknown area {area}")
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    lines = [f"Run {when} at `{_git_commit()}`:", "", "```", command, "```", ""]
+    cpu = _cpu_model()
+    on = f" on {cpu}" if cpu else ""
+    lines = [f"Run {when} at `{_git_commit()}`{on}:", "", "```", command, "```", ""]
     if note:
         lines += [note, ""]
     lines += [table.strip(), ""]
@@ -106,6 +108,19 @@ def capture(area, command, note=""):
         record(area, command, table.strip(), note)
 
 
+def _cpu_model():
+    """The CPU's model name (`lscpu`), or "" if it cannot be read."""
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return ""
+    for line in lscpu.splitlines():
+        k, _, v = line.partition(":")
+        if k.strip() == "Model name":
+            return v.strip()
+    return ""
+
+
 def _machine():
     facts = []
     try:
@@ -135,7 +150,9 @@ def build():
          "request from `/proc`) is in [bench/README.md](bench/README.md); every experiment "
          "behind these numbers, kept or dropped, is in the notebook, "
          "[bench/notebook/](bench/notebook/README.md).", "",
-         "## Machine", ""]
+         "## Machine", "",
+         "Where this file was last rebuilt. Tables run since 2026-12-06 name their own CPU; "
+         "older ones do not (the rebuild before then was on an AMD EPYC of the same size).", ""]
     L += [f"- {fact}" for fact in _machine()]
     L += ["- the server under test on CPU 0, the load generator on CPU 1 (`taskset`)", ""]
     for area, heading, script in AREAS:
