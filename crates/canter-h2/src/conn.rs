@@ -1126,7 +1126,7 @@ impl Connection {
     ) -> Res<()> {
         let existing = self.streams.contains_key(&id);
         let trailers = existing;
-        let mut v = Validator::new(trailers, block.len(), self.settings.connect_protocol);
+        let mut v = HeaderCheck::new(trailers, block.len(), self.settings.connect_protocol);
         let decoded = self
             .decoder
             .decode(block, self.settings.max_header_list as usize, |n, val| {
@@ -1604,8 +1604,12 @@ fn strip_padding(head: Head, payload: &[u8]) -> Res<&[u8]> {
     Ok(&rest[..rest.len() - pad as usize])
 }
 
-/// Checks a header list as it is decoded (RFC 9113, Section 8.2 and 8.3).
-struct Validator {
+/// Checks a header list as it is decoded (RFC 9113, Section 8.2 and 8.3) and gathers it into a
+/// [`RequestHead`]. HTTP/3 has the same rules (RFC 9114, Section 4.2 and 4.3), so its engine
+/// uses this too: feed [`HeaderCheck::field`] every decoded field in order, then ask
+/// [`HeaderCheck::error`] and [`HeaderCheck::is_request`].
+#[derive(Debug)]
+pub struct HeaderCheck {
     head: RequestHead,
     /// `:protocol` is accepted (SETTINGS_ENABLE_CONNECT_PROTOCOL was sent).
     connect_protocol: bool,
@@ -1617,9 +1621,12 @@ struct Validator {
     error: Option<&'static str>,
 }
 
-impl Validator {
-    fn new(trailers: bool, block_len: usize, connect_protocol: bool) -> Validator {
-        Validator {
+impl HeaderCheck {
+    /// A check of a request's header section (or, with `trailers`, of its trailer section,
+    /// where pseudo-headers are malformed); `block_len`, the encoded size, sizes the buffer;
+    /// with `connect_protocol`, RFC 8441's `:protocol` is accepted.
+    pub fn new(trailers: bool, block_len: usize, connect_protocol: bool) -> HeaderCheck {
+        HeaderCheck {
             connect_protocol,
             head: RequestHead {
                 // Decoded fields are rarely more than twice their encoding.
@@ -1642,7 +1649,8 @@ impl Validator {
         }
     }
 
-    fn field(&mut self, name: &[u8], value: &[u8]) {
+    /// Takes the next decoded field; a malformed one is remembered as [`HeaderCheck::error`].
+    pub fn field(&mut self, name: &[u8], value: &[u8]) {
         if self.error.is_some() {
             return;
         }
@@ -1705,6 +1713,21 @@ impl Validator {
         let n = self.head.push(name);
         let v = self.head.push(value);
         self.head.fields.push((n, v));
+    }
+
+    /// Why the section is malformed (the first problem seen), if it is.
+    pub fn error(&self) -> Option<&'static str> {
+        self.error
+    }
+
+    /// The fields gathered so far.
+    pub fn into_head(self) -> RequestHead {
+        self.head
+    }
+
+    /// Whether the pseudo-headers make a request.
+    pub fn is_request(&self) -> bool {
+        self.finish_request()
     }
 
     /// Whether the pseudo-headers make a request.

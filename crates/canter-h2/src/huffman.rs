@@ -8,7 +8,7 @@ use crate::huffman_table::CODES;
 
 /// Why a Huffman string does not decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct HuffmanError;
+pub struct HuffmanError;
 
 const EOS: usize = 256;
 const MAX_LEN: usize = 30;
@@ -79,13 +79,13 @@ const SORTED: [u16; 257] = {
 
 /// The encoded length of `src` in bytes.
 #[inline]
-pub(crate) fn encoded_len(src: &[u8]) -> usize {
+pub fn encoded_len(src: &[u8]) -> usize {
     let bits: usize = src.iter().map(|&b| CODES[b as usize].1 as usize).sum();
     bits.div_ceil(8)
 }
 
 /// Appends the Huffman encoding of `src` to `dst`, padded with the EOS prefix (all ones).
-pub(crate) fn encode(src: &[u8], dst: &mut Vec<u8>) {
+pub fn encode(src: &[u8], dst: &mut Vec<u8>) {
     let mut acc: u64 = 0;
     let mut bits: u32 = 0;
     for &b in src {
@@ -105,7 +105,7 @@ pub(crate) fn encode(src: &[u8], dst: &mut Vec<u8>) {
 
 /// Appends the decoding of `src` to `dst`. Fails on EOS inside the string, on padding longer
 /// than 7 bits or not all ones (RFC 7541, Section 5.2).
-pub(crate) fn decode(src: &[u8], dst: &mut Vec<u8>) -> Result<(), HuffmanError> {
+pub fn decode(src: &[u8], dst: &mut Vec<u8>) -> Result<(), HuffmanError> {
     dst.reserve(src.len() * 8 / 5);
     // `acc` holds `bits` unread bits in its low end.
     let mut acc: u64 = 0;

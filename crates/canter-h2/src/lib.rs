@@ -33,10 +33,11 @@
 mod conn;
 mod frame;
 pub mod hpack;
-mod huffman;
+pub mod huffman;
 mod huffman_table;
 
 pub use conn::{
-    ConnError, Connection, Event, RequestHead, SendError, Settings, SettingsBuilder, Sink,
+    ConnError, Connection, Event, HeaderCheck, RequestHead, SendError, Settings, SettingsBuilder,
+    Sink,
 };
 pub use frame::{ErrorCode, DEFAULT_MAX_FRAME, DEFAULT_WINDOW, MAX_STREAM_ID, PREFACE};
