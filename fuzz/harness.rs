@@ -235,7 +235,9 @@ pub fn check_head(h: &RequestHead, limits: &Limits) -> HeadView {
             assert_ne!(h.body_kind(), BodyKind::Chunked, "chunked HTTP/1.0 request");
             assert!(!h.expect_continue(), "100-continue for HTTP/1.0");
         }
-        Version::Http2 => panic!("the HTTP/1 parser produced an HTTP/2 head"),
+        Version::Http2 | Version::Http3 => {
+            panic!("the HTTP/1 parser produced an HTTP/2 or /3 head")
+        }
     }
     if let BodyKind::Length(n) = h.body_kind() {
         assert!(n <= limits.max_body(), "declared body above max_body");
@@ -341,7 +343,7 @@ fn check_framing(h: &RequestHead, headers: &[(String, Vec<u8>)]) {
     let keep_alive = match h.version() {
         Version::Http11 => !close,
         Version::Http10 => ka && !close,
-        Version::Http2 => unreachable!("checked above"),
+        Version::Http2 | Version::Http3 => unreachable!("checked above"),
     };
     assert_eq!(
         h.keep_alive(),

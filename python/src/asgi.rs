@@ -456,6 +456,7 @@ impl Asgi {
         let version = match head.version() {
             canter_rt::Version::Http10 => intern!(py, "1.0"),
             canter_rt::Version::Http11 => intern!(py, "1.1"),
+            canter_rt::Version::Http3 => intern!(py, "3"),
             _ => intern!(py, "2"),
         };
         d.set_item(intern!(py, "http_version"), version)?;

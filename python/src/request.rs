@@ -153,6 +153,7 @@ impl Request {
         match self.head.version() {
             canter_rt::Version::Http10 => "1.0",
             canter_rt::Version::Http11 => "1.1",
+            canter_rt::Version::Http3 => "3",
             _ => "2",
         }
     }

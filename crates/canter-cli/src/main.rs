@@ -309,6 +309,10 @@ struct ServeArgs {
     /// fingerprint is logged).
     #[arg(long, conflicts_with = "tls_cert")]
     tls_self_signed: bool,
+    /// Also serve HTTP/3 (QUIC) on the --tls-addr port number over UDP, and advertise it to
+    /// HTTP/1.1 and HTTP/2 clients over TLS with `Alt-Svc: h3=":PORT"; ma=86400`.
+    #[arg(long, requires = "tls_addr")]
+    h3: bool,
     /// How long a client may take to complete the TLS handshake.
     #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "10s")]
     tls_handshake_timeout: Duration,
@@ -966,7 +970,7 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
             acceptor: acceptor.clone(),
         }));
     }
-    let config = config.build().map_err(ServeError::Config)?;
+    let config = config.http3(args.h3).build().map_err(ServeError::Config)?;
     let workers = config.workers();
     let database = match args.app {
         AppKind::Techempower => Some(db_config(&args)?),
@@ -1008,6 +1012,9 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
     }
     if let Some(addr) = server.tls_local_addr() {
         tracing::info!("canter serving the {app_name} app over TLS on https://{addr}/");
+        if args.h3 {
+            tracing::info!("canter serving the {app_name} app over HTTP/3 on udp://{addr}/");
+        }
     }
     tracing::info!(
         workers,

@@ -84,6 +84,9 @@ pub enum Version {
     Http11,
     /// HTTP/2: the head was decoded from a HEADERS frame (see [`RequestHead::from_fields`]).
     Http2,
+    /// HTTP/3: the head was decoded from an HTTP/3 HEADERS frame (QPACK), built like HTTP/2's
+    /// and marked with [`RequestHead::with_version`].
+    Http3,
 }
 
 /// How the request body is delimited (RFC 9112 §6.3).
@@ -279,6 +282,13 @@ impl RequestHead {
     /// lines before the request line, which RFC 9112 §2.2 says to ignore).
     pub fn raw(&self) -> &Bytes {
         &self.buf
+    }
+
+    /// The same head carried by another protocol version: a head built with
+    /// [`RequestHead::from_fields`] for HTTP/3, whose header section has HTTP/2's rules.
+    pub fn with_version(mut self, version: Version) -> RequestHead {
+        self.version = version;
+        self
     }
 }
 

@@ -31,6 +31,8 @@ compile_error!(
 mod core;
 mod httpd;
 pub mod proto;
+#[cfg(feature = "http3")]
+mod quic;
 #[cfg(feature = "ws")]
 pub mod ws;
 

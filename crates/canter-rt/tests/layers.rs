@@ -1,7 +1,7 @@
 //! The runtime's files form layers: each imports (`crate::module`) only from layers below its
 //! own, so no two files import each other and nothing below knows what is built on it (the core
 //! knows no protocol; HTTP/1.1 and HTTP/2 know each other only through the module above both
-//! that chooses between them). The layers live in folders (`core/`, `httpd/`, `ws/`, `proto/`); a
+//! that chooses between them). The layers live in folders (`core/`, `httpd/`, `quic/`, `ws/`, `proto/`); a
 //! file added below `src/` must be given a layer here.
 
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -32,6 +32,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "settings, the link, services",
         &["core::config", "core::link", "httpd::service"],
     ),
+    ("QUIC endpoints", &["quic::endpoint"]),
     ("the accept loop", &["core::server", "core::log_bridge"]),
     (
         "custom protocols; HTTP state; WebSocket's handshake and driver",
@@ -40,14 +41,14 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("WebSocket over HTTP/2", &["ws::h2"]),
     (
         "protocol drivers",
-        &["httpd::http1", "httpd::h2", "proto::framing"],
+        &["httpd::http1", "httpd::h2", "httpd::h3", "proto::framing"],
     ),
     ("choosing HTTP/1.1 or HTTP/2", &["httpd::serve"]),
 ];
 
 /// Folders whose `mod.rs` only names the folder's files (`mod`/`pub mod` lines, their
 /// attributes and docs): the layers' rooms, in no layer themselves.
-const FOLDERS: &[&str] = &["core", "httpd"];
+const FOLDERS: &[&str] = &["core", "httpd", "quic"];
 
 /// Every `.rs` file below `src/` but `lib.rs`, with its module path.
 fn modules() -> Vec<(String, PathBuf)> {

@@ -12,6 +12,8 @@
 
 mod client;
 mod data;
+#[cfg(feature = "h3")]
+pub mod h3;
 mod kafka;
 mod pki;
 mod process;

@@ -49,6 +49,8 @@ pub struct Config {
     pub(crate) tls: Option<TlsListener>,
     #[cfg(feature = "http2")]
     pub(crate) http2: Option<canter_h2::Settings>,
+    #[cfg(feature = "http3")]
+    pub(crate) http3: bool,
     pub(crate) fault_log_interval: Duration,
     pub(crate) proxy_protocol: Option<crate::core::proxy::ProxyProtocol>,
     pub(crate) park_hooks: Option<ParkHooks>,
@@ -190,6 +192,14 @@ impl Config {
     /// [`Limits::max_head`].
     pub fn http2(&self) -> Option<&canter_h2::Settings> {
         self.http2.as_ref()
+    }
+
+    #[cfg(feature = "http3")]
+    /// HTTP/3 over QUIC on the TLS listener's port number, over UDP (each worker owns a UDP
+    /// socket on it, `SO_REUSEPORT`), with the TLS listener's certificates; needs
+    /// [`Config::tls`]. Off by default.
+    pub fn http3(&self) -> bool {
+        self.http3
     }
 
     /// Whether connections may speak HTTP/2: set, and built with the `http2` feature.
@@ -371,6 +381,13 @@ impl ConfigBuilder {
         self
     }
 
+    #[cfg(feature = "http3")]
+    /// See [`Config::http3`].
+    pub fn http3(mut self, on: bool) -> Self {
+        self.0.http3 = on;
+        self
+    }
+
     /// See [`Config::fault_log_interval`].
     pub fn fault_log_interval(mut self, fault_log_interval: Duration) -> Self {
         self.0.fault_log_interval = fault_log_interval;
@@ -430,6 +447,13 @@ impl ConfigBuilder {
                     "must be above zero and at most 1 ms",
                 ));
             }
+        }
+        #[cfg(feature = "http3")]
+        if c.http3 && c.tls.is_none() {
+            return Err(ConfigError::new(
+                "http3",
+                "needs a TLS listener: HTTP/3 uses its certificates and its port number",
+            ));
         }
         // With HTTP/2 off, a TLS client must not be able to agree on `h2` by ALPN: it would be
         // answered in HTTP/2 all the same.
@@ -495,6 +519,8 @@ impl Default for Config {
             tls: None,
             #[cfg(feature = "http2")]
             http2: Some(canter_h2::Settings::default()),
+            #[cfg(feature = "http3")]
+            http3: false,
             fault_log_interval: Duration::from_secs(10),
             proxy_protocol: None,
             park_hooks: None,

@@ -54,6 +54,9 @@ pub struct Server {
     local_addr: SocketAddr,
     tls_listeners: Vec<StdListener>,
     tls_local_addr: Option<SocketAddr>,
+    /// One UDP socket per worker on the TLS port, and what their QUIC endpoints share.
+    #[cfg(feature = "http3")]
+    quic: Option<(Vec<std::net::UdpSocket>, crate::quic::endpoint::Setup)>,
     shutdown: ShutdownHandle,
     rx: watch::Receiver<bool>,
     stats: Arc<Stats>,
@@ -90,6 +93,17 @@ impl Server {
             }
             tls_local_addr = Some(addr);
         }
+        #[cfg(feature = "http3")]
+        let quic = match tls_local_addr.filter(|_| config.http3) {
+            Some(addr) => {
+                let setup = crate::quic::endpoint::Setup::new(&config)?;
+                let sockets = (0..workers)
+                    .map(|_| crate::quic::endpoint::bind(addr))
+                    .collect::<io::Result<Vec<_>>>()?;
+                Some((sockets, setup))
+            }
+            None => None,
+        };
         let (tx, rx) = watch::channel(false);
         Ok(Server {
             config,
@@ -97,6 +111,8 @@ impl Server {
             local_addr,
             tls_listeners,
             tls_local_addr,
+            #[cfg(feature = "http3")]
+            quic,
             shutdown: ShutdownHandle { tx: Arc::new(tx) },
             rx,
             stats: Arc::default(),
@@ -163,10 +179,8 @@ impl Server {
                 "serve_inline runs one worker: set Config::workers to 1",
             ));
         }
-        let listeners = Listeners {
-            plain: self.listeners.remove(0),
-            tls: self.tls_listeners.pop(),
-        };
+        let mut all = self.split_listeners();
+        let listeners = all.remove(0);
         run_worker(0, listeners, self.config, self.rx, self.stats, factory)
     }
 
@@ -184,16 +198,12 @@ impl Server {
     {
         let factory = Arc::new(factory);
         let mut threads = Vec::new();
-        let mut tls_listeners = self.tls_listeners.into_iter();
-        for (i, listener) in self.listeners.into_iter().enumerate() {
+        let mut this = self;
+        for (i, listeners) in this.split_listeners().into_iter().enumerate() {
             let factory = factory.clone();
-            let config = self.config.clone();
-            let rx = self.rx.clone();
-            let stats = self.stats.clone();
-            let listeners = Listeners {
-                plain: listener,
-                tls: tls_listeners.next(),
-            };
+            let config = this.config.clone();
+            let rx = this.rx.clone();
+            let stats = this.stats.clone();
             let t = thread::Builder::new()
                 .name(format!("canter-worker-{i}"))
                 .spawn(move || run_worker(i, listeners, config, rx, stats, move |i| factory(i)))?;
@@ -252,20 +262,37 @@ impl ServerWorker {
 impl Server {
     /// The server's workers, one per listener, to run on threads the caller owns; the server's
     /// [`ShutdownHandle`] (take it first) still stops them all.
-    pub fn into_workers(self) -> Vec<ServerWorker> {
-        let mut tls = self.tls_listeners.into_iter();
-        self.listeners
+    pub fn into_workers(mut self) -> Vec<ServerWorker> {
+        self.split_listeners()
             .into_iter()
             .enumerate()
-            .map(|(index, plain)| ServerWorker {
+            .map(|(index, listeners)| ServerWorker {
                 index,
-                listeners: Listeners {
-                    plain,
-                    tls: tls.next(),
-                },
+                listeners,
                 config: self.config.clone(),
                 shutdown: self.rx.clone(),
                 stats: self.stats.clone(),
+            })
+            .collect()
+    }
+}
+
+impl Server {
+    /// Each worker's sockets, worker 0's first (the server keeps none).
+    fn split_listeners(&mut self) -> Vec<Listeners> {
+        let mut tls = std::mem::take(&mut self.tls_listeners).into_iter();
+        #[cfg(feature = "http3")]
+        let (mut udp, setup) = match self.quic.take() {
+            Some((sockets, setup)) => (sockets.into_iter(), Some(setup)),
+            None => (Vec::new().into_iter(), None),
+        };
+        std::mem::take(&mut self.listeners)
+            .into_iter()
+            .map(|plain| Listeners {
+                plain,
+                tls: tls.next(),
+                #[cfg(feature = "http3")]
+                quic: udp.next().zip(setup.clone()),
             })
             .collect()
     }
@@ -382,6 +409,9 @@ pub fn ensure_unused(addr: SocketAddr) -> io::Result<()> {
 struct Listeners {
     plain: StdListener,
     tls: Option<StdListener>,
+    /// The worker's UDP socket for QUIC, and the endpoint settings every worker shares.
+    #[cfg(feature = "http3")]
+    quic: Option<(std::net::UdpSocket, crate::quic::endpoint::Setup)>,
 }
 
 /// What a worker does with each accepted connection: drive HTTP/1.1 around a service, or a
@@ -389,6 +419,19 @@ struct Listeners {
 pub(crate) trait Accept: 'static {
     /// Spawns the connection's task on the current worker.
     fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>);
+
+    /// Spawns the task of a QUIC connection just accepted; one that serves no QUIC protocol
+    /// drops it, which closes it.
+    #[cfg(feature = "http3")]
+    fn spawn_quic(
+        &mut self,
+        registration: Registration,
+        link: crate::quic::endpoint::QuicLink,
+        worker: &Rc<Worker>,
+        cfg: &Rc<Config>,
+    ) {
+        let _ = (registration, link, worker, cfg);
+    }
 }
 
 /// A connection just accepted, counted in its worker's registry.
@@ -560,6 +603,17 @@ where
     crate::core::worker::count_faults_into(stats.clone());
     let worker = Rc::new(Worker::new(stats));
     worker.allow_spawns();
+    #[cfg(feature = "http3")]
+    let quic = match listeners.quic {
+        Some((socket, setup)) => {
+            let ep = crate::quic::endpoint::Endpoint::new(socket, &setup, worker.clone())?;
+            let task = tokio::task::spawn_local(crate::quic::endpoint::run(ep.clone()));
+            Some((ep, task))
+        }
+        None => None,
+    };
+    #[cfg(not(feature = "http3"))]
+    let quic: Option<(std::convert::Infallible, ())> = None;
     let mut accept = factory(index);
     let cfg = Rc::new(config);
     // One summary of the client faults for the whole server, from the first worker.
@@ -606,6 +660,15 @@ where
                 }
                 Err(e) => accept_failed(e).await,
             },
+            link = accept_quic(quic.as_ref().map(|q| &q.0)) => {
+                #[cfg(feature = "http3")]
+                {
+                    let registration = Registration { id: worker.register(), worker: worker.clone() };
+                    accept.spawn_quic(registration, link, &worker, &cfg);
+                }
+                #[cfg(not(feature = "http3"))]
+                match link {}
+            },
             _ = shutdown.changed() => break,
         }
     }
@@ -626,11 +689,33 @@ where
             "drain timeout: closing remaining connections"
         );
     }
+    // The endpoint routed the draining connections' packets until now.
+    #[cfg(feature = "http3")]
+    if let Some((_, task)) = quic {
+        task.abort();
+    }
     ticker.abort();
     if let Some(summary) = summary {
         summary.abort();
     }
     Ok(())
+}
+
+/// The next QUIC connection, if the worker has an endpoint; never completes otherwise.
+#[cfg(feature = "http3")]
+async fn accept_quic(
+    ep: Option<&Rc<crate::quic::endpoint::Endpoint>>,
+) -> crate::quic::endpoint::QuicLink {
+    match ep {
+        Some(ep) => ep.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Without the `http3` feature there is no QUIC endpoint.
+#[cfg(not(feature = "http3"))]
+async fn accept_quic(_ep: Option<&std::convert::Infallible>) -> std::convert::Infallible {
+    std::future::pending().await
 }
 
 /// Accepts on the TLS listener, if there is one; never completes otherwise.

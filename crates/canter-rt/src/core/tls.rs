@@ -467,6 +467,17 @@ impl TlsAcceptor {
         }
     }
 
+    /// The rustls configuration for QUIC: the same certificates (the resolver is shared, so a
+    /// reload reaches it), session tickets and cache, ALPN `h3` only, and no early data (0-RTT
+    /// can be replayed).
+    #[cfg(feature = "http3")]
+    pub(crate) fn quic_config(&self) -> rustls::ServerConfig {
+        let mut config = (**self.inner.acceptor.config()).clone();
+        config.alpn_protocols = vec![b"h3".to_vec()];
+        config.max_early_data_size = 0;
+        config
+    }
+
     /// The ALPN protocols offered, in order of preference.
     pub fn alpn_protocols(&self) -> &[Vec<u8>] {
         &self.inner.acceptor.config().alpn_protocols

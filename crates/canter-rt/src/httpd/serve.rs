@@ -36,7 +36,28 @@ impl Server {
     {
         let preamble = canter_h1::Preamble::new(&self.config().server_name, EPOCH_DATE)?;
         self.defer_http_accepts()?;
+        #[cfg(feature = "http3")]
+        if let Some(alt_svc) = self.alt_svc() {
+            return self.run(move |i| {
+                let svc = AltSvc {
+                    svc: factory(i),
+                    value: alt_svc.clone(),
+                };
+                HttpAccept(Rc::new(Http::new(svc, preamble.clone())))
+            });
+        }
         self.run(move |i| HttpAccept(Rc::new(Http::new(factory(i), preamble.clone()))))
+    }
+
+    /// With HTTP/3 on, the `Alt-Svc` value that points HTTP/1.1 and HTTP/2 clients over TLS to
+    /// it: `h3=":PORT"; ma=86400`, PORT the TLS listener's.
+    #[cfg(feature = "http3")]
+    fn alt_svc(&self) -> Option<http::HeaderValue> {
+        let port = self.tls_local_addr()?.port();
+        if !self.config().http3 {
+            return None;
+        }
+        http::HeaderValue::from_str(&format!("h3=\":{port}\"; ma=86400")).ok()
     }
 
     /// Runs the server's single worker on the calling thread until shutdown, instead of a
@@ -194,10 +215,50 @@ pub(crate) async fn serve_tls<S: Service>(
     match acceptor {}
 }
 
+/// A service whose answers over TLS, on HTTP/1.1 or HTTP/2, advertise HTTP/3 on the same
+/// port (RFC 7838 `Alt-Svc`): what makes browsers switch.
+#[cfg(feature = "http3")]
+struct AltSvc<S> {
+    svc: S,
+    value: http::HeaderValue,
+}
+
+#[cfg(feature = "http3")]
+impl<S: Service> Service for AltSvc<S> {
+    fn call(&self, req: crate::httpd::service::Request) -> crate::httpd::service::Reply {
+        use crate::httpd::service::Reply;
+        if !crate::peer_is_tls() || req.head().version() == canter_http::Version::Http3 {
+            return self.svc.call(req);
+        }
+        match self.svc.call(req) {
+            Reply::Ready(res) => {
+                Reply::Ready(res.with_header(http::header::ALT_SVC, self.value.clone()))
+            }
+            Reply::Pending(fut) => {
+                let value = self.value.clone();
+                Reply::Pending(Box::pin(async move {
+                    fut.await.with_header(http::header::ALT_SVC, value)
+                }))
+            }
+        }
+    }
+}
+
 /// HTTP connections around the worker's service.
 struct HttpAccept<S>(Rc<Http<S>>);
 
 impl<S: Service> Accept for HttpAccept<S> {
+    #[cfg(feature = "http3")]
+    fn spawn_quic(
+        &mut self,
+        registration: Registration,
+        link: crate::quic::endpoint::QuicLink,
+        worker: &Rc<Worker>,
+        cfg: &Rc<Config>,
+    ) {
+        self.serve_h3(registration, link, worker, cfg);
+    }
+
     fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>) {
         let (svc, worker, cfg) = (self.0.clone(), worker.clone(), cfg.clone());
         if cfg.proxy_protocol.is_some() {
@@ -239,6 +300,25 @@ impl<S: Service> Accept for HttpAccept<S> {
                 ))
             }
         };
+    }
+}
+
+#[cfg(feature = "http3")]
+impl<S: Service> HttpAccept<S> {
+    fn serve_h3(
+        &self,
+        registration: Registration,
+        link: crate::quic::endpoint::QuicLink,
+        worker: &Rc<Worker>,
+        cfg: &Rc<Config>,
+    ) {
+        tokio::task::spawn_local(crate::httpd::h3::serve(
+            registration,
+            link,
+            self.0.clone(),
+            worker.clone(),
+            cfg.clone(),
+        ));
     }
 }
 

@@ -60,7 +60,7 @@ impl WsUpgrade {
                 }
                 handshake::check(req.method().as_str(), head.headers())
             }
-            canter_http::Version::Http2 => {
+            canter_http::Version::Http2 | canter_http::Version::Http3 => {
                 let protocol = req.extensions().get::<ConnectProtocol>();
                 if !protocol.is_some_and(|p| p.0.eq_ignore_ascii_case("websocket")) {
                     return Err(WsRefused::new(

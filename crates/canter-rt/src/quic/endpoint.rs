@@ -1,0 +1,356 @@
+//! A worker's QUIC endpoint: its UDP socket (one per worker on the same port, `SO_REUSEPORT`,
+//! so the kernel spreads clients by address), the `quinn-proto` endpoint that routes each
+//! datagram to its connection by connection ID, and the connection's I/O half ([`QuicLink`]).
+//!
+//! One task per worker reads the socket ([`run`]): a datagram for a known connection goes to
+//! that connection's inbox and wakes its task; a new connection is accepted (refused while the
+//! worker drains) and queued for the accept loop, which gives it its own task. A connection's
+//! task takes its inbox, drives its timers and writes its own packets on the shared socket
+//! ([`QuicLink::poll_io`]); everything stays on the worker's thread, so the endpoint is shared
+//! by `Rc`, never locked.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::future::{poll_fn, Future};
+use std::io;
+use std::net::{SocketAddr, UdpSocket as StdUdpSocket};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use bytes::BytesMut;
+use quinn_proto::{
+    ConnectionEvent, ConnectionHandle, DatagramEvent, EndpointConfig, ServerConfig, Transmit,
+    VarInt,
+};
+use tokio::net::UdpSocket;
+
+use crate::core::config::Config;
+use crate::core::stats::ClientFault;
+use crate::core::worker::Worker;
+
+/// The largest UDP payload read (a datagram is at most this; quinn's limit too).
+const MAX_DATAGRAM: usize = 65_527;
+/// Datagrams read in one turn of the endpoint task before it lets the worker's other tasks run.
+const READ_TURN: usize = 64;
+/// Bidirectional streams (requests) a client may have open at once.
+const MAX_REQUEST_STREAMS: u32 = 100;
+/// Unidirectional streams a client may have open: its control and two QPACK streams, and room
+/// for the reserved types clients send to exercise the rule that unknown ones are ignored.
+const MAX_UNI_STREAMS: u32 = 8;
+
+/// What every worker's endpoint shares, made once for the server: one reset key (a stateless
+/// reset from any worker is valid for a connection of any other) and one server configuration
+/// (one key for address validation tokens, one TLS session cache and ticket keys).
+#[derive(Clone)]
+pub(crate) struct Setup {
+    endpoint: Arc<EndpointConfig>,
+    server: Arc<ServerConfig>,
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setup").finish_non_exhaustive()
+    }
+}
+
+impl Setup {
+    /// The QUIC configuration of a server built with `cfg` (which has a TLS listener).
+    pub(crate) fn new(cfg: &Config) -> io::Result<Setup> {
+        let Some(tls) = cfg.tls.as_ref() else {
+            return Err(io::Error::other("HTTP/3 needs a TLS listener"));
+        };
+        let crypto =
+            quinn_proto::crypto::rustls::QuicServerConfig::try_from(tls.acceptor.quic_config())
+                .map_err(|e| io::Error::other(format!("TLS settings unusable for QUIC: {e}")))?;
+        let mut transport = quinn_proto::TransportConfig::default();
+        transport
+            .max_concurrent_bidi_streams(VarInt::from_u32(MAX_REQUEST_STREAMS))
+            .max_concurrent_uni_streams(VarInt::from_u32(MAX_UNI_STREAMS))
+            .max_idle_timeout(quinn_proto::IdleTimeout::try_from(cfg.timeouts.idle()).ok());
+        let mut server = ServerConfig::with_crypto(Arc::new(crypto));
+        server.transport_config(Arc::new(transport));
+        Ok(Setup {
+            endpoint: Arc::new(EndpointConfig::default()),
+            server: Arc::new(server),
+        })
+    }
+}
+
+/// Binds a worker's UDP socket on `addr` (shared with the other workers' by `SO_REUSEPORT`).
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<StdUdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// A connection's mailbox: datagrams the endpoint routed to it, and the task to wake.
+#[derive(Default)]
+struct Inbox {
+    events: RefCell<VecDeque<ConnectionEvent>>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Inbox {
+    fn push(&self, ev: ConnectionEvent) {
+        self.events.borrow_mut().push_back(ev);
+        if let Some(w) = self.waker.borrow_mut().take() {
+            w.wake();
+        }
+    }
+}
+
+/// A worker's endpoint, shared by its task and its connections' tasks.
+pub(crate) struct Endpoint {
+    endpoint: RefCell<quinn_proto::Endpoint>,
+    socket: UdpSocket,
+    inboxes: RefCell<HashMap<ConnectionHandle, Rc<Inbox>>>,
+    /// Connections accepted and not yet taken by the accept loop.
+    accepted: RefCell<VecDeque<QuicLink>>,
+    accept_waker: RefCell<Option<Waker>>,
+    worker: Rc<Worker>,
+}
+
+impl Endpoint {
+    /// The endpoint of `worker` on `socket` (from [`bind`]).
+    pub(crate) fn new(
+        socket: StdUdpSocket,
+        setup: &Setup,
+        worker: Rc<Worker>,
+    ) -> io::Result<Rc<Endpoint>> {
+        let endpoint = quinn_proto::Endpoint::new(
+            setup.endpoint.clone(),
+            Some(setup.server.clone()),
+            false,
+            None,
+        );
+        Ok(Rc::new(Endpoint {
+            endpoint: RefCell::new(endpoint),
+            socket: UdpSocket::from_std(socket)?,
+            inboxes: RefCell::default(),
+            accepted: RefCell::default(),
+            accept_waker: RefCell::default(),
+            worker,
+        }))
+    }
+
+    /// The next accepted connection.
+    pub(crate) async fn accept(&self) -> QuicLink {
+        poll_fn(|cx| {
+            if let Some(link) = self.accepted.borrow_mut().pop_front() {
+                return Poll::Ready(link);
+            }
+            *self.accept_waker.borrow_mut() = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Sends what the endpoint answers on its own (version negotiation, stateless reset,
+    /// refusal); dropped if the socket is full, as the peer will retry.
+    fn send_response(&self, t: &Transmit, buf: &[u8]) {
+        let _ = self.socket.try_send_to(&buf[..t.size], t.destination);
+    }
+
+    fn datagram(
+        self: &Rc<Self>,
+        now: Instant,
+        peer: SocketAddr,
+        data: BytesMut,
+        resp: &mut Vec<u8>,
+    ) {
+        resp.clear();
+        let event = self
+            .endpoint
+            .borrow_mut()
+            .handle(now, peer, None, None, data, resp);
+        match event {
+            Some(DatagramEvent::ConnectionEvent(handle, ev)) => {
+                if let Some(inbox) = self.inboxes.borrow().get(&handle) {
+                    inbox.push(ev);
+                }
+            }
+            Some(DatagramEvent::NewConnection(incoming)) => {
+                if self.worker.draining() {
+                    let t = self.endpoint.borrow_mut().refuse(incoming, resp);
+                    self.send_response(&t, resp);
+                    return;
+                }
+                let accepted = self.endpoint.borrow_mut().accept(incoming, now, resp, None);
+                match accepted {
+                    Ok((handle, conn)) => {
+                        let inbox = Rc::new(Inbox::default());
+                        self.inboxes.borrow_mut().insert(handle, inbox.clone());
+                        self.accepted.borrow_mut().push_back(QuicLink {
+                            conn,
+                            handle,
+                            inbox,
+                            peer,
+                            timer: Box::pin(tokio::time::sleep_until(
+                                tokio::time::Instant::from_std(now),
+                            )),
+                            timer_at: None,
+                            out: Vec::new(),
+                            blocked: None,
+                            endpoint: self.clone(),
+                        });
+                        if let Some(w) = self.accept_waker.borrow_mut().take() {
+                            w.wake();
+                        }
+                    }
+                    Err(e) => {
+                        self.worker.fault(ClientFault::TlsHandshake);
+                        tracing::debug!(%peer, error = %e.cause, "QUIC connection refused");
+                        if let Some(t) = e.response {
+                            self.send_response(&t, resp);
+                        }
+                    }
+                }
+            }
+            Some(DatagramEvent::Response(t)) => self.send_response(&t, resp),
+            None => {}
+        }
+    }
+}
+
+/// Reads the worker's UDP socket until aborted (after the worker drained): routes each
+/// datagram to its connection and queues new connections for [`Endpoint::accept`].
+pub(crate) async fn run(ep: Rc<Endpoint>) {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut resp = Vec::new();
+    loop {
+        if let Err(e) = ep.socket.readable().await {
+            tracing::error!(error = %e, "QUIC socket failed");
+            return;
+        }
+        let now = Instant::now();
+        for _ in 0..READ_TURN {
+            match ep.socket.try_recv_from(&mut buf) {
+                Ok((n, peer)) => ep.datagram(now, peer, BytesMut::from(&buf[..n]), &mut resp),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                // ICMP errors for earlier sends surface here: nothing to do for them.
+                Err(e) => tracing::debug!(error = %e, "QUIC socket read failed"),
+            }
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A connection's QUIC state and its I/O: what a protocol driver over QUIC holds, as a TCP
+/// driver holds its `Link` and transport.
+pub(crate) struct QuicLink {
+    /// The QUIC state machine: streams, flow control, recovery.
+    pub(crate) conn: quinn_proto::Connection,
+    handle: ConnectionHandle,
+    inbox: Rc<Inbox>,
+    peer: SocketAddr,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    timer_at: Option<Instant>,
+    out: Vec<u8>,
+    /// A datagram the socket did not take: sent first once it is writable.
+    blocked: Option<Transmit>,
+    endpoint: Rc<Endpoint>,
+}
+
+impl QuicLink {
+    /// The client's address.
+    pub(crate) fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Takes in what arrived (routed datagrams, expired timers) and lets the endpoint see
+    /// what the connection asks of it; then writes what the connection has to send and arms
+    /// its timer. A datagram the socket refuses is lost, as on the network: loss recovery
+    /// sends its contents again.
+    pub(crate) fn poll_io(&mut self, cx: &mut Context<'_>) {
+        let ep = self.endpoint.clone();
+        *self.inbox.waker.borrow_mut() = Some(cx.waker().clone());
+        loop {
+            let ev = self.inbox.events.borrow_mut().pop_front();
+            match ev {
+                Some(ev) => self.conn.handle_event(ev),
+                None => break,
+            }
+        }
+        if self.timer_at.is_some() && self.timer.as_mut().poll(cx).is_ready() {
+            self.timer_at = None;
+            self.conn.handle_timeout(Instant::now());
+        }
+        self.endpoint_events(&ep);
+        self.send(&ep, cx);
+        self.endpoint_events(&ep);
+        self.arm_timer(cx);
+    }
+
+    fn endpoint_events(&mut self, ep: &Endpoint) {
+        while let Some(ev) = self.conn.poll_endpoint_events() {
+            let back = ep.endpoint.borrow_mut().handle_event(self.handle, ev);
+            if let Some(back) = back {
+                self.conn.handle_event(back);
+            }
+        }
+    }
+
+    fn send(&mut self, ep: &Endpoint, cx: &mut Context<'_>) {
+        loop {
+            let t = match self.blocked.take() {
+                Some(t) => t,
+                None => {
+                    self.out.clear();
+                    match self.conn.poll_transmit(Instant::now(), 1, &mut self.out) {
+                        Some(t) => t,
+                        None => return,
+                    }
+                }
+            };
+            match ep.socket.try_send_to(&self.out[..t.size], t.destination) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.blocked = Some(t);
+                    // Woken when the socket takes more.
+                    if ep.socket.poll_send_ready(cx).is_ready() {
+                        cx.waker().wake_by_ref();
+                    }
+                    return;
+                }
+                Err(e) => tracing::debug!(peer = %self.peer, error = %e, "QUIC send failed"),
+            }
+        }
+    }
+
+    fn arm_timer(&mut self, cx: &mut Context<'_>) {
+        let Some(at) = self.conn.poll_timeout() else {
+            self.timer_at = None;
+            return;
+        };
+        if self.timer_at != Some(at) {
+            self.timer_at = Some(at);
+            self.timer
+                .as_mut()
+                .reset(tokio::time::Instant::from_std(at));
+        }
+        if self.timer.as_mut().poll(cx).is_ready() {
+            cx.waker().wake_by_ref();
+        }
+    }
+}
+
+impl Drop for QuicLink {
+    fn drop(&mut self) {
+        let ep = self.endpoint.clone();
+        ep.inboxes.borrow_mut().remove(&self.handle);
+        // A drained connection's last event tells the endpoint to forget it.
+        self.endpoint_events(&ep);
+        if !self.conn.is_drained() {
+            // The task ended before the connection did (the worker stopped): forget it.
+            ep.endpoint
+                .borrow_mut()
+                .handle_event(self.handle, quinn_proto::EndpointEvent::drained());
+        }
+    }
+}
