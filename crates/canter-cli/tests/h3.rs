@@ -1,0 +1,315 @@
+//! `canter serve --h3`: HTTP/3 over QUIC on the TLS port's number, against clients other than
+//! our own: Python's aioquic (installed from PyPI on first use) and quinn with hyperium's h3
+//! (canter-testkit's client); protocol violations written by hand on a raw QUIC connection, and
+//! datagrams of garbage. Fails, never skips, when Python or pip cannot run.
+
+#![allow(clippy::unwrap_used, missing_docs)]
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use canter_h3::qpack::Encoder;
+use canter_h3::varint;
+use canter_testkit::h3::{connect_quic, Client};
+use common::Server;
+
+const AIOQUIC: &str = "aioquic==1.7.2";
+
+fn start() -> Server {
+    Server::start_with(&["--tls-addr", "127.0.0.1:0", "--tls-self-signed", "--h3"])
+}
+
+fn h3_addr(server: &Server) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], server.tls_port()))
+}
+
+/// aioquic, installed once per test run with pip into the target directory; returns where.
+fn python_aioquic() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("py-aioquic");
+        if dir
+            .join("aioquic")
+            .join("h3")
+            .join("connection.py")
+            .exists()
+        {
+            return dir;
+        }
+        let out = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--target",
+            ])
+            .arg(&dir)
+            .arg(AIOQUIC)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("python3 is needed to install aioquic and could not run: {e}")
+            });
+        assert!(
+            out.status.success(),
+            "pip install {AIOQUIC} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+    .clone()
+}
+
+/// aioquic's HTTP/3 client (tests/py/h3client.py): multiplexing, flow control both ways,
+/// errors and 431, trailers, the server's SETTINGS, session resumption, Alt-Svc.
+#[test]
+fn aioquic_client() {
+    let site = python_aioquic();
+    let server = start();
+    let script = format!("{}/tests/py/h3client.py", env!("CARGO_MANIFEST_DIR"));
+    let out = common::run_python(
+        &[
+            &script,
+            &server.tls_port().to_string(),
+            site.to_str().unwrap(),
+        ],
+        None,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "h3client.py failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    for check in [
+        "ok 30 multiplexed requests",
+        "ok POST /echo and a 3 MB download under flow control",
+        "ok 404, 405 and 431",
+        "ok a request with trailers",
+        "ok session resumption",
+        "ok Alt-Svc over HTTP/1.1 with TLS",
+        "ALL OK",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l == check),
+            "missing {check:?} in:\n{stdout}"
+        );
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The demo's routes over HTTP/3 with quinn and h3 answer what they answer over HTTP/1.1.
+#[test]
+fn quinn_h3_client_gets_every_route() {
+    let server = start();
+    let addr = h3_addr(&server);
+    runtime().block_on(async {
+        let mut c = Client::connect(addr).await.unwrap();
+        let r = c.get("/plaintext").await.unwrap();
+        assert_eq!((r.status, &r.body[..]), (200, &b"Hello, World!"[..]));
+        assert_eq!(r.header("content-length"), Some("13"));
+        // No Alt-Svc on HTTP/3 itself.
+        assert_eq!(r.header("alt-svc"), None);
+        let r = c.get("/json").await.unwrap();
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        assert_eq!(r.body, br#"{"message":"Hello, World!"}"#);
+        let r = c.get("/hello/quic").await.unwrap();
+        assert!(String::from_utf8_lossy(&r.body).contains("quic"), "{r:?}");
+        let r = c.get("/").await.unwrap();
+        assert_eq!(r.status, 200);
+        assert!(r.header("content-type").unwrap().starts_with("text/html"));
+        let r = c.get("/bytes/200000").await.unwrap();
+        assert_eq!((r.status, r.body.len()), (200, 200_000));
+        let body: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let r = c.request("POST", "/echo", &[], &body).await.unwrap();
+        assert_eq!((r.status, r.body == body), (200, true));
+        // HEAD: the length of the GET, no body (RFC 9110, Section 9.3.2).
+        let r = c.request("HEAD", "/plaintext", &[], b"").await.unwrap();
+        assert_eq!(
+            (r.status, r.header("content-length"), r.body.len()),
+            (200, Some("13"), 0)
+        );
+        let r = c.get("/no/such/page").await.unwrap();
+        assert_eq!(r.status, 404);
+        let r = c.request("DELETE", "/plaintext", &[], b"").await.unwrap();
+        assert_eq!(r.status, 405);
+        // A body over the server's limit, declared: 413 before a byte of it is read.
+        let r = c
+            .request("POST", "/echo", &[("content-length", "99999999999")], b"x")
+            .await;
+        assert!(
+            matches!(r, Ok(ref r) if r.status == 413) || r.is_err(),
+            "{r:?}"
+        );
+        // The connection still serves.
+        let r = c.get("/plaintext").await.unwrap();
+        assert_eq!(r.status, 200);
+    });
+}
+
+fn frame(ty: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    varint::encode(ty, &mut out);
+    varint::encode(payload.len() as u64, &mut out);
+    out.extend_from_slice(payload);
+    out
+}
+
+fn headers(fields: &[(&str, &str)]) -> Vec<u8> {
+    let mut block = Vec::new();
+    Encoder.begin(&mut block);
+    for (n, v) in fields {
+        Encoder.field(n.as_bytes(), v.as_bytes(), &mut block);
+    }
+    frame(0x1, &block)
+}
+
+const GET: &[(&str, &str)] = &[
+    (":method", "GET"),
+    (":scheme", "https"),
+    (":authority", "localhost"),
+    (":path", "/plaintext"),
+];
+
+/// Sends `bytes` on a new request stream of `conn` and reads the answer (`Ok(bytes)`), or the
+/// stream's reset code (`Err(code)`).
+async fn exchange(conn: &quinn::Connection, bytes: &[u8]) -> Result<Vec<u8>, u64> {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(bytes).await.unwrap();
+    send.finish().unwrap();
+    match recv.read_to_end(1 << 20).await {
+        Ok(data) => Ok(data),
+        Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(code))) => Err(code.into_inner()),
+        Err(e) => panic!("unexpected: {e}"),
+    }
+}
+
+/// Protocol violations written by hand: a malformed request resets its stream with
+/// H3_MESSAGE_ERROR and the connection goes on; a frame out of place closes the connection with
+/// H3_FRAME_UNEXPECTED; a second control stream with H3_STREAM_CREATION_ERROR.
+#[test]
+fn protocol_violations_get_their_error_codes() {
+    let server = start();
+    let addr = h3_addr(&server);
+    runtime().block_on(async {
+        let (_ep, conn) = connect_quic(addr).await.unwrap();
+        // A well-formed request by hand: HEADERS then DATA (status 200 in static index 25).
+        let answer = exchange(&conn, &headers(GET)).await.unwrap();
+        assert_eq!(answer[0], 0x01, "a HEADERS frame first: {answer:x?}");
+        assert!(answer.ends_with(b"Hello, World!"), "{answer:x?}");
+        // Uppercase field name: malformed (RFC 9114, Section 4.2).
+        let mut bad = GET.to_vec();
+        bad.push(("X-Upper", "1"));
+        assert_eq!(exchange(&conn, &headers(&bad)).await, Err(0x10e));
+        // Content-length that the body does not match.
+        let mut post = vec![
+            (":method", "POST"),
+            (":scheme", "https"),
+            (":authority", "x"),
+            (":path", "/echo"),
+            ("content-length", "10"),
+        ];
+        let mut bytes = headers(&post);
+        bytes.extend(frame(0x0, b"12345"));
+        assert_eq!(exchange(&conn, &bytes).await, Err(0x10e));
+        post.pop();
+        // The connection is still good.
+        let answer = exchange(&conn, &headers(GET)).await.unwrap();
+        assert!(answer.ends_with(b"Hello, World!"));
+        // DATA before HEADERS: a connection error.
+        let (mut send, _recv) = conn.open_bi().await.unwrap();
+        send.write_all(&frame(0x0, b"early")).await.unwrap();
+        let reason = conn.closed().await;
+        match reason {
+            quinn::ConnectionError::ApplicationClosed(c) => {
+                assert_eq!(c.error_code.into_inner(), 0x105, "{c:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+
+        // Two control streams.
+        let (_ep, conn) = connect_quic(addr).await.unwrap();
+        // Kept open: a dropped stream is finished, and a closed control stream is an error
+        // of its own (H3_CLOSED_CRITICAL_STREAM).
+        let mut open = Vec::new();
+        for _ in 0..2 {
+            let mut s = conn.open_uni().await.unwrap();
+            let mut bytes = vec![0x00];
+            bytes.extend(frame(0x4, &[]));
+            s.write_all(&bytes).await.unwrap();
+            open.push(s);
+        }
+        match conn.closed().await {
+            quinn::ConnectionError::ApplicationClosed(c) => {
+                assert_eq!(c.error_code.into_inner(), 0x103, "{c:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+    // The server counted the peers' faults and is still up.
+    runtime().block_on(async {
+        let mut c = Client::connect(addr).await.unwrap();
+        assert_eq!(c.get("/plaintext").await.unwrap().status, 200);
+    });
+}
+
+/// Datagrams of garbage (random bytes, truncated Initials, long-header junk) cost the server a
+/// header parse each: it drops them and goes on serving.
+#[test]
+fn garbage_datagrams_are_dropped() {
+    let server = start();
+    let addr = h3_addr(&server);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for i in 0..3000 {
+        let len = [1, 20, 1200, 1350, 64][i % 5];
+        let mut d: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        if i % 3 == 0 {
+            // A long header with QUIC version 1 and junk after it.
+            d[0] = 0xc0 | (d[0] & 0x0f);
+            if d.len() >= 5 {
+                d[1..5].copy_from_slice(&[0, 0, 0, 1]);
+            }
+        }
+        let _ = sock.send_to(&d, addr);
+    }
+    // Replies to garbage (version negotiation, stateless resets) are bounded: at most one per
+    // datagram, and none of them large.
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut buf = [0u8; 2048];
+    let mut replies = 0;
+    while let Ok((n, _)) = sock.recv_from(&mut buf) {
+        assert!(n <= 1500, "a reply of {n} bytes to garbage");
+        replies += 1;
+    }
+    assert!(replies <= 3000, "{replies} replies");
+    runtime().block_on(async {
+        let mut c = Client::connect(addr).await.unwrap();
+        assert_eq!(c.get("/plaintext").await.unwrap().status, 200);
+    });
+    assert!(
+        server.log().lines().all(|l| !l.contains("panicked")),
+        "{}",
+        server.log()
+    );
+}
