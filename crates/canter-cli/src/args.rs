@@ -48,6 +48,11 @@ pub(crate) struct LoadArgs {
     #[arg(long)]
     pub(crate) rate: Option<f64>,
 
+    /// Speak HTTP/3 over QUIC to the https:// URL's port over UDP (-m requests in flight per
+    /// connection, 1 by default).
+    #[arg(long)]
+    pub(crate) h3: bool,
+
     /// Request method.
     #[arg(short = 'X', long, default_value = "GET")]
     pub(crate) method: String,
@@ -129,6 +134,7 @@ impl LoadArgs {
         o.pipeline = self.pipeline;
         o.streams = self.streams;
         o.rate = self.rate;
+        o.h3 = self.h3;
         o.method = self.method;
         o.headers = self.headers;
         o.body = self.body;

@@ -28,6 +28,8 @@ pub struct ConnConfig {
     pub addr: SocketAddr,
     /// For https: the client settings and the server name to verify.
     pub tls: Option<(canter_rt::ClientTls, String)>,
+    /// With `--h3`: the QUIC client settings and the server name.
+    pub quic: Option<(quinn::ClientConfig, String)>,
     /// `pipeline` copies of the request, back to back.
     pub batch: Vec<u8>,
     /// Length of one request in `batch`.

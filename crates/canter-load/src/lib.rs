@@ -53,6 +53,7 @@ mod error;
 mod explain;
 mod h1;
 mod h2;
+mod http3;
 pub mod parse;
 pub mod schedule;
 pub mod stats;
@@ -107,6 +108,10 @@ pub struct LoadOptions {
     /// Open-loop mode: total requests per second across all connections,
     /// with coordinated-omission correction (wrk2 style).
     pub rate: Option<f64>,
+
+    /// Speak HTTP/3 over QUIC to the `https://` URL's port over UDP (with `-m` requests in
+    /// flight per connection, 1 by default).
+    pub h3: bool,
 
     /// Request method.
     pub method: String,
@@ -177,6 +182,7 @@ impl LoadOptions {
             pipeline: 1,
             streams: None,
             rate: None,
+            h3: false,
             method: "GET".to_owned(),
             headers: Vec::new(),
             body: None,
@@ -202,6 +208,8 @@ struct Plan {
     addrs: Vec<std::net::SocketAddr>,
     /// TLS settings and the server name to verify, for https.
     tls: Option<(canter_rt::ClientTls, String)>,
+    /// With `--h3`: the QUIC client settings and the server name.
+    quic: Option<(quinn::ClientConfig, String)>,
     protocol: Protocol,
     request: Vec<u8>,
     /// The request's HTTP/2 form, with `-m`.
@@ -312,8 +320,18 @@ fn plan(args: &LoadOptions) -> Result<Plan, LoadError> {
     } else {
         None
     };
+    if args.h3 {
+        if !target.tls || target.websocket {
+            return usage!("--h3 needs an https:// URL (HTTP/3 runs over QUIC, which is TLS)");
+        }
+        if args.no_keepalive || args.pipeline > 1 {
+            return usage!(
+                "--h3 takes neither --no-keepalive nor --pipeline: -m is the concurrency"
+            );
+        }
+    }
     let request = target::build_request(&args.method, &target, &headers, &body)?;
-    let h2 = match args.streams {
+    let h2 = match args.streams.or(args.h3.then_some(1)) {
         Some(_) => Some(target::build_h2_request(
             &args.method,
             &target,
@@ -342,6 +360,13 @@ fn plan(args: &LoadOptions) -> Result<Plan, LoadError> {
     } else {
         None
     };
+    let quic = match (&tls, args.h3) {
+        (Some((client, name)), true) => Some((
+            http3::client_config(client).map_err(LoadError::Usage)?,
+            name.clone(),
+        )),
+        _ => None,
+    };
     let duration = match (args.duration, args.requests) {
         (Some(d), _) => Some(d),
         (None, Some(_)) => None,
@@ -350,8 +375,11 @@ fn plan(args: &LoadOptions) -> Result<Plan, LoadError> {
     Ok(Plan {
         addrs,
         tls,
+        quic,
         protocol: if ws.is_some() {
             Protocol::WebSocket
+        } else if args.h3 {
+            Protocol::Http3
         } else if h2.is_some() {
             Protocol::Http2
         } else {
@@ -439,6 +467,7 @@ pub fn run(args: LoadOptions) -> Result<Report, LoadError> {
         let depth = match p.protocol {
             Protocol::Http1 => format!("pipeline {}", p.pipeline),
             Protocol::Http2 => format!("HTTP/2, {} streams per connection", p.streams),
+            Protocol::Http3 => format!("HTTP/3, {} streams per connection", p.streams),
             Protocol::WebSocket if args.ws_broadcast => format!(
                 "WebSocket broadcast of {} B messages at {}/s from one connection to all",
                 args.ws_size.max(8),
@@ -484,6 +513,7 @@ pub fn run(args: LoadOptions) -> Result<Report, LoadError> {
         let cfg = ConnConfig {
             addr,
             tls: p.tls.clone(),
+            quic: p.quic.clone(),
             batch: batch.to_vec(),
             req_len: p.request.len(),
             pipeline: p.pipeline,
@@ -557,6 +587,7 @@ pub fn run(args: LoadOptions) -> Result<Report, LoadError> {
             protocol: match p.protocol {
                 Protocol::Http1 => "http/1.1",
                 Protocol::Http2 => "h2",
+                Protocol::Http3 => "h3",
                 Protocol::WebSocket => "websocket",
             },
             pipeline: p.pipeline,
@@ -611,6 +642,7 @@ fn worker(
                         ws::run_connection(&cfg, plan, &shared, idx).await
                     }
                     (Protocol::Http2, _) => h2::run_connection(&cfg, &shared, idx).await,
+                    (Protocol::Http3, _) => http3::run_connection(&cfg, &shared, idx).await,
                     _ => h1::run_connection(&cfg, &shared, idx).await,
                 }
             }));

@@ -14,6 +14,8 @@ pub enum Protocol {
     Http2,
     /// WebSocket on `ws://` and `wss://`: messages echoed, `--pipeline` in flight.
     WebSocket,
+    /// HTTP/3 over QUIC (`--h3`, `https://` only), `-m` requests in flight per connection.
+    Http3,
 }
 
 /// A request as HTTP/2 fields: the pseudo-headers first, then the regular fields with

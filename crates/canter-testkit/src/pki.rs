@@ -19,12 +19,22 @@ pub struct CertFiles {
     pub key: PathBuf,
     /// The leaf certificate, DER.
     pub der: Vec<u8>,
+    /// The leaf's public key (SubjectPublicKeyInfo), DER.
+    pub spki: Vec<u8>,
 }
 
 impl CertFiles {
     /// SHA-256 fingerprint of the leaf, as colon-separated upper-case hex pairs.
     pub fn sha256(&self) -> String {
         fingerprint(&self.der)
+    }
+
+    /// SHA-256 of the leaf's public key, base64: what Chromium's
+    /// `--ignore-certificate-errors-spki-list` takes.
+    pub fn spki_sha256_base64(&self) -> String {
+        use base64::Engine;
+        let digest = ring::digest::digest(&ring::digest::SHA256, &self.spki);
+        base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
     }
 }
 
@@ -135,6 +145,7 @@ impl Pki {
             cert: self.dir.join(format!("{stem}.pem")),
             key: self.dir.join(format!("{stem}.key")),
             der: der.to_vec(),
+            spki: rcgen::PublicKeyData::subject_public_key_info(key),
         };
         fs::write(&files.cert, chain).unwrap();
         fs::write(&files.key, key.serialize_pem()).unwrap();

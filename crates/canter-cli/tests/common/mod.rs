@@ -659,11 +659,33 @@ pub fn chromium() -> std::path::PathBuf {
 /// `url` rendered by headless Chromium, scripts run for `budget_ms` of virtual time: the process
 /// output and the DOM it dumped.
 pub fn chromium_dom(url: &str, budget_ms: u32) -> (std::process::Output, String) {
+    chromium_dom_with(url, budget_ms, &[])
+}
+
+/// [`chromium_dom`] with more of Chromium's flags.
+pub fn chromium_dom_with(
+    url: &str,
+    budget_ms: u32,
+    flags: &[String],
+) -> (std::process::Output, String) {
     let profile = std::env::temp_dir().join(format!(
         "canter-chromium-{}-{}",
         std::process::id(),
         budget_ms
     ));
+    let result = chromium_dom_in(url, budget_ms, flags, &profile);
+    let _ = std::fs::remove_dir_all(&profile);
+    result
+}
+
+/// [`chromium_dom_with`] in the profile directory `profile`, which is kept (what Chromium
+/// learned, such as alternative services, is in its files).
+pub fn chromium_dom_in(
+    url: &str,
+    budget_ms: u32,
+    flags: &[String],
+    profile: &std::path::Path,
+) -> (std::process::Output, String) {
     let out = Command::new(chromium())
         .args([
             "--headless=new",
@@ -676,11 +698,11 @@ pub fn chromium_dom(url: &str, budget_ms: u32) -> (std::process::Output, String)
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .arg(format!("--virtual-time-budget={budget_ms}"))
+        .args(flags)
         .arg("--dump-dom")
         .arg(url)
         .output()
         .expect("running Chromium");
-    let _ = std::fs::remove_dir_all(&profile);
     let html = String::from_utf8_lossy(&out.stdout).into_owned();
     (out, html)
 }

@@ -680,6 +680,12 @@ impl ClientTls {
         }
     }
 
+    /// The rustls client configuration these settings stand for (its verifier, roots,
+    /// resumption and ALPN), for a transport other than TCP: a QUIC client builds on it.
+    pub fn rustls_config(&self) -> Arc<rustls::ClientConfig> {
+        self.connector.config().clone()
+    }
+
     /// The same settings with session resumption off: every connection runs a full handshake
     /// (by default a client resumes its sessions with the server).
     pub fn without_resumption(self) -> ClientTls {
