@@ -428,3 +428,70 @@ fn canter_load_speaks_http3() {
         "{out:?}"
     );
 }
+
+/// A client Initial, as quinn-proto's client writes it, for a connection nobody will finish.
+fn initial_datagram(server: SocketAddr) -> Vec<u8> {
+    let mut ep = quinn_proto::Endpoint::new(
+        std::sync::Arc::new(quinn_proto::EndpointConfig::default()),
+        None,
+        false,
+        None,
+    );
+    let crypto = quinn_proto::crypto::rustls::QuicClientConfig::try_from(
+        canter_testkit::h3::client_tls().unwrap(),
+    )
+    .unwrap();
+    let config = quinn_proto::ClientConfig::new(std::sync::Arc::new(crypto));
+    let now = std::time::Instant::now();
+    let (_, mut conn) = ep.connect(now, config, server, "localhost").unwrap();
+    let mut buf = Vec::new();
+    let t = conn.poll_transmit(now, 1, &mut buf).unwrap();
+    buf.truncate(t.size);
+    buf
+}
+
+/// Handshakes that never finish pile up (Initials from many addresses, then silence); past
+/// the threshold a new client is sent a stateless Retry instead of a connection, and a real
+/// client still gets through (it answers the Retry with the token).
+#[test]
+fn a_pile_of_handshakes_meets_stateless_retry() {
+    let server = Server::start_with(&[
+        "--tls-addr",
+        "127.0.0.1:0",
+        "--tls-self-signed",
+        "--h3",
+        "--workers",
+        "1",
+    ]);
+    let addr = h3_addr(&server);
+    let mut silent = Vec::new();
+    for _ in 0..80 {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.send_to(&initial_datagram(addr), addr).unwrap();
+        silent.push(sock);
+    }
+    // The first 64 get the server's Initial (a handshake begins); later ones a Retry. Every
+    // socket gets an answer: wait for each (generous deadlines: the machine may be busy).
+    let mut retries = 0;
+    let mut handshakes = 0;
+    for sock in &silent {
+        sock.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut buf = [0u8; 2048];
+        let (n, _) = sock.recv_from(&mut buf).unwrap();
+        assert!(n > 0);
+        // Long header, version 1: the type is in bits 4-5 (0 Initial, 3 Retry).
+        assert_eq!(buf[0] & 0x80, 0x80, "a long header");
+        match (buf[0] >> 4) & 0x3 {
+            0 => handshakes += 1,
+            3 => retries += 1,
+            t => panic!("unexpected packet type {t}"),
+        }
+    }
+    assert_eq!(handshakes, 64, "{retries} retries");
+    assert_eq!(retries, 16);
+    runtime().block_on(async {
+        let mut c = Client::connect(addr).await.unwrap();
+        assert_eq!(c.get("/plaintext").await.unwrap().status, 200);
+    });
+}

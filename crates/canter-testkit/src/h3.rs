@@ -51,6 +51,14 @@ impl std::fmt::Debug for Client {
 /// by hand (and break it on purpose).
 pub async fn connect_quic(addr: SocketAddr) -> Result<(quinn::Endpoint, quinn::Connection)> {
     let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse()?)?;
+    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(client_tls()?)?;
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
+    let conn = endpoint.connect(addr, "localhost")?.await?;
+    Ok((endpoint, conn))
+}
+
+/// The TLS settings of the tests' QUIC clients: TLS 1.3, ALPN `h3`, any certificate trusted.
+pub fn client_tls() -> Result<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?
@@ -58,10 +66,7 @@ pub async fn connect_quic(addr: SocketAddr) -> Result<(quinn::Endpoint, quinn::C
         .with_custom_certificate_verifier(Arc::new(AnyCert(provider)))
         .with_no_client_auth();
     tls.alpn_protocols = vec![b"h3".to_vec()];
-    let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;
-    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(crypto)));
-    let conn = endpoint.connect(addr, "localhost")?.await?;
-    Ok((endpoint, conn))
+    Ok(tls)
 }
 
 impl Client {

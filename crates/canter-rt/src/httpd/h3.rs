@@ -65,7 +65,13 @@ pub(crate) async fn serve<S: Service>(
     let settings =
         canter_h3::Settings::default().with_max_field_section_size(cfg.limits.max_head() as u64);
     let peer = link.peer();
+    // A handshake has the TLS listener's time to complete, as over TCP.
+    let handshake_by = cfg
+        .tls
+        .as_ref()
+        .map(|t| later(Instant::now(), t.acceptor.handshake_timeout()));
     let mut h3 = H3 {
+        handshake_by,
         engine: Connection::new(settings),
         link,
         peer,
@@ -78,6 +84,7 @@ pub(crate) async fn serve<S: Service>(
         held: Vec::new(),
         goaway_sent: false,
         closing: false,
+        connected: false,
         timer: Box::pin(tokio::time::sleep_until(tokio::time::Instant::now())),
         timer_at: None,
     };
@@ -149,6 +156,10 @@ struct H3<S> {
     held: Vec<StreamId>,
     goaway_sent: bool,
     closing: bool,
+    /// The handshake completed.
+    connected: bool,
+    /// When a handshake still running is given up.
+    handshake_by: Option<Instant>,
     timer: Pin<Box<tokio::time::Sleep>>,
     timer_at: Option<Instant>,
 }
@@ -168,6 +179,8 @@ impl<S: Service> H3<S> {
             progress |= self.read_streams();
             progress |= self.engine_events();
             progress |= self.poll_exchanges(cx);
+            // A handler that read from a full pipe made room: its stream is read again.
+            progress |= self.held.iter().any(|&id| !self.pipe_full(id));
             self.write_streams();
             if self.goaway_sent && !self.closing && self.exchanges.is_empty() {
                 self.close(ErrorCode::H3_NO_ERROR, "shutting down");
@@ -209,9 +222,15 @@ impl<S: Service> H3<S> {
         while let Some(ev) = self.link.conn.poll() {
             any = true;
             match ev {
-                quinn_proto::Event::Connected => self.open_control(),
+                quinn_proto::Event::Connected => {
+                    self.connected = true;
+                    self.open_control();
+                }
                 quinn_proto::Event::ConnectionLost { reason } => {
-                    if matches!(reason, quinn_proto::ConnectionError::TimedOut) {
+                    if !self.connected {
+                        // The handshake failed or timed out.
+                        self.worker.fault(ClientFault::TlsHandshake);
+                    } else if matches!(reason, quinn_proto::ConnectionError::TimedOut) {
                         self.worker.fault(ClientFault::IdleTimeout);
                     }
                     tracing::debug!(peer = %self.peer, %reason, "QUIC connection closed");
@@ -767,7 +786,14 @@ impl<S: Service> H3<S> {
     /// Handler deadlines: 503 for a handler that ran out of time, a reset for a body that
     /// stalled.
     fn poll_timeouts(&mut self, cx: &mut Context<'_>) {
-        let Some(first) = self.exchanges.values().map(|e| e.deadline).min() else {
+        let handshake_by = self.handshake_by.filter(|_| !self.connected && !self.closing);
+        let Some(first) = self
+            .exchanges
+            .values()
+            .map(|e| e.deadline)
+            .chain(handshake_by)
+            .min()
+        else {
             self.timer_at = None;
             return;
         };
@@ -781,6 +807,12 @@ impl<S: Service> H3<S> {
             return;
         }
         let now = Instant::now();
+        if handshake_by.is_some_and(|at| at <= now) {
+            tracing::debug!(peer = %self.peer, "QUIC handshake timed out");
+            self.worker.fault(ClientFault::TlsHandshake);
+            self.handshake_by = None;
+            self.close(ErrorCode::H3_NO_ERROR, "handshake timed out");
+        }
         let expired: Vec<StreamId> = self
             .exchanges
             .iter()

@@ -9,7 +9,7 @@
 //! ([`QuicLink::poll_io`]); everything stays on the worker's thread, so the endpoint is shared
 //! by `Rc`, never locked.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::future::{poll_fn, Future};
 use std::io;
@@ -40,6 +40,15 @@ const MAX_REQUEST_STREAMS: u32 = 100;
 /// Unidirectional streams a client may have open: its control and two QPACK streams, and room
 /// for the reserved types clients send to exercise the rule that unknown ones are ignored.
 const MAX_UNI_STREAMS: u32 = 8;
+/// Bytes a client may send on one stream ahead of what the server has read.
+const STREAM_WINDOW: u32 = 1 << 20;
+/// Bytes a client may send on all its streams together ahead of what the server has read: with
+/// the request bodies' pipes, what bounds the memory one connection's uploads can take.
+const CONNECTION_WINDOW: u32 = 8 << 20;
+/// Handshakes in progress on one worker above which a new client must first prove its address
+/// with a stateless Retry (RFC 9000, Section 8.1.2): a flood of Initials from spoofed
+/// addresses then costs one packet each, no connection state.
+const RETRY_ABOVE: usize = 64;
 
 /// What every worker's endpoint shares, made once for the server: one reset key (a stateless
 /// reset from any worker is valid for a connection of any other) and one server configuration
@@ -69,6 +78,8 @@ impl Setup {
         transport
             .max_concurrent_bidi_streams(VarInt::from_u32(MAX_REQUEST_STREAMS))
             .max_concurrent_uni_streams(VarInt::from_u32(MAX_UNI_STREAMS))
+            .stream_receive_window(VarInt::from_u32(STREAM_WINDOW))
+            .receive_window(VarInt::from_u32(CONNECTION_WINDOW))
             .max_idle_timeout(quinn_proto::IdleTimeout::try_from(cfg.timeouts.idle()).ok());
         let mut server = ServerConfig::with_crypto(Arc::new(crypto));
         server.transport_config(Arc::new(transport));
@@ -114,6 +125,8 @@ pub(crate) struct Endpoint {
     accepted: RefCell<VecDeque<QuicLink>>,
     accept_waker: RefCell<Option<Waker>>,
     worker: Rc<Worker>,
+    /// Connections accepted whose handshake has not completed.
+    handshaking: Cell<usize>,
 }
 
 impl Endpoint {
@@ -136,6 +149,7 @@ impl Endpoint {
             accepted: RefCell::default(),
             accept_waker: RefCell::default(),
             worker,
+            handshaking: Cell::new(0),
         }))
     }
 
@@ -181,9 +195,17 @@ impl Endpoint {
                     self.send_response(&t, resp);
                     return;
                 }
+                if self.handshaking.get() >= RETRY_ABOVE && incoming.may_retry() {
+                    match self.endpoint.borrow_mut().retry(incoming, resp) {
+                        Ok(t) => self.send_response(&t, resp),
+                        Err(e) => self.endpoint.borrow_mut().ignore(e.into_incoming()),
+                    }
+                    return;
+                }
                 let accepted = self.endpoint.borrow_mut().accept(incoming, now, resp, None);
                 match accepted {
                     Ok((handle, conn)) => {
+                        self.handshaking.set(self.handshaking.get() + 1);
                         let inbox = Rc::new(Inbox::default());
                         self.inboxes.borrow_mut().insert(handle, inbox.clone());
                         self.accepted.borrow_mut().push_back(QuicLink {
@@ -198,6 +220,7 @@ impl Endpoint {
                             out: Vec::new(),
                             blocked: None,
                             endpoint: self.clone(),
+                            handshake_done: false,
                         });
                         if let Some(w) = self.accept_waker.borrow_mut().take() {
                             w.wake();
@@ -255,6 +278,8 @@ pub(crate) struct QuicLink {
     /// A datagram the socket did not take: sent first once it is writable.
     blocked: Option<Transmit>,
     endpoint: Rc<Endpoint>,
+    /// No longer counted among the endpoint's handshakes in progress.
+    handshake_done: bool,
 }
 
 impl QuicLink {
@@ -285,6 +310,15 @@ impl QuicLink {
         self.send(&ep, cx);
         self.endpoint_events(&ep);
         self.arm_timer(cx);
+        if !self.handshake_done && !self.conn.is_handshaking() {
+            self.handshake_ended();
+        }
+    }
+
+    fn handshake_ended(&mut self) {
+        self.handshake_done = true;
+        let n = &self.endpoint.handshaking;
+        n.set(n.get().saturating_sub(1));
     }
 
     fn endpoint_events(&mut self, ep: &Endpoint) {
@@ -343,6 +377,9 @@ impl QuicLink {
 impl Drop for QuicLink {
     fn drop(&mut self) {
         let ep = self.endpoint.clone();
+        if !self.handshake_done {
+            self.handshake_ended();
+        }
         ep.inboxes.borrow_mut().remove(&self.handle);
         // A drained connection's last event tells the endpoint to forget it.
         self.endpoint_events(&ep);
