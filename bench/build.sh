@@ -6,7 +6,8 @@
 # the Go peers; not installed here if absent: those peers are then reported and skipped).
 # Builds: bench/build/ceiling, bench/build/ceiling-uring, bench/build/go-nethttp, bench/build/fasthttp,
 #         bench/build/go-ws, bench/peers/node-ws/node_modules (ws, bun), peer-ws-{axum,fast},
-#         bench/target/release/peer-{hyper,actix,actix-pg,xitca-pg,may-minihttp,may-pg,kafka-rdkafka},
+#         bench/target/release/peer-{hyper,actix,actix-pg,xitca-pg,may-minihttp,may-pg,kafka-rdkafka,h3-quinn},
+#         bench/build/caddy (Go module proxy), bench/build/py-aioquic (PyPI),
 #         pg-clients, bench/peers/kafka-streams/target (Kafka Streams), Kafka's jars (tools/kafka),
 #         target/release/canter.
 # peer-may-pg needs may_postgres, which is not on crates.io: cargo fetches it from GitHub at the
@@ -82,9 +83,24 @@ if command -v go >/dev/null; then
       fail "$p" "go build: $(tail -3 "$BUILD/logs/$p.log" | tr '\n' ' ')"
     fi
   done
+  # Caddy (HTTP/3 with quic-go), from the Go module proxy at a pinned version (bench/h3.py).
+  if GOBIN="$BUILD" go install github.com/caddyserver/caddy/v2/cmd/caddy@v2.11.9 \
+       >"$BUILD/logs/caddy.log" 2>&1; then
+    ok "caddy -> bench/build/caddy"
+  else
+    fail caddy "go install: $(tail -3 "$BUILD/logs/caddy.log" | tr '\n' ' ')"
+  fi
 else
   fail go-nethttp "go not found (install Go from https://go.dev/dl/)"
   fail fasthttp "go not found"
+fi
+
+# --- aioquic (bench/h3.py's idle HTTP/3 connections), from PyPI ----------------------------
+if python3 -m pip install --quiet --disable-pip-version-check --target "$BUILD/py-aioquic" \
+     aioquic==1.7.2 >"$BUILD/logs/aioquic.log" 2>&1; then
+  ok "aioquic -> bench/build/py-aioquic"
+else
+  fail aioquic "pip: $(tail -3 "$BUILD/logs/aioquic.log" | tr '\n' ' ')"
 fi
 
 # --- Node.js peers: Node's ws and Bun (both from the npm registry) -----------------------
@@ -116,7 +132,7 @@ fi
 # --- Rust peers (own workspace, own target dir) ----------------------------------------
 if command -v cargo >/dev/null; then
   for p in peer-hyper peer-actix peer-may-minihttp peer-actix-pg peer-xitca-pg pg-clients \
-           peer-ws-axum peer-ws-fast peer-kafka-rdkafka; do
+           peer-ws-axum peer-ws-fast peer-kafka-rdkafka peer-h3-quinn; do
     if cargo build --release --manifest-path "$BENCH/peers/rust/Cargo.toml" \
          --target-dir "$BENCH/target" -p "$p" >"$BUILD/logs/rust-$p.log" 2>&1; then
       ok "$p -> bench/target/release/$p"

@@ -786,7 +786,9 @@ impl<S: Service> H3<S> {
     /// Handler deadlines: 503 for a handler that ran out of time, a reset for a body that
     /// stalled.
     fn poll_timeouts(&mut self, cx: &mut Context<'_>) {
-        let handshake_by = self.handshake_by.filter(|_| !self.connected && !self.closing);
+        let handshake_by = self
+            .handshake_by
+            .filter(|_| !self.connected && !self.closing);
         let Some(first) = self
             .exchanges
             .values()

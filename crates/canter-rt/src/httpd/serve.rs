@@ -71,6 +71,16 @@ impl Server {
     {
         let preamble = canter_h1::Preamble::new(&self.config().server_name, EPOCH_DATE)?;
         self.defer_http_accepts()?;
+        #[cfg(feature = "http3")]
+        if let Some(alt_svc) = self.alt_svc() {
+            return self.run_inline(move |i| {
+                let svc = AltSvc {
+                    svc: factory(i),
+                    value: alt_svc,
+                };
+                HttpAccept(Rc::new(Http::new(svc, preamble)))
+            });
+        }
         self.run_inline(move |i| HttpAccept(Rc::new(Http::new(factory(i), preamble))))
     }
 }

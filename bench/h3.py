@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""HTTP/3 side by side: canter against Caddy (quic-go) and hyperium's h3 on quinn, with canter's
+own HTTP/2 over TLS on the same server as the reference.
+
+    bench/build.sh && python3 bench/h3.py [--rounds 3] [--requests 200000]
+
+Each server runs pinned to CPU 0 with one worker (canter --workers 1, Caddy GOMAXPROCS=1, the
+h3 peer on a current-thread runtime); the load generator, `canter load --h3` (quinn with h3)
+or `canter load -m` for HTTP/2, runs on CPU 1. Every round starts each server in turn (the order
+rotating from round to round), warms it with a tenth of the requests, then measures a fixed
+number of requests; the tables give medians over the rounds. Scenarios:
+
+  c1-m100      GET /plaintext, 1 connection, 100 concurrent streams
+  c50-m1       GET /plaintext, 50 connections, 1 stream each
+  idle-memory  RSS growth per idle connection (300 connections, each after one request; an
+               aioquic client from bench/build/py-aioquic), once per server
+
+CPU per request is the server's utime+stime (whole process tree) over the measured requests
+divided by them. The certificate is bench/tls.py's ECDSA P-256. Results go to
+bench/results/h3-<time>.json and Markdown on standard output.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402
+import tls  # noqa: E402  (the certificate, stop)
+
+BENCH = run.BENCH
+CANTER = run.CANTER_BIN
+CADDY = os.path.join(run.BUILD, "caddy")
+H3_QUINN = os.path.join(run.RUST_TARGET, "peer-h3-quinn")
+AIOQUIC = os.path.join(run.BUILD, "py-aioquic")
+
+CADDYFILE = """{
+\tadmin off
+\tauto_https off
+\tpersist_config off
+\tlog default {
+\t\tlevel ERROR
+\t}
+\tservers {
+\t\tprotocols h1 h2 h3
+\t}
+}
+https://127.0.0.1:@PORT@ {
+\ttls @CERT@ @KEY@
+\theader Server caddy
+\trespond /plaintext "Hello, World!" 200
+}
+"""
+
+
+def servers(cert, key):
+    """name -> (argv(port, prefix), env, load flags)."""
+    def canter(port, _prefix):
+        return [CANTER, "serve", "--addr", "127.0.0.1:0", "--tls-addr", f"127.0.0.1:{port}",
+                "--tls-cert", cert, "--tls-key", key, "--h3", "--workers", "1"]
+
+    def caddy(port, prefix):
+        path = os.path.join(prefix, "Caddyfile")
+        with open(path, "w") as f:
+            f.write(CADDYFILE.replace("@PORT@", str(port)).replace("@CERT@", cert)
+                    .replace("@KEY@", key))
+        return [CADDY, "run", "--config", path, "--adapter", "caddyfile"]
+
+    return {
+        "canter": (canter, {}, ["--h3"]),
+        "canter-h2-tls": (canter, {}, []),
+        "caddy": (caddy, {"GOMAXPROCS": "1", "HOME": "/tmp"}, ["--h3"]),
+        "h3-quinn": (lambda port, _: [H3_QUINN, str(port), cert, key], {}, ["--h3"]),
+    }
+
+
+SCENARIOS = {
+    "c1-m100": dict(clients=1, streams=100),
+    "c50-m1": dict(clients=50, streams=1),
+}
+
+
+def load(port, flags, sc, n):
+    argv = ["taskset", "-c", "1", CANTER, "load", f"https://127.0.0.1:{port}/plaintext",
+            "-n", str(n), "-c", str(sc["clients"]), "-m", str(sc["streams"]), "-k",
+            "--json", "--no-progress", "--timeout", "20s"] + flags
+    out = subprocess.run(argv, capture_output=True, text=True)
+    try:
+        r = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"canter load output not understood:\n{out.stdout}{out.stderr}")
+    return dict(rps=r["rps"], succeeded=r["status"].get("200", 0),
+                p50_us=r["latency_us"]["p50"], p99_us=r["latency_us"]["p99"])
+
+
+def wait_up(port, flags, timeout=15.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            if load(port, flags, dict(clients=1, streams=1), 1)["succeeded"] == 1:
+                return True
+        except RuntimeError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def start(name, spec, port):
+    argv, env, flags = spec
+    prefix = os.path.join(BENCH, "build", "h3-run", f"{name}-{port}")
+    os.makedirs(prefix, exist_ok=True)
+    proc = subprocess.Popen(["taskset", "-c", "0"] + argv(port, prefix),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, **env}, start_new_session=True)
+    if not wait_up(port, flags):
+        tls.stop(proc)
+        raise RuntimeError(f"{name} did not answer on port {port}")
+    return proc
+
+
+def measure(proc, port, flags, sc, n):
+    load(port, flags, sc, max(n // 10, 1000))
+    c0 = run.cpu_seconds(proc.pid)
+    r = load(port, flags, sc, n)
+    c1 = run.cpu_seconds(proc.pid)
+    r["cpu_us_per_req"] = (c1 - c0) / max(r["succeeded"], 1) * 1e6
+    return r
+
+
+IDLE_CLIENT = r"""
+import asyncio, ssl, sys
+sys.path.insert(0, sys.argv[3])
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.h3.connection import H3_ALPN, H3Connection
+from aioquic.h3.events import HeadersReceived
+from aioquic.quic.configuration import QuicConfiguration
+
+class C(QuicConnectionProtocol):
+    def __init__(s, *a, **k):
+        super().__init__(*a, **k); s.h3 = H3Connection(s._quic)
+        s.got = asyncio.get_running_loop().create_future()
+    def quic_event_received(s, e):
+        for ev in s.h3.handle_event(e):
+            if isinstance(ev, HeadersReceived) and not s.got.done(): s.got.set_result(1)
+
+async def one(port, stack):
+    cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, verify_mode=ssl.CERT_NONE,
+                            idle_timeout=120)
+    c = await stack.enter_async_context(connect("127.0.0.1", port, configuration=cfg,
+                                                create_protocol=C))
+    sid = c._quic.get_next_available_stream_id()
+    c.h3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
+                            (b":authority", b"localhost"), (b":path", b"/plaintext")], True)
+    c.transmit(); await c.got
+
+async def main():
+    import contextlib
+    port, n = int(sys.argv[1]), int(sys.argv[2])
+    async with contextlib.AsyncExitStack() as stack:
+        for i in range(0, n, 50):
+            await asyncio.gather(*(one(port, stack) for _ in range(min(50, n - i))))
+        print("held", flush=True)
+        await asyncio.sleep(3)
+
+asyncio.run(main())
+"""
+
+
+def idle_memory(name, spec, port, n):
+    proc = start(name, spec, port)
+    try:
+        time.sleep(0.5)
+        before = run.rss_kib(proc.pid)
+        client = subprocess.Popen([sys.executable, "-c", IDLE_CLIENT, str(port), str(n), AIOQUIC],
+                                  stdout=subprocess.PIPE, text=True)
+        line = client.stdout.readline()
+        if line.strip() != "held":
+            raise RuntimeError(f"idle client failed for {name}")
+        time.sleep(1.0)
+        after = run.rss_kib(proc.pid)
+        client.wait()
+    finally:
+        tls.stop(proc)
+    return (after - before) / n
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=200_000)
+    ap.add_argument("--idle", type=int, default=300)
+    ap.add_argument("--only", default="", help="comma-separated server names")
+    args = ap.parse_args()
+    cert, key = tls.make_cert("ecdsa")
+    specs = servers(cert, key)
+    missing = [p for p in (CANTER, CADDY, H3_QUINN) if not os.path.exists(p)]
+    if missing:
+        sys.exit(f"missing {missing}: run bench/build.sh")
+    names = [n for n in specs if not args.only or n in args.only.split(",")]
+    port = 19443
+    cells = {}
+    for rnd in range(args.rounds):
+        order = names[rnd % len(names):] + names[:rnd % len(names)]
+        for sc_name, sc in SCENARIOS.items():
+            for name in order:
+                port += 1
+                proc = start(name, specs[name], port)
+                try:
+                    r = measure(proc, port, specs[name][2], sc, args.requests)
+                finally:
+                    tls.stop(proc)
+                cells.setdefault((sc_name, name), []).append(r)
+                print(f"round {rnd + 1} {sc_name:8} {name:14} {r['rps']:>10.0f} req/s "
+                      f"{r['cpu_us_per_req']:7.2f} us CPU/req", file=sys.stderr)
+    idle = {}
+    for name in names:
+        if name == "canter-h2-tls":
+            continue
+        port += 1
+        try:
+            idle[name] = idle_memory(name, specs[name], port, args.idle)
+        except RuntimeError as e:
+            print(e, file=sys.stderr)
+    results = dict(machine=run.machine_info(), rounds=args.rounds, requests=args.requests,
+                   cells={f"{s}/{n}": v for (s, n), v in cells.items()}, idle_kib=idle)
+    os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
+    path = os.path.join(BENCH, "results", time.strftime("h3-%Y%m%d-%H%M%S.json"))
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    print(markdown(cells, idle, names))
+    print(f"\n(results: {os.path.relpath(path, run.ROOT)})")
+
+
+def markdown(cells, idle, names):
+    out = []
+    for sc in SCENARIOS:
+        base = statistics.median(r["cpu_us_per_req"] for r in cells[(sc, "canter")])
+        out.append(f"\n**{sc}** (median of rounds)\n")
+        out.append("| server | req/s | CPU/req (µs) | vs canter | p50 (µs) | p99 (µs) |")
+        out.append("|---|--:|--:|--:|--:|--:|")
+        for name in names:
+            rs = cells[(sc, name)]
+            cpu = statistics.median(r["cpu_us_per_req"] for r in rs)
+            out.append(f"| {name} | {statistics.median(r['rps'] for r in rs):,.0f} | {cpu:.2f} | "
+                       f"{cpu / base:.2f}× | {statistics.median(r['p50_us'] for r in rs):,.0f} | "
+                       f"{statistics.median(r['p99_us'] for r in rs):,.0f} |")
+    if idle:
+        out.append("\n**idle-memory**: RSS growth per idle connection (KiB)\n")
+        out.append("| server | KiB |")
+        out.append("|---|--:|")
+        for name, kib in idle.items():
+            out.append(f"| {name} | {kib:.1f} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()
