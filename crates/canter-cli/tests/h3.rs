@@ -495,3 +495,31 @@ fn a_pile_of_handshakes_meets_stateless_retry() {
         assert_eq!(c.get("/plaintext").await.unwrap().status, 200);
     });
 }
+
+/// SIGTERM with a download in flight: the download completes, the server says GOAWAY and
+/// closes the connection with H3_NO_ERROR, and exits.
+#[test]
+fn sigterm_drains_http3() {
+    let mut server = start();
+    let addr = h3_addr(&server);
+    runtime().block_on(async {
+        let mut c = Client::connect(addr).await.unwrap();
+        let (status, mut body) = c.get_head("/bytes/20000000").await.unwrap();
+        assert_eq!(status, 200);
+        // The response has begun: the request is in flight when the signal comes.
+        server.signal("TERM");
+        let n = canter_testkit::h3::read_body(&mut body).await.unwrap();
+        assert_eq!(n, 20_000_000);
+        let closed = tokio::time::timeout(Duration::from_secs(30), c.quic.closed())
+            .await
+            .expect("the server closes the connection once drained");
+        match closed {
+            quinn::ConnectionError::ApplicationClosed(a) => {
+                assert_eq!(a.error_code.into_inner(), 0x100, "{a:?}")
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+    let status = server.wait_exit(Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}\n{}", server.log());
+}

@@ -90,6 +90,19 @@ impl Client {
         self.request("GET", path, &[], b"").await
     }
 
+    /// Sends `GET path` and waits for the response's head only: its status, and the stream to
+    /// read the body from (with [`read_body`]).
+    pub async fn get_head(&mut self, path: &str) -> Result<(u16, BodyStream)> {
+        let req = http::Request::builder()
+            .method("GET")
+            .uri(format!("https://localhost{path}"))
+            .body(())?;
+        let mut stream = self.send.send_request(req).await?;
+        stream.finish().await?;
+        let res = stream.recv_response().await?;
+        Ok((res.status().as_u16(), stream))
+    }
+
     /// Sends a request with `headers` and `body` (none when empty) and reads its response.
     pub async fn request(
         &mut self,
@@ -134,6 +147,19 @@ impl Client {
             body: out,
         })
     }
+}
+
+/// A response body still to read.
+pub type BodyStream = h3::client::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
+
+/// Reads the rest of a body: its length.
+pub async fn read_body(stream: &mut BodyStream) -> Result<usize> {
+    let mut n = 0;
+    while let Some(mut chunk) = stream.recv_data().await? {
+        n += chunk.remaining();
+        chunk.advance(chunk.remaining());
+    }
+    Ok(n)
 }
 
 impl Drop for Client {

@@ -82,6 +82,7 @@ pub(crate) async fn serve<S: Service>(
         exchanges: HashMap::new(),
         readable: Vec::new(),
         held: Vec::new(),
+        unacked: Vec::new(),
         goaway_sent: false,
         closing: false,
         connected: false,
@@ -154,6 +155,9 @@ struct H3<S> {
     readable: Vec<StreamId>,
     /// Readable streams whose handler's pipe is full.
     held: Vec<StreamId>,
+    /// Responses written whole whose last bytes the client has not acknowledged yet: closing
+    /// now would lose them.
+    unacked: Vec<StreamId>,
     goaway_sent: bool,
     closing: bool,
     /// The handshake completed.
@@ -182,7 +186,11 @@ impl<S: Service> H3<S> {
             // A handler that read from a full pipe made room: its stream is read again.
             progress |= self.held.iter().any(|&id| !self.pipe_full(id));
             self.write_streams();
-            if self.goaway_sent && !self.closing && self.exchanges.is_empty() {
+            if self.goaway_sent
+                && !self.closing
+                && self.exchanges.is_empty()
+                && self.unacked.is_empty()
+            {
                 self.close(ErrorCode::H3_NO_ERROR, "shutting down");
             }
             if !progress {
@@ -247,7 +255,11 @@ impl<S: Service> H3<S> {
                 {
                     self.readable.push(id);
                 }
+                quinn_proto::Event::Stream(StreamEvent::Finished { id }) => {
+                    self.unacked.retain(|&s| s != id);
+                }
                 quinn_proto::Event::Stream(StreamEvent::Stopped { id, error_code }) => {
+                    self.unacked.retain(|&s| s != id);
                     // The client wants no more of this response.
                     if let Some(ex) = self.exchanges.remove(&id) {
                         tracing::debug!(peer = %self.peer, stream = %id, code = %error_code, "response stopped by the client");
@@ -761,7 +773,10 @@ impl<S: Service> H3<S> {
                 continue;
             }
             match write_out(&mut self.link.conn, id, &mut ex.out) {
-                Ok(true) if matches!(ex.state, State::Done) => done.push(id),
+                Ok(true) if matches!(ex.state, State::Done) => {
+                    self.unacked.push(id);
+                    done.push(id);
+                }
                 Ok(_) => {}
                 Err(()) => done.push(id),
             }
