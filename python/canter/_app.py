@@ -128,7 +128,8 @@ class App:
         `idle_timeout`, `head_timeout`, `body_timeout`, `write_timeout`, `handler_timeout`
         and `drain_timeout` (seconds), `half_close`, `server_name`, `http2` (h2c with prior
         knowledge, default on), `tls_port`, `tls_cert`, `tls_key` (PEM files) for an HTTPS
-        listener beside the plain one (HTTP/2 by ALPN), `pin` (worker i on CPU i), and
+        listener beside the plain one (HTTP/2 by ALPN), `http3` (HTTP/3 over QUIC on the
+        `tls_port` number, over UDP), `pin` (worker i on CPU i), and
         `reuse_port` (share the port with another process already listening on it, for a
         deliberate hand-over; by default such a port is refused: OSError "address in use")."""
         _configure_logging()

@@ -207,6 +207,8 @@ def main(argv=None):
                    help="also serve HTTPS on this port (0 picks one); needs --tls-cert/--tls-key")
     s.add_argument("--tls-cert", default=None, help="certificate chain (PEM)")
     s.add_argument("--tls-key", default=None, help="private key (PEM)")
+    s.add_argument("--http3", action="store_true",
+                   help="also serve HTTP/3 (QUIC) on the --tls-port number over UDP")
     a = p.parse_args(argv)
     sys.path.insert(0, os.path.abspath(a.app_dir))
     app = load(a.app)
@@ -219,7 +221,8 @@ def main(argv=None):
               body_timeout=a.body_timeout, write_timeout=a.write_timeout,
               handler_timeout=a.handler_timeout, drain_timeout=a.drain_timeout,
               half_close=a.half_close or None, pin=a.pin, reuse_port=a.reuse_port,
-              server_name=a.server_name, http2=not a.no_http2, tls_port=a.tls_port, tls_cert=a.tls_cert, tls_key=a.tls_key)
+              server_name=a.server_name, http2=not a.no_http2, tls_port=a.tls_port, tls_cert=a.tls_cert, tls_key=a.tls_key,
+              http3=a.http3 or None)
     except (ValueError, TypeError) as e:
         p.error(str(e))  # a setting out of range: a usage error, before any worker starts
     except OSError as e:

@@ -439,6 +439,8 @@ struct Settings {
     body_limit: usize,
     /// Port, certificate chain and key of an HTTPS listener; loaded by each worker.
     tls: Option<(u16, std::path::PathBuf, std::path::PathBuf)>,
+    /// HTTP/3 on the TLS port's number (needs `tls`).
+    http3: bool,
 }
 
 /// The names [`Settings::from_kwargs`] takes.
@@ -459,6 +461,7 @@ const SETTINGS: &[&str] = &[
     "min_body_rate",
     "half_close",
     "http2",
+    "http3",
     "tls_port",
     "tls_cert",
     "tls_key",
@@ -551,6 +554,10 @@ impl Settings {
                 config = config.http2(None);
             }
         }
+        let http3 = match get("http3")? {
+            Some(v) => v.extract::<bool>()?,
+            None => false,
+        };
         let tls = match (get("tls_port")?, get("tls_cert")?, get("tls_key")?) {
             (Some(port), Some(cert), Some(key)) => {
                 Some((port.extract()?, cert.extract()?, key.extract()?))
@@ -562,12 +569,18 @@ impl Settings {
                 ))
             }
         };
-        // Checked now, whole (the listener's address is set by the caller).
+        if http3 && tls.is_none() {
+            return Err(PyValueError::new_err(
+                "http3 needs TLS: tls_port, tls_cert and tls_key",
+            ));
+        }
+        // Checked now, whole (the listener's address, TLS and HTTP/3 are set by the caller).
         config.clone().build().map_err(invalid)?;
         Ok(Settings {
             config,
             body_limit,
             tls,
+            http3,
         })
     }
 }
@@ -624,6 +637,7 @@ fn serve(
         config,
         body_limit,
         tls,
+        http3,
     } = Settings::from_kwargs(settings)?;
     // The supervisor holds the ports (bound, not listening, with SO_REUSEPORT) while its
     // workers bind them, and it has refused a port another process listens on: the workers
@@ -634,10 +648,12 @@ fn serve(
             .cert(cert, key)
             .build()
             .map_err(|e| PyValueError::new_err(format!("TLS: {e}")))?;
-        config = config.tls(Some(canter_rt::TlsListener {
-            addr: SocketAddr::new(addr.ip(), tls_port),
-            acceptor,
-        }));
+        config = config
+            .tls(Some(canter_rt::TlsListener {
+                addr: SocketAddr::new(addr.ip(), tls_port),
+                acceptor,
+            }))
+            .http3(http3);
     }
     let server = Server::bind(config.build().map_err(invalid)?)
         .map_err(|e| PyOSError::new_err(format!("{addr}: {e}")))?;

@@ -1,6 +1,7 @@
 """`python -m canter serve` with a real Starlette app and a real FastAPI app, driven by httpx,
 requests and curl."""
 
+import asyncio
 import json
 import os
 import shutil
@@ -215,6 +216,58 @@ def test_tls_listener_and_the_https_scheme(start_server, tmp_path):
                           "\n%{http_version}", f"https://127.0.0.1:{tls_port}/json"],
                          capture_output=True, text=True, timeout=20)
     assert out.stdout == '{"message":"Hello, World!"}\n2', out.stderr
+
+
+async def h3_get(port, path):
+    """GET `path` over HTTP/3 with aioquic (any certificate): (headers, body)."""
+    from aioquic.asyncio.client import connect
+    from aioquic.asyncio.protocol import QuicConnectionProtocol
+    from aioquic.h3.connection import H3_ALPN, H3Connection
+    from aioquic.h3.events import DataReceived, HeadersReceived
+    from aioquic.quic.configuration import QuicConfiguration
+
+    class Client(QuicConnectionProtocol):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.h3 = H3Connection(self._quic)
+            self.done = asyncio.get_running_loop().create_future()
+            self.headers, self.body = {}, b""
+
+        def quic_event_received(self, event):
+            for ev in self.h3.handle_event(event):
+                if isinstance(ev, HeadersReceived):
+                    self.headers.update({k.decode(): v.decode() for k, v in ev.headers})
+                elif isinstance(ev, DataReceived):
+                    self.body += ev.data
+                if getattr(ev, "stream_ended", False) and not self.done.done():
+                    self.done.set_result(None)
+
+    config = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, verify_mode=ssl.CERT_NONE)
+    async with connect("127.0.0.1", port, configuration=config, create_protocol=Client) as c:
+        sid = c._quic.get_next_available_stream_id()
+        c.h3.send_headers(sid, [(b":method", b"GET"), (b":scheme", b"https"),
+                                (b":authority", b"localhost"), (b":path", path.encode())],
+                          end_stream=True)
+        c.transmit()
+        await asyncio.wait_for(c.done, 20)
+        return c.headers, c.body
+
+
+def test_http3_serves_the_same_app(start_server, tmp_path):
+    """--http3: the app over HTTP/3 (scope http_version "3", scheme https), advertised to
+    HTTPS clients with Alt-Svc."""
+    cert, key = self_signed(tmp_path)
+    s = serve(start_server, "asgi_app:app", "--tls-port", "0", "--tls-cert", str(cert),
+              "--tls-key", str(key), "--http3")
+    tls_port = int(s.wait_for(r"serving https://[^:]+:(\d+)").group(1))
+    r = requests.get(f"https://127.0.0.1:{tls_port}/", verify=str(cert), timeout=10)
+    assert r.headers["alt-svc"] == f'h3=":{tls_port}"; ma=86400', r.headers
+    headers, body = asyncio.run(h3_get(tls_port, "/scope/x"))
+    assert headers[":status"] == "200", headers
+    scope = json.loads(body)
+    assert scope["http_version"] == "3" and scope["scheme"] == "https", scope
+    headers, body = asyncio.run(h3_get(tls_port, "/"))
+    assert body == b"Hello, World!" and "alt-svc" not in headers, headers
 
 
 def test_a_client_that_does_not_read_stops_the_app(start_server):
