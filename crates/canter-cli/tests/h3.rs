@@ -521,5 +521,9 @@ fn sigterm_drains_http3() {
         }
     });
     let status = server.wait_exit(Duration::from_secs(30));
-    assert!(status.is_some_and(|s| s.success()), "{status:?}\n{}", server.log());
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        server.log()
+    );
 }

@@ -434,10 +434,16 @@ pub fn run(args: LoadOptions) -> Result<Report, LoadError> {
             return Err(LoadError::FileLimit { need, limit });
         }
     }
-    // Fail fast if nothing listens; use the first address that answers.
+    // Fail fast if nothing listens; use the first address that answers. (QUIC has no listener
+    // to probe: an HTTP/3 run takes the first address, and a server that is not there shows
+    // as connection errors.)
     let mut addr = None;
     let mut last_err = None;
     for a in &p.addrs {
+        if p.protocol == Protocol::Http3 {
+            addr = Some(*a);
+            break;
+        }
         match std::net::TcpStream::connect_timeout(a, args.timeout) {
             Ok(_) => {
                 addr = Some(*a);

@@ -2,6 +2,10 @@
 //! so the kernel spreads clients by address), the `quinn-proto` endpoint that routes each
 //! datagram to its connection by connection ID, and the connection's I/O half ([`QuicLink`]).
 //!
+//! The socket is driven with `quinn-udp`: a connection's packets to one client leave in trains
+//! of up to its GSO limit per `sendmsg` (`UDP_SEGMENT`), and reads take a batch of datagrams
+//! per `recvmmsg`, each possibly several coalesced by GRO.
+//!
 //! One task per worker reads the socket ([`run`]): a datagram for a known connection goes to
 //! that connection's inbox and wakes its task; a new connection is accepted (refused while the
 //! worker drains) and queued for the accept loop, which gives it its own task. A connection's
@@ -31,10 +35,10 @@ use crate::core::config::Config;
 use crate::core::stats::ClientFault;
 use crate::core::worker::Worker;
 
-/// The largest UDP payload read (a datagram is at most this; quinn's limit too).
-const MAX_DATAGRAM: usize = 65_527;
-/// Datagrams read in one turn of the endpoint task before it lets the worker's other tasks run.
-const READ_TURN: usize = 64;
+/// Room for one read: a datagram, or with GRO several coalesced (at most 64 KiB in all).
+const READ_SLOT: usize = 65_536;
+/// Batches read in one turn of the endpoint task before it lets the worker's other tasks run.
+const READ_TURN: usize = 4;
 /// Bidirectional streams (requests) a client may have open at once.
 const MAX_REQUEST_STREAMS: u32 = 100;
 /// Unidirectional streams a client may have open: its control and two QPACK streams, and room
@@ -120,6 +124,8 @@ impl Inbox {
 pub(crate) struct Endpoint {
     endpoint: RefCell<quinn_proto::Endpoint>,
     socket: UdpSocket,
+    /// What the kernel offers for this socket (GSO, GRO) and how to use it.
+    udp: quinn_udp::UdpSocketState,
     inboxes: RefCell<HashMap<ConnectionHandle, Rc<Inbox>>>,
     /// Connections accepted and not yet taken by the accept loop.
     accepted: RefCell<VecDeque<QuicLink>>,
@@ -142,8 +148,10 @@ impl Endpoint {
             false,
             None,
         );
+        let udp = quinn_udp::UdpSocketState::new((&socket).into())?;
         Ok(Rc::new(Endpoint {
             endpoint: RefCell::new(endpoint),
+            udp,
             socket: UdpSocket::from_std(socket)?,
             inboxes: RefCell::default(),
             accepted: RefCell::default(),
@@ -168,13 +176,31 @@ impl Endpoint {
     /// Sends what the endpoint answers on its own (version negotiation, stateless reset,
     /// refusal); dropped if the socket is full, as the peer will retry.
     fn send_response(&self, t: &Transmit, buf: &[u8]) {
-        let _ = self.socket.try_send_to(&buf[..t.size], t.destination);
+        let _ = self.send(t, buf);
+    }
+
+    /// Sends `t` (its bytes at the front of `buf`): `WouldBlock` when the socket is full; any
+    /// other failure is a lost packet, as on the network (loss recovery resends its contents).
+    fn send(&self, t: &Transmit, buf: &[u8]) -> io::Result<()> {
+        let transmit = quinn_udp::Transmit {
+            destination: t.destination,
+            ecn: t
+                .ecn
+                .and_then(|e| quinn_udp::EcnCodepoint::from_bits(e as u8)),
+            contents: &buf[..t.size],
+            segment_size: t.segment_size,
+            src_ip: t.src_ip,
+        };
+        self.socket.try_io(tokio::io::Interest::WRITABLE, || {
+            self.udp.send((&self.socket).into(), &transmit)
+        })
     }
 
     fn datagram(
         self: &Rc<Self>,
         now: Instant,
         peer: SocketAddr,
+        ecn: Option<quinn_proto::EcnCodepoint>,
         data: BytesMut,
         resp: &mut Vec<u8>,
     ) {
@@ -182,7 +208,7 @@ impl Endpoint {
         let event = self
             .endpoint
             .borrow_mut()
-            .handle(now, peer, None, None, data, resp);
+            .handle(now, peer, None, ecn, data, resp);
         match event {
             Some(DatagramEvent::ConnectionEvent(handle, ev)) => {
                 if let Some(inbox) = self.inboxes.borrow().get(&handle) {
@@ -244,20 +270,42 @@ impl Endpoint {
 /// Reads the worker's UDP socket until aborted (after the worker drained): routes each
 /// datagram to its connection and queues new connections for [`Endpoint::accept`].
 pub(crate) async fn run(ep: Rc<Endpoint>) {
-    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let slots = quinn_udp::BATCH_SIZE;
+    let mut buf = vec![0u8; READ_SLOT * slots];
+    let mut metas = vec![quinn_udp::RecvMeta::default(); slots];
     let mut resp = Vec::new();
     loop {
         if let Err(e) = ep.socket.readable().await {
             tracing::error!(error = %e, "QUIC socket failed");
             return;
         }
-        let now = Instant::now();
         for _ in 0..READ_TURN {
-            match ep.socket.try_recv_from(&mut buf) {
-                Ok((n, peer)) => ep.datagram(now, peer, BytesMut::from(&buf[..n]), &mut resp),
+            let mut iovs: Vec<std::io::IoSliceMut<'_>> = buf
+                .chunks_mut(READ_SLOT)
+                .map(std::io::IoSliceMut::new)
+                .collect();
+            let got = ep.socket.try_io(tokio::io::Interest::READABLE, || {
+                ep.udp.recv((&ep.socket).into(), &mut iovs, &mut metas)
+            });
+            drop(iovs);
+            let n = match got {
+                Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 // ICMP errors for earlier sends surface here: nothing to do for them.
-                Err(e) => tracing::debug!(error = %e, "QUIC socket read failed"),
+                Err(e) => {
+                    tracing::debug!(error = %e, "QUIC socket read failed");
+                    continue;
+                }
+            };
+            let now = Instant::now();
+            for (meta, slot) in metas[..n].iter().zip(buf.chunks(READ_SLOT)) {
+                let ecn = meta
+                    .ecn
+                    .and_then(|e| quinn_proto::EcnCodepoint::from_bits(e as u8));
+                let stride = meta.stride.max(1);
+                for datagram in slot[..meta.len.min(slot.len())].chunks(stride) {
+                    ep.datagram(now, meta.addr, ecn, BytesMut::from(datagram), &mut resp);
+                }
             }
         }
         tokio::task::yield_now().await;
@@ -336,14 +384,15 @@ impl QuicLink {
                 Some(t) => t,
                 None => {
                     self.out.clear();
-                    match self.conn.poll_transmit(Instant::now(), 1, &mut self.out) {
+                    let gso = ep.udp.max_gso_segments();
+                    match self.conn.poll_transmit(Instant::now(), gso, &mut self.out) {
                         Some(t) => t,
                         None => return,
                     }
                 }
             };
-            match ep.socket.try_send_to(&self.out[..t.size], t.destination) {
-                Ok(_) => {}
+            match ep.send(&t, &self.out) {
+                Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.blocked = Some(t);
                     // Woken when the socket takes more.
