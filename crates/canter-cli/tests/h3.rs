@@ -170,9 +170,10 @@ fn frame(ty: u64, payload: &[u8]) -> Vec<u8> {
 
 fn headers(fields: &[(&str, &str)]) -> Vec<u8> {
     let mut block = Vec::new();
-    Encoder.begin(&mut block);
+    let mut enc = Encoder::new();
+    enc.begin(&mut block);
     for (n, v) in fields {
-        Encoder.field(n.as_bytes(), v.as_bytes(), &mut block);
+        enc.field(n.as_bytes(), v.as_bytes(), &mut block);
     }
     frame(0x1, &block)
 }

@@ -249,7 +249,7 @@ impl Connection {
             events: VecDeque::new(),
             last_request: None,
             goaway: None,
-            encoder: qpack::Encoder,
+            encoder: qpack::Encoder::new(),
         }
     }
 
@@ -306,7 +306,7 @@ impl Connection {
     /// Appends a HEADERS frame with a response's `status` and `fields` (lowercase names; no
     /// connection-specific fields: the caller filters them).
     pub fn headers<'a>(
-        &self,
+        &mut self,
         status: u16,
         fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
         dst: &mut Vec<u8>,
@@ -323,7 +323,7 @@ impl Connection {
 
     /// Appends a HEADERS frame with trailer `fields`.
     pub fn trailers<'a>(
-        &self,
+        &mut self,
         fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
         dst: &mut Vec<u8>,
     ) {

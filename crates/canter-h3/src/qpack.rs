@@ -297,48 +297,142 @@ fn put_string(s: &[u8], n: u8, flags: u8, dst: &mut Vec<u8>) {
 
 /// Where the static table has `name`: `(index of name and value, index of the name)`.
 fn find(name: &[u8], value: &[u8]) -> (Option<usize>, Option<usize>) {
-    let mut name_at = None;
-    for (i, &(n, v)) in STATIC.iter().enumerate() {
-        if n == name {
-            if v == value {
-                return (Some(i), Some(i));
-            }
-            name_at.get_or_insert(i);
-        }
-    }
-    (None, name_at)
+    let entries = named(name);
+    let exact = entries
+        .iter()
+        .map(|&i| i as usize)
+        .find(|&i| STATIC[i].1 == value);
+    (exact, entries.first().map(|&i| i as usize))
 }
+
+/// The static table's entries named `name`, in index order (empty if none).
+fn named(name: &[u8]) -> &'static [u8] {
+    match name {
+        b":authority" => &[0],
+        b":path" => &[1],
+        b"age" => &[2],
+        b"content-disposition" => &[3],
+        b"content-length" => &[4],
+        b"cookie" => &[5],
+        b"date" => &[6],
+        b"etag" => &[7],
+        b"if-modified-since" => &[8],
+        b"if-none-match" => &[9],
+        b"last-modified" => &[10],
+        b"link" => &[11],
+        b"location" => &[12],
+        b"referer" => &[13],
+        b"set-cookie" => &[14],
+        b":method" => &[15, 16, 17, 18, 19, 20, 21],
+        b":scheme" => &[22, 23],
+        b":status" => &[24, 25, 26, 27, 28, 63, 64, 65, 66, 67, 68, 69, 70, 71],
+        b"accept" => &[29, 30],
+        b"accept-encoding" => &[31],
+        b"accept-ranges" => &[32],
+        b"access-control-allow-headers" => &[33, 34, 75],
+        b"access-control-allow-origin" => &[35],
+        b"cache-control" => &[36, 37, 38, 39, 40, 41],
+        b"content-encoding" => &[42, 43],
+        b"content-type" => &[44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54],
+        b"range" => &[55],
+        b"strict-transport-security" => &[56, 57, 58],
+        b"vary" => &[59, 60],
+        b"x-content-type-options" => &[61],
+        b"x-xss-protection" => &[62],
+        b"accept-language" => &[72],
+        b"access-control-allow-credentials" => &[73, 74],
+        b"access-control-allow-methods" => &[76, 77, 78],
+        b"access-control-expose-headers" => &[79],
+        b"access-control-request-headers" => &[80],
+        b"access-control-request-method" => &[81, 82],
+        b"alt-svc" => &[83],
+        b"authorization" => &[84],
+        b"content-security-policy" => &[85],
+        b"early-data" => &[86],
+        b"expect-ct" => &[87],
+        b"forwarded" => &[88],
+        b"if-range" => &[89],
+        b"origin" => &[90],
+        b"purpose" => &[91],
+        b"server" => &[92],
+        b"timing-allow-origin" => &[93],
+        b"upgrade-insecure-requests" => &[94],
+        b"user-agent" => &[95],
+        b"x-forwarded-for" => &[96],
+        b"x-frame-options" => &[97, 98],
+        _ => &[],
+    }
+}
+
+/// Encoded fields kept for reuse, per encoder: a response's `server`, `date` and
+/// `content-type` repeat from one response to the next, and re-encoding them (a table lookup,
+/// a Huffman pass over the value) was a tenth of a small response's CPU.
+const RECENT: usize = 8;
+/// Longest value kept among the recent fields.
+const RECENT_VALUE: usize = 64;
 
 /// Writes field sections with the static table and literals only: what a peer that
 /// advertised any table capacity can always decode, and what blocks no stream.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Encoder;
+#[derive(Debug, Default, Clone)]
+pub struct Encoder {
+    /// `(name, value, encoding)` of fields encoded lately; the oldest is replaced.
+    recent: Vec<(Vec<u8>, Vec<u8>, Vec<u8>)>,
+    next: usize,
+}
 
 impl Encoder {
+    /// An encoder with nothing kept yet.
+    pub fn new() -> Encoder {
+        Encoder::default()
+    }
+
     /// Starts a field section: Required Insert Count 0, Delta Base 0.
     pub fn begin(&self, dst: &mut Vec<u8>) {
         dst.extend_from_slice(&[0, 0]);
     }
 
     /// Appends `:status`.
-    pub fn status(&self, status: u16, dst: &mut Vec<u8>) {
+    pub fn status(&mut self, status: u16, dst: &mut Vec<u8>) {
         self.field(b":status", &itoa_3(status), dst);
     }
 
     /// Appends one field (a lowercase name).
-    pub fn field(&self, name: &[u8], value: &[u8], dst: &mut Vec<u8>) {
-        match find(name, value) {
-            (Some(i), _) => put_int(i as u64, 6, 0xc0, dst),
-            (None, Some(i)) => {
-                // 0 1 N=0 T=1 index(4)
-                put_int(i as u64, 4, 0x50, dst);
-                put_string(value, 7, 0, dst);
+    pub fn field(&mut self, name: &[u8], value: &[u8], dst: &mut Vec<u8>) {
+        if let Some((_, _, enc)) = self
+            .recent
+            .iter()
+            .find(|(n, v, _)| v.len() == value.len() && n == name && v == value)
+        {
+            dst.extend_from_slice(enc);
+            return;
+        }
+        let start = dst.len();
+        encode_field(name, value, dst);
+        if value.len() <= RECENT_VALUE {
+            let entry = (name.to_vec(), value.to_vec(), dst[start..].to_vec());
+            if self.recent.len() < RECENT {
+                self.recent.push(entry);
+            } else {
+                self.recent[self.next] = entry;
+                self.next = (self.next + 1) % RECENT;
             }
-            (None, None) => {
-                // 0 0 1 N=0 H len(3)
-                put_string(name, 3, 0x20, dst);
-                put_string(value, 7, 0, dst);
-            }
+        }
+    }
+}
+
+/// Appends one field's representation.
+fn encode_field(name: &[u8], value: &[u8], dst: &mut Vec<u8>) {
+    match find(name, value) {
+        (Some(i), _) => put_int(i as u64, 6, 0xc0, dst),
+        (None, Some(i)) => {
+            // 0 1 N=0 T=1 index(4)
+            put_int(i as u64, 4, 0x50, dst);
+            put_string(value, 7, 0, dst);
+        }
+        (None, None) => {
+            // 0 0 1 N=0 H len(3)
+            put_string(name, 3, 0x20, dst);
+            put_string(value, 7, 0, dst);
         }
     }
 }
@@ -390,7 +484,7 @@ mod tests {
 
     #[test]
     fn what_the_encoder_writes_decodes_back() {
-        let enc = Encoder;
+        let mut enc = Encoder::new();
         let mut block = Vec::new();
         enc.begin(&mut block);
         enc.status(200, &mut block);
@@ -421,6 +515,37 @@ mod tests {
         assert_eq!(got, want);
         // The exact static matches are one byte each.
         assert_eq!(&block[2..3], &[0xc0 | 25]);
+    }
+
+    #[test]
+    fn every_static_entry_is_found_by_name_and_value() {
+        for (i, &(n, v)) in STATIC.iter().enumerate() {
+            let (exact, name) = find(n, v);
+            // The first entry with this name and value (the table has no duplicates).
+            assert_eq!(
+                exact,
+                Some(i),
+                "{}: {}",
+                String::from_utf8_lossy(n),
+                String::from_utf8_lossy(v)
+            );
+            assert_eq!(name.map(|j| STATIC[j].0), Some(n));
+        }
+        assert_eq!(find(b"x-unknown", b""), (None, None));
+    }
+
+    #[test]
+    fn a_field_encoded_again_comes_from_the_recent_ones_unchanged() {
+        let mut enc = Encoder::new();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        enc.field(b"date", b"Sun, 06 Dec 2026 07:00:00 GMT", &mut a);
+        for i in 0..20 {
+            // Pushes the date out of the recent fields and back in.
+            enc.field(format!("x-{i}").as_bytes(), b"v", &mut Vec::new());
+        }
+        enc.field(b"date", b"Sun, 06 Dec 2026 07:00:00 GMT", &mut b);
+        enc.field(b"date", b"Sun, 06 Dec 2026 07:00:00 GMT", &mut b);
+        assert_eq!([a.clone(), a].concat(), b);
     }
 
     #[test]
@@ -472,8 +597,9 @@ mod tests {
         assert_eq!(fields(&long), Err(DecodeError::IntegerOverflow));
         // Every prefix of a good section either decodes or says truncated.
         let mut block = Vec::new();
-        Encoder.begin(&mut block);
-        Encoder.field(b"x-long", b"a value long enough to need two length bytes, well over 127 characters, which takes a while to type out in full, honestly, but here we are", &mut block);
+        let mut enc = Encoder::new();
+        enc.begin(&mut block);
+        enc.field(b"x-long", b"a value long enough to need two length bytes, well over 127 characters, which takes a while to type out in full, honestly, but here we are", &mut block);
         for cut in 0..block.len() {
             let r = fields(&block[..cut]);
             assert!(
@@ -486,9 +612,10 @@ mod tests {
     #[test]
     fn the_size_limit_counts_32_per_field() {
         let mut block = Vec::new();
-        Encoder.begin(&mut block);
-        Encoder.field(b"a", b"b", &mut block);
-        Encoder.field(b"c", b"d", &mut block);
+        let mut enc = Encoder::new();
+        enc.begin(&mut block);
+        enc.field(b"a", b"b", &mut block);
+        enc.field(b"c", b"d", &mut block);
         let mut n = 0;
         assert_eq!(
             decode(&block, 68, |_, _| n += 1),

@@ -17,9 +17,10 @@ fn frame(ty: u64, payload: &[u8]) -> Vec<u8> {
 
 fn section(fields: &[(&str, &str)]) -> Vec<u8> {
     let mut block = Vec::new();
-    Encoder.begin(&mut block);
+    let mut enc = Encoder::new();
+    enc.begin(&mut block);
     for (n, v) in fields {
-        Encoder.field(n.as_bytes(), v.as_bytes(), &mut block);
+        enc.field(n.as_bytes(), v.as_bytes(), &mut block);
     }
     block
 }
@@ -543,7 +544,7 @@ fn other_unidirectional_streams() {
 
 #[test]
 fn responses_encode_as_frames() {
-    let conn = Connection::new(Settings::default());
+    let mut conn = Connection::new(Settings::default());
     let mut out = Vec::new();
     conn.control_preamble(&mut out);
     assert_eq!(out[..2], [0x00, 0x04]);

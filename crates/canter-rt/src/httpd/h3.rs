@@ -576,7 +576,7 @@ impl<S: Service> H3<S> {
     }
 
     /// Queues `res`'s head and, if whole, its body; a streamed or file body is left to pull.
-    fn respond(&self, ex: &mut Exchange, res: Response) {
+    fn respond(&mut self, ex: &mut Exchange, res: Response) {
         let Response {
             status,
             content_type,
