@@ -29,6 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402
+import summary  # noqa: E402
 import tls  # noqa: E402  (the certificate, stop)
 
 BENCH = run.BENCH
@@ -56,10 +57,11 @@ https://127.0.0.1:@PORT@ {
 """
 
 
-def servers(cert, key):
-    """name -> (argv(port, prefix), env, load flags)."""
-    def canter(port, _prefix):
-        return [CANTER, "serve", "--addr", "127.0.0.1:0", "--tls-addr", f"127.0.0.1:{port}",
+def servers(cert, key, builds=()):
+    """name -> (argv(port, prefix), env, load flags); `builds`: other canter binaries to run as
+    servers beside it, named canter@<path> (an A/B of two builds)."""
+    def canter(port, _prefix, binary=CANTER):
+        return [binary, "serve", "--addr", "127.0.0.1:0", "--tls-addr", f"127.0.0.1:{port}",
                 "--tls-cert", cert, "--tls-key", key, "--h3", "--workers", "1"]
 
     def caddy(port, prefix):
@@ -69,7 +71,9 @@ def servers(cert, key):
                     .replace("@KEY@", key))
         return [CADDY, "run", "--config", path, "--adapter", "caddyfile"]
 
+    others = {f"canter@{b}": (lambda p, x, b=b: canter(p, x, b), {}, ["--h3"]) for b in builds}
     return {
+        **others,
         "canter": (canter, {}, ["--h3"]),
         "canter-h2-tls": (canter, {}, []),
         "caddy": (caddy, {"GOMAXPROCS": "1", "HOME": "/tmp"}, ["--h3"]),
@@ -195,13 +199,19 @@ def main():
     ap.add_argument("--requests", type=int, default=200_000)
     ap.add_argument("--idle", type=int, default=300)
     ap.add_argument("--only", default="", help="comma-separated server names")
+    ap.add_argument("--build", action="append", default=[],
+                    help="another canter binary to serve HTTP/3 beside target/release/canter "
+                         "(repeatable; an A/B, with --only and --no-summary)")
+    ap.add_argument("--no-summary", action="store_true",
+                    help="an experiment: do not make this run BENCHMARKS.md's table")
     args = ap.parse_args()
     cert, key = tls.make_cert("ecdsa")
-    specs = servers(cert, key)
+    specs = servers(cert, key, args.build)
     missing = [p for p in (CANTER, CADDY, H3_QUINN) if not os.path.exists(p)]
     if missing:
         sys.exit(f"missing {missing}: run bench/build.sh")
-    names = [n for n in specs if not args.only or n in args.only.split(",")]
+    names = [n for n in specs
+             if not args.only or n in args.only.split(",") or n.startswith("canter@")]
     port = 19443
     cells = {}
     for rnd in range(args.rounds):
@@ -219,7 +229,7 @@ def main():
                       f"{r['cpu_us_per_req']:7.2f} us CPU/req", file=sys.stderr)
     idle = {}
     for name in names:
-        if name == "canter-h2-tls":
+        if name == "canter-h2-tls" or args.build:
             continue
         port += 1
         try:
@@ -232,7 +242,12 @@ def main():
     path = os.path.join(BENCH, "results", time.strftime("h3-%Y%m%d-%H%M%S.json"))
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
-    print(markdown(cells, idle, names))
+    command = "python3 bench/h3.py " + " ".join(sys.argv[1:])
+    note = ("Medians of the rounds; server on CPU 0 with one worker, `canter load --h3` (quinn "
+            "with h3) or `canter load -m` (HTTP/2 over TLS) on CPU 1. CPU/req: the server's "
+            "utime+stime over the measured requests.")
+    with summary.capture("http3", command.strip(), note):
+        print(markdown(cells, idle, names))
     print(f"\n(results: {os.path.relpath(path, run.ROOT)})")
 
 

@@ -28,6 +28,7 @@ AREAS = [
     ("http1", "HTTP/1.1", "bench/run.py"),
     ("http1-instructions", "HTTP/1.1: instructions per request", "bench/cg_steady.py --table"),
     ("http2", "HTTP/2", "bench/h2.py"),
+    ("http3", "HTTP/3", "bench/h3.py"),
     ("tls", "TLS", "bench/tls.py"),
     ("churn", "A new connection per request", "bench/churn.py"),
     ("static", "Static files under compression", "bench/static_compress.py"),

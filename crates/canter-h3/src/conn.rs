@@ -311,14 +311,13 @@ impl Connection {
         fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
         dst: &mut Vec<u8>,
     ) {
-        let mut block = Vec::with_capacity(128);
-        self.encoder.begin(&mut block);
-        self.encoder.status(status, &mut block);
+        let at = open_frame(frame::HEADERS, dst);
+        self.encoder.begin(dst);
+        self.encoder.status(status, dst);
         for (n, v) in fields {
-            self.encoder.field(n, v, &mut block);
+            self.encoder.field(n, v, dst);
         }
-        frame::put_header(frame::HEADERS, block.len() as u64, dst);
-        dst.extend_from_slice(&block);
+        close_frame(at, dst);
     }
 
     /// Appends a HEADERS frame with trailer `fields`.
@@ -327,13 +326,12 @@ impl Connection {
         fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
         dst: &mut Vec<u8>,
     ) {
-        let mut block = Vec::with_capacity(64);
-        self.encoder.begin(&mut block);
+        let at = open_frame(frame::HEADERS, dst);
+        self.encoder.begin(dst);
         for (n, v) in fields {
-            self.encoder.field(n, v, &mut block);
+            self.encoder.field(n, v, dst);
         }
-        frame::put_header(frame::HEADERS, block.len() as u64, dst);
-        dst.extend_from_slice(&block);
+        close_frame(at, dst);
     }
 
     /// Appends the header of a DATA frame of `len` bytes (the payload follows as is).
@@ -881,6 +879,26 @@ impl Connection {
             _ => {}
         }
         Ok(())
+    }
+}
+
+/// Starts a frame of type `ty` whose payload is written next, with room for a two-byte
+/// length; returns where the length goes, for [`close_frame`].
+fn open_frame(ty: u64, dst: &mut Vec<u8>) -> usize {
+    varint::encode(ty, dst);
+    dst.extend_from_slice(&[0, 0]);
+    dst.len() - 2
+}
+
+/// Writes the length of the payload after `at`: in the two bytes kept for it (a varint need
+/// not be as short as possible, RFC 9000 Section 16), or in four when it is 16 KiB or more.
+fn close_frame(at: usize, dst: &mut Vec<u8>) {
+    let len = dst.len() - at - 2;
+    if len < 1 << 14 {
+        dst[at..at + 2].copy_from_slice(&(len as u16 | 0x4000).to_be_bytes());
+    } else {
+        let long = (len as u32 | 0x8000_0000).to_be_bytes();
+        dst.splice(at..at + 2, long);
     }
 }
 

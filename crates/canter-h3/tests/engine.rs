@@ -550,8 +550,16 @@ fn responses_encode_as_frames() {
     assert_eq!(out[..2], [0x00, 0x04]);
     out.clear();
     conn.headers(200, [(&b"content-type"[..], &b"text/plain"[..])], &mut out);
-    // HEADERS, 4 bytes: the prefix, :status 200 (static 25), content-type text/plain (53).
-    assert_eq!(out, [0x01, 0x04, 0x00, 0x00, 0xc0 | 25, 0xc0 | 53]);
+    // HEADERS, 4 bytes (a two-byte length): the prefix, :status 200 (static 25), content-type
+    // text/plain (53).
+    assert_eq!(out, [0x01, 0x40, 0x04, 0x00, 0x00, 0xc0 | 25, 0xc0 | 53]);
+    // A section of 16 KiB or more gets a four-byte length, and decodes.
+    out.clear();
+    let big = "v".repeat(20_000);
+    conn.headers(200, [(&b"x-big"[..], big.as_bytes())], &mut out);
+    assert_eq!(out[1] >> 6, 2, "a four-byte length");
+    let (len, n) = varint::decode(&out[1..]).unwrap();
+    assert_eq!(len as usize, out.len() - 1 - n);
     out.clear();
     conn.data_head(70_000, &mut out);
     assert_eq!(out, [0x00, 0x80, 0x01, 0x11, 0x70]);

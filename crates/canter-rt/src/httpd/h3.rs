@@ -42,6 +42,8 @@ const STREAM_AHEAD: usize = 64 * 1024;
 const READ_TURN: usize = 64 * 1024;
 /// Piece of a file read into memory per pull.
 const FILE_PIECE: usize = 16 * 1024;
+/// A whole body up to this size is copied into its response's head chunk.
+const SMALL_BODY: usize = 4 * 1024;
 /// Turns of the loop in one poll before yielding to the worker's other tasks.
 const TURNS: usize = 16;
 
@@ -88,6 +90,8 @@ pub(crate) async fn serve<S: Service>(
         connected: false,
         timer: Box::pin(tokio::time::sleep_until(tokio::time::Instant::now())),
         timer_at: None,
+        scratch: Vec::with_capacity(256),
+        ids: Vec::new(),
     };
     let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
     h3.worker.set_waker(registration.id, waker);
@@ -166,6 +170,10 @@ struct H3<S> {
     handshake_by: Option<Instant>,
     timer: Pin<Box<tokio::time::Sleep>>,
     timer_at: Option<Instant>,
+    /// Where a response's head is encoded before it is copied out.
+    scratch: Vec<u8>,
+    /// Stream IDs gathered during a turn (kept to save an allocation each time).
+    ids: Vec<StreamId>,
 }
 
 impl<S: Service> H3<S> {
@@ -622,21 +630,31 @@ impl<S: Service> H3<S> {
                 .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
         )
         .chain(len_field);
-        let mut head = Vec::with_capacity(128);
-        self.engine.headers(status.as_u16(), fields, &mut head);
-        ex.out.push(head.into());
+        // The head, and a small whole body with it, leave as one chunk copied out of a buffer
+        // the connection keeps: one allocation a response.
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
+        self.engine.headers(status.as_u16(), fields, &mut buf);
         ex.state = State::Done;
         if no_body {
+            ex.out.push(Bytes::copy_from_slice(&buf));
+            self.scratch = buf;
             ex.out.fin = true;
             return;
         }
         match body {
             Body::Full(b) => {
-                let mut frame = Vec::with_capacity(8);
-                self.engine.data_head(b.len() as u64, &mut frame);
-                ex.out.push(frame.into());
-                ex.out.push(b);
+                self.engine.data_head(b.len() as u64, &mut buf);
+                if b.len() <= SMALL_BODY {
+                    buf.extend_from_slice(&b);
+                    ex.out.push(Bytes::copy_from_slice(&buf));
+                } else {
+                    ex.out.push(Bytes::copy_from_slice(&buf));
+                    ex.out.push(b);
+                }
                 ex.out.fin = true;
+                self.scratch = buf;
+                return;
             }
             Body::Stream { stream, .. } => ex.state = State::Stream(stream),
             Body::File { file, offset, len } => {
@@ -648,13 +666,17 @@ impl<S: Service> H3<S> {
             }
             _ => ex.out.fin = true,
         }
+        ex.out.push(Bytes::copy_from_slice(&buf));
+        self.scratch = buf;
     }
 
     /// Polls handlers and pulls bodies; true if anything moved.
     fn poll_exchanges(&mut self, cx: &mut Context<'_>) -> bool {
         let mut any = false;
-        let ids: Vec<StreamId> = self.exchanges.keys().copied().collect();
-        for id in ids {
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
+        ids.extend(self.exchanges.keys().copied());
+        for &id in &ids {
             let Some(mut ex) = self.exchanges.remove(&id) else {
                 continue;
             };
@@ -677,6 +699,7 @@ impl<S: Service> H3<S> {
             }
             self.exchanges.insert(id, ex);
         }
+        self.ids = ids;
         any
     }
 
@@ -759,7 +782,8 @@ impl<S: Service> H3<S> {
         if let Some((id, out)) = &mut self.control {
             let _ = write_out(&mut self.link.conn, *id, out);
         }
-        let mut done = Vec::new();
+        let mut done = std::mem::take(&mut self.ids);
+        done.clear();
         for (&id, ex) in self.exchanges.iter_mut() {
             if ex.failed {
                 // A body that failed mid-way: the stream is reset rather than cut short
@@ -781,7 +805,7 @@ impl<S: Service> H3<S> {
                 Err(()) => done.push(id),
             }
         }
-        for id in done {
+        for &id in &done {
             if let Some(ex) = self.exchanges.remove(&id) {
                 release(&ex, BodyError::Detached);
                 if !ex.recv_done {
@@ -796,6 +820,7 @@ impl<S: Service> H3<S> {
                 }
             }
         }
+        self.ids = done;
     }
 
     /// Handler deadlines: 503 for a handler that ran out of time, a reset for a body that
