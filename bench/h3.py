@@ -199,6 +199,7 @@ def main():
     ap.add_argument("--requests", type=int, default=200_000)
     ap.add_argument("--idle", type=int, default=300)
     ap.add_argument("--only", default="", help="comma-separated server names")
+    ap.add_argument("--scenarios", default="", help="comma-separated scenario names")
     ap.add_argument("--build", action="append", default=[],
                     help="another canter binary to serve HTTP/3 beside target/release/canter "
                          "(repeatable; an A/B, with --only and --no-summary)")
@@ -214,6 +215,11 @@ def main():
              if not args.only or n in args.only.split(",") or n.startswith("canter@")]
     port = 19443
     cells = {}
+    chosen = {k: v for k, v in SCENARIOS.items()
+              if not args.scenarios or k in args.scenarios.split(",")}
+    for k in list(SCENARIOS):
+        if k not in chosen:
+            del SCENARIOS[k]
     for rnd in range(args.rounds):
         order = names[rnd % len(names):] + names[:rnd % len(names)]
         for sc_name, sc in SCENARIOS.items():
@@ -255,7 +261,9 @@ def markdown(cells, idle, names):
     out = []
     for sc in SCENARIOS:
         base = statistics.median(r["cpu_us_per_req"] for r in cells[(sc, "canter")])
-        out.append(f"\n**{sc}** (median of rounds)\n")
+        sc_def = SCENARIOS[sc]
+        out.append(f"\n#### {sc}: {sc_def['clients']} connection(s), {sc_def['streams']} "
+                   "stream(s) each, GET /plaintext\n")
         out.append("| server | req/s | CPU/req (µs) | vs canter | p50 (µs) | p99 (µs) |")
         out.append("|---|--:|--:|--:|--:|--:|")
         for name in names:
@@ -265,7 +273,7 @@ def markdown(cells, idle, names):
                        f"{cpu / base:.2f}× | {statistics.median(r['p50_us'] for r in rs):,.0f} | "
                        f"{statistics.median(r['p99_us'] for r in rs):,.0f} |")
     if idle:
-        out.append("\n**idle-memory**: RSS growth per idle connection (KiB)\n")
+        out.append("\n#### idle-memory: RSS growth per idle HTTP/3 connection (KiB)\n")
         out.append("| server | KiB |")
         out.append("|---|--:|")
         for name, kib in idle.items():
