@@ -67,7 +67,8 @@ fn python_aioquic() -> PathBuf {
 }
 
 /// aioquic's HTTP/3 client (tests/py/h3client.py): multiplexing, flow control both ways,
-/// errors and 431, trailers, the server's SETTINGS, session resumption, Alt-Svc.
+/// errors and 431, trailers, the server's SETTINGS, session resumption, WebSocket over HTTP/3
+/// (RFC 9220) on `/ws/echo`, Alt-Svc.
 #[test]
 fn aioquic_client() {
     let site = python_aioquic();
@@ -94,6 +95,7 @@ fn aioquic_client() {
         "ok 404, 405 and 431",
         "ok a request with trailers",
         "ok session resumption",
+        "ok WebSocket over HTTP/3 (RFC 9220)",
         "ok Alt-Svc over HTTP/1.1 with TLS",
         "ALL OK",
     ] {

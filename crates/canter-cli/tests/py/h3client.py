@@ -1,7 +1,8 @@
 """The server against aioquic (a QUIC and HTTP/3 stack in Python, its H3Connection API) over
 UDP: requests multiplexed on one connection, uploads and downloads larger than the flow
-control windows, errors, trailers, the server's SETTINGS, session resumption, and the Alt-Svc
-header that points HTTP/1.1 over TLS to HTTP/3.
+control windows, errors, trailers, the server's SETTINGS, session resumption, WebSocket over
+HTTP/3 (RFC 9220: extended CONNECT, frames written by hand), and the Alt-Svc header that points
+HTTP/1.1 over TLS to HTTP/3.
 
     python3 h3client.py TLS_PORT SITE_PACKAGES
 
@@ -179,6 +180,68 @@ async def resumption():
     check("session resumption")
 
 
+def ws_frame(opcode, payload):
+    """A client's WebSocket frame: FIN, masked (RFC 6455, Section 5.2)."""
+    mask = os.urandom(4)
+    assert len(payload) < 126
+    head = bytes([0x80 | opcode, 0x80 | len(payload)]) + mask
+    return head + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def ws_parse(data):
+    """The server's unmasked frames in `data`: [(opcode, payload)] and what is left."""
+    frames = []
+    while len(data) >= 2:
+        n = data[1] & 0x7F
+        at = 2
+        if n == 126:
+            n, at = int.from_bytes(data[2:4], "big"), 4
+        if len(data) < at + n:
+            break
+        frames.append((data[0] & 0x0F, data[at:at + n]))
+        data = data[at + n:]
+    return frames, data
+
+
+async def websocket():
+    """RFC 9220: WebSocket over an HTTP/3 stream, by extended CONNECT, on the route the
+    other protocols use."""
+    async with session() as c:
+        # A round trip first: the server's SETTINGS have arrived by its end.
+        await c.request("GET", "/plaintext")
+        settings = c.h3.received_settings
+        assert settings.get(0x8) == 1, f"no SETTINGS_ENABLE_CONNECT_PROTOCOL: {settings}"
+        sid = c._quic.get_next_available_stream_id()
+        fut = asyncio.get_running_loop().create_future()
+        r = {"headers": None, "body": b"", "trailers": None, "reset": None}
+        c.waiting[sid] = (fut, r)
+        c.h3.send_headers(sid, [(b":method", b"CONNECT"), (b":protocol", b"websocket"),
+                                (b":scheme", b"https"), (b":authority", b"localhost"),
+                                (b":path", b"/ws/echo"), (b"sec-websocket-version", b"13")])
+        c.transmit()
+        deadline = asyncio.get_running_loop().time() + TIMEOUT
+        while r["headers"] is None:
+            assert asyncio.get_running_loop().time() < deadline, "no response to CONNECT"
+            await asyncio.sleep(0.01)
+        assert r["headers"][":status"] == "200", r["headers"]
+        c.h3.send_data(sid, ws_frame(0x1, b"hello over h3"), end_stream=False)
+        c.transmit()
+        frames = []
+        while not frames:
+            assert asyncio.get_running_loop().time() < deadline, f"no echo: {r}"
+            frames, _ = ws_parse(r["body"])
+            await asyncio.sleep(0.01)
+        assert frames[0] == (0x1, b"hello over h3"), frames
+        r["body"] = b""
+        c.h3.send_data(sid, ws_frame(0x8, (1000).to_bytes(2, "big")), end_stream=False)
+        c.transmit()
+        await asyncio.wait_for(fut, TIMEOUT)
+        frames, _ = ws_parse(r["body"])
+        assert frames and frames[-1][0] == 0x8, frames
+        assert int.from_bytes(frames[-1][1][:2], "big") == 1000, frames
+    check("WebSocket over HTTP/3 (RFC 9220)")
+
+
 def alt_svc():
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
@@ -200,7 +263,7 @@ def alt_svc():
 
 
 async def main():
-    for step in (multiplexed, flow_controlled, errors, trailers, resumption):
+    for step in (multiplexed, flow_controlled, errors, trailers, resumption, websocket):
         await step()
     alt_svc()
     print("ALL OK", flush=True)

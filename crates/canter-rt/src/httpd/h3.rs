@@ -64,8 +64,10 @@ pub(crate) async fn serve<S: Service>(
     worker: Rc<Worker>,
     cfg: Rc<Config>,
 ) {
-    let settings =
-        canter_h3::Settings::default().with_max_field_section_size(cfg.limits.max_head() as u64);
+    let settings = canter_h3::Settings::default()
+        .with_max_field_section_size(cfg.limits.max_head() as u64)
+        // WebSocket over HTTP/3 (RFC 9220) is served where WebSocket is.
+        .with_connect_protocol(cfg!(feature = "ws"));
     let peer = link.peer();
     // A handshake has the TLS listener's time to complete, as over TCP.
     let handshake_by = cfg
@@ -145,6 +147,12 @@ struct Exchange {
     source_waits: bool,
     /// The response body failed after its head went out: the stream is reset.
     failed: bool,
+    /// A CONNECT request: answered 2xx, the stream may become a tunnel.
+    #[cfg_attr(not(feature = "ws"), allow(dead_code))]
+    connect: bool,
+    /// The stream is a tunnel (RFC 9220's WebSocket): its input is not a body under the body
+    /// limit, and its silence is not a stall.
+    tunnel: bool,
 }
 
 struct H3<S> {
@@ -436,7 +444,7 @@ impl<S: Service> H3<S> {
                     let res = Response::new(
                         StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST),
                     );
-                    self.respond_new(sid(stream), res, false, None);
+                    self.respond_new(sid(stream), res, false, None, false);
                 }
                 Event::StreamError {
                     stream,
@@ -477,7 +485,12 @@ impl<S: Service> H3<S> {
             return;
         };
         let mut p = pipe.borrow_mut();
-        let limit = p.restrict.map_or(max_body, |(b, _)| b.min(max_body));
+        // A tunnel's input is a stream of messages, bounded by flow control, not a body.
+        let limit = if ex.tunnel {
+            u64::MAX
+        } else {
+            p.restrict.map_or(max_body, |(b, _)| b.min(max_body))
+        };
         if p.state != PipeState::Open {
             return;
         }
@@ -519,14 +532,14 @@ impl<S: Service> H3<S> {
                     status.canonical_reason().unwrap_or("Bad Request")
                 ))
                 .with_status(status);
-                self.respond_new(id, res, head_only, None);
+                self.respond_new(id, res, head_only, None, false);
                 return;
             }
         };
         if declared.is_some_and(|n| n > self.cfg.limits.max_body()) {
             let res =
                 Response::text("Payload Too Large\n").with_status(StatusCode::PAYLOAD_TOO_LARGE);
-            self.respond_new(id, res, head_only, None);
+            self.respond_new(id, res, head_only, None, false);
             return;
         }
         let (pipe, body) = if end_stream {
@@ -535,14 +548,25 @@ impl<S: Service> H3<S> {
             let pipe = Rc::new(RefCell::new(Pipe::new()));
             (Some(pipe.clone()), RequestBody::piped(pipe, declared))
         };
-        let req = Request::new(rh, body);
+        let connect = rh.method() == canter_http::Method::Connect;
+        let mut req = Request::new(rh, body);
+        if let Some(p) = head.protocol() {
+            req.extensions_mut()
+                .insert(crate::httpd::service::ConnectProtocol(
+                    String::from_utf8_lossy(p).into_owned(),
+                ));
+        }
+        #[cfg(feature = "tls")]
+        if let Some(certs) = self.link.peer_certificates() {
+            req.extensions_mut().insert(certs);
+        }
         let svc = &self.svc;
         let reply = match catch_unwind(AssertUnwindSafe(|| svc.call(req))) {
             Ok(r) => r,
             Err(_) => Reply::Ready(panicked(&self.peer)),
         };
         match reply {
-            Reply::Ready(res) => self.respond_new(id, res, head_only, pipe),
+            Reply::Ready(res) => self.respond_new(id, res, head_only, pipe, connect),
             Reply::Pending(fut) => {
                 let ex = Exchange {
                     state: State::Handler(fut),
@@ -554,9 +578,21 @@ impl<S: Service> H3<S> {
                     recv_done: end_stream,
                     source_waits: false,
                     failed: false,
+                    connect,
+                    tunnel: false,
                 };
                 self.exchanges.insert(id, ex);
             }
+        }
+    }
+
+    /// How long a response body may give nothing before it counts as stalled: never, for a
+    /// tunnel (its protocol has timeouts of its own).
+    fn quiet(&self, tunnel: bool) -> std::time::Duration {
+        if tunnel {
+            std::time::Duration::from_secs(365 * 86400)
+        } else {
+            self.cfg.handler_timeout
         }
     }
 
@@ -567,6 +603,7 @@ impl<S: Service> H3<S> {
         res: Response,
         head_only: bool,
         pipe: Option<Rc<RefCell<Pipe>>>,
+        connect: bool,
     ) {
         let mut ex = Exchange {
             state: State::Done,
@@ -578,6 +615,8 @@ impl<S: Service> H3<S> {
             recv_done: false,
             source_waits: false,
             failed: false,
+            connect,
+            tunnel: false,
         };
         self.respond(&mut ex, res);
         self.exchanges.insert(id, ex);
@@ -592,12 +631,9 @@ impl<S: Service> H3<S> {
             body,
         } = res;
         #[cfg(feature = "ws")]
-        let (status, body) = if matches!(body, Body::Upgrade(_)) {
-            // WebSocket over HTTP/3 (RFC 9220) is not served yet: refused, not half-switched.
-            tracing::warn!(peer = %self.peer, "WebSocket over HTTP/3 is not supported; answering 501");
-            (StatusCode::NOT_IMPLEMENTED, Body::Empty)
-        } else {
-            (status, body)
+        let (status, body) = match body {
+            Body::Upgrade(up) => self.open_tunnel(ex, status, up),
+            body => (status, body),
         };
         let len = body.exact_len();
         let date = self.worker.date();
@@ -670,6 +706,33 @@ impl<S: Service> H3<S> {
         self.scratch = buf;
     }
 
+    /// A response that switches its stream to WebSocket (RFC 9220: a 200 to an extended CONNECT
+    /// with `:protocol` `websocket`) becomes a tunnel: the session is the response body, fed by
+    /// the request body, as over HTTP/2 (`ws/h2.rs`). A switch answered to anything else is the
+    /// handler's mistake: 500.
+    #[cfg(feature = "ws")]
+    #[cold]
+    fn open_tunnel(
+        &self,
+        ex: &mut Exchange,
+        status: StatusCode,
+        up: crate::ws::Upgrade,
+    ) -> (StatusCode, Body) {
+        match &ex.pipe {
+            Some(pipe) if ex.connect && status == StatusCode::OK => {
+                let input = RequestBody::piped(pipe.clone(), None);
+                let tunnel = crate::ws::h2::H2Tunnel::new(up, input, self.worker.clone());
+                ex.tunnel = true;
+                (status, Body::stream(None, tunnel))
+            }
+            _ => {
+                tracing::error!(peer = %self.peer, "a protocol switch answered to a request that cannot switch; answering 500");
+                let res = Response::handler_panicked();
+                (res.status, res.body)
+            }
+        }
+    }
+
     /// Polls handlers and pulls bodies; true if anything moved.
     fn poll_exchanges(&mut self, cx: &mut Context<'_>) -> bool {
         let mut any = false;
@@ -689,7 +752,7 @@ impl<S: Service> H3<S> {
                 if let Some(res) = res {
                     any = true;
                     self.respond(&mut ex, res);
-                    ex.deadline = later(self.worker.now(), self.cfg.handler_timeout);
+                    ex.deadline = later(self.worker.now(), self.quiet(ex.tunnel));
                 }
             }
             if matches!(ex.state, State::Stream(_) | State::File { .. })
@@ -756,7 +819,7 @@ impl<S: Service> H3<S> {
                 _ => return any,
             };
             any = true;
-            ex.deadline = later(self.worker.now(), self.cfg.handler_timeout);
+            ex.deadline = later(self.worker.now(), self.quiet(ex.tunnel));
             match piece {
                 Some(b) => {
                     if b.is_empty() {

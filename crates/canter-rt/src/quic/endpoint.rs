@@ -369,6 +369,16 @@ impl QuicLink {
         n.set(n.get().saturating_sub(1));
     }
 
+    /// The certificate chain the client presented and TLS verified (with client
+    /// certificates required), as over TCP.
+    pub(crate) fn peer_certificates(&self) -> Option<crate::core::transport::PeerCertificates> {
+        let identity = self.conn.crypto_session().peer_identity()?;
+        let chain = identity
+            .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
+            .ok()?;
+        Some(crate::core::transport::PeerCertificates(Arc::new(*chain)))
+    }
+
     fn endpoint_events(&mut self, ep: &Endpoint) {
         while let Some(ev) = self.conn.poll_endpoint_events() {
             let back = ep.endpoint.borrow_mut().handle_event(self.handle, ev);

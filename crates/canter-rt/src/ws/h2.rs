@@ -1,5 +1,5 @@
-//! WebSocket over an HTTP/2 stream (RFC 8441): the session of `ws/driver.rs` as the stream's
-//! response body, fed by its request body.
+//! WebSocket over an HTTP/2 stream (RFC 8441), and over an HTTP/3 stream alike (RFC 9220): the
+//! session of `ws/driver.rs` as the stream's response body, fed by its request body.
 
 use std::future::Future;
 use std::io;

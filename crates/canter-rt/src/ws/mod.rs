@@ -28,7 +28,7 @@
 //! - **Shutdown**: a draining server closes each WebSocket with 1001 (going away).
 
 pub(crate) mod driver;
-#[cfg(feature = "http2")]
+#[cfg(any(feature = "http2", feature = "http3"))]
 pub(crate) mod h2;
 pub(crate) mod hub;
 pub(crate) mod upgrade;
