@@ -313,6 +313,10 @@ struct ServeArgs {
     /// HTTP/1.1 and HTTP/2 clients over TLS with `Alt-Svc: h3=":PORT"; ma=86400`.
     #[arg(long, requires = "tls_addr")]
     h3: bool,
+    /// HTTP/3: take 0-RTT data from clients resuming a session; requests in it are served only
+    /// for safe methods (GET, HEAD, OPTIONS), others answered 425 Too Early (replays).
+    #[arg(long, requires = "h3")]
+    h3_early_data: bool,
     /// How long a client may take to complete the TLS handshake.
     #[arg(long, value_name = "TIME", value_parser = parse_duration, default_value = "10s")]
     tls_handshake_timeout: Duration,
@@ -970,7 +974,11 @@ fn serve(args: ServeArgs) -> Result<(), ServeError> {
             acceptor: acceptor.clone(),
         }));
     }
-    let config = config.http3(args.h3).build().map_err(ServeError::Config)?;
+    let config = config
+        .http3(args.h3)
+        .http3_early_data(args.h3_early_data)
+        .build()
+        .map_err(ServeError::Config)?;
     let workers = config.workers();
     let database = match args.app {
         AppKind::Techempower => Some(db_config(&args)?),

@@ -96,6 +96,7 @@ fn aioquic_client() {
         "ok a request with trailers",
         "ok session resumption",
         "ok WebSocket over HTTP/3 (RFC 9220)",
+        "ok 0-RTT refused",
         "ok Alt-Svc over HTTP/1.1 with TLS",
         "ALL OK",
     ] {
@@ -104,6 +105,44 @@ fn aioquic_client() {
             "missing {check:?} in:\n{stdout}"
         );
     }
+}
+
+/// `--h3-early-data`: a resumed session's 0-RTT GET is served, its POST answered 425 Too Early,
+/// while the client withholds its Finished as a replayed first flight would (aioquic,
+/// tests/py/h3client.py --early-data); without the flag (above) early data is refused.
+#[test]
+fn early_data_serves_safe_methods_only() {
+    let site = python_aioquic();
+    let server = Server::start_with(&[
+        "--tls-addr",
+        "127.0.0.1:0",
+        "--tls-self-signed",
+        "--h3",
+        "--h3-early-data",
+    ]);
+    let script = format!("{}/tests/py/h3client.py", env!("CARGO_MANIFEST_DIR"));
+    let out = common::run_python(
+        &[
+            &script,
+            &server.tls_port().to_string(),
+            site.to_str().unwrap(),
+            "--early-data",
+        ],
+        None,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "h3client.py --early-data failed:\n{stdout}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l == "ok 0-RTT accepted: GET served, POST 425"),
+        "{stdout}"
+    );
 }
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -4,7 +4,9 @@ control windows, errors, trailers, the server's SETTINGS, session resumption, We
 HTTP/3 (RFC 9220: extended CONNECT, frames written by hand), and the Alt-Svc header that points
 HTTP/1.1 over TLS to HTTP/3.
 
-    python3 h3client.py TLS_PORT SITE_PACKAGES
+    python3 h3client.py TLS_PORT SITE_PACKAGES [--early-data]
+
+With --early-data (a server started with --h3-early-data) it checks 0-RTT only.
 
 SITE_PACKAGES is where aioquic was installed (`pip install --target`). Prints one "ok <check>"
 line per passed check and "ALL OK" at the end; exits non-zero on the first failure.
@@ -180,6 +182,65 @@ async def resumption():
     check("session resumption")
 
 
+async def early_data(expect_accepted):
+    """0-RTT. A second connection resumes the first one's session and sends a GET and a POST
+    in its first flight, and then withholds its Finished, so the server's handshake cannot
+    complete (as for an attacker replaying that flight). With the server's early data on, the
+    GET is answered 200 from it and the POST 425 Too Early; with it off, early data is refused
+    and nothing is answered before the handshake."""
+    import socket as socket_mod
+    import time as time_mod
+    from aioquic.quic.connection import QuicConnection
+
+    tickets = []
+    async with session(tickets) as c:
+        await c.request("GET", "/plaintext")
+        await c.request("GET", "/plaintext")
+    assert tickets, "no session ticket"
+    quic = QuicConnection(configuration=configuration(tickets))
+    h3 = H3Connection(quic)
+    addr = ("127.0.0.1", TLS_PORT)
+    sock = socket_mod.socket(socket_mod.AF_INET, socket_mod.SOCK_DGRAM)
+    sock.settimeout(0.2)
+    quic.connect(addr, now=time_mod.time())
+    get = quic.get_next_available_stream_id()
+    h3.send_headers(get, [(b":method", b"GET"), (b":scheme", b"https"),
+                          (b":authority", b"localhost"), (b":path", b"/plaintext")],
+                    end_stream=True)
+    post = quic.get_next_available_stream_id()
+    h3.send_headers(post, [(b":method", b"POST"), (b":scheme", b"https"),
+                           (b":authority", b"localhost"), (b":path", b"/echo"),
+                           (b"content-length", b"9")])
+    h3.send_data(post, b"not twice", end_stream=True)
+    for data, to in quic.datagrams_to_send(now=time_mod.time()):
+        sock.sendto(data, to)
+    # From here on nothing is sent: no Finished, no acknowledgment.
+    status = {}
+    deadline = time_mod.time() + (5 if not expect_accepted else TIMEOUT)
+    while len(status) < 2 and time_mod.time() < deadline:
+        try:
+            data, _ = sock.recvfrom(65536)
+        except socket_mod.timeout:
+            continue
+        quic.receive_datagram(data, addr, now=time_mod.time())
+        ev = quic.next_event()
+        while ev is not None:
+            for h in h3.handle_event(ev):
+                if isinstance(h, HeadersReceived):
+                    status[h.stream_id] = dict(h.headers)[b":status"].decode()
+            ev = quic.next_event()
+        quic.datagrams_to_send(now=time_mod.time())  # dropped
+    sock.close()
+    accepted = quic.tls.early_data_accepted
+    assert accepted == expect_accepted, f"early data accepted: {accepted}"
+    if expect_accepted:
+        assert status == {get: "200", post: "425"}, status
+        check("0-RTT accepted: GET served, POST 425")
+    else:
+        assert status == {}, f"answered before the handshake: {status}"
+        check("0-RTT refused")
+
+
 def ws_frame(opcode, payload):
     """A client's WebSocket frame: FIN, masked (RFC 6455, Section 5.2)."""
     mask = os.urandom(4)
@@ -263,8 +324,13 @@ def alt_svc():
 
 
 async def main():
+    if "--early-data" in sys.argv:
+        await early_data(True)
+        print("ALL OK", flush=True)
+        return
     for step in (multiplexed, flow_controlled, errors, trailers, resumption, websocket):
         await step()
+    await early_data(False)
     alt_svc()
     print("ALL OK", flush=True)
 

@@ -51,6 +51,8 @@ pub struct Config {
     pub(crate) http2: Option<canter_h2::Settings>,
     #[cfg(feature = "http3")]
     pub(crate) http3: bool,
+    #[cfg(feature = "http3")]
+    pub(crate) http3_early_data: bool,
     pub(crate) fault_log_interval: Duration,
     pub(crate) proxy_protocol: Option<crate::core::proxy::ProxyProtocol>,
     pub(crate) park_hooks: Option<ParkHooks>,
@@ -200,6 +202,16 @@ impl Config {
     /// [`Config::tls`]. Off by default.
     pub fn http3(&self) -> bool {
         self.http3
+    }
+
+    #[cfg(feature = "http3")]
+    /// HTTP/3 takes 0-RTT data from a client resuming a session: its first requests arrive
+    /// with its first packet, a round trip sooner. Early data can be replayed by an attacker,
+    /// so a request that arrives in it is served only if its method is safe (GET, HEAD,
+    /// OPTIONS); any other is answered 425 Too Early (RFC 8470), and the client sends it again
+    /// once the handshake is done. Off by default.
+    pub fn http3_early_data(&self) -> bool {
+        self.http3_early_data
     }
 
     /// Whether connections may speak HTTP/2: set, and built with the `http2` feature.
@@ -388,6 +400,13 @@ impl ConfigBuilder {
         self
     }
 
+    #[cfg(feature = "http3")]
+    /// See [`Config::http3_early_data`].
+    pub fn http3_early_data(mut self, on: bool) -> Self {
+        self.0.http3_early_data = on;
+        self
+    }
+
     /// See [`Config::fault_log_interval`].
     pub fn fault_log_interval(mut self, fault_log_interval: Duration) -> Self {
         self.0.fault_log_interval = fault_log_interval;
@@ -521,6 +540,8 @@ impl Default for Config {
             http2: Some(canter_h2::Settings::default()),
             #[cfg(feature = "http3")]
             http3: false,
+            #[cfg(feature = "http3")]
+            http3_early_data: false,
             fault_log_interval: Duration::from_secs(10),
             proxy_protocol: None,
             park_hooks: None,

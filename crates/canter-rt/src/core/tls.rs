@@ -468,13 +468,20 @@ impl TlsAcceptor {
     }
 
     /// The rustls configuration for QUIC: the same certificates (the resolver is shared, so a
-    /// reload reaches it), session tickets and cache, ALPN `h3` only, and no early data (0-RTT
-    /// can be replayed).
+    /// reload reaches it), session tickets and cache, ALPN `h3` only. With `early_data`, 0-RTT
+    /// is offered: rustls takes early data only on sessions resumed from its cache, so tickets
+    /// then carry a session ID rather than the session itself; without, no early data (it can
+    /// be replayed).
     #[cfg(feature = "http3")]
-    pub(crate) fn quic_config(&self) -> rustls::ServerConfig {
+    pub(crate) fn quic_config(&self, early_data: bool) -> rustls::ServerConfig {
         let mut config = (**self.inner.acceptor.config()).clone();
         config.alpn_protocols = vec![b"h3".to_vec()];
-        config.max_early_data_size = 0;
+        if early_data {
+            config.max_early_data_size = u32::MAX;
+            config.ticketer = Arc::new(StatefulTickets);
+        } else {
+            config.max_early_data_size = 0;
+        }
         config
     }
 
@@ -504,6 +511,27 @@ impl TlsAcceptor {
                 "TLS handshake timed out",
             )),
         }
+    }
+}
+
+/// No stateless tickets: sessions resume from the server's cache (what early data needs).
+#[cfg(feature = "http3")]
+#[derive(Debug)]
+struct StatefulTickets;
+
+#[cfg(feature = "http3")]
+impl rustls::server::ProducesTickets for StatefulTickets {
+    fn enabled(&self) -> bool {
+        false
+    }
+    fn lifetime(&self) -> u32 {
+        0
+    }
+    fn encrypt(&self, _plain: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
+    fn decrypt(&self, _cipher: &[u8]) -> Option<Vec<u8>> {
+        None
     }
 }
 

@@ -548,6 +548,20 @@ impl<S: Service> H3<S> {
             let pipe = Rc::new(RefCell::new(Pipe::new()));
             (Some(pipe.clone()), RequestBody::piped(pipe, declared))
         };
+        // 0-RTT (Config::http3_early_data): a request that came before the handshake finished
+        // may be a replay; only a safe method is served from it (RFC 8470, RFC 9114 Section
+        // 10.9).
+        if self.link.conn.is_handshaking()
+            && !matches!(
+                rh.method(),
+                canter_http::Method::Get | canter_http::Method::Head | canter_http::Method::Options
+            )
+        {
+            tracing::debug!(peer = %self.peer, stream = %id, "unsafe method in 0-RTT: 425");
+            let res = Response::text("Too Early\n").with_status(StatusCode::TOO_EARLY);
+            self.respond_new(id, res, head_only, pipe, false);
+            return;
+        }
         let connect = rh.method() == canter_http::Method::Connect;
         let mut req = Request::new(rh, body);
         if let Some(p) = head.protocol() {

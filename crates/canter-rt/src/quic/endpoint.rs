@@ -75,9 +75,10 @@ impl Setup {
         let Some(tls) = cfg.tls.as_ref() else {
             return Err(io::Error::other("HTTP/3 needs a TLS listener"));
         };
-        let crypto =
-            quinn_proto::crypto::rustls::QuicServerConfig::try_from(tls.acceptor.quic_config())
-                .map_err(|e| io::Error::other(format!("TLS settings unusable for QUIC: {e}")))?;
+        let crypto = quinn_proto::crypto::rustls::QuicServerConfig::try_from(
+            tls.acceptor.quic_config(cfg.http3_early_data),
+        )
+        .map_err(|e| io::Error::other(format!("TLS settings unusable for QUIC: {e}")))?;
         let mut transport = quinn_proto::TransportConfig::default();
         transport
             .max_concurrent_bidi_streams(VarInt::from_u32(MAX_REQUEST_STREAMS))
