@@ -12,6 +12,9 @@ number of requests; the tables give medians over the rounds. Scenarios:
 
   c1-m100      GET /plaintext, 1 connection, 100 concurrent streams
   c50-m1       GET /plaintext, 50 connections, 1 stream each
+  handshakes   a new connection per request, no resumption (full handshakes), 50 clients:
+               handshakes per second and CPU per handshake
+  concurrent   1,000 handshakes started at once (a connection each); how many complete
   idle-memory  RSS growth per idle connection (300 connections, each after one request; an
                aioquic client from bench/build/py-aioquic), once per server
 
@@ -84,13 +87,19 @@ def servers(cert, key, builds=()):
 SCENARIOS = {
     "c1-m100": dict(clients=1, streams=100),
     "c50-m1": dict(clients=50, streams=1),
+    # A new connection per request, no resumption: full handshakes, 50 at a time.
+    "handshakes": dict(clients=50, streams=1, new_connection=True),
 }
 
 
 def load(port, flags, sc, n):
     argv = ["taskset", "-c", "1", CANTER, "load", f"https://127.0.0.1:{port}/plaintext",
-            "-n", str(n), "-c", str(sc["clients"]), "-m", str(sc["streams"]), "-k",
+            "-n", str(n), "-c", str(sc["clients"]), "-k",
             "--json", "--no-progress", "--timeout", "20s"] + flags
+    if sc.get("new_connection"):
+        argv += ["--no-keepalive", "--tls-no-resume"]
+    else:
+        argv += ["-m", str(sc["streams"])]
     out = subprocess.run(argv, capture_output=True, text=True)
     try:
         r = json.loads(out.stdout)
@@ -198,6 +207,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=200_000)
     ap.add_argument("--idle", type=int, default=300)
+    ap.add_argument("--handshakes", type=int, default=5000,
+                    help="measured handshakes per round (a tenth more to warm up)")
+    ap.add_argument("--concurrent", type=int, default=1000,
+                    help="handshakes started at once, each of which must complete")
     ap.add_argument("--only", default="", help="comma-separated server names")
     ap.add_argument("--scenarios", default="", help="comma-separated scenario names")
     ap.add_argument("--build", action="append", default=[],
@@ -224,15 +237,31 @@ def main():
         order = names[rnd % len(names):] + names[:rnd % len(names)]
         for sc_name, sc in SCENARIOS.items():
             for name in order:
+                if sc.get("new_connection") and name == "canter-h2-tls":
+                    continue  # TLS over TCP has its own handshake table (bench/tls.py)
                 port += 1
                 proc = start(name, specs[name], port)
                 try:
-                    r = measure(proc, port, specs[name][2], sc, args.requests)
+                    n = args.handshakes if sc.get("new_connection") else args.requests
+                    r = measure(proc, port, specs[name][2], sc, n)
                 finally:
                     tls.stop(proc)
                 cells.setdefault((sc_name, name), []).append(r)
                 print(f"round {rnd + 1} {sc_name:8} {name:14} {r['rps']:>10.0f} req/s "
                       f"{r['cpu_us_per_req']:7.2f} us CPU/req", file=sys.stderr)
+    concurrent = {}
+    for name in names:
+        if name == "canter-h2-tls" or args.build:
+            continue
+        port += 1
+        proc = start(name, specs[name], port)
+        try:
+            sc = dict(clients=args.concurrent, streams=1, new_connection=True)
+            concurrent[name] = load(port, specs[name][2], sc, args.concurrent)["succeeded"]
+        finally:
+            tls.stop(proc)
+        print(f"{name}: {concurrent[name]} of {args.concurrent} concurrent handshakes completed",
+              file=sys.stderr)
     idle = {}
     for name in names:
         if name == "canter-h2-tls" or args.build:
@@ -243,7 +272,8 @@ def main():
         except RuntimeError as e:
             print(e, file=sys.stderr)
     results = dict(machine=run.machine_info(), rounds=args.rounds, requests=args.requests,
-                   cells={f"{s}/{n}": v for (s, n), v in cells.items()}, idle_kib=idle)
+                   cells={f"{s}/{n}": v for (s, n), v in cells.items()}, idle_kib=idle,
+                   concurrent=concurrent, concurrent_started=args.concurrent)
     os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
     path = os.path.join(BENCH, "results", time.strftime("h3-%Y%m%d-%H%M%S.json"))
     with open(path, "w") as f:
@@ -253,25 +283,39 @@ def main():
             "with h3) or `canter load -m` (HTTP/2 over TLS) on CPU 1. CPU/req: the server's "
             "utime+stime over the measured requests.")
     with summary.capture("http3", command.strip(), note):
-        print(markdown(cells, idle, names))
+        print(markdown(cells, idle, names, concurrent, args.concurrent))
     print(f"\n(results: {os.path.relpath(path, run.ROOT)})")
 
 
-def markdown(cells, idle, names):
+def markdown(cells, idle, names, concurrent=None, started=0):
     out = []
     for sc in SCENARIOS:
+        if (sc, "canter") not in cells:
+            continue
         base = statistics.median(r["cpu_us_per_req"] for r in cells[(sc, "canter")])
         sc_def = SCENARIOS[sc]
-        out.append(f"\n#### {sc}: {sc_def['clients']} connection(s), {sc_def['streams']} "
-                   "stream(s) each, GET /plaintext\n")
+        if sc_def.get("new_connection"):
+            out.append(f"\n#### {sc}: {sc_def['clients']} clients, a new connection (a full "
+                       "handshake) per request; CPU/req is CPU per handshake\n")
+        else:
+            out.append(f"\n#### {sc}: {sc_def['clients']} connection(s), {sc_def['streams']} "
+                       "stream(s) each, GET /plaintext\n")
         out.append("| server | req/s | CPU/req (µs) | vs canter | p50 (µs) | p99 (µs) |")
         out.append("|---|--:|--:|--:|--:|--:|")
         for name in names:
+            if (sc, name) not in cells:
+                continue
             rs = cells[(sc, name)]
             cpu = statistics.median(r["cpu_us_per_req"] for r in rs)
             out.append(f"| {name} | {statistics.median(r['rps'] for r in rs):,.0f} | {cpu:.2f} | "
                        f"{cpu / base:.2f}× | {statistics.median(r['p50_us'] for r in rs):,.0f} | "
                        f"{statistics.median(r['p99_us'] for r in rs):,.0f} |")
+    if concurrent:
+        out.append(f"\n#### {started:,} handshakes at once (a connection each, no resumption)\n")
+        out.append("| server | completed |")
+        out.append("|---|--:|")
+        for name, done in concurrent.items():
+            out.append(f"| {name} | {done:,} of {started:,} |")
     if idle:
         out.append("\n#### idle-memory: RSS growth per idle HTTP/3 connection (KiB)\n")
         out.append("| server | KiB |")

@@ -569,3 +569,36 @@ fn sigterm_drains_http3() {
         server.log()
     );
 }
+
+/// `canter load --h3 --no-keepalive`: a connection (a full handshake) per request, 300 of them
+/// started at once; past the Retry threshold clients are asked to prove their address first,
+/// and every one of them still completes.
+#[test]
+fn concurrent_handshakes_all_complete() {
+    let server = start();
+    let url = format!("https://127.0.0.1:{}/plaintext", server.tls_port());
+    let out = Command::new(env!("CARGO_BIN_EXE_canter"))
+        .args([
+            "load",
+            &url,
+            "--h3",
+            "-k",
+            "--no-keepalive",
+            "--tls-no-resume",
+            "--json",
+        ])
+        .args([
+            "--no-progress",
+            "-c",
+            "300",
+            "-n",
+            "300",
+            "--timeout",
+            "120s",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["status"]["200"], 300, "{report}\n{}", server.log());
+}

@@ -30,6 +30,8 @@ pub struct ConnConfig {
     pub tls: Option<(canter_rt::ClientTls, String)>,
     /// With `--h3`: the QUIC client settings and the server name.
     pub quic: Option<(quinn::ClientConfig, String)>,
+    /// `--no-keepalive` with `--h3`: a new QUIC connection (a handshake) for every request.
+    pub new_connection_per_request: bool,
     /// `pipeline` copies of the request, back to back.
     pub batch: Vec<u8>,
     /// Length of one request in `batch`.

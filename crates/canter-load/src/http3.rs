@@ -6,7 +6,9 @@
 //! against canter is also an interoperability check. Closed loop, each of the `-m` slots sends
 //! its next request when its last answer is read; open loop (`--rate`), a connection sends on
 //! its schedule while fewer than `-m` are in flight, and a slot that finds all `-m` busy waits,
-//! its latency counted from when it was due (coordinated omission corrected).
+//! its latency counted from when it was due (coordinated omission corrected). With
+//! `--no-keepalive`, every request has a connection of its own, closed after its answer: a
+//! handshake each (a full one with `--tls-no-resume`), its latency counted from the connect.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -41,6 +43,9 @@ pub async fn run_connection(cfg: &ConnConfig, shared: &ThreadShared, index: usiz
         .rate
         .map(|(rate, conns)| RateSchedule::new(rate, conns, index));
     let slots = Cell::new(0u64);
+    if cfg.new_connection_per_request {
+        return one_per_connection(cfg, shared, request, quic, name).await;
+    }
     loop {
         let now = Instant::now();
         if cfg.end.is_some_and(|e| now >= e) {
@@ -75,6 +80,49 @@ pub async fn run_connection(cfg: &ConnConfig, shared: &ThreadShared, index: usiz
             // Nothing was answered on this connection: do not spin on a server that refuses.
             tokio::time::sleep(CONNECT_BACKOFF).await;
         }
+    }
+}
+
+/// `--no-keepalive`: connect, one request, close; again until the run ends.
+async fn one_per_connection(
+    cfg: &ConnConfig,
+    shared: &ThreadShared,
+    request: &H2Request,
+    quic: &quinn::ClientConfig,
+    name: &str,
+) {
+    loop {
+        if cfg.end.is_some_and(|e| Instant::now() >= e) {
+            return;
+        }
+        if shared.claim(1) == 0 {
+            return;
+        }
+        let start = Instant::now();
+        let Some((mut send, endpoint, driver)) = connect(cfg, shared, quic, name).await else {
+            continue;
+        };
+        let result =
+            tokio::time::timeout(cfg.timeout, exchange(&mut send, request, cfg.head_only)).await;
+        let now = Instant::now();
+        match result {
+            Ok(Ok((status, bytes))) => {
+                if now >= cfg.measure_start {
+                    let mut stats = shared.stats.borrow_mut();
+                    stats.record(status, now.saturating_duration_since(start));
+                    stats.bytes_read += bytes;
+                }
+                shared.progress.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Err(kind)) if now >= cfg.measure_start => shared.stats.borrow_mut().error(kind, 1),
+            Err(_) if now >= cfg.measure_start => {
+                shared.stats.borrow_mut().error(ErrorKind::Timeout, 1)
+            }
+            _ => {}
+        }
+        drop(send);
+        endpoint.close(0u32.into(), b"");
+        driver.abort();
     }
 }
 

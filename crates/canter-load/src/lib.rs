@@ -270,11 +270,11 @@ fn plan(args: &LoadOptions) -> Result<Plan, LoadError> {
         })?,
         (None, None) => Vec::new(),
     };
-    if args.no_keepalive && args.streams.is_some() {
+    if args.no_keepalive && args.streams.is_some() && !args.h3 {
         return usage!("--no-keepalive is for HTTP/1.1; -m speaks HTTP/2");
     }
     let mut headers = args.headers.clone();
-    if args.no_keepalive {
+    if args.no_keepalive && !args.h3 {
         headers.push("Connection: close".to_owned());
     }
     let ws = if target.websocket {
@@ -324,10 +324,11 @@ fn plan(args: &LoadOptions) -> Result<Plan, LoadError> {
         if !target.tls || target.websocket {
             return usage!("--h3 needs an https:// URL (HTTP/3 runs over QUIC, which is TLS)");
         }
-        if args.no_keepalive || args.pipeline > 1 {
-            return usage!(
-                "--h3 takes neither --no-keepalive nor --pipeline: -m is the concurrency"
-            );
+        if args.pipeline > 1 {
+            return usage!("--h3 takes no --pipeline: -m is the concurrency");
+        }
+        if args.no_keepalive && args.streams.is_some_and(|m| m > 1) {
+            return usage!("--h3 --no-keepalive sends one request per connection: no -m");
         }
     }
     let request = target::build_request(&args.method, &target, &headers, &body)?;
@@ -520,6 +521,7 @@ pub fn run(args: LoadOptions) -> Result<Report, LoadError> {
             addr,
             tls: p.tls.clone(),
             quic: p.quic.clone(),
+            new_connection_per_request: args.no_keepalive,
             batch: batch.to_vec(),
             req_len: p.request.len(),
             pipeline: p.pipeline,
