@@ -35,6 +35,8 @@ use crate::core::config::Config;
 use crate::core::stats::ClientFault;
 use crate::core::worker::Worker;
 
+/// The UDP socket buffers asked for, each way.
+const SOCKET_BUFFER: usize = 4 << 20;
 /// Room for one read: a datagram, or with GRO several coalesced (at most 64 KiB in all).
 const READ_SLOT: usize = 65_536;
 /// Batches read in one turn of the endpoint task before it lets the worker's other tasks run.
@@ -101,6 +103,12 @@ pub(crate) fn bind(addr: SocketAddr) -> io::Result<StdUdpSocket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
+    // A burst of handshakes (a thousand Initials at once) must not overflow the default
+    // receive buffer (about 200 KiB): a dropped Initial costs its client a retransmission
+    // timeout, and a dropped retried one can outlive its Retry token. As large as the kernel
+    // allows up to 4 MiB (`net.core.rmem_max`); smaller is not an error.
+    let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
+    let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
     socket.bind(&addr.into())?;
     Ok(socket.into())
 }
