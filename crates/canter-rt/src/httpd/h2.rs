@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use canter_h2::{Connection, ErrorCode, Event, Settings, Sink};
-use http::{HeaderName, StatusCode};
+use http::StatusCode;
 
 use crate::core::config::Config;
 use crate::core::link::{Ending, Link, Timer};
@@ -37,7 +37,7 @@ use crate::core::transport::Transport;
 use crate::core::worker::{later, Registration, Worker, READ_BUF};
 use crate::httpd::body::{Body, BodyError, BodyStream, Pipe, PipeState, RequestBody};
 use crate::httpd::service::{Reply, Request, Response, Service};
-use crate::httpd::state::{count_io_fault, Http};
+use crate::httpd::state::{count_io_fault, is_connection_specific, panicked, Http};
 
 /// Response body bytes queued on one stream (waiting for window) below which its body source
 /// is pulled for more.
@@ -920,22 +920,9 @@ impl<S: Service, T: Transport> H2<S, T> {
     }
 }
 
-fn panicked(peer: &SocketAddr) -> Response {
-    tracing::error!(%peer, "handler panicked; answering 500");
-    Response::handler_panicked()
-}
-
 /// The handler is done with the request body: later reads fail, later data is discarded.
 fn detach(pipe: Option<&Rc<RefCell<Pipe>>>) {
     if let Some(p) = pipe {
         p.borrow_mut().close(PipeState::Failed(BodyError::Detached));
     }
-}
-
-/// Fields HTTP/2 forbids (RFC 9113, Section 8.2.2): dropped from responses.
-fn is_connection_specific(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade"
-    )
 }

@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use canter_h3::{Connection, ErrorCode, Event};
-use http::{HeaderName, StatusCode};
+use http::StatusCode;
 use quinn_proto::{Dir, ReadError, StreamEvent, StreamId, VarInt, WriteError};
 
 use crate::core::config::Config;
@@ -33,7 +33,7 @@ use crate::core::stats::ClientFault;
 use crate::core::worker::{later, Registration, Worker};
 use crate::httpd::body::{Body, BodyError, BodyStream, Pipe, PipeState, RequestBody};
 use crate::httpd::service::{Reply, Request, Response, Service};
-use crate::httpd::state::Http;
+use crate::httpd::state::{is_connection_specific, panicked, Http};
 use crate::quic::endpoint::QuicLink;
 
 /// Response bytes queued on one stream below which its body source is pulled for more.
@@ -1004,17 +1004,4 @@ fn release(ex: &Exchange, why: BodyError) {
     if let Some(pipe) = &ex.pipe {
         pipe.borrow_mut().close(PipeState::Failed(why));
     }
-}
-
-fn panicked(peer: &SocketAddr) -> Response {
-    tracing::error!(%peer, "handler panicked; answering 500");
-    Response::handler_panicked()
-}
-
-/// Fields HTTP/3 forbids (RFC 9114, Section 4.2): dropped from responses.
-fn is_connection_specific(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade"
-    )
 }

@@ -80,3 +80,20 @@ pub(crate) fn count_io_fault(worker: &Worker, e: &io::Error) {
         worker.fault(ClientFault::Reset);
     }
 }
+
+#[cfg(any(feature = "http2", feature = "http3"))]
+/// The answer to a request whose handler panicked, logged with the client's address.
+pub(crate) fn panicked(peer: &std::net::SocketAddr) -> crate::httpd::service::Response {
+    tracing::error!(%peer, "handler panicked; answering 500");
+    crate::httpd::service::Response::handler_panicked()
+}
+
+#[cfg(any(feature = "http2", feature = "http3"))]
+/// Fields HTTP/2 and HTTP/3 forbid (RFC 9113 Section 8.2.2, RFC 9114 Section 4.2): dropped
+/// from responses.
+pub(crate) fn is_connection_specific(name: &http::HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection" | "keep-alive" | "proxy-connection" | "transfer-encoding" | "upgrade"
+    )
+}
