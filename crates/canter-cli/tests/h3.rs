@@ -602,3 +602,53 @@ fn concurrent_handshakes_all_complete() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["status"]["200"], 300, "{report}\n{}", server.log());
 }
+
+/// A client that changes address (QUIC's connection migration) keeps its connection. The
+/// kernel picks one of the workers' sockets by a hash of the client's address, so after a move
+/// its packets may reach a worker that does not own the connection: that worker hands them to
+/// the owner, found from the connection ID (without it, the other worker would answer with a
+/// stateless reset and the connection would die).
+#[test]
+fn a_migrating_client_keeps_its_connection_across_workers() {
+    let server = Server::start_with(&[
+        "--tls-addr",
+        "127.0.0.1:0",
+        "--tls-self-signed",
+        "--h3",
+        "--workers",
+        "2",
+        "--metrics",
+    ]);
+    let addr = h3_addr(&server);
+    let forwarded = || {
+        let m = common::fetch(server.addr(), "GET", "/metrics", "");
+        let text = m.text();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("canter_quic_datagrams_forwarded_total ")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no forwarding count in\n{text}"))
+    };
+    assert_eq!(forwarded(), 0);
+    runtime().block_on(async {
+        let mut c = Client::connect(addr).await.unwrap();
+        assert_eq!(c.get("/plaintext").await.unwrap().status, 200);
+        // Each move lands on either socket (the hash of the new port decides): move until the
+        // other worker has handed packets over at least once (all of 64 moves landing on the
+        // owner has odds of 2^-64), and a few times in any case.
+        let mut moves = 0;
+        while moves < 4 || forwarded() == 0 {
+            assert!(moves < 64, "64 moves and no datagram handed over");
+            let local = c.migrate().unwrap();
+            moves += 1;
+            let r = c
+                .get("/bytes/100000")
+                .await
+                .unwrap_or_else(|e| panic!("request after move {moves} (to {local}) failed: {e}"));
+            assert_eq!((r.status, r.body.len()), (200, 100_000), "move {moves}");
+        }
+    });
+    assert!(forwarded() > 0);
+}

@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 /// `ws`: `src/ws/mod.rs`).
 const LAYERS: &[(&str, &[&str])] = &[
     ("system calls", &["core::syscall"]),
-    ("leaf data", &["core::stats", "core::transport", "ws"]),
+    (
+        "leaf data",
+        &["core::stats", "core::transport", "ws", "quic::route"],
+    ),
     (
         "worker state, TLS, WebSocket broadcast",
         &["core::worker", "core::tls", "ws::hub"],

@@ -38,7 +38,7 @@ pub struct Client {
     driver: tokio::task::JoinHandle<()>,
     /// The QUIC connection under it (for its stats and close reason).
     pub quic: quinn::Connection,
-    _endpoint: quinn::Endpoint,
+    endpoint: quinn::Endpoint,
 }
 
 impl std::fmt::Debug for Client {
@@ -81,8 +81,17 @@ impl Client {
             send,
             driver,
             quic,
-            _endpoint: endpoint,
+            endpoint,
         })
+    }
+
+    /// Moves the connection to a new local socket (a new port on 127.0.0.1), as a client whose
+    /// address changed: QUIC's connection migration. The next packets leave from there.
+    pub fn migrate(&self) -> Result<SocketAddr> {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        let addr = socket.local_addr()?;
+        self.endpoint.rebind(socket)?;
+        Ok(addr)
     }
 
     /// `GET path`.

@@ -96,7 +96,7 @@ impl Server {
         #[cfg(feature = "http3")]
         let quic = match tls_local_addr.filter(|_| config.http3) {
             Some(addr) => {
-                let setup = crate::quic::endpoint::Setup::new(&config)?;
+                let setup = crate::quic::endpoint::Setup::new(&config, workers)?;
                 let sockets = (0..workers)
                     .map(|_| crate::quic::endpoint::bind(addr))
                     .collect::<io::Result<Vec<_>>>()?;
@@ -606,7 +606,7 @@ where
     #[cfg(feature = "http3")]
     let quic = match listeners.quic {
         Some((socket, setup)) => {
-            let ep = crate::quic::endpoint::Endpoint::new(socket, &setup, worker.clone())?;
+            let ep = crate::quic::endpoint::Endpoint::new(socket, &setup, index, worker.clone())?;
             let task = tokio::task::spawn_local(crate::quic::endpoint::run(ep.clone()));
             Some((ep, task))
         }

@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Counters of a running server, readable from any thread. Updated once per connection (never
-/// per request), so they cost nothing on the hot path.
+/// per request), so they cost nothing on the hot path; the count of QUIC datagrams handed
+/// between workers moves only for connections whose client changed address.
 #[derive(Debug, Default)]
 pub struct Stats {
     open: AtomicUsize,
     accepted: AtomicU64,
     faults: [AtomicU64; ClientFault::ALL.len()],
+    quic_forwarded: AtomicU64,
 }
 
 /// A fault of the client that ended or disturbed one of its connections. Any peer can cause any
@@ -100,6 +102,17 @@ impl Stats {
 
     pub(crate) fn fault(&self, kind: ClientFault) {
         self.faults[kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// QUIC datagrams one worker read and handed to the worker that owns their connection
+    /// (their client changed address) since start. Always 0 without HTTP/3.
+    pub fn quic_datagrams_forwarded(&self) -> u64 {
+        self.quic_forwarded.load(Ordering::Relaxed)
+    }
+
+    #[cfg_attr(not(feature = "http3"), allow(dead_code))]
+    pub(crate) fn quic_forwarded(&self) {
+        self.quic_forwarded.fetch_add(1, Ordering::Relaxed);
     }
 }
 

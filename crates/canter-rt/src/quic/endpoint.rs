@@ -6,7 +6,9 @@
 //! of up to its GSO limit per `sendmsg` (`UDP_SEGMENT`), and reads take a batch of datagrams
 //! per `recvmmsg`, each possibly several coalesced by GRO.
 //!
-//! One task per worker reads the socket ([`run`]): a datagram for a known connection goes to
+//! One task per worker reads the socket ([`run`]): a datagram whose connection ID names
+//! another worker (its client changed address, and the kernel's hash chose another socket) is
+//! handed to that worker (`route.rs`); a datagram for a known connection goes to
 //! that connection's inbox and wakes its task; a new connection is accepted (refused while the
 //! worker drains) and queued for the accept loop, which gives it its own task. A connection's
 //! task takes its inbox, drives its timers and writes its own packets on the shared socket
@@ -34,6 +36,7 @@ use tokio::net::UdpSocket;
 use crate::core::config::Config;
 use crate::core::stats::ClientFault;
 use crate::core::worker::Worker;
+use crate::quic::route::{Forwarded, Routes, WorkerCids};
 
 /// The UDP socket buffers asked for, each way.
 const SOCKET_BUFFER: usize = 4 << 20;
@@ -57,12 +60,14 @@ const CONNECTION_WINDOW: u32 = 8 << 20;
 const RETRY_ABOVE: usize = 64;
 
 /// What every worker's endpoint shares, made once for the server: one reset key (a stateless
-/// reset from any worker is valid for a connection of any other) and one server configuration
-/// (one key for address validation tokens, one TLS session cache and ticket keys).
+/// reset from any worker is valid for a connection of any other), one server configuration
+/// (one key for address validation tokens, one TLS session cache and ticket keys), and the
+/// routes between workers by connection ID.
 #[derive(Clone)]
 pub(crate) struct Setup {
     endpoint: Arc<EndpointConfig>,
     server: Arc<ServerConfig>,
+    routes: Arc<Routes>,
 }
 
 impl std::fmt::Debug for Setup {
@@ -72,8 +77,9 @@ impl std::fmt::Debug for Setup {
 }
 
 impl Setup {
-    /// The QUIC configuration of a server built with `cfg` (which has a TLS listener).
-    pub(crate) fn new(cfg: &Config) -> io::Result<Setup> {
+    /// The QUIC configuration of a server built with `cfg` (which has a TLS listener) and
+    /// `workers` workers.
+    pub(crate) fn new(cfg: &Config, workers: usize) -> io::Result<Setup> {
         let Some(tls) = cfg.tls.as_ref() else {
             return Err(io::Error::other("HTTP/3 needs a TLS listener"));
         };
@@ -93,6 +99,7 @@ impl Setup {
         Ok(Setup {
             endpoint: Arc::new(EndpointConfig::default()),
             server: Arc::new(server),
+            routes: Routes::new(workers),
         })
     }
 }
@@ -142,21 +149,30 @@ pub(crate) struct Endpoint {
     worker: Rc<Worker>,
     /// Connections accepted whose handshake has not completed.
     handshaking: Cell<usize>,
+    routes: Arc<Routes>,
+    /// The worker's number among the server's.
+    index: usize,
 }
 
 impl Endpoint {
-    /// The endpoint of `worker` on `socket` (from [`bind`]).
+    /// The endpoint of `worker`, the `index`th of the server's, on `socket` (from [`bind`]).
     pub(crate) fn new(
         socket: StdUdpSocket,
         setup: &Setup,
+        index: usize,
         worker: Rc<Worker>,
     ) -> io::Result<Rc<Endpoint>> {
-        let endpoint = quinn_proto::Endpoint::new(
-            setup.endpoint.clone(),
-            Some(setup.server.clone()),
-            false,
-            None,
-        );
+        let mut config = (*setup.endpoint).clone();
+        let routes = setup.routes.clone();
+        config.cid_generator(move || {
+            Box::new(WorkerCids {
+                routes: routes.clone(),
+                index,
+                random: ring::rand::SystemRandom::new(),
+            })
+        });
+        let endpoint =
+            quinn_proto::Endpoint::new(Arc::new(config), Some(setup.server.clone()), false, None);
         let udp = quinn_udp::UdpSocketState::new((&socket).into())?;
         Ok(Rc::new(Endpoint {
             endpoint: RefCell::new(endpoint),
@@ -167,6 +183,8 @@ impl Endpoint {
             accept_waker: RefCell::default(),
             worker,
             handshaking: Cell::new(0),
+            routes: setup.routes.clone(),
+            index,
         }))
     }
 
@@ -283,10 +301,29 @@ pub(crate) async fn run(ep: Rc<Endpoint>) {
     let mut buf = vec![0u8; READ_SLOT * slots];
     let mut metas = vec![quinn_udp::RecvMeta::default(); slots];
     let mut resp = Vec::new();
+    let routes = ep.routes.clone();
+    let mailbox = routes.mailbox(ep.index);
     loop {
-        if let Err(e) = ep.socket.readable().await {
+        // The socket, or datagrams handed over by the other workers.
+        let handed = mailbox.ready.notified();
+        tokio::pin!(handed);
+        let ready = poll_fn(|cx| {
+            if handed.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ok(()));
+            }
+            ep.socket.poll_recv_ready(cx)
+        })
+        .await;
+        if let Err(e) = ready {
             tracing::error!(error = %e, "QUIC socket failed");
             return;
+        }
+        let forwarded = mailbox.take();
+        if !forwarded.is_empty() {
+            let now = Instant::now();
+            for f in forwarded {
+                ep.datagram(now, f.peer, f.ecn, f.data, &mut resp);
+            }
         }
         for _ in 0..READ_TURN {
             let mut iovs: Vec<std::io::IoSliceMut<'_>> = buf
@@ -313,6 +350,17 @@ pub(crate) async fn run(ep: Rc<Endpoint>) {
                     .and_then(|e| quinn_proto::EcnCodepoint::from_bits(e as u8));
                 let stride = meta.stride.max(1);
                 for datagram in slot[..meta.len.min(slot.len())].chunks(stride) {
+                    if let Some(to) = routes.owner(datagram, ep.index) {
+                        let d = Forwarded {
+                            peer: meta.addr,
+                            ecn,
+                            data: BytesMut::from(datagram),
+                        };
+                        if routes.forward(to, d) {
+                            ep.worker.stats().quic_forwarded();
+                        }
+                        continue;
+                    }
                     ep.datagram(now, meta.addr, ecn, BytesMut::from(datagram), &mut resp);
                 }
             }

@@ -221,9 +221,14 @@ impl Metrics {
                  canter_open_connections {}\n\
                  # HELP canter_connections_accepted_total Connections accepted since start.\n\
                  # TYPE canter_connections_accepted_total counter\n\
-                 canter_connections_accepted_total {}\n",
+                 canter_connections_accepted_total {}\n\
+                 # HELP canter_quic_datagrams_forwarded_total QUIC datagrams handed to the worker \
+                 that owns their connection (the client changed address).\n\
+                 # TYPE canter_quic_datagrams_forwarded_total counter\n\
+                 canter_quic_datagrams_forwarded_total {}\n",
                 stats.open_connections(),
                 stats.accepted(),
+                stats.quic_datagrams_forwarded(),
             );
             out.push_str(
                 "# HELP canter_client_errors_total Connections ended or disturbed by the client: \
