@@ -74,18 +74,22 @@ fn aioquic_client() {
     let site = python_aioquic();
     let server = start();
     let script = format!("{}/tests/py/h3client.py", env!("CARGO_MANIFEST_DIR"));
-    let out = common::run_python(
+    // Eight steps, one of which waits 5 s to see that nothing is answered: beside other work
+    // the whole can take over the usual 30 s.
+    let out = common::run_python_within(
         &[
             &script,
             &server.tls_port().to_string(),
             site.to_str().unwrap(),
         ],
         None,
+        Duration::from_secs(180),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "h3client.py failed:\n{stdout}\n{}\nserver log:\n{}",
+        "h3client.py failed ({}):\n{stdout}\n{}\nserver log:\n{}",
+        out.status,
         String::from_utf8_lossy(&out.stderr),
         server.log()
     );

@@ -525,9 +525,14 @@ pub const PYTHON_TIMEOUT: Duration = Duration::from_secs(30);
 /// it runs longer than [`PYTHON_TIMEOUT`] (the output then shows it was killed). Fails the test
 /// when python3 cannot be started. Writes no bytecode next to the scripts.
 pub fn run_python(args: &[&str], stdin: Option<Vec<u8>>) -> Output {
+    run_python_within(args, stdin, PYTHON_TIMEOUT)
+}
+
+/// [`run_python`] for a script of many steps, killed after `limit` instead.
+pub fn run_python_within(args: &[&str], stdin: Option<Vec<u8>>, limit: Duration) -> Output {
     let mut cmd = Command::new("python3");
     cmd.args(args).env("PYTHONDONTWRITEBYTECODE", "1");
-    match run(&mut cmd, stdin, Some(PYTHON_TIMEOUT)) {
+    match run(&mut cmd, stdin, Some(limit)) {
         Ok(out) => out,
         Err(e) => panic!("python3 is needed by this test and could not run: {e}"),
     }
