@@ -656,3 +656,69 @@ fn a_migrating_client_keeps_its_connection_across_workers() {
     });
     assert!(forwarded() > 0);
 }
+
+/// A client that asks for 100 responses of 64 MiB each (6.4 GiB in all) and reads none of
+/// them: QUIC's flow control stops the server at the client's windows, and a response body is
+/// pulled only while its stream has little queued, so the server's memory stays bounded while
+/// it waits, and it goes on serving others.
+#[test]
+fn memory_stays_bounded_when_an_http3_client_reads_nothing() {
+    let server = Server::start_with(&[
+        "--tls-addr",
+        "127.0.0.1:0",
+        "--tls-self-signed",
+        "--h3",
+        "--workers",
+        "1",
+    ]);
+    let addr = h3_addr(&server);
+    // One connection first, so that what the server allocates once (buffers, TLS state) is
+    // in the baseline.
+    runtime().block_on(async {
+        let mut c = Client::connect(addr).await.unwrap();
+        assert_eq!(c.get("/plaintext").await.unwrap().status, 200);
+    });
+    let before = server.rss_kib();
+    runtime().block_on(async {
+        let (_ep, conn) = connect_quic(addr).await.unwrap();
+        let mut held = Vec::new();
+        for _ in 0..100 {
+            let (mut send, recv) = conn.open_bi().await.unwrap();
+            let mut get = GET.to_vec();
+            get[3] = (":path", "/bytes/67108864");
+            send.write_all(&headers(&get)).await.unwrap();
+            send.finish().unwrap();
+            held.push((send, recv));
+        }
+        // Wait until the server has sent all the windows allow: the bytes received stop
+        // growing (unchanged over a second), with a generous deadline for a busy machine.
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let (mut last, mut still) = (0, 0);
+        while still < 5 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server kept sending to a client that reads nothing: {last} bytes"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = conn.stats().udp_rx.bytes;
+            still = if now == last { still + 1 } else { 0 };
+            last = now;
+        }
+        // What quinn's windows allowed arrived (1.25 MB a stream by its defaults), far short
+        // of what was asked.
+        assert!(
+            (10_000_000..1_000_000_000).contains(&last),
+            "{last} bytes received"
+        );
+        let grown = server.rss_kib().saturating_sub(before);
+        assert!(
+            grown < 64 * 1024,
+            "RSS grew by {grown} KiB for 6.4 GiB of requested, unread responses"
+        );
+        // Others are still served, by the same (single) worker, the stalled client connected.
+        let mut other = Client::connect(addr).await.unwrap();
+        let r = other.get("/bytes/100000").await.unwrap();
+        assert_eq!((r.status, r.body.len()), (200, 100_000));
+        drop(held);
+    });
+}
