@@ -6,7 +6,8 @@
 # the Go peers; not installed here if absent: those peers are then reported and skipped).
 # Builds: bench/build/ceiling, bench/build/ceiling-uring, bench/build/go-nethttp, bench/build/fasthttp,
 #         bench/build/go-ws, bench/peers/node-ws/node_modules (ws, bun), peer-ws-{axum,fast},
-#         bench/target/release/peer-{hyper,actix,actix-pg,xitca-pg,may-minihttp,may-pg,kafka-rdkafka,h3-quinn},
+#         bench/target/release/peer-{hyper,actix,actix-pg,xitca-pg,may-minihttp,may-pg,kafka-rdkafka,h3-quinn,
+#         quinn-canter-h3},
 #         bench/build/caddy (Go module proxy), bench/build/py-aioquic (PyPI),
 #         pg-clients, bench/peers/kafka-streams/target (Kafka Streams), Kafka's jars (tools/kafka),
 #         target/release/canter.
@@ -132,7 +133,7 @@ fi
 # --- Rust peers (own workspace, own target dir) ----------------------------------------
 if command -v cargo >/dev/null; then
   for p in peer-hyper peer-actix peer-may-minihttp peer-actix-pg peer-xitca-pg pg-clients \
-           peer-ws-axum peer-ws-fast peer-kafka-rdkafka peer-h3-quinn; do
+           peer-ws-axum peer-ws-fast peer-kafka-rdkafka peer-h3-quinn peer-quinn-canter-h3; do
     if cargo build --release --manifest-path "$BENCH/peers/rust/Cargo.toml" \
          --target-dir "$BENCH/target" -p "$p" >"$BUILD/logs/rust-$p.log" 2>&1; then
       ok "$p -> bench/target/release/$p"

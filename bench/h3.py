@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """HTTP/3 side by side: canter against Caddy (quic-go) and hyperium's h3 on quinn, with canter's
-own HTTP/2 over TLS on the same server as the reference.
+own HTTP/2 over TLS on the same server as the reference, and quinn's own endpoint driving
+canter's HTTP/3 engine (quinn+canter-h3: what canter-rt's QUIC driver would be on quinn).
 
     bench/build.sh && python3 bench/h3.py [--rounds 3] [--requests 200000]
 
@@ -16,7 +17,8 @@ number of requests; the tables give medians over the rounds. Scenarios:
                handshakes per second and CPU per handshake
   concurrent   1,000 handshakes started at once (a connection each); how many complete
   idle-memory  RSS growth per idle connection (300 connections, each after one request; an
-               aioquic client from bench/build/py-aioquic), once per server
+               aioquic client from bench/build/py-aioquic), once per server; and canter's own
+               TLS over TCP beside it (HTTP/1.1 keep-alive, bench/tls.py's idle client)
 
 CPU per request is the server's utime+stime (whole process tree) over the measured requests
 divided by them. The certificate is bench/tls.py's ECDSA P-256. Results go to
@@ -39,6 +41,8 @@ BENCH = run.BENCH
 CANTER = run.CANTER_BIN
 CADDY = os.path.join(run.BUILD, "caddy")
 H3_QUINN = os.path.join(run.RUST_TARGET, "peer-h3-quinn")
+# quinn's own endpoint and driver with canter's HTTP/3 engine (canter-h3): the endpoint A/B.
+QUINN_CANTER_H3 = os.path.join(run.RUST_TARGET, "peer-quinn-canter-h3")
 AIOQUIC = os.path.join(run.BUILD, "py-aioquic")
 
 CADDYFILE = """{
@@ -81,6 +85,8 @@ def servers(cert, key, builds=()):
         "canter-h2-tls": (canter, {}, []),
         "caddy": (caddy, {"GOMAXPROCS": "1", "HOME": "/tmp"}, ["--h3"]),
         "h3-quinn": (lambda port, _: [H3_QUINN, str(port), cert, key], {}, ["--h3"]),
+        "quinn+canter-h3": (lambda port, _: [QUINN_CANTER_H3, str(port), cert, key], {},
+                            ["--h3"]),
     }
 
 
@@ -221,7 +227,7 @@ def main():
     args = ap.parse_args()
     cert, key = tls.make_cert("ecdsa")
     specs = servers(cert, key, args.build)
-    missing = [p for p in (CANTER, CADDY, H3_QUINN) if not os.path.exists(p)]
+    missing = [p for p in (CANTER, CADDY, H3_QUINN, QUINN_CANTER_H3) if not os.path.exists(p)]
     if missing:
         sys.exit(f"missing {missing}: run bench/build.sh")
     names = [n for n in specs
@@ -264,11 +270,15 @@ def main():
               file=sys.stderr)
     idle = {}
     for name in names:
-        if name == "canter-h2-tls" or args.build:
+        if args.build:
             continue
         port += 1
         try:
-            idle[name] = idle_memory(name, specs[name], port, args.idle)
+            if name == "canter-h2-tls":
+                idle["canter, TLS over TCP"] = tls.idle_memory(
+                    lambda: start(name, specs[name], port), port, args.idle, "https")
+            else:
+                idle[name] = idle_memory(name, specs[name], port, args.idle)
         except RuntimeError as e:
             print(e, file=sys.stderr)
     results = dict(machine=run.machine_info(), rounds=args.rounds, requests=args.requests,
@@ -317,7 +327,8 @@ def markdown(cells, idle, names, concurrent=None, started=0):
         for name, done in concurrent.items():
             out.append(f"| {name} | {done:,} of {started:,} |")
     if idle:
-        out.append("\n#### idle-memory: RSS growth per idle HTTP/3 connection (KiB)\n")
+        out.append("\n#### idle-memory: RSS growth per idle connection (KiB), HTTP/3 and, for "
+                   "reference, canter's TLS over TCP (an HTTP/1.1 keep-alive connection)\n")
         out.append("| server | KiB |")
         out.append("|---|--:|")
         for name, kib in idle.items():
