@@ -63,10 +63,12 @@ impl Sink for BytesMut {
     }
 }
 
-/// Hashes stream identifiers: client streams are consecutive odd numbers, so a multiplication
-/// spreads them well (SipHash was a visible cost per frame).
-#[derive(Default)]
-struct StreamIdHasher(u64);
+/// Hashes stream identifiers (HTTP/2's and QUIC's): a client's streams are consecutive
+/// numbers of one parity, so a multiplication spreads them well (SipHash was a visible cost per
+/// frame). Not for keys an attacker chooses freely: a peer's stream IDs are bounded by its
+/// stream limit and must increase. Use as `HashMap<u32, V, BuildHasherDefault<StreamIdHasher>>`.
+#[derive(Debug, Default)]
+pub struct StreamIdHasher(u64);
 
 impl Hasher for StreamIdHasher {
     fn finish(&self) -> u64 {
@@ -79,6 +81,9 @@ impl Hasher for StreamIdHasher {
     }
     fn write_u32(&mut self, n: u32) {
         self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 

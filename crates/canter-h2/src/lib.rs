@@ -38,6 +38,6 @@ mod huffman_table;
 
 pub use conn::{
     ConnError, Connection, Event, HeaderCheck, RequestHead, SendError, Settings, SettingsBuilder,
-    Sink,
+    Sink, StreamIdHasher,
 };
 pub use frame::{ErrorCode, DEFAULT_MAX_FRAME, DEFAULT_WINDOW, MAX_STREAM_ID, PREFACE};

@@ -912,3 +912,25 @@ fn a_client_setting_enable_connect_protocol_above_one_is_a_connection_error() {
     let mut input = BytesMut::from(&first[..]);
     assert!(server.recv(&mut input, &mut out).is_err());
 }
+
+/// The stream ID hasher spreads consecutive IDs of one parity (HTTP/2's odd `u32`s, QUIC's
+/// client-initiated bidirectional `u64`s, 4 apart) over a hash table's top bits.
+#[test]
+fn stream_id_hasher_spreads_consecutive_ids() {
+    use std::hash::Hasher;
+    let top = |f: &dyn Fn(&mut canter_h2::StreamIdHasher)| {
+        let mut h = canter_h2::StreamIdHasher::default();
+        f(&mut h);
+        h.finish() >> 54
+    };
+    let h2: std::collections::HashSet<u64> = (1u32..2000)
+        .step_by(2)
+        .map(|id| top(&|h| h.write_u32(id)))
+        .collect();
+    assert!(h2.len() > 500, "{}", h2.len());
+    let h3: std::collections::HashSet<u64> = (0u64..4000)
+        .step_by(4)
+        .map(|id| top(&|h| h.write_u64(id)))
+        .collect();
+    assert!(h3.len() > 500, "{}", h3.len());
+}

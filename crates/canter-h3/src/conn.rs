@@ -19,9 +19,10 @@
 //! ```
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 
 use bytes::{Buf, Bytes};
-use canter_h2::{HeaderCheck, RequestHead};
+use canter_h2::{HeaderCheck, RequestHead, StreamIdHasher};
 
 use crate::frame::{self, ErrorCode};
 use crate::qpack;
@@ -215,8 +216,8 @@ pub struct Connection {
     control: Option<u64>,
     encoder_stream: Option<u64>,
     decoder_stream: Option<u64>,
-    requests: HashMap<u64, ReqStream>,
-    uni: HashMap<u64, UniStream>,
+    requests: HashMap<u64, ReqStream, BuildHasherDefault<StreamIdHasher>>,
+    uni: HashMap<u64, UniStream, BuildHasherDefault<StreamIdHasher>>,
     events: VecDeque<Event>,
     /// The highest request stream seen.
     last_request: Option<u64>,
@@ -244,8 +245,8 @@ impl Connection {
             control: None,
             encoder_stream: None,
             decoder_stream: None,
-            requests: HashMap::new(),
-            uni: HashMap::new(),
+            requests: HashMap::default(),
+            uni: HashMap::default(),
             events: VecDeque::new(),
             last_request: None,
             goaway: None,
@@ -459,6 +460,15 @@ impl Connection {
                             data: piece,
                             end_stream: false,
                         });
+                    }
+                }
+                Reading::Collect { ty, len } if st.buf.is_empty() && input.len() >= len => {
+                    // The whole frame is in this piece (the usual case): no copy.
+                    st.reading = Reading::Header;
+                    let payload = input.split_to(len);
+                    let ends = fin && input.is_empty();
+                    if ty == frame::HEADERS {
+                        self.request_headers(id, st, &payload, ends)?;
                     }
                 }
                 Reading::Collect { ty, len } => {

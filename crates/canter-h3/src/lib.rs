@@ -34,6 +34,6 @@ mod frame;
 pub mod qpack;
 pub mod varint;
 
-pub use canter_h2::RequestHead;
+pub use canter_h2::{RequestHead, StreamIdHasher};
 pub use conn::{ConnError, Connection, Event, PeerSettings, Settings};
 pub use frame::ErrorCode;

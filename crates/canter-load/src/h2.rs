@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::future::poll_fn;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 use std::pin::Pin;
 use std::task::Poll;
 use std::time::Instant;
@@ -48,24 +48,6 @@ const MAX_FRAME: u32 = 1 << 20;
 const MAX_BLOCK: usize = 1 << 20;
 /// Initial read buffer.
 const READ_BUF: usize = 64 * 1024;
-
-/// Hashes stream ids (odd `u32`s) with one multiplication.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
 
 /// A request in flight.
 struct Open {
@@ -132,7 +114,7 @@ struct Conn<'a> {
     /// The last header block encoded, and whether it can be sent again as is.
     block: Vec<u8>,
     block_stable: bool,
-    open: HashMap<u32, Open, BuildHasherDefault<IdHasher>>,
+    open: HashMap<u32, Open, BuildHasherDefault<canter_h2::StreamIdHasher>>,
     next_id: u32,
     /// Streams allowed at once: `-m`, lowered by the server's SETTINGS_MAX_CONCURRENT_STREAMS.
     /// Zero until the server's first SETTINGS arrived.
@@ -768,16 +750,5 @@ mod tests {
         assert_eq!(unpad(&[2, b'a', 0, 0], PADDED), Ok(&b"a"[..]));
         assert_eq!(unpad(&[3, b'a', 0], PADDED), Err(ErrorKind::Parse));
         assert_eq!(unpad(&[], PADDED), Err(ErrorKind::Parse));
-    }
-
-    #[test]
-    fn id_hasher_spreads_odd_ids() {
-        let mut seen = std::collections::HashSet::new();
-        for id in (1u32..2000).step_by(2) {
-            let mut h = IdHasher::default();
-            h.write_u32(id);
-            seen.insert(h.finish() >> 54);
-        }
-        assert!(seen.len() > 500, "{}", seen.len());
     }
 }

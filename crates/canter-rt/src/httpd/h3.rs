@@ -15,6 +15,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::future::{poll_fn, Future};
+use std::hash::BuildHasherDefault;
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -24,7 +25,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use canter_h3::{Connection, ErrorCode, Event};
+use canter_h3::{Connection, ErrorCode, Event, StreamIdHasher};
 use http::StatusCode;
 use quinn_proto::{Dir, ReadError, StreamEvent, StreamId, VarInt, WriteError};
 
@@ -83,7 +84,7 @@ pub(crate) async fn serve<S: Service>(
         worker,
         cfg,
         control: None,
-        exchanges: HashMap::new(),
+        exchanges: HashMap::default(),
         readable: Vec::new(),
         held: Vec::new(),
         unacked: Vec::new(),
@@ -94,6 +95,8 @@ pub(crate) async fn serve<S: Service>(
         timer_at: None,
         scratch: Vec::with_capacity(256),
         ids: Vec::new(),
+        pieces: Vec::new(),
+        reading: Vec::new(),
     };
     let waker = poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
     h3.worker.set_waker(registration.id, waker);
@@ -163,7 +166,7 @@ struct H3<S> {
     worker: Rc<Worker>,
     cfg: Rc<Config>,
     control: Option<(StreamId, Outgoing)>,
-    exchanges: HashMap<StreamId, Exchange>,
+    exchanges: HashMap<StreamId, Exchange, BuildHasherDefault<StreamIdHasher>>,
     readable: Vec<StreamId>,
     /// Readable streams whose handler's pipe is full.
     held: Vec<StreamId>,
@@ -182,6 +185,10 @@ struct H3<S> {
     scratch: Vec<u8>,
     /// Stream IDs gathered during a turn (kept to save an allocation each time).
     ids: Vec<StreamId>,
+    /// The pieces read from one stream (kept likewise).
+    pieces: Vec<Bytes>,
+    /// The readable streams being read this turn (kept likewise).
+    reading: Vec<StreamId>,
 }
 
 impl<S: Service> H3<S> {
@@ -321,12 +328,15 @@ impl<S: Service> H3<S> {
             }
         }
         let mut any = false;
-        for id in std::mem::take(&mut self.readable) {
+        // This turn's list; the streams found readable meanwhile go to the other one.
+        let mut list = std::mem::take(&mut self.reading);
+        std::mem::swap(&mut list, &mut self.readable);
+        for &id in &list {
             if self.pipe_full(id) {
                 self.held.push(id);
                 continue;
             }
-            let mut pieces: Vec<Bytes> = Vec::new();
+            let mut pieces = std::mem::take(&mut self.pieces);
             let mut fin = false;
             let mut reset = None;
             let mut more = false;
@@ -365,11 +375,12 @@ impl<S: Service> H3<S> {
             }
             let sid = u64::from(id);
             let n = pieces.len();
-            for (k, piece) in pieces.into_iter().enumerate() {
+            for (k, piece) in pieces.drain(..).enumerate() {
                 if let Err(e) = self.engine.recv(sid, piece, fin && k + 1 == n) {
                     return self.conn_error(e);
                 }
             }
+            self.pieces = pieces;
             if fin && n == 0 {
                 if let Err(e) = self.engine.recv(sid, Bytes::new(), true) {
                     return self.conn_error(e);
@@ -395,6 +406,8 @@ impl<S: Service> H3<S> {
                 }
             }
         }
+        list.clear();
+        self.reading = list;
         any
     }
 
