@@ -149,6 +149,8 @@ pub(crate) struct Endpoint {
     worker: Rc<Worker>,
     /// Connections accepted whose handshake has not completed.
     handshaking: Cell<usize>,
+    /// Where a connection builds the packets it sends (see [`QuicLink::blocked`]).
+    transmit: RefCell<Vec<u8>>,
     routes: Arc<Routes>,
     /// The worker's number among the server's.
     index: usize,
@@ -183,6 +185,7 @@ impl Endpoint {
             accept_waker: RefCell::default(),
             worker,
             handshaking: Cell::new(0),
+            transmit: RefCell::default(),
             routes: setup.routes.clone(),
             index,
         }))
@@ -270,7 +273,6 @@ impl Endpoint {
                                 tokio::time::Instant::from_std(now),
                             )),
                             timer_at: None,
-                            out: Vec::new(),
                             blocked: None,
                             endpoint: self.clone(),
                             handshake_done: false,
@@ -379,9 +381,10 @@ pub(crate) struct QuicLink {
     peer: SocketAddr,
     timer: Pin<Box<tokio::time::Sleep>>,
     timer_at: Option<Instant>,
-    out: Vec<u8>,
-    /// A datagram the socket did not take: sent first once it is writable.
-    blocked: Option<Transmit>,
+    /// A datagram (or GSO train) the socket did not take, with its bytes: sent first once
+    /// the socket is writable. Packets are built in the endpoint's buffer, shared by its
+    /// connections (each writes and sends in one go), so an idle connection keeps none.
+    blocked: Option<(Transmit, Vec<u8>)>,
     endpoint: Rc<Endpoint>,
     /// No longer counted among the endpoint's handshakes in progress.
     handshake_done: bool,
@@ -446,29 +449,37 @@ impl QuicLink {
     }
 
     fn send(&mut self, ep: &Endpoint, cx: &mut Context<'_>) {
+        let mut out = ep.transmit.borrow_mut();
         loop {
-            let t = match self.blocked.take() {
-                Some(t) => t,
+            let (t, sent) = match self.blocked.take() {
+                Some((t, bytes)) => {
+                    let sent = ep.send(&t, &bytes);
+                    (t, sent.map_err(|e| (e, Some(bytes))))
+                }
                 None => {
-                    self.out.clear();
+                    out.clear();
                     let gso = ep.udp.max_gso_segments();
-                    match self.conn.poll_transmit(Instant::now(), gso, &mut self.out) {
-                        Some(t) => t,
-                        None => return,
-                    }
+                    let Some(t) = self.conn.poll_transmit(Instant::now(), gso, &mut out) else {
+                        return;
+                    };
+                    let sent = ep.send(&t, &out);
+                    (t, sent.map_err(|e| (e, None)))
                 }
             };
-            match ep.send(&t, &self.out) {
+            match sent {
                 Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.blocked = Some(t);
+                Err((e, kept)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let bytes = kept.unwrap_or_else(|| out[..t.size].to_vec());
+                    self.blocked = Some((t, bytes));
                     // Woken when the socket takes more.
                     if ep.socket.poll_send_ready(cx).is_ready() {
                         cx.waker().wake_by_ref();
                     }
                     return;
                 }
-                Err(e) => tracing::debug!(peer = %self.peer, error = %e, "QUIC send failed"),
+                Err((e, _)) => {
+                    tracing::debug!(peer = %self.peer, error = %e, "QUIC send failed")
+                }
             }
         }
     }
