@@ -20,6 +20,16 @@ Examples (release builds; bench/build.sh builds the peers):
     bench/cg_steady.py -- target/release/canter serve --addr 127.0.0.1:{port} --workers 1
     bench/cg_steady.py --depth 16 -- bench/target/release/peer-may-minihttp {port}
 
+`--client "ARGS"` drives the server with `canter load ARGS -n N` instead of the built-in
+HTTP/1.1 client (`{port}` replaced as above), for the protocols that client does not speak:
+HTTP/2 (`-m`), TLS (`https://... -k`), WebSocket (`ws://.../ws/echo`). The warm-up and the
+measured run are a `canter load` each, so each opens its connections anew; with few
+connections and many requests their set-up (a TLS handshake) is a small, equal share of an
+A/B. A run is refused unless every request succeeded.
+    bench/cg_steady.py --client "https://127.0.0.1:{port}/plaintext -k -c 1 -m 10" -- \
+        target/release/canter serve --addr 127.0.0.1:0 --tls-addr 127.0.0.1:{port} \
+        --tls-cert C --tls-key K --workers 1
+
 `--table` runs the suite's table instead (BENCHMARKS.md, "instructions per request"): canter,
 may-minihttp, actix-web and the C ceiling, each one connection one request at a time, 50
 connections one request each, and 50 connections 16 pipelined, with the simulation on.
@@ -47,6 +57,7 @@ def parse_args():
     p.add_argument("--sim", action="store_true", help="cache and branch simulation")
     p.add_argument("--label", default="")
     p.add_argument("--table", action="store_true", help="the suite's table (see above)")
+    p.add_argument("--client", default="", help="canter load's arguments (see above)")
     p.add_argument("server", nargs=argparse.REMAINDER)
     a = p.parse_args()
     if a.server[:1] == ["--"]:
@@ -54,6 +65,30 @@ def parse_args():
     if not a.server and not a.table:
         p.error("no server command")
     return a
+
+
+class CanterLoad:
+    """`canter load` with the given arguments, one run per call."""
+
+    def __init__(self, port, args):
+        import shlex
+        self.argv = [os.path.join(ROOT, "target", "release", "canter"), "load"] + [
+            x.replace("{port}", str(port)) for x in shlex.split(args)]
+
+    def run(self, total):
+        out = subprocess.run(self.argv + ["-n", str(total), "--json", "--no-progress",
+                                          "--timeout", "120s"],
+                             capture_output=True, text=True)
+        try:
+            r = json.loads(out.stdout)
+        except json.JSONDecodeError:
+            sys.exit(f"canter load output not understood:\n{out.stdout}{out.stderr}")
+        # A WebSocket run counts echoed messages as requests (its status is the 101).
+        ok = r["requests"] if r.get("protocol") == "websocket" else r["status"].get("200", 0)
+        done = ok if not any(r["errors"].values()) else 0
+        if done != total:
+            sys.exit(f"canter load did {done} of {total}: {out.stdout[:2000]}")
+        return done
 
 
 class Load:
@@ -154,7 +189,8 @@ def measure(a):
                 if server.poll() is not None or time.monotonic() > deadline:
                     sys.exit(f"server did not start; its log: {out}/server.log")
                 time.sleep(0.2)
-        load = Load(a.port, a.conns, a.depth, a.path)
+        load = (CanterLoad(a.port, a.client) if a.client
+                else Load(a.port, a.conns, a.depth, a.path))
         load.run(a.warmup)
         subprocess.run(["callgrind_control", "-z", str(server.pid)], check=True,
                        stdout=subprocess.DEVNULL)
@@ -178,6 +214,9 @@ def measure(a):
     per = {k: round(v / a.requests, 1) for k, v in t.items()}
     row = {"server": a.label or os.path.basename(cmd[0]), "conns": a.conns, "depth": a.depth,
            "requests": a.requests, "instructions": per.get("Ir"), "profile": dumps[0]}
+    if a.client:
+        del row["conns"], row["depth"]
+        row["client"] = a.client
     if a.sim:
         row.update({
             "l1_misses": round(per.get("I1mr", 0) + per.get("D1mr", 0) + per.get("D1mw", 0), 2),
