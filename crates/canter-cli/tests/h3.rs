@@ -722,3 +722,52 @@ fn memory_stays_bounded_when_an_http3_client_reads_nothing() {
         drop(held);
     });
 }
+
+/// An idle HTTP/3 connection is closed by the server's idle timeout (`--idle-timeout`, as
+/// over TCP) and counted among the client faults of its kind.
+#[test]
+fn an_idle_http3_connection_times_out_and_is_counted() {
+    let server = Server::start_with(&[
+        "--tls-addr",
+        "127.0.0.1:0",
+        "--tls-self-signed",
+        "--h3",
+        "--workers",
+        "1",
+        "--idle-timeout",
+        "1",
+        "--metrics",
+    ]);
+    let addr = h3_addr(&server);
+    runtime().block_on(async {
+        let mut c = Client::connect(addr).await.unwrap();
+        assert_eq!(c.get("/plaintext").await.unwrap().status, 200);
+        // QUIC takes the smaller of the two sides' idle timeouts: the server's second.
+        let closed = tokio::time::timeout(Duration::from_secs(60), c.quic.closed())
+            .await
+            .expect("the idle connection was not closed within 60 s");
+        assert!(
+            matches!(closed, quinn::ConnectionError::TimedOut),
+            "{closed:?}"
+        );
+    });
+    // The server's own timer fires too; wait for its count (generous: a busy machine).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let m = common::fetch(server.addr(), "GET", "/metrics", "");
+        let counted = m.text().lines().find_map(|l| {
+            l.strip_prefix("canter_client_errors_total{kind=\"idle_timeout\"} ")?
+                .parse::<u64>()
+                .ok()
+        });
+        if counted.is_some_and(|n| n >= 1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idle timeout not counted:\n{}",
+            m.text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

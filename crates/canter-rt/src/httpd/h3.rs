@@ -197,6 +197,9 @@ impl<S: Service> H3<S> {
         for _ in 0..TURNS {
             self.link.poll_io(cx);
             if self.link.conn.is_drained() {
+                // Its last events first: how it was lost is counted there (an idle timeout
+                // drains the connection at once).
+                self.quic_events();
                 return Poll::Ready(());
             }
             let mut progress = self.quic_events();
