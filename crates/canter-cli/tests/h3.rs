@@ -723,6 +723,45 @@ fn memory_stays_bounded_when_an_http3_client_reads_nothing() {
     });
 }
 
+/// Before a client's address is validated, the server sends it at most three times what it
+/// received (RFC 9000, Section 8.1): one Initial of 1,200 bytes from an address that then
+/// never answers draws at most 3,600 bytes, however often the server's loss timer fires to
+/// send its flight again (at about 1, 3 and 7 s: without the limit the probes alone would
+/// pass it).
+#[test]
+fn an_unvalidated_address_gets_at_most_three_times_what_it_sent() {
+    let server = Server::start_with(&[
+        "--tls-addr",
+        "127.0.0.1:0",
+        "--tls-self-signed",
+        "--h3",
+        "--workers",
+        "1",
+    ]);
+    let addr = h3_addr(&server);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let initial = initial_datagram(addr);
+    assert!(initial.len() >= 1200, "{} bytes", initial.len());
+    sock.send_to(&initial, addr).unwrap();
+    // The first answer may take a while on a busy machine; after it, wait until the server
+    // has been silent for 8 s (its probes back off: 1, 2, 4 s apart).
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let (mut got, mut datagrams) = (0, 0);
+    let mut buf = [0u8; 65536];
+    while let Ok((n, _)) = sock.recv_from(&mut buf) {
+        got += n;
+        datagrams += 1;
+        sock.set_read_timeout(Some(Duration::from_secs(8))).unwrap();
+    }
+    assert!(datagrams > 0, "no answer to the Initial");
+    assert!(
+        got <= 3 * initial.len(),
+        "{got} bytes in {datagrams} datagrams for {} received",
+        initial.len()
+    );
+}
+
 /// An idle HTTP/3 connection is closed by the server's idle timeout (`--idle-timeout`, as
 /// over TCP) and counted among the client faults of its kind.
 #[test]
@@ -770,4 +809,47 @@ fn an_idle_http3_connection_times_out_and_is_counted() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// A flood of tiny streams: 3,000 requests on one connection, as fast as the server's limit
+/// of 100 open streams lets the client open them (each stream it finishes gives one back).
+/// All are answered, the server's memory stays bounded, and another client is served
+/// meanwhile.
+#[test]
+fn a_flood_of_tiny_streams_is_served_within_the_stream_limit() {
+    let server = Server::start_with(&[
+        "--tls-addr",
+        "127.0.0.1:0",
+        "--tls-self-signed",
+        "--h3",
+        "--workers",
+        "1",
+    ]);
+    let addr = h3_addr(&server);
+    runtime().block_on(async {
+        let mut c = Client::connect(addr).await.unwrap();
+        assert_eq!(c.get("/plaintext").await.unwrap().status, 200);
+    });
+    let before = server.rss_kib();
+    runtime().block_on(async {
+        let (_ep, conn) = connect_quic(addr).await.unwrap();
+        let request = headers(GET);
+        let flood: Vec<_> = (0..3000)
+            .map(|_| {
+                let (conn, request) = (conn.clone(), request.clone());
+                tokio::spawn(async move { exchange(&conn, &request).await })
+            })
+            .collect();
+        let mut other = Client::connect(addr).await.unwrap();
+        assert_eq!(other.get("/plaintext").await.unwrap().status, 200);
+        for (i, t) in flood.into_iter().enumerate() {
+            let answer = t
+                .await
+                .unwrap()
+                .unwrap_or_else(|code| panic!("stream {i} reset with {code:#x}"));
+            assert!(answer.ends_with(b"Hello, World!"), "stream {i}");
+        }
+    });
+    let grown = server.rss_kib().saturating_sub(before);
+    assert!(grown < 32 * 1024, "RSS grew by {grown} KiB");
 }
