@@ -21,7 +21,14 @@ use common::Server;
 const AIOQUIC: &str = "aioquic==1.7.2";
 
 fn start() -> Server {
-    Server::start_with(&["--tls-addr", "127.0.0.1:0", "--tls-self-signed", "--h3"])
+    start_h3(&[])
+}
+
+/// `canter serve --h3` with a self-signed certificate on an ephemeral TLS port, and `extra`.
+fn start_h3(extra: &[&str]) -> Server {
+    let mut args = vec!["--tls-addr", "127.0.0.1:0", "--tls-self-signed", "--h3"];
+    args.extend_from_slice(extra);
+    Server::start_with(&args)
 }
 
 fn h3_addr(server: &Server) -> SocketAddr {
@@ -117,13 +124,7 @@ fn aioquic_client() {
 #[test]
 fn early_data_serves_safe_methods_only() {
     let site = python_aioquic();
-    let server = Server::start_with(&[
-        "--tls-addr",
-        "127.0.0.1:0",
-        "--tls-self-signed",
-        "--h3",
-        "--h3-early-data",
-    ]);
+    let server = start_h3(&["--h3-early-data"]);
     let script = format!("{}/tests/py/h3client.py", env!("CARGO_MANIFEST_DIR"));
     let out = common::run_python(
         &[
@@ -501,14 +502,7 @@ fn initial_datagram(server: SocketAddr) -> Vec<u8> {
 /// client still gets through (it answers the Retry with the token).
 #[test]
 fn a_pile_of_handshakes_meets_stateless_retry() {
-    let server = Server::start_with(&[
-        "--tls-addr",
-        "127.0.0.1:0",
-        "--tls-self-signed",
-        "--h3",
-        "--workers",
-        "1",
-    ]);
+    let server = start_h3(&["--workers", "1"]);
     let addr = h3_addr(&server);
     let mut silent = Vec::new();
     for _ in 0..80 {
@@ -614,15 +608,7 @@ fn concurrent_handshakes_all_complete() {
 /// stateless reset and the connection would die).
 #[test]
 fn a_migrating_client_keeps_its_connection_across_workers() {
-    let server = Server::start_with(&[
-        "--tls-addr",
-        "127.0.0.1:0",
-        "--tls-self-signed",
-        "--h3",
-        "--workers",
-        "2",
-        "--metrics",
-    ]);
+    let server = start_h3(&["--workers", "2", "--metrics"]);
     let addr = h3_addr(&server);
     let forwarded = || {
         let m = common::fetch(server.addr(), "GET", "/metrics", "");
@@ -663,14 +649,7 @@ fn a_migrating_client_keeps_its_connection_across_workers() {
 /// it waits, and it goes on serving others.
 #[test]
 fn memory_stays_bounded_when_an_http3_client_reads_nothing() {
-    let server = Server::start_with(&[
-        "--tls-addr",
-        "127.0.0.1:0",
-        "--tls-self-signed",
-        "--h3",
-        "--workers",
-        "1",
-    ]);
+    let server = start_h3(&["--workers", "1"]);
     let addr = h3_addr(&server);
     // One connection first, so that what the server allocates once (buffers, TLS state) is
     // in the baseline.
@@ -730,14 +709,7 @@ fn memory_stays_bounded_when_an_http3_client_reads_nothing() {
 /// pass it).
 #[test]
 fn an_unvalidated_address_gets_at_most_three_times_what_it_sent() {
-    let server = Server::start_with(&[
-        "--tls-addr",
-        "127.0.0.1:0",
-        "--tls-self-signed",
-        "--h3",
-        "--workers",
-        "1",
-    ]);
+    let server = start_h3(&["--workers", "1"]);
     let addr = h3_addr(&server);
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let initial = initial_datagram(addr);
@@ -766,17 +738,7 @@ fn an_unvalidated_address_gets_at_most_three_times_what_it_sent() {
 /// over TCP) and counted among the client faults of its kind.
 #[test]
 fn an_idle_http3_connection_times_out_and_is_counted() {
-    let server = Server::start_with(&[
-        "--tls-addr",
-        "127.0.0.1:0",
-        "--tls-self-signed",
-        "--h3",
-        "--workers",
-        "1",
-        "--idle-timeout",
-        "1",
-        "--metrics",
-    ]);
+    let server = start_h3(&["--workers", "1", "--idle-timeout", "1", "--metrics"]);
     let addr = h3_addr(&server);
     runtime().block_on(async {
         let mut c = Client::connect(addr).await.unwrap();
@@ -817,14 +779,7 @@ fn an_idle_http3_connection_times_out_and_is_counted() {
 /// meanwhile.
 #[test]
 fn a_flood_of_tiny_streams_is_served_within_the_stream_limit() {
-    let server = Server::start_with(&[
-        "--tls-addr",
-        "127.0.0.1:0",
-        "--tls-self-signed",
-        "--h3",
-        "--workers",
-        "1",
-    ]);
+    let server = start_h3(&["--workers", "1"]);
     let addr = h3_addr(&server);
     runtime().block_on(async {
         let mut c = Client::connect(addr).await.unwrap();

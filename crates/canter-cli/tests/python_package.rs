@@ -33,8 +33,8 @@ fn run(cmd: &mut Command, what: &str) {
     );
 }
 
-/// `python -m pip install --quiet ARGS`.
-fn pip_install(python: &Path, args: &[&std::ffi::OsStr], what: &str) {
+/// `python -m pip install --quiet ARGS` with `envs` added to the environment.
+fn pip_install(python: &Path, args: &[&std::ffi::OsStr], envs: &[(&str, &str)], what: &str) {
     run(
         Command::new(python)
             .args([
@@ -44,7 +44,8 @@ fn pip_install(python: &Path, args: &[&std::ffi::OsStr], what: &str) {
                 "--quiet",
                 "--disable-pip-version-check",
             ])
-            .args(args),
+            .args(args)
+            .envs(envs.iter().copied()),
         what,
     );
 }
@@ -65,6 +66,7 @@ fn python_package_builds_and_passes_its_tests() {
             "-r".as_ref(),
             root().join("python/tests/requirements.txt").as_os_str(),
         ],
+        &[],
         "installing the test requirements (python/tests/requirements.txt)",
     );
     // What the README tells users to run. The package's release profile links with fat LTO
@@ -73,18 +75,13 @@ fn python_package_builds_and_passes_its_tests() {
     // CARGO_PROFILE_RELEASE_* from the environment pip passes to maturin): the same code at
     // the same optimization level, without cross-crate inlining. What the tests check does not
     // depend on it; the benchmarks build with the profile as it is.
-    run(
-        Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-            ])
-            .arg(root().join("python"))
-            .env("CARGO_PROFILE_RELEASE_LTO", "off")
-            .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16"),
+    pip_install(
+        &python,
+        &[root().join("python").as_os_str()],
+        &[
+            ("CARGO_PROFILE_RELEASE_LTO", "off"),
+            ("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16"),
+        ],
         "pip install ./python",
     );
     let status = Command::new(&python)
