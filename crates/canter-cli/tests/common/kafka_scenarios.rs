@@ -330,10 +330,12 @@ fn exactly_once_fences_a_frozen_process_that_comes_back_as_a_zombie() {
             t.flags(),
             [
                 "--exactly-once",
+                // 5 s: a member is not dropped for a late heartbeat on a busy machine (with
+                // 1 s both were, again and again, and nothing was committed).
                 "--session-timeout",
-                "1s",
+                "5s",
                 "--transaction-timeout",
-                "3s",
+                "5s",
                 "--instance-id",
                 instance,
                 "--metrics",
@@ -352,14 +354,19 @@ fn exactly_once_fences_a_frozen_process_that_comes_back_as_a_zombie() {
         let (d, t) = (d.clone(), t.clone());
         thread::spawn(move || send(&d, 150_000, Some(&t), &["--rate", "30000"]))
     };
-    // A freezes with a transaction open for 5 s: past its session (B takes its tasks, and
-    // waits for A's transaction to be aborted at its 3 s timeout) and past that timeout.
-    // Let go, A is a zombie: its member is gone and its producer's epoch is fenced; it must
-    // commit nothing and join again.
-    a.wait_counter("transactions", 2, Duration::from_secs(10));
+    // A freezes with a transaction open, past its session (B takes all its tasks) and past
+    // its transaction's timeout (the broker aborts it, and B, which waited for that, commits
+    // again). Let go, A is a zombie: its member is gone and its producer's epoch is fenced; it
+    // must commit nothing and join again. Every step waits for what it needs to see.
+    a.wait_counter("transactions", 2, Duration::from_secs(60));
     // SAFETY: kill(2) on the child's pid, which the pipeline handle owns and has not reaped.
     unsafe { libc::kill(a.pid() as i32, libc::SIGSTOP) };
-    thread::sleep(Duration::from_secs(5));
+    let frozen = std::time::Instant::now();
+    b.wait_counter("tasks_owned", 4, Duration::from_secs(120));
+    // Past the transaction timeout, with a second to spare.
+    thread::sleep(Duration::from_secs(6).saturating_sub(frozen.elapsed()));
+    let committed = b.counter_now("transactions");
+    b.wait_counter("transactions", committed + 2, Duration::from_secs(120));
     // SAFETY: as above.
     unsafe { libc::kill(a.pid() as i32, libc::SIGCONT) };
     sender.join().unwrap();
