@@ -86,6 +86,10 @@ pub(crate) struct Link {
     pub(crate) worker: Rc<Worker>,
     /// Bytes read since the connection last yielded to the worker's others.
     read_in_turn: usize,
+    /// The last read found the transport not ready and left its waker there: the next poll is
+    /// most likely the wake-up, so the read is tried without asking for readiness first (the
+    /// read asks itself, and waits again if the wake-up was for something else).
+    read_waiting: bool,
     /// Output waiting without the socket taking any of it ([`Link::poll_send`]); `None` while
     /// everything is written.
     stalled: Option<Stall>,
@@ -141,6 +145,7 @@ impl Link {
             out: Out::default(),
             worker,
             read_in_turn: 0,
+            read_waiting: false,
             stalled: None,
         }
     }
@@ -170,7 +175,10 @@ impl Link {
     ) -> Poll<io::Result<usize>> {
         let took = self.input.capacity() == 0;
         if took {
-            ready!(io.poll_read_ready(cx))?;
+            if !std::mem::take(&mut self.read_waiting) && io.poll_read_ready(cx)?.is_pending() {
+                self.read_waiting = true;
+                return Poll::Pending;
+            }
             self.input = if fresh <= READ_BUF {
                 self.worker.take_buf()
             } else {
@@ -192,6 +200,7 @@ impl Link {
             // the last read) and nothing came: the buffer goes back while the connection waits,
             // or every idle connection would keep one.
             self.worker.give_buf(std::mem::take(&mut self.input));
+            self.read_waiting = true;
         }
         let n = ready!(read)?;
         self.read_in_turn += n;
