@@ -86,9 +86,11 @@ pub(crate) struct Link {
     pub(crate) worker: Rc<Worker>,
     /// Bytes read since the connection last yielded to the worker's others.
     read_in_turn: usize,
-    /// The last read found the transport not ready and left its waker there: the next poll is
-    /// most likely the wake-up, so the read is tried without asking for readiness first (the
-    /// read asks itself, and waits again if the wake-up was for something else).
+    /// The last readiness check found the transport not ready and left its waker there: the
+    /// next poll is most likely the wake-up, so the read is tried without asking for readiness
+    /// first (the read asks itself). Once only: if the wake-up was for something else (a
+    /// broadcast to an idle WebSocket), the buffer goes back and the next poll asks again, so a
+    /// connection woken often for other reasons does not take and return a buffer each time.
     read_waiting: bool,
     /// Output waiting without the socket taking any of it ([`Link::poll_send`]); `None` while
     /// everything is written.
@@ -200,7 +202,6 @@ impl Link {
             // the last read) and nothing came: the buffer goes back while the connection waits,
             // or every idle connection would keep one.
             self.worker.give_buf(std::mem::take(&mut self.input));
-            self.read_waiting = true;
         }
         let n = ready!(read)?;
         self.read_in_turn += n;
