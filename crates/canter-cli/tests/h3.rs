@@ -118,6 +118,55 @@ fn aioquic_client() {
     }
 }
 
+/// `Alt-Svc` advertises HTTP/3 on every answer over TLS, HTTP/2 (curl) and HTTP/1.1 alike, a
+/// handler's pending answer and an error included, and on none over plain TCP.
+#[test]
+fn alt_svc_on_answers_over_tls_only() {
+    let server = start();
+    let port = server.tls_port();
+    let want = format!("alt-svc: h3=\":{port}\"; ma=86400");
+    for (args, status) in [
+        (vec!["--http2"], "HTTP/2 200"),
+        (vec!["--http1.1"], "HTTP/1.1 200"),
+        (vec!["--http2", "--data-binary", "abc"], "HTTP/2 200"),
+    ] {
+        let path = if args.len() > 1 {
+            "/echo"
+        } else {
+            "/plaintext"
+        };
+        let url = format!("https://127.0.0.1:{port}{path}");
+        let mut all = vec!["-k", "-D", "-", "-o", "/dev/null"];
+        all.extend(args.iter().copied());
+        all.push(&url);
+        let out = common::curl(&all);
+        let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+        let lines: Vec<&str> = head.lines().map(str::trim_end).collect();
+        assert!(
+            lines[0].starts_with(&status.to_lowercase()),
+            "{args:?}: {head}"
+        );
+        let n = lines.iter().filter(|l| l.starts_with("alt-svc:")).count();
+        assert!(lines.contains(&want.as_str()) && n == 1, "{args:?}: {head}");
+    }
+    let out = common::curl_any_status(&[
+        "-k",
+        "--http2",
+        "-D",
+        "-",
+        "-o",
+        "/dev/null",
+        &format!("https://127.0.0.1:{port}/no/such/route"),
+    ]);
+    let head = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    assert!(head.starts_with("http/2 404"), "{head}");
+    assert!(head.lines().any(|l| l.trim_end() == want), "{head}");
+    // Plain TCP: not advertised (HTTP/3 needs TLS's certificate).
+    let r = common::fetch(server.addr(), "GET", "/plaintext", "");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("alt-svc"), None);
+}
+
 /// `--h3-early-data`: a resumed session's 0-RTT GET is served, its POST answered 425 Too Early,
 /// while the client withholds its Finished as a replayed first flight would (aioquic,
 /// tests/py/h3client.py --early-data); without the flag (above) early data is refused.

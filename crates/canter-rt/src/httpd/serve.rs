@@ -37,16 +37,13 @@ impl Server {
         let preamble = canter_h1::Preamble::new(&self.config().server_name, EPOCH_DATE)?;
         self.defer_http_accepts()?;
         #[cfg(feature = "http3")]
-        if let Some(alt_svc) = self.alt_svc() {
-            return self.run(move |i| {
-                let svc = AltSvc {
-                    svc: factory(i),
-                    value: alt_svc.clone(),
-                };
-                HttpAccept(Rc::new(Http::new(svc, preamble.clone())))
-            });
-        }
-        self.run(move |i| HttpAccept(Rc::new(Http::new(factory(i), preamble.clone()))))
+        let alt_svc = self.alt_svc();
+        self.run(move |i| {
+            let http = Http::new(factory(i), preamble.clone());
+            #[cfg(feature = "http3")]
+            let http = http.with_alt_svc(alt_svc.clone());
+            HttpAccept(Rc::new(http))
+        })
     }
 
     /// With HTTP/3 on, the `Alt-Svc` value that points HTTP/1.1 and HTTP/2 clients over TLS to
@@ -72,16 +69,13 @@ impl Server {
         let preamble = canter_h1::Preamble::new(&self.config().server_name, EPOCH_DATE)?;
         self.defer_http_accepts()?;
         #[cfg(feature = "http3")]
-        if let Some(alt_svc) = self.alt_svc() {
-            return self.run_inline(move |i| {
-                let svc = AltSvc {
-                    svc: factory(i),
-                    value: alt_svc,
-                };
-                HttpAccept(Rc::new(Http::new(svc, preamble)))
-            });
-        }
-        self.run_inline(move |i| HttpAccept(Rc::new(Http::new(factory(i), preamble))))
+        let alt_svc = self.alt_svc();
+        self.run_inline(move |i| {
+            let http = Http::new(factory(i), preamble);
+            #[cfg(feature = "http3")]
+            let http = http.with_alt_svc(alt_svc);
+            HttpAccept(Rc::new(http))
+        })
     }
 }
 
@@ -223,35 +217,6 @@ pub(crate) async fn serve_tls<S: Service>(
     _cfg: Rc<Config>,
 ) {
     match acceptor {}
-}
-
-/// A service whose answers over TLS, on HTTP/1.1 or HTTP/2, advertise HTTP/3 on the same
-/// port (RFC 7838 `Alt-Svc`): what makes browsers switch.
-#[cfg(feature = "http3")]
-struct AltSvc<S> {
-    svc: S,
-    value: http::HeaderValue,
-}
-
-#[cfg(feature = "http3")]
-impl<S: Service> Service for AltSvc<S> {
-    fn call(&self, req: crate::httpd::service::Request) -> crate::httpd::service::Reply {
-        use crate::httpd::service::Reply;
-        if !crate::peer_is_tls() || req.head().version() == canter_http::Version::Http3 {
-            return self.svc.call(req);
-        }
-        match self.svc.call(req) {
-            Reply::Ready(res) => {
-                Reply::Ready(res.with_header(http::header::ALT_SVC, self.value.clone()))
-            }
-            Reply::Pending(fut) => {
-                let value = self.value.clone();
-                Reply::Pending(Box::pin(async move {
-                    fut.await.with_header(http::header::ALT_SVC, value)
-                }))
-            }
-        }
-    }
 }
 
 /// HTTP connections around the worker's service.

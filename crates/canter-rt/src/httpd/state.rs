@@ -52,6 +52,11 @@ pub(crate) struct Http<S> {
     svc: S,
     /// HTTP/1.1's preamble block (HTTP/2 encodes its own headers).
     pub(crate) preamble: PreambleCache,
+    /// With HTTP/3 on, the `Alt-Svc` field that points clients to it (RFC 7838): the HTTP/1.1
+    /// and HTTP/2 drivers add it to every answer they send over TLS, after the handler's
+    /// fields. Added where the head is encoded, not pushed onto each response's field list,
+    /// which cost an allocation and a copy per request.
+    pub(crate) alt_svc: Option<(http::HeaderName, http::HeaderValue)>,
 }
 
 impl<S> Http<S> {
@@ -59,6 +64,23 @@ impl<S> Http<S> {
         Http {
             svc,
             preamble: PreambleCache::new(preamble),
+            alt_svc: None,
+        }
+    }
+
+    /// The same, advertising HTTP/3 with `alt_svc` as the `Alt-Svc` value (`None`: not).
+    #[cfg(feature = "http3")]
+    pub(crate) fn with_alt_svc(mut self, alt_svc: Option<http::HeaderValue>) -> Http<S> {
+        self.alt_svc = alt_svc.map(|v| (http::header::ALT_SVC, v));
+        self
+    }
+
+    /// The `Alt-Svc` field for an answer on a connection, if it gets one: over TLS only.
+    #[inline]
+    pub(crate) fn alt_svc_for(&self, tls: bool) -> Option<(&http::HeaderName, &http::HeaderValue)> {
+        match &self.alt_svc {
+            Some((name, value)) if tls => Some((name, value)),
+            _ => None,
         }
     }
 }
