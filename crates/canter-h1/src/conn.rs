@@ -658,6 +658,27 @@ impl Preamble {
         Ok(preamble)
     }
 
+    /// The block with one more field, `name: value`, after the date: a field every response
+    /// of a connection carries (`Alt-Svc` over TLS) is then written with the block, at no cost
+    /// per response. `name` must be a token and `value` printable ASCII, spaces or tabs.
+    pub fn with_field(
+        mut self,
+        name: &str,
+        value: &[u8],
+    ) -> Result<Preamble, canter_http::ConfigError> {
+        if !valid_field(name.as_bytes(), value) || value.iter().any(|&b| b >= 0x80) {
+            return Err(canter_http::ConfigError::new(
+                "preamble field",
+                format!("{name:?} must be a token and its value printable ASCII"),
+            ));
+        }
+        self.block.extend_from_slice(name.as_bytes());
+        self.block.extend_from_slice(b": ");
+        self.block.extend_from_slice(value);
+        self.block.extend_from_slice(b"\r\n");
+        Ok(self)
+    }
+
     /// Replaces the date (refused, and the old one kept, unless it is printable ASCII).
     pub fn set_date(&mut self, date: &[u8; 29]) -> Result<(), canter_http::ConfigError> {
         if !date.iter().all(|b| (0x20..0x7f).contains(b)) {
@@ -1133,6 +1154,36 @@ mod tests {
             block.as_bytes(),
             b"HTTP/1.1 200 OK\r\nServer: edge/2.1 (test)\r\nDate: Mon, 23 Nov 2026 12:00:01 GMT\r\n"
         );
+    }
+
+    /// A field added to the block follows the date, which can still be replaced; a name that
+    /// is not a token or a value with a control byte or non-ASCII is refused.
+    #[test]
+    fn preamble_takes_a_field_after_the_date() {
+        let date = *b"Sun, 22 Nov 2026 12:00:00 GMT";
+        let base = Preamble::new("s", &date).expect("valid");
+        let mut block = base
+            .clone()
+            .with_field("Alt-Svc", b"h3=\":443\"; ma=86400")
+            .expect("valid");
+        block
+            .set_date(b"Mon, 23 Nov 2026 12:00:01 GMT")
+            .expect("valid");
+        assert_eq!(
+            block.as_bytes(),
+            &b"HTTP/1.1 200 OK\r\nServer: s\r\nDate: Mon, 23 Nov 2026 12:00:01 GMT\r\nAlt-Svc: h3=\":443\"; ma=86400\r\n"[..]
+        );
+        for (name, value) in [
+            ("Alt Svc", &b"x"[..]),
+            ("", b"x"),
+            ("X-A", b"1\r\nX-Injected: 1"),
+            ("X-A", "caf\u{e9}".as_bytes()),
+        ] {
+            assert!(
+                base.clone().with_field(name, value).is_err(),
+                "{name:?} {value:?}"
+            );
+        }
     }
 
     /// Every field name goes out in one case: each word capitalized, whatever case it came in,

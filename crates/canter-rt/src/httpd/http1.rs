@@ -655,21 +655,20 @@ impl<S: Service, T: Transport> Driver<S, T> {
         };
         self.link.prepare_output();
         let fields = headers.iter().map(|(n, v)| (n, v));
-        // Asked of the transport, whose answer on plain TCP is a constant: that copy of the
-        // driver has no `Alt-Svc` branch at all (a `chain` there cost 21 instructions a request).
-        let alt_svc = self.svc.alt_svc_for(self.io.encrypted());
         let (h1, out) = (&mut self.h1, &mut self.link.out.buf);
-        let status = status.as_u16();
-        self.svc
-            .preamble
-            .with(&self.link.worker, |preamble| match alt_svc {
-                None => {
-                    h1.start_response_prevalidated(status, content_type, fields, len, preamble, out)
-                }
-                Some(alt) => {
-                    start_with_alt_svc(h1, status, content_type, headers, alt, len, preamble, out)
-                }
-            })
+        // Asked of the transport, whose answer on plain TCP is a constant: that copy of the
+        // driver looks at one block only.
+        let preamble = self.svc.preamble_for(self.io.encrypted());
+        preamble.with(&self.link.worker, |preamble| {
+            h1.start_response_prevalidated(
+                status.as_u16(),
+                content_type,
+                fields,
+                len,
+                preamble,
+                out,
+            )
+        })
     }
 
     /// Queues one piece of body with its framing. False if it overran the Content-Length.
@@ -1127,25 +1126,6 @@ impl<S: Service, T: Transport> Driver<S, T> {
         let timeout = self.cfg.timeouts.write();
         self.link.finish(&mut self.io, timeout, ending).await;
     }
-}
-
-/// [`Conn::start_response_prevalidated`] with the `Alt-Svc` field after the handler's: out of
-/// line: with both calls inlined, `begin` over TLS without HTTP/3 cost 12 instructions a request
-/// more; this way 5.
-#[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn start_with_alt_svc(
-    h1: &mut Conn,
-    status: u16,
-    content_type: Option<&HeaderValue>,
-    headers: &[(HeaderName, HeaderValue)],
-    alt_svc: (&HeaderName, &HeaderValue),
-    len: BodyLen,
-    preamble: &canter_h1::Preamble,
-    out: &mut BytesMut,
-) -> bool {
-    let fields = headers.iter().map(|(n, v)| (n, v)).chain(Some(alt_svc));
-    h1.start_response_prevalidated(status, content_type, fields, len, preamble, out)
 }
 
 /// Drops a response's extra fields; the usual empty, never-allocated list without the call

@@ -52,11 +52,13 @@ pub(crate) struct Http<S> {
     svc: S,
     /// HTTP/1.1's preamble block (HTTP/2 encodes its own headers).
     pub(crate) preamble: PreambleCache,
-    /// With HTTP/3 on, the `Alt-Svc` field that points clients to it (RFC 7838): the HTTP/1.1
-    /// and HTTP/2 drivers add it to every answer they send over TLS, after the handler's
-    /// fields. Added where the head is encoded, not pushed onto each response's field list,
-    /// which cost an allocation and a copy per request.
-    pub(crate) alt_svc: Option<(http::HeaderName, http::HeaderValue)>,
+    /// The block for answers over TLS when it differs (with HTTP/3 on: `Alt-Svc` after the
+    /// date), so that the field costs nothing per response.
+    tls_preamble: Option<PreambleCache>,
+    /// With HTTP/3 on, the `Alt-Svc` field that points clients to it (RFC 7838): HTTP/2 adds it
+    /// to every answer over TLS, HTTP/1.1 has it in `tls_preamble`.
+    #[cfg(feature = "http3")]
+    alt_svc: Option<(http::HeaderName, http::HeaderValue)>,
 }
 
 impl<S> Http<S> {
@@ -64,24 +66,50 @@ impl<S> Http<S> {
         Http {
             svc,
             preamble: PreambleCache::new(preamble),
+            tls_preamble: None,
+            #[cfg(feature = "http3")]
             alt_svc: None,
         }
     }
 
-    /// The same, advertising HTTP/3 with `alt_svc` as the `Alt-Svc` value (`None`: not).
+    /// The same, advertising HTTP/3 with `alt_svc` as the `Alt-Svc` value (`None`: not) on
+    /// every answer over TLS, HTTP/1.1 or HTTP/2. Added where the head is encoded: pushed onto
+    /// each response's field list, it cost an allocation and a copy per request.
     #[cfg(feature = "http3")]
     pub(crate) fn with_alt_svc(mut self, alt_svc: Option<http::HeaderValue>) -> Http<S> {
-        self.alt_svc = alt_svc.map(|v| (http::header::ALT_SVC, v));
+        let Some(value) = alt_svc else {
+            return self;
+        };
+        let base = self.preamble.preamble.borrow().clone();
+        match base.with_field("Alt-Svc", value.as_bytes()) {
+            Ok(block) => {
+                self.tls_preamble = Some(PreambleCache::new(block));
+                self.alt_svc = Some((http::header::ALT_SVC, value));
+            }
+            Err(e) => tracing::error!(error = %e, "Alt-Svc not advertised"),
+        }
         self
     }
 
-    /// The `Alt-Svc` field for an answer on a connection, if it gets one: over TLS only.
+    /// HTTP/1.1's preamble block for a connection, over TLS (`tls`) or not.
+    #[inline]
+    pub(crate) fn preamble_for(&self, tls: bool) -> &PreambleCache {
+        match &self.tls_preamble {
+            Some(block) if tls => block,
+            _ => &self.preamble,
+        }
+    }
+
+    /// The `Alt-Svc` field for an HTTP/2 answer, if it gets one: over TLS with HTTP/3 on.
+    #[cfg(feature = "http2")]
     #[inline]
     pub(crate) fn alt_svc_for(&self, tls: bool) -> Option<(&http::HeaderName, &http::HeaderValue)> {
-        match &self.alt_svc {
-            Some((name, value)) if tls => Some((name, value)),
-            _ => None,
+        #[cfg(feature = "http3")]
+        if let (Some((name, value)), true) = (&self.alt_svc, tls) {
+            return Some((name, value));
         }
+        let _ = tls;
+        None
     }
 }
 
