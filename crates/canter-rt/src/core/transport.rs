@@ -61,6 +61,45 @@ pub trait Transport: Unpin + 'static {
         None
     }
 
+    /// The socket's descriptor when bytes written to it reach the peer as they are (what
+    /// [`Transport::raw_tcp`] gives, or a socket of canter's own): for writes made beside the
+    /// transport, such as WebSocket's direct broadcasts.
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.raw_tcp().map(AsRawFd::as_raw_fd)
+    }
+
+    /// Sends up to `count` bytes of file `src` from `offset` (advanced by what went) with
+    /// `sendfile(2)`, once the socket is writable; `Ok(0)` means the file ended. Plain TCP only
+    /// (after [`Transport::register`]); the others answer `Unsupported`.
+    fn poll_send_file(
+        &mut self,
+        cx: &mut Context<'_>,
+        src: std::os::fd::RawFd,
+        offset: &mut libc::off_t,
+        count: usize,
+    ) -> Poll<io::Result<usize>> {
+        let Some(tcp) = self.raw_tcp() else {
+            return Poll::Ready(Err(io::ErrorKind::Unsupported.into()));
+        };
+        loop {
+            ready!(tcp.poll_write_ready(cx))?;
+            let dst = tcp.as_raw_fd();
+            let sent = tcp.try_io(tokio::io::Interest::WRITABLE, || {
+                // SAFETY: both descriptors are open for the duration of the call (`tcp` is
+                // borrowed, `src` is the caller's), `offset` is a valid, exclusively borrowed
+                // off_t that the kernel reads and advances, and no user-space buffer is involved.
+                let n = unsafe { libc::sendfile(dst, src, &mut *offset, count) };
+                usize::try_from(n).map_err(|_| io::Error::last_os_error())
+            });
+            match sent {
+                // Readiness was cleared: the next `poll_write_ready` registers for it.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
     /// Whether the bytes reach the peer as they are written (plain TCP): a close then needs no
     /// protocol of its own, and files can go out with `sendfile(2)` once [`Transport::register`]
     /// has run.
@@ -103,7 +142,7 @@ pub trait Transport: Unpin + 'static {
 }
 
 /// `SIOCOUTQ` on a socket: the bytes its send queue holds.
-fn send_queue(fd: std::os::fd::RawFd) -> Option<u32> {
+pub(crate) fn send_queue(fd: std::os::fd::RawFd) -> Option<u32> {
     let mut queued: libc::c_int = 0;
     // SAFETY: `fd` is an open socket borrowed by the caller for the duration of the call, and
     // `TIOCOUTQ` (`SIOCOUTQ` for TCP) writes one `int` through the pointer, which points at a

@@ -32,7 +32,6 @@ use bytes::{Bytes, BytesMut};
 use canter_h1::{BodyEvent, BodyLen, Conn, Discard, Next};
 use canter_http::RequestHead;
 use http::{HeaderName, HeaderValue, StatusCode};
-use tokio::io::Interest;
 
 use crate::core::config::Config;
 use crate::core::link::{Ending, Link, Stall, Timer, WriteError};
@@ -724,12 +723,9 @@ impl<S: Service, T: Transport> Driver<S, T> {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                let Some(tcp) = self.io.raw_tcp() else {
-                    return Poll::Ready(Ok(false));
-                };
-                match tcp.poll_write_ready(cx) {
-                    Poll::Ready(Ok(())) => {}
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(Stop::Io(e))),
+                let count = left.min(FILE_PIECE as u64) as usize;
+                let sent = match self.io.poll_send_file(cx, src, &mut off, count) {
+                    Poll::Ready(sent) => sent,
                     Poll::Pending => {
                         let stall = stall.get_or_insert_with(|| Stall::start(&self.io));
                         if self.timer.poll_expired(cx, stall.deadline(timeout)) {
@@ -741,16 +737,7 @@ impl<S: Service, T: Transport> Driver<S, T> {
                         }
                         return Poll::Pending;
                     }
-                }
-                let count = left.min(FILE_PIECE as u64) as usize;
-                let dst = tcp.as_raw_fd();
-                let sent = tcp.try_io(Interest::WRITABLE, || {
-                    // SAFETY: both descriptors are open for the duration of the call (`self.io`
-                    // and `file` are borrowed), `off` is a valid, exclusively borrowed off_t
-                    // that the kernel reads and advances, and no user-space buffer is involved.
-                    let n = unsafe { libc::sendfile(dst, src, &mut off, count) };
-                    usize::try_from(n).map_err(|_| io::Error::last_os_error())
-                });
+                };
                 match sent {
                     Ok(0) => {
                         tracing::error!(peer = %self.peer, missing = left, "file ended before its Content-Length; closing");
@@ -763,9 +750,6 @@ impl<S: Service, T: Transport> Driver<S, T> {
                         let _ = self.h1.data_prefix(n, &mut self.link.out.buf);
                         stall = None;
                     }
-                    // Readiness was cleared: the next poll_write_ready registers for it.
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) if is_peer_gone(&e) => return Poll::Ready(Err(Stop::Io(e))),
                     Err(e) => {
                         tracing::error!(peer = %self.peer, error = %e, "file body could not be sent; closing");

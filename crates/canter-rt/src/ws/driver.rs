@@ -9,7 +9,6 @@ use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::rc::Rc;
@@ -550,8 +549,8 @@ impl Driver {
                 if !self.direct {
                     self.direct = true;
                     if io.plain_tcp() && io.register().is_ok() {
-                        if let Some(tcp) = io.raw_tcp() {
-                            self.session.set_direct(tcp.as_raw_fd());
+                        if let Some(fd) = io.raw_fd() {
+                            self.session.set_direct(fd);
                         }
                     }
                 }
