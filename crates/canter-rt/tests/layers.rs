@@ -19,8 +19,8 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["core::stats", "core::transport", "ws", "quic::route"],
     ),
     (
-        "worker state, TLS, WebSocket broadcast",
-        &["core::worker", "core::tls", "ws::hub"],
+        "worker state, its connection set, TLS, WebSocket broadcast",
+        &["core::worker", "core::tcp_loop", "core::tls", "ws::hub"],
     ),
     (
         "connection parts",

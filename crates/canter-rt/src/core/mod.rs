@@ -10,6 +10,7 @@ pub mod proxy;
 pub(crate) mod server;
 pub(crate) mod stats;
 pub(crate) mod syscall;
+pub(crate) mod tcp_loop;
 #[cfg(feature = "tls")]
 pub(crate) mod tls;
 pub(crate) mod transport;

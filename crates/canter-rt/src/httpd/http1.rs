@@ -131,7 +131,9 @@ pub(crate) async fn serve<S: Service, T: Transport>(
             }
         }
     }
-    let result = driver.run().await;
+    // Polled out of line: inlined into this function, the loop of every request shares its
+    // code with the connection's set-up and end, and its hot path spreads over more cache lines.
+    let result = OutOfLine(driver.run()).await;
     if let (Err(Stop::Upgrade), Some(upgrade)) = (&result, driver.upgrade.take()) {
         let (head, settings) = match *upgrade {
             Switch::H2c(head, settings) => (head, settings),
@@ -151,7 +153,7 @@ pub(crate) async fn serve<S: Service, T: Transport>(
                 if worker.spawns() {
                     // A task of its own, sized for the WebSocket: this one's HTTP/1.1 state
                     // (the largest part of an idle connection) is freed as it returns.
-                    tokio::task::spawn_local(socket);
+                    crate::core::tcp_loop::spawn_beside(socket);
                 } else {
                     Box::pin(socket).await;
                 }
@@ -1199,6 +1201,19 @@ enum Driven<T> {
     TimedOut,
     /// The peer closed or reset the connection while the future was pending.
     Gone,
+}
+
+/// A future polled by a function of its own, never inlined into its caller's poll.
+struct OutOfLine<F>(F);
+
+impl<F: Future> Future for OutOfLine<F> {
+    type Output = F::Output;
+
+    #[inline(never)]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // SAFETY: structural pinning: the field is never moved out of the pinned wrapper.
+        unsafe { self.map_unchecked_mut(|s| &mut s.0) }.poll(cx)
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use crate::core::config::{Config, EPOCH_DATE};
 use crate::core::link::Link;
 use crate::core::server::{in_event_loop, Accept, Accepted, Server};
 use crate::core::stats::Stats;
+use crate::core::tcp_loop::{self, OwnTcp};
 use crate::core::transport::{LazyTcp, Transport};
 use crate::core::worker::{Registration, Worker, TICK};
 #[cfg(feature = "http2")]
@@ -249,15 +250,23 @@ impl<S: Service> Accept for HttpAccept<S> {
         match tls {
             None => {
                 let sniff_h2 = cfg.http2_on();
-                tokio::task::spawn_local(serve(
-                    registration,
-                    LazyTcp::new(tcp),
-                    peer,
-                    svc,
-                    worker,
-                    cfg,
-                    sniff_h2,
-                ))
+                match tcp_loop::here() {
+                    Some(set) => {
+                        let io = OwnTcp::new(tcp, set.clone());
+                        set.spawn(serve(registration, io, peer, svc, worker, cfg, sniff_h2));
+                    }
+                    None => {
+                        tokio::task::spawn_local(serve(
+                            registration,
+                            LazyTcp::new(tcp),
+                            peer,
+                            svc,
+                            worker,
+                            cfg,
+                            sniff_h2,
+                        ));
+                    }
+                }
             }
             Some(acceptor) => {
                 // A handshake waits on the peer from the start: no point in waiting to register.
@@ -272,9 +281,9 @@ impl<S: Service> Accept for HttpAccept<S> {
                     svc,
                     worker,
                     cfg,
-                ))
+                ));
             }
-        };
+        }
     }
 }
 
