@@ -648,8 +648,12 @@ impl Transport for OwnTcp {
     }
 
     fn poll_write_last(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        // Held back (`MSG_MORE`) so that the close's FIN leaves in the same segment.
-        self.send(cx, &[IoSlice::new(buf)], libc::MSG_MORE)
+        // Outside the set (the connection never waited: its peer sent its request and nothing
+        // more), held back (`MSG_MORE`) so that the close's FIN leaves in the same segment. In
+        // the set, sent at once, as `LazyTcp` does: a peer that may still be sending would have
+        // its unread bytes turn the close into a reset, which discards what is held back.
+        let flags = if self.io.is_none() { libc::MSG_MORE } else { 0 };
+        self.send(cx, &[IoSlice::new(buf)], flags)
     }
 
     fn poll_shutdown(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
