@@ -239,13 +239,32 @@ fn a_message_over_16_mib_is_refused_with_1009() {
     assert_eq!(close_code(&mut s), 1009);
 }
 
+/// The bytes the server's workers hold in WebSocket messages being assembled (`/metrics`).
+fn assembling(server: &Server) -> u64 {
+    let m = common::fetch(server.addr(), "GET", "/metrics", "");
+    let text = m.text();
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("canter_ws_assembling_bytes ")?
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no canter_ws_assembling_bytes in\n{text}"))
+}
+
 /// Messages still being assembled on one worker hold at most `--ws-worker-budget` bytes at
 /// once: a message that would go past it closes its connection with 1013 (try again later),
 /// while the messages within it go on and are echoed whole.
 #[test]
 fn messages_being_assembled_share_a_bounded_budget_per_worker() {
     use std::io::{Read, Write};
-    let server = Server::start_with(&["--workers", "1", "--ws-worker-budget", "4194304"]);
+    let server = Server::start_with(&[
+        "--workers",
+        "1",
+        "--ws-worker-budget",
+        "4194304",
+        "--metrics",
+    ]);
     const FRAME: usize = 2 << 20;
     const PART: usize = 1536 << 10;
     let body = vec![b'q'; FRAME];
@@ -259,14 +278,22 @@ fn messages_being_assembled_share_a_bounded_budget_per_worker() {
             s
         })
         .collect();
-    // Wait until the server has read them (an echo on a third connection passes through).
-    let mut probe = upgraded(server.port);
-    let mut f = frame_head(true, 1, 2);
-    f.extend_from_slice(b"hi");
-    probe.write_all(&f).unwrap();
-    let mut echo = [0u8; 4];
-    probe.read_exact(&mut echo).unwrap();
-    assert_eq!(&echo, b"\x81\x02hi");
+    // Wait until the server has read them: the worker holds both parts (its gauge in
+    // `/metrics`). An echo on another connection is no proof: the reads of the two parts may
+    // still be going on, a budget's worth per turn.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let held = assembling(&server);
+        // Each part's frame head is held with it.
+        if held >= 2 * PART as u64 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server holds {held} bytes of the two parts after 60 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     // A third large message would take the worker past its budget: refused with 1013.
     let mut late = upgraded(server.port);
     let mut f = frame_head(true, 2, FRAME);
@@ -287,7 +314,16 @@ fn messages_being_assembled_share_a_bounded_budget_per_worker() {
         s.read_exact(&mut echoed).unwrap();
         assert!(echoed == body);
     }
-    // Their share is given back: a new large message fits again.
+    // Their share is given back (the refused one's too): a new large message fits again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while assembling(&server) != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server still holds {} bytes after 60 s",
+            assembling(&server)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let mut again = upgraded(server.port);
     let mut f = frame_head(true, 2, FRAME);
     f.extend_from_slice(&body);

@@ -14,6 +14,7 @@ pub struct Stats {
     accepted: AtomicU64,
     faults: [AtomicU64; ClientFault::ALL.len()],
     quic_forwarded: AtomicU64,
+    ws_assembling: AtomicU64,
 }
 
 /// A fault of the client that ended or disturbed one of its connections. Any peer can cause any
@@ -113,6 +114,24 @@ impl Stats {
     #[cfg_attr(not(feature = "http3"), allow(dead_code))]
     pub(crate) fn quic_forwarded(&self) {
         self.quic_forwarded.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Bytes the WebSocket connections hold, across all workers, in messages still being
+    /// assembled (each worker's are bounded by its budget, `WsConfig::worker_budget`).
+    pub fn ws_assembling_bytes(&self) -> u64 {
+        self.ws_assembling.load(Ordering::Relaxed)
+    }
+
+    /// A connection's bytes in messages being assembled went from `was` to `now`.
+    #[cfg_attr(not(feature = "ws"), allow(dead_code))]
+    pub(crate) fn ws_assembling(&self, was: usize, now: usize) {
+        if now > was {
+            self.ws_assembling
+                .fetch_add((now - was) as u64, Ordering::Relaxed);
+        } else if was > now {
+            self.ws_assembling
+                .fetch_sub((was - now) as u64, Ordering::Relaxed);
+        }
     }
 }
 

@@ -158,6 +158,7 @@ impl Worker {
             return false;
         }
         self.ws_assembling.set(others + now);
+        self.stats.ws_assembling(was, now);
         true
     }
 

@@ -225,10 +225,15 @@ impl Metrics {
                  # HELP canter_quic_datagrams_forwarded_total QUIC datagrams handed to the worker \
                  that owns their connection (the client changed address).\n\
                  # TYPE canter_quic_datagrams_forwarded_total counter\n\
-                 canter_quic_datagrams_forwarded_total {}\n",
+                 canter_quic_datagrams_forwarded_total {}\n\
+                 # HELP canter_ws_assembling_bytes Bytes held in WebSocket messages still being \
+                 assembled (bounded per worker by its budget).\n\
+                 # TYPE canter_ws_assembling_bytes gauge\n\
+                 canter_ws_assembling_bytes {}\n",
                 stats.open_connections(),
                 stats.accepted(),
                 stats.quic_datagrams_forwarded(),
+                stats.ws_assembling_bytes(),
             );
             out.push_str(
                 "# HELP canter_client_errors_total Connections ended or disturbed by the client: \
