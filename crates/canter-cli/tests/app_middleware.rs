@@ -11,7 +11,7 @@ use canter::middleware::{from_fn, Cors, Metrics, Next, RequestId, Timeout};
 use canter::rt::http::{HeaderName, HeaderValue, Method, StatusCode};
 use canter::rt::{Reply, Request};
 use canter::{get, post, Extension, Router};
-use common::{fetch, fetch_raw, Client, InProcess};
+use common::{fetch, fetch_raw, metric, Client, InProcess};
 
 fn tagged(tag: &'static str) -> impl Fn(Request, Next<'_>) -> Reply + 'static {
     move |req, next| {
@@ -245,12 +245,6 @@ fn timeout_answers_503_for_slow_async_handlers_only() {
     c.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /sync HTTP/1.1\r\nHost: x\r\n\r\n");
     assert_eq!(c.response().status, 503);
     assert_eq!(c.response().text(), "sync");
-}
-
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
 #[test]

@@ -242,14 +242,7 @@ fn a_message_over_16_mib_is_refused_with_1009() {
 /// The bytes the server's workers hold in WebSocket messages being assembled (`/metrics`).
 fn assembling(server: &Server) -> u64 {
     let m = common::fetch(server.addr(), "GET", "/metrics", "");
-    let text = m.text();
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("canter_ws_assembling_bytes ")?
-                .parse::<u64>()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no canter_ws_assembling_bytes in\n{text}"))
+    common::metric(m.text(), "canter_ws_assembling_bytes")
 }
 
 /// Messages still being assembled on one worker hold at most `--ws-worker-budget` bytes at

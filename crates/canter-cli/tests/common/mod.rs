@@ -426,6 +426,14 @@ pub fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &str) -> Respo
     c.response_to(method == "HEAD")
 }
 
+/// The value of metric `name` (with its labels, if any) in a `/metrics` page; panics naming it
+/// if the page has none.
+pub fn metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
 // ---- external clients ------------------------------------------------------------------------
 
 /// Fails the test when `tool` cannot run: a test that skips silently proves nothing. A tool

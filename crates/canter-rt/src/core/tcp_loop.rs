@@ -49,6 +49,8 @@ const NO_TASK: (usize, *const (), *const RawWakerVTable) =
 thread_local! {
     /// This thread's set, once a connection has needed it.
     static LOOP: RefCell<Option<Rc<Inner>>> = const { RefCell::new(None) };
+    /// The refusal of an epoll set was logged on this thread.
+    static WARNED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// What other threads share with the set: connections woken from elsewhere, and the driver's
@@ -132,6 +134,17 @@ struct IoState {
     write_waiter: RefCell<Waiter>,
 }
 
+impl IoState {
+    /// The readiness flag and the waiter of one direction: reading, or writing.
+    fn side(&self, read: bool) -> (&Cell<bool>, &RefCell<Waiter>) {
+        if read {
+            (&self.readable, &self.read_waiter)
+        } else {
+            (&self.writable, &self.write_waiter)
+        }
+    }
+}
+
 /// A worker's set: its connections, their sockets' readiness, and the queue of woken ones.
 pub(crate) struct Inner {
     epoll: AsyncFd<OwnedFd>,
@@ -160,7 +173,11 @@ pub(crate) fn here() -> Option<Rc<Inner>> {
         let inner = match Inner::new() {
             Ok(inner) => Rc::new(inner),
             Err(e) => {
-                tracing::warn!(error = %e, "no epoll set for the worker's connections; they run as tokio tasks");
+                // Tried again at the next connection; said once per worker (out of descriptors,
+                // this would otherwise be a line per connection).
+                if !WARNED.replace(true) {
+                    tracing::warn!(error = %e, "no epoll set for the worker's connections; they run as tokio tasks");
+                }
                 return None;
             }
         };
@@ -500,28 +517,21 @@ impl OwnTcp {
         OwnTcp { tcp, io: None, set }
     }
 
-    /// The socket's state in the set, adding it first if it is not in it yet.
-    fn state(&mut self) -> io::Result<&Rc<IoState>> {
+    /// Adds the socket to the set, if it is not in it yet.
+    fn join(&mut self) -> io::Result<()> {
         if self.io.is_none() {
             self.io = Some(self.set.register(self.tcp.as_raw_fd())?);
         }
-        match &self.io {
-            Some((_, state)) => Ok(state),
-            None => Err(io::ErrorKind::NotConnected.into()),
-        }
+        Ok(())
     }
 
     /// The socket would block: it waits in the set for `which` readiness.
     fn wait(&mut self, cx: &Context<'_>, read: bool) -> Poll<io::Result<()>> {
-        self.state()?;
+        self.join()?;
         let Some((_, state)) = &self.io else {
             return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
         };
-        let (flag, slot) = if read {
-            (&state.readable, &state.read_waiter)
-        } else {
-            (&state.writable, &state.write_waiter)
-        };
+        let (flag, slot) = state.side(read);
         flag.set(false);
         self.set.wait_on(slot, cx);
         Poll::Pending
@@ -534,11 +544,7 @@ impl OwnTcp {
         let Some((_, state)) = &self.io else {
             return false;
         };
-        let (flag, slot) = if read {
-            (&state.readable, &state.read_waiter)
-        } else {
-            (&state.writable, &state.write_waiter)
-        };
+        let (flag, slot) = state.side(read);
         if flag.get() {
             return false;
         }
@@ -670,7 +676,7 @@ impl Transport for OwnTcp {
     }
 
     fn register(&mut self) -> io::Result<()> {
-        self.state().map(|_| ())
+        self.join()
     }
 
     fn poll_send_file(
