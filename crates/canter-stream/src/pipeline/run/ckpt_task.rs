@@ -57,6 +57,15 @@ fn send_barriers(env: &Env, heads: Vec<SendBarrier>) {
 fn snapshot(env: &Env) {
     let Some(ck) = &env.ckpt else { return };
     let Some(epoch) = ck.pending() else { return };
+    if env.shutting.get() {
+        // A worker that has seen the shutdown lets its inboxes' held batches run, so that its
+        // drains end: what came after the barriers may be in its state already, which is then
+        // not the checkpoint's. It sends no part: the checkpoint is abandoned, the last durable
+        // one stands, and nothing waits for this one any longer.
+        ck.aligning.set(false);
+        env.resume_all();
+        return;
+    }
     let states = env
         .snaps
         .borrow()

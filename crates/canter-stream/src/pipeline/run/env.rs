@@ -162,7 +162,8 @@ impl Env {
     /// Whether the sources must stop reading: a sink of this worker is full, or an inbox this
     /// worker feeds is (then this worker is marked as waiting for it).
     pub(super) fn must_wait(&self) -> bool {
-        if self.ckpt.as_ref().is_some_and(|c| c.aligning.get()) {
+        // A checkpoint a shutdown cut short is not written: nothing waits for it.
+        if !self.shutting.get() && self.ckpt.as_ref().is_some_and(|c| c.aligning.get()) {
             return true;
         }
         if self.sinks_full() {

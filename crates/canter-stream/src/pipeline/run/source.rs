@@ -294,6 +294,9 @@ pub(super) async fn file_source(
             let mut end = false;
             while !env.shutting.get() && !end {
                 room(&env, &wake).await;
+                if env.shutting.get() {
+                    break;
+                }
                 let n = match file.read(&mut chunk) {
                     Ok(n) => n,
                     Err(e) => {
@@ -362,6 +365,9 @@ pub(super) async fn generate_source(
     });
     while i < count && !env.shutting.get() {
         room(&env, &wake).await;
+        if env.shutting.get() {
+            break;
+        }
         {
             let mut h = head.borrow_mut();
             h.begin();
