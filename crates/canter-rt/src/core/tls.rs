@@ -500,9 +500,13 @@ impl TlsAcceptor {
         self.inner.settings.handshake_timeout
     }
 
-    /// Runs the server side of a handshake on `tcp` under the handshake timeout.
-    pub async fn accept(&self, tcp: TcpStream) -> io::Result<TlsStream> {
-        let handshake = self.inner.acceptor.accept(tcp);
+    /// Runs the server side of a handshake on `io` (a [`TcpStream`], or any byte stream) under
+    /// the handshake timeout.
+    pub async fn accept<IO>(&self, io: IO) -> io::Result<tokio_rustls::TlsStream<IO>>
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let handshake = self.inner.acceptor.accept(io);
         match tokio::time::timeout(self.handshake_timeout(), handshake).await {
             Ok(Ok(stream)) => Ok(tokio_rustls::TlsStream::Server(stream)),
             Ok(Err(e)) => Err(e),

@@ -437,16 +437,18 @@ macro_rules! forward_writes {
 #[cfg(feature = "tls")]
 pub type TlsStream = tokio_rustls::TlsStream<TcpStream>;
 
+/// TLS over any socket transport: tokio's (`TlsStream`) or a socket of the worker's connection
+/// set.
 #[cfg(feature = "tls")]
-impl Transport for TlsStream {
+impl<IO: Transport + AsyncRead + AsyncWrite> Transport for tokio_rustls::TlsStream<IO> {
     fn poll_read_ready(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let (tcp, session) = self.get_ref();
+        let (io, session) = self.get_mut();
         // Decrypted bytes still inside the session (a record larger than the last read took),
         // a close_notify received: a read finds them without touching the socket.
         if !session.wants_read() {
             return Poll::Ready(Ok(()));
         }
-        tcp.poll_read_ready(cx)
+        io.poll_read_ready(cx)
     }
 
     fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
@@ -470,7 +472,7 @@ impl Transport for TlsStream {
     }
 
     fn kernel_queued(&self) -> Option<u32> {
-        send_queue(self.get_ref().0.as_raw_fd())
+        self.get_ref().0.kernel_queued()
     }
 
     fn encrypted(&self) -> bool {

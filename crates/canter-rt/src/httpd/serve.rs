@@ -172,15 +172,17 @@ pub async fn serve_connection<S: Service, T: Transport>(
 /// it as [`serve`] does. A failed or stalled handshake closes the connection (a debug line: the
 /// peer's fault, and any peer can cause it).
 #[cfg(feature = "tls")]
-pub(crate) async fn serve_tls<S: Service>(
+pub(crate) async fn serve_tls<S: Service, IO>(
     registration: Registration,
-    tcp: tokio::net::TcpStream,
+    tcp: IO,
     peer: SocketAddr,
     acceptor: crate::core::server::Acceptor,
     svc: Rc<Http<S>>,
     worker: Rc<Worker>,
     cfg: Rc<Config>,
-) {
+) where
+    IO: Transport + tokio::io::AsyncRead + tokio::io::AsyncWrite,
+{
     match acceptor.accept(tcp).await {
         Ok(tls) => {
             let session = tls.get_ref().1;
@@ -208,9 +210,9 @@ pub(crate) async fn serve_tls<S: Service>(
 
 /// Without the `tls` feature there is no TLS listener: no connection comes with an acceptor.
 #[cfg(not(feature = "tls"))]
-pub(crate) async fn serve_tls<S: Service>(
+pub(crate) async fn serve_tls<S: Service, IO>(
     _registration: Registration,
-    _tcp: tokio::net::TcpStream,
+    _tcp: IO,
     _peer: SocketAddr,
     acceptor: crate::core::server::Acceptor,
     _svc: Rc<Http<S>>,
@@ -269,6 +271,19 @@ impl<S: Service> Accept for HttpAccept<S> {
                 }
             }
             Some(acceptor) => {
+                if let Some(set) = tcp_loop::here() {
+                    let io = OwnTcp::new(tcp, set.clone());
+                    set.spawn(serve_tls(
+                        registration,
+                        io,
+                        peer,
+                        acceptor,
+                        svc,
+                        worker,
+                        cfg,
+                    ));
+                    return;
+                }
                 // A handshake waits on the peer from the start: no point in waiting to register.
                 let Some(tcp) = in_event_loop(tcp, peer) else {
                     return;

@@ -29,6 +29,9 @@ pub use canter_testkit::{chunked, Client, Response, IO_TIMEOUT};
 /// by [`TestServer::stop`] or on drop.
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The TLS listener's address, if the config has one.
+    #[allow(dead_code)]
+    pub tls_addr: Option<SocketAddr>,
     pub stats: Arc<Stats>,
     pub handle: ShutdownHandle,
     done: Option<mpsc::Receiver<io::Result<()>>>,
@@ -69,6 +72,7 @@ impl TestServer {
     {
         let server = Server::bind(config).expect("bind");
         let addr = server.local_addr();
+        let tls_addr = server.tls_local_addr();
         let stats = server.stats();
         let handle = server.shutdown_handle();
         let (tx, rx) = mpsc::channel();
@@ -80,6 +84,7 @@ impl TestServer {
             .unwrap();
         TestServer {
             addr,
+            tls_addr,
             stats,
             handle,
             done: Some(rx),
