@@ -10,10 +10,13 @@ use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
+
+use crate::core::tcp_loop::OwnTcp;
 
 /// The version 2 signature: twelve bytes no HTTP or TLS stream can start with.
 const V2_SIGNATURE: &[u8; 12] = b"\r\n\r\n\0\r\nQUIT\n";
@@ -373,11 +376,30 @@ impl fmt::Display for ReadError {
     }
 }
 
+/// A socket a PROXY header is read from: looked at without taking it, then taken.
+pub(crate) trait Peek: tokio::io::AsyncRead + Unpin {
+    /// Copies what the socket holds into `buf` without taking it; `Ok(0)` at its end.
+    fn poll_peek(&mut self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>>;
+}
+
+impl Peek for TcpStream {
+    fn poll_peek(&mut self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+        let mut buf = tokio::io::ReadBuf::new(buf);
+        TcpStream::poll_peek(self, cx, &mut buf)
+    }
+}
+
+impl Peek for OwnTcp {
+    fn poll_peek(&mut self, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
+        OwnTcp::poll_peek(self, cx, buf)
+    }
+}
+
 /// Reads the header that opens `tcp`, accepted from `peer`, and returns the client's address
 /// (`peer` itself for a [`Header::Local`] one). Reads nothing past the header: it peeks at what
 /// has arrived and takes only the header's bytes, so the next layer reads the rest.
-pub(crate) async fn read_header(
-    tcp: &mut TcpStream,
+pub(crate) async fn read_header<T: Peek>(
+    tcp: &mut T,
     peer: SocketAddr,
     cfg: &ProxyProtocol,
 ) -> Result<SocketAddr, ReadError> {
@@ -391,7 +413,10 @@ pub(crate) async fn read_header(
         let mut peeked = vec![0u8; 256.min(cap)];
         loop {
             let want = (cap - taken.len()).min(peeked.len());
-            let n = tcp.peek(&mut peeked[..want]).await.map_err(ReadError::Io)?;
+            let window = &mut peeked[..want];
+            let n = std::future::poll_fn(|cx| tcp.poll_peek(cx, window))
+                .await
+                .map_err(ReadError::Io)?;
             if n == 0 {
                 return Err(ReadError::Eof);
             }
@@ -428,8 +453,8 @@ pub(crate) async fn read_header(
 /// The client of an accepted connection: `peer` itself when the server expects no PROXY
 /// header, else the one its header names; `None` when the connection must close (a refused
 /// source or a bad, missing or late header: counted as a protocol fault, logged at debug).
-pub(crate) async fn client_of(
-    tcp: &mut TcpStream,
+pub(crate) async fn client_of<T: Peek>(
+    tcp: &mut T,
     peer: SocketAddr,
     expected: Option<&ProxyProtocol>,
     worker: &crate::core::worker::Worker,

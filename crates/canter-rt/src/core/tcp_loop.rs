@@ -552,6 +552,29 @@ impl OwnTcp {
         true
     }
 
+    /// Copies what the socket holds into `buf` without taking it (`MSG_PEEK`); waits in the set
+    /// while it holds nothing. `Ok(0)`: the peer closed its side.
+    pub(crate) fn poll_peek(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        if self.not_ready(cx, true) {
+            return Poll::Pending;
+        }
+        let fd = self.tcp.as_raw_fd();
+        // SAFETY: `fd` is open; the pointer and length describe `buf`, writable for the call.
+        match retry(|| unsafe {
+            libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK)
+        }) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self.wait(cx, true) {
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                _ => Poll::Pending,
+            },
+            done => Poll::Ready(done),
+        }
+    }
+
     fn send(
         &mut self,
         cx: &Context<'_>,

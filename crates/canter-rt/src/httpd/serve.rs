@@ -240,7 +240,7 @@ impl<S: Service> Accept for HttpAccept<S> {
     fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>) {
         let (svc, worker, cfg) = (self.0.clone(), worker.clone(), cfg.clone());
         if cfg.proxy_protocol.is_some() {
-            tokio::task::spawn_local(serve_proxied(conn, svc, worker, cfg));
+            spawn_proxied(conn, svc, worker, cfg);
             return;
         }
         let Accepted {
@@ -322,8 +322,9 @@ impl<S: Service> HttpAccept<S> {
 }
 
 /// A connection behind a load balancer: its PROXY header first, then HTTP (over TLS when it
-/// came from the TLS listener) with the client the header names as its peer.
-async fn serve_proxied<S: Service>(
+/// came from the TLS listener) with the client the header names as its peer. In the worker's
+/// connection set when it has one, else a tokio task.
+fn spawn_proxied<S: Service>(
     conn: Accepted,
     svc: Rc<Http<S>>,
     worker: Rc<Worker>,
@@ -335,9 +336,36 @@ async fn serve_proxied<S: Service>(
         peer,
         tls,
     } = conn;
-    let Some(mut tcp) = in_event_loop(tcp, peer) else {
+    if let Some(set) = tcp_loop::here() {
+        let io = OwnTcp::new(tcp, set.clone());
+        set.spawn(serve_proxied(registration, io, peer, tls, svc, worker, cfg));
+        return;
+    }
+    let Some(tcp) = in_event_loop(tcp, peer) else {
         return;
     };
+    tokio::task::spawn_local(serve_proxied(
+        registration,
+        tcp,
+        peer,
+        tls,
+        svc,
+        worker,
+        cfg,
+    ));
+}
+
+async fn serve_proxied<S: Service, IO>(
+    registration: Registration,
+    mut tcp: IO,
+    peer: SocketAddr,
+    tls: Option<crate::core::server::Acceptor>,
+    svc: Rc<Http<S>>,
+    worker: Rc<Worker>,
+    cfg: Rc<Config>,
+) where
+    IO: Transport + crate::core::proxy::Peek + tokio::io::AsyncWrite,
+{
     let Some(peer) =
         crate::core::proxy::client_of(&mut tcp, peer, cfg.proxy_protocol.as_ref(), &worker).await
     else {
