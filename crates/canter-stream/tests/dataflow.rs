@@ -902,6 +902,23 @@ fn u64_codec() -> (
     )
 }
 
+#[allow(clippy::type_complexity)]
+fn pair_codec() -> (
+    impl Fn(&(u64, u64), &mut Vec<u8>) + Send + Sync + Copy + 'static,
+    impl Fn(&[u8]) -> Option<(u64, u64)> + Send + Sync + Copy + 'static,
+) {
+    (
+        |a: &(u64, u64), b: &mut Vec<u8>| {
+            b.extend_from_slice(&a.0.to_le_bytes());
+            b.extend_from_slice(&a.1.to_le_bytes());
+        },
+        |b: &[u8]| {
+            let w = |i: usize| b.get(i..i + 8)?.try_into().ok();
+            Some((u64::from_le_bytes(w(0)?), u64::from_le_bytes(w(8)?)))
+        },
+    )
+}
+
 /// [`SLOW`] for the tests of codecs (tests run at once, each with its own).
 static SLOW_CODECS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -942,7 +959,15 @@ fn stopped_and_finished<O: Send + 'static>(
     running.shutdown_handle().shutdown();
     running.wait().expect("workers");
     first.extend(got.take());
-    let running = topology().start(options()).expect("restart");
+    restart_to_end(topology(), options(), deadline);
+    let _ = std::fs::remove_dir_all(dir);
+    (first, got.take())
+}
+
+/// Starts `topology` again on its checkpoints (it must restore one) and waits, until
+/// `deadline`, for it to read its input to the end.
+fn restart_to_end(topology: Topology, options: RunOptions, deadline: Instant) {
+    let running = topology.start(options).expect("restart");
     assert!(running.metrics().checkpoints().restored_epoch > 0);
     while !running.is_finished() {
         assert!(
@@ -952,8 +977,6 @@ fn stopped_and_finished<O: Send + 'static>(
         std::thread::sleep(Duration::from_millis(10));
     }
     running.wait().expect("workers");
-    let _ = std::fs::remove_dir_all(dir);
-    (first, got.take())
 }
 
 /// Final aggregations and a join with codecs (`checkpointed`) keep their state across a stop
@@ -1206,14 +1229,7 @@ fn time_windows_checkpoint_with_codecs() {
         let (before, after) = stopped_and_finished(&dir, workers, 50, &SLOW_CODECS, &got, || {
             let (ek, dk) = u32_codec();
             let (ek2, dk2) = u32_codec();
-            let pair = |a: &(u64, u64), b: &mut Vec<u8>| {
-                b.extend_from_slice(&a.0.to_le_bytes());
-                b.extend_from_slice(&a.1.to_le_bytes());
-            };
-            let unpair = |b: &[u8]| {
-                let w = |i: usize| b.get(i..i + 8)?.try_into().ok();
-                Some((u64::from_le_bytes(w(0)?), u64::from_le_bytes(w(8)?)))
-            };
+            let (pair, unpair) = pair_codec();
             let count_sum = |tag: u8| {
                 Aggregate::new(
                     || (0u64, 0u64),
@@ -1432,14 +1448,7 @@ fn a_shutdown_during_alignment_writes_no_checkpoint_of_what_came_after_the_barri
             let mut t = Topology::new();
             for (tag, name) in [(0u8, "quick"), (1u8, "lagging")] {
                 let (ek, dk) = u32_codec();
-                let pair = |a: &(u64, u64), b: &mut Vec<u8>| {
-                    b.extend_from_slice(&a.0.to_le_bytes());
-                    b.extend_from_slice(&a.1.to_le_bytes());
-                };
-                let unpair = |b: &[u8]| {
-                    let w = |i: usize| b.get(i..i + 8)?.try_into().ok();
-                    Some((u64::from_le_bytes(w(0)?), u64::from_le_bytes(w(8)?)))
-                };
+                let (pair, unpair) = pair_codec();
                 t.add(
                     Pipeline::new(name, Source::generate(N, make), decode)
                         .key_by(|(k, _)| *k)
@@ -1477,16 +1486,7 @@ fn a_shutdown_during_alignment_writes_no_checkpoint_of_what_came_after_the_barri
         running.wait().expect("workers");
         assert!(got.is_empty(), "finals before the end: {}", got.len());
         SLOW_ALIGN.store(false, Ordering::Relaxed);
-        let running = topology().start(options()).expect("restart");
-        assert!(running.metrics().checkpoints().restored_epoch > 0);
-        while !running.is_finished() {
-            assert!(
-                Instant::now() < deadline,
-                "the restarted run did not finish"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        running.wait().expect("workers");
+        restart_to_end(topology(), options(), deadline);
         let _ = std::fs::remove_dir_all(&dir);
         let mut finals: BTreeMap<(u8, u32), (u64, u64)> = BTreeMap::new();
         for (tag, k, a) in got.take() {

@@ -33,10 +33,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, RawWakerVTable, Wake, Waker};
 
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::io::{Interest, ReadBuf};
 
 use crate::core::syscall::{self, retry};
-use crate::core::transport::{send_queue, Transport};
+use crate::core::transport::{send_queue, tokio_io_through_transport, Transport};
 
 /// Connections polled per turn of the driver before it lets the worker's other tasks run.
 const TURN: usize = 256;
@@ -730,43 +730,5 @@ impl Transport for OwnTcp {
     }
 }
 
-/// The socket as a tokio byte stream, for the TLS layer (`tokio_rustls`) over it.
-impl AsyncRead for OwnTcp {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Transport::poll_read(self.get_mut(), cx, buf)
-    }
-}
-
-impl AsyncWrite for OwnTcp {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Transport::poll_write(self.get_mut(), cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Transport::poll_write_vectored(self.get_mut(), cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Transport::poll_shutdown(self.get_mut(), cx)
-    }
-}
+// The socket as a tokio byte stream, for the TLS layer (`tokio_rustls`) over it.
+tokio_io_through_transport!(OwnTcp);

@@ -525,47 +525,61 @@ impl Stream {
     }
 }
 
-/// `Stream` as a tokio byte stream, for code written against `AsyncRead`/`AsyncWrite` (the load
-/// generator, clients).
-impl AsyncRead for Stream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Transport::poll_read(self.get_mut(), cx, buf)
-    }
+/// `AsyncRead` and `AsyncWrite` for a [`Transport`], through its own methods: the type as a
+/// tokio byte stream, for code written against tokio's traits (the TLS layer, clients).
+macro_rules! tokio_io_through_transport {
+    ($t:ty) => {
+        impl tokio::io::AsyncRead for $t {
+            fn poll_read(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &mut tokio::io::ReadBuf<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                $crate::core::transport::Transport::poll_read(self.get_mut(), cx, buf)
+            }
+        }
+
+        impl tokio::io::AsyncWrite for $t {
+            fn poll_write(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                buf: &[u8],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                $crate::core::transport::Transport::poll_write(self.get_mut(), cx, buf)
+            }
+
+            fn poll_write_vectored(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+                bufs: &[std::io::IoSlice<'_>],
+            ) -> std::task::Poll<std::io::Result<usize>> {
+                $crate::core::transport::Transport::poll_write_vectored(self.get_mut(), cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                true
+            }
+
+            fn poll_flush(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                $crate::core::transport::Transport::poll_flush(self.get_mut(), cx)
+            }
+
+            fn poll_shutdown(
+                self: std::pin::Pin<&mut Self>,
+                cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<std::io::Result<()>> {
+                $crate::core::transport::Transport::poll_shutdown(self.get_mut(), cx)
+            }
+        }
+    };
 }
+pub(crate) use tokio_io_through_transport;
 
-impl AsyncWrite for Stream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Transport::poll_write(self.get_mut(), cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Transport::poll_write_vectored(self.get_mut(), cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        true
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Transport::poll_flush(self.get_mut(), cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Transport::poll_shutdown(self.get_mut(), cx)
-    }
-}
+// `Stream` as a tokio byte stream (the load generator, clients).
+tokio_io_through_transport!(Stream);
 
 macro_rules! both {
     ($self:ident, $s:ident => $e:expr) => {

@@ -239,63 +239,31 @@ impl<S: Service> Accept for HttpAccept<S> {
 
     fn spawn(&mut self, conn: Accepted, worker: &Rc<Worker>, cfg: &Rc<Config>) {
         let (svc, worker, cfg) = (self.0.clone(), worker.clone(), cfg.clone());
-        if cfg.proxy_protocol.is_some() {
-            spawn_proxied(conn, svc, worker, cfg);
+        if conn.tls.is_some() || cfg.proxy_protocol.is_some() {
+            spawn_tls_or_proxied(conn, svc, worker, cfg);
             return;
         }
         let Accepted {
             registration,
             tcp,
             peer,
-            tls,
+            ..
         } = conn;
-        match tls {
-            None => {
-                let sniff_h2 = cfg.http2_on();
-                match tcp_loop::here() {
-                    Some(set) => {
-                        let io = OwnTcp::new(tcp, set.clone());
-                        set.spawn(serve(registration, io, peer, svc, worker, cfg, sniff_h2));
-                    }
-                    None => {
-                        tokio::task::spawn_local(serve(
-                            registration,
-                            LazyTcp::new(tcp),
-                            peer,
-                            svc,
-                            worker,
-                            cfg,
-                            sniff_h2,
-                        ));
-                    }
-                }
+        let sniff_h2 = cfg.http2_on();
+        match tcp_loop::here() {
+            Some(set) => {
+                let io = OwnTcp::new(tcp, set.clone());
+                set.spawn(serve(registration, io, peer, svc, worker, cfg, sniff_h2));
             }
-            Some(acceptor) => {
-                if let Some(set) = tcp_loop::here() {
-                    let io = OwnTcp::new(tcp, set.clone());
-                    set.spawn(serve_tls(
-                        registration,
-                        io,
-                        peer,
-                        acceptor,
-                        svc,
-                        worker,
-                        cfg,
-                    ));
-                    return;
-                }
-                // A handshake waits on the peer from the start: no point in waiting to register.
-                let Some(tcp) = in_event_loop(tcp, peer) else {
-                    return;
-                };
-                tokio::task::spawn_local(serve_tls(
+            None => {
+                tokio::task::spawn_local(serve(
                     registration,
-                    tcp,
+                    LazyTcp::new(tcp),
                     peer,
-                    acceptor,
                     svc,
                     worker,
                     cfg,
+                    sniff_h2,
                 ));
             }
         }
@@ -321,10 +289,11 @@ impl<S: Service> HttpAccept<S> {
     }
 }
 
-/// A connection behind a load balancer: its PROXY header first, then HTTP (over TLS when it
-/// came from the TLS listener) with the client the header names as its peer. In the worker's
-/// connection set when it has one, else a tokio task.
-fn spawn_proxied<S: Service>(
+/// A connection from the TLS listener, or behind a load balancer, or both: its PROXY header
+/// first if the server expects one (the client it names is then the peer), then HTTP, over TLS
+/// when it came from the TLS listener. In the worker's connection set when it has one, else a
+/// tokio task (registered at once: a handshake or a header waits on the peer from the start).
+fn spawn_tls_or_proxied<S: Service>(
     conn: Accepted,
     svc: Rc<Http<S>>,
     worker: Rc<Worker>,
@@ -338,13 +307,21 @@ fn spawn_proxied<S: Service>(
     } = conn;
     if let Some(set) = tcp_loop::here() {
         let io = OwnTcp::new(tcp, set.clone());
-        set.spawn(serve_proxied(registration, io, peer, tls, svc, worker, cfg));
+        set.spawn(serve_tls_or_proxied(
+            registration,
+            io,
+            peer,
+            tls,
+            svc,
+            worker,
+            cfg,
+        ));
         return;
     }
     let Some(tcp) = in_event_loop(tcp, peer) else {
         return;
     };
-    tokio::task::spawn_local(serve_proxied(
+    tokio::task::spawn_local(serve_tls_or_proxied(
         registration,
         tcp,
         peer,
@@ -355,7 +332,7 @@ fn spawn_proxied<S: Service>(
     ));
 }
 
-async fn serve_proxied<S: Service, IO>(
+async fn serve_tls_or_proxied<S: Service, IO>(
     registration: Registration,
     mut tcp: IO,
     peer: SocketAddr,

@@ -60,10 +60,8 @@ fn snapshot(env: &Env) {
     if env.shutting.get() {
         // A worker that has seen the shutdown lets its inboxes' held batches run, so that its
         // drains end: what came after the barriers may be in its state already, which is then
-        // not the checkpoint's. It sends no part: the checkpoint is abandoned, the last durable
-        // one stands, and nothing waits for this one any longer.
-        ck.aligning.set(false);
-        env.resume_all();
+        // not the checkpoint's. It sends no part: the checkpoint is abandoned and the last
+        // durable one stands (its sources no longer wait for it: `Env::must_wait`).
         return;
     }
     let states = env
