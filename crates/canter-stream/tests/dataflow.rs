@@ -1318,6 +1318,7 @@ fn a_group_of_processes_checkpoints_as_one_and_a_restart_counts_every_record_onc
         let outs = [Collector::new(), Collector::new()];
         let topology = |out: &Collector<(u32, (u64, u64))>| {
             let (ek, dk) = u32_codec();
+            let (ev, dv) = pair_codec();
             let mut t = Topology::new();
             t.add(
                 Pipeline::new("in", Source::generate(N, make), decode)
@@ -1333,18 +1334,7 @@ fn a_group_of_processes_checkpoints_as_one_and_a_restart_counts_every_record_onc
                         || (0u64, 0u64),
                         |a: &mut (u64, u64), (_, v): (u32, u64)| (a.0, a.1) = (a.0 + 1, a.1 + v),
                     )
-                    .checkpointed(
-                        ek,
-                        dk,
-                        |a: &(u64, u64), b: &mut Vec<u8>| {
-                            b.extend_from_slice(&a.0.to_be_bytes());
-                            b.extend_from_slice(&a.1.to_be_bytes());
-                        },
-                        |b: &[u8]| {
-                            let w = |i: usize| b.get(i..i + 8)?.try_into().ok();
-                            Some((u64::from_be_bytes(w(0)?), u64::from_be_bytes(w(8)?)))
-                        },
-                    )
+                    .checkpointed(ek, dk, ev, dv)
                     .sink(Sink::collect(out)),
             );
             t
