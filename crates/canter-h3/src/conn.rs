@@ -18,7 +18,7 @@
 //!   any phase ──malformed / rejected──▶ Ignored (input discarded)
 //! ```
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasherDefault;
 
 use bytes::{Buf, Bytes};
@@ -30,6 +30,12 @@ use crate::varint;
 
 /// The largest SETTINGS frame accepted (a handful of pairs is normal; GREASE adds a few).
 const MAX_SETTINGS: u64 = 4096;
+
+/// The most request streams that may stand open below the highest one seen before their first
+/// byte arrives. QUIC delivers streams in any order, and its stream limit (the driver's
+/// `max_concurrent_bidi_streams`, 100 in canter's) already keeps a client below this; the
+/// bound holds the engine's memory to a few KiB with any driver. Past it: H3_EXCESSIVE_LOAD.
+const MAX_UNSEEN_REQUESTS: usize = 1024;
 
 /// What this side advertises, and the limits it holds the client to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,6 +227,9 @@ pub struct Connection {
     events: VecDeque<Event>,
     /// The highest request stream seen.
     last_request: Option<u64>,
+    /// Request streams below `last_request` whose first byte has not arrived yet: QUIC opened
+    /// them when a higher one arrived, and their requests are still to come.
+    unseen: HashSet<u64, BuildHasherDefault<StreamIdHasher>>,
     /// The first stream ID our GOAWAY refused.
     goaway: Option<u64>,
     encoder: qpack::Encoder,
@@ -249,6 +258,7 @@ impl Connection {
             uni: HashMap::default(),
             events: VecDeque::new(),
             last_request: None,
+            unseen: HashSet::default(),
             goaway: None,
             encoder: qpack::Encoder::new(),
         }
@@ -361,6 +371,7 @@ impl Connection {
             );
         }
         self.requests.remove(&stream);
+        self.unseen.remove(&stream);
         self.uni.remove(&stream);
         Ok(())
     }
@@ -369,6 +380,7 @@ impl Connection {
     /// state goes.
     pub fn forget(&mut self, stream: u64) {
         self.requests.remove(&stream);
+        self.unseen.remove(&stream);
     }
 
     fn is_critical(&self, stream: u64) -> bool {
@@ -389,11 +401,15 @@ impl Connection {
 
     fn recv_request(&mut self, id: u64, mut input: Bytes, fin: bool) -> Result<(), ConnError> {
         if !self.requests.contains_key(&id) {
-            if self.last_request.is_some_and(|l| id <= l) {
-                // Data for a request already finished or reset: late, discarded.
-                return Ok(());
+            match self.last_request {
+                Some(l) if id <= l => {
+                    if !self.unseen.remove(&id) {
+                        // Data for a request already finished or reset: late, discarded.
+                        return Ok(());
+                    }
+                }
+                _ => self.opened_up_to(id)?,
             }
-            self.last_request = Some(id);
             let mut st = ReqStream {
                 phase: Phase::Head,
                 reading: Reading::Header,
@@ -418,6 +434,22 @@ impl Connection {
         if keep {
             self.requests.insert(id, st);
         }
+        Ok(())
+    }
+
+    /// `id` is the highest request stream so far: the ones between the last highest and it
+    /// are open too (RFC 9000, Section 2.1), their first bytes still to come.
+    fn opened_up_to(&mut self, id: u64) -> Result<(), ConnError> {
+        let from = self.last_request.map_or(0, |l| l + 4);
+        let skipped = (id - from) / 4;
+        if self.unseen.len() as u64 + skipped > MAX_UNSEEN_REQUESTS as u64 {
+            return conn_err(
+                ErrorCode::H3_EXCESSIVE_LOAD,
+                "too many request streams opened ahead of their first bytes",
+            );
+        }
+        self.unseen.extend((from..id).step_by(4));
+        self.last_request = Some(id);
         Ok(())
     }
 

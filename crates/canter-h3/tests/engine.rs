@@ -413,6 +413,91 @@ fn requests_after_goaway_are_rejected() {
     );
 }
 
+fn requests(evs: &[Event]) -> Vec<u64> {
+    evs.iter()
+        .filter_map(|e| match e {
+            Event::Request { stream, .. } => Some(*stream),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn request_streams_are_answered_in_whatever_order_they_arrive() {
+    // QUIC delivers streams in any order: stream 8's request may come before 0's and 4's.
+    let mut conn = Connection::new(Settings::default());
+    feed(&mut conn, 8, &headers(GET), 100, true).unwrap();
+    assert_eq!(requests(&events(&mut conn)), [8]);
+    feed(&mut conn, 0, &headers(GET), 3, true).unwrap();
+    assert_eq!(requests(&events(&mut conn)), [0]);
+    // Stream 4's request in two pieces: the first opens it, the second completes it.
+    let bytes = headers(GET);
+    let (a, b) = bytes.split_at(2);
+    conn.recv(4, Bytes::copy_from_slice(a), false).unwrap();
+    assert_eq!(requests(&events(&mut conn)), []);
+    conn.recv(4, Bytes::copy_from_slice(b), true).unwrap();
+    assert_eq!(requests(&events(&mut conn)), [4]);
+    // Once finished, a stream's late bytes are discarded, not a new request.
+    feed(&mut conn, 0, &headers(GET), 100, true).unwrap();
+    assert_eq!(requests(&events(&mut conn)), []);
+    assert_eq!(conn.open_requests(), 0);
+}
+
+#[test]
+fn a_reset_stream_below_the_highest_is_forgotten() {
+    let mut conn = Connection::new(Settings::default());
+    feed(&mut conn, 12, &headers(GET), 100, true).unwrap();
+    conn.stream_reset(4).unwrap();
+    conn.forget(8);
+    events(&mut conn);
+    // Their late bytes open nothing; stream 0 is still served.
+    feed(&mut conn, 4, &headers(GET), 100, true).unwrap();
+    feed(&mut conn, 8, &headers(GET), 100, true).unwrap();
+    feed(&mut conn, 0, &headers(GET), 100, true).unwrap();
+    assert_eq!(requests(&events(&mut conn)), [0]);
+}
+
+#[test]
+fn streams_below_the_goaway_id_are_served_out_of_order() {
+    let mut conn = Connection::new(Settings::default());
+    feed(&mut conn, 4, &headers(GET), 100, true).unwrap();
+    events(&mut conn);
+    let mut out = Vec::new();
+    conn.go_away(&mut out);
+    // GOAWAY refuses 8 and up; stream 0, below it, still arrives and is answered.
+    assert_eq!(out, [0x07, 0x01, 0x08]);
+    feed(&mut conn, 0, &headers(GET), 100, true).unwrap();
+    assert_eq!(requests(&events(&mut conn)), [0]);
+    feed(&mut conn, 12, &headers(GET), 100, true).unwrap();
+    feed(&mut conn, 8, &headers(GET), 100, true).unwrap();
+    let evs = events(&mut conn);
+    assert_eq!(requests(&evs), []);
+    let rejected = evs
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::StreamError {
+                    code: ErrorCode::H3_REQUEST_REJECTED,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(rejected, 2, "{evs:?}");
+}
+
+#[test]
+fn streams_opened_far_ahead_of_their_bytes_are_bounded() {
+    let mut conn = Connection::new(Settings::default());
+    // 1,024 streams below 4,096 wait for their first bytes: the most the engine holds.
+    feed(&mut conn, 4 * 1024, &headers(GET), 100, true).unwrap();
+    assert_eq!(
+        conn_error(feed(&mut conn, 4 * 1026, &headers(GET), 100, true)),
+        ErrorCode::H3_EXCESSIVE_LOAD
+    );
+}
+
 #[test]
 fn the_control_stream_follows_its_rules() {
     // SETTINGS then a GOAWAY: fine.

@@ -2,7 +2,7 @@
 UDP: requests multiplexed on one connection, uploads and downloads larger than the flow
 control windows, errors, trailers, the server's SETTINGS, session resumption, WebSocket over
 HTTP/3 (RFC 9220: extended CONNECT, frames written by hand), and the Alt-Svc header that points
-HTTP/1.1 over TLS to HTTP/3.
+HTTP/1.1 over TLS to HTTP/3, and request streams that arrive out of order.
 
     python3 h3client.py TLS_PORT SITE_PACKAGES [--early-data]
 
@@ -71,8 +71,9 @@ class Client(QuicConnectionProtocol):
             if ev.stream_ended and not fut.done():
                 fut.set_result(r)
 
-    async def request(self, method, path, body=b"", headers=(), trailers=None):
-        sid = self._quic.get_next_available_stream_id()
+    async def request(self, method, path, body=b"", headers=(), trailers=None, sid=None):
+        if sid is None:
+            sid = self._quic.get_next_available_stream_id()
         fields = [(b":method", method.encode()), (b":scheme", b"https"),
                   (b":authority", b"localhost"), (b":path", path.encode())]
         fields += [(k.encode(), v.encode()) for k, v in headers]
@@ -127,6 +128,24 @@ async def multiplexed():
         assert settings.get(0x1, 0) == 0 and settings.get(0x7, 0) == 0, settings
         assert settings.get(0x6, 0) > 0, settings
     check("30 multiplexed requests")
+
+
+async def out_of_order():
+    """QUIC delivers streams in any order: a request on stream 8 answered before those on
+    streams 0 and 4 have sent a byte, and then theirs, each answered."""
+    async with session() as c:
+        first = c._quic.get_next_available_stream_id()
+        # aioquic takes the streams below the highest it sent on as done with: open 0 and 4
+        # first, sending nothing on them (a QUIC stream is sent with its first byte).
+        for sid in (first, first + 4):
+            c._quic._get_or_create_stream_for_send(sid)
+        late = await c.request("GET", "/hello/eight", sid=first + 8)
+        assert late["headers"][":status"] == "200", late["headers"]
+        assert b"eight" in late["body"], late["body"]
+        four = await c.request("GET", "/hello/four", sid=first + 4)
+        zero = await c.request("GET", "/hello/zero", sid=first)
+        assert b"four" in four["body"] and b"zero" in zero["body"], (four, zero)
+    check("requests on streams opened out of order")
 
 
 async def flow_controlled():
@@ -328,7 +347,7 @@ async def main():
         await early_data(True)
         print("ALL OK", flush=True)
         return
-    for step in (multiplexed, flow_controlled, errors, trailers, resumption, websocket):
+    for step in (multiplexed, out_of_order, flow_controlled, errors, trailers, resumption, websocket):
         await step()
     await early_data(False)
     alt_svc()
