@@ -17,9 +17,11 @@ pub struct TimeWindows<K, A> {
 }
 
 /// Event-time windows of `size`, a new one every `slide` (tumbling when they are equal): an
-/// item is aggregated into every window its time falls in. A window closes once the key's
-/// clock (its latest item time less `wait`) has passed its end, or when the input ends; an
-/// item all of whose windows have closed is late (counted and dropped). Built by
+/// item is aggregated into every window its time falls in. The key's clock (its watermark) is
+/// its latest item time less `wait`: a window closes once the clock has reached its end, or
+/// when the input ends, and an item whose time is behind the clock is late (counted and
+/// dropped), even where a window holding it is still open: Bytewax's rule, so that the same
+/// program on the same input gives the same windows. Built by
 /// [`Keyed::time_window`](super::Keyed::time_window).
 pub struct TimeWindow<K, T, A, O> {
     state: KeyedState<K, TimeWindows<K, A>>,
@@ -137,17 +139,20 @@ where
             let (start, acc) = entry.remove_entry();
             self.close(&w.key, start, acc, emit);
         }
+        if t < clock {
+            // Behind the watermark: late, whichever windows are open.
+            self.late += 1;
+            return;
+        }
         // The windows holding `t`, latest first: starts s = t - t % slide, s - slide, ...
-        // while s + size > t.
+        // while s + size > t (each still open: its end is past `t`, so past the clock).
         let mut starts = Vec::new();
         let mut s = t - t % self.slide;
         loop {
             if s.saturating_add(self.size) <= t {
                 break;
             }
-            if s.saturating_add(self.size) > clock {
-                starts.push(s);
-            }
+            starts.push(s);
             match s.checked_sub(self.slide) {
                 Some(prev) => s = prev,
                 None => break,
