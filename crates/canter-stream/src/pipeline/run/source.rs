@@ -288,17 +288,19 @@ pub(super) async fn file_source(
         Err(e) => {
             tracing::error!(path = %path.display(), error = %e, "source file cannot be opened")
         }
-        Ok(mut file) => {
+        Ok(file) => {
+            let mut feed = Feed::new(file);
             let mut buf: Vec<u8> = Vec::new();
-            let mut chunk = vec![0u8; 256 * 1024];
             let mut end = false;
             while !env.shutting.get() && !end {
                 room(&env, &wake).await;
                 if env.shutting.get() {
                     break;
                 }
-                let n = match file.read(&mut chunk) {
-                    Ok(n) => n,
+                let n = match feed.read(&mut buf, &env).await {
+                    Ok(Some(n)) => n,
+                    // The shutdown came while the input was awaited.
+                    Ok(None) => break,
                     Err(e) => {
                         tracing::error!(path = %path.display(), error = %e, "source file read failed");
                         break;
@@ -318,7 +320,6 @@ pub(super) async fn file_source(
                     buf.push(b'\n');
                     end = true;
                 }
-                buf.extend_from_slice(&chunk[..n]);
                 if skip > 0 {
                     // Records a restored checkpoint holds already.
                     let used = skip_records(framing, &buf, skip);
@@ -347,6 +348,80 @@ pub(super) async fn file_source(
         }
     }
     head.borrow_mut().end_of_input();
+}
+
+/// Where a file source's bytes come from. A regular file is read on the worker (a read of
+/// one never waits for long); anything else (a pipe, a FIFO, a terminal: the standard input)
+/// is read by a thread of its own, so that the worker's timers, its other pipelines and a
+/// shutdown go on while the input is awaited.
+enum Feed {
+    Here(std::fs::File, Box<[u8]>),
+    Thread(tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>),
+}
+
+/// How much one read of a file source takes.
+const FEED_CHUNK: usize = 256 * 1024;
+
+impl Feed {
+    fn new(file: std::fs::File) -> Feed {
+        if file.metadata().is_ok_and(|m| m.is_file()) {
+            return Feed::Here(file, vec![0u8; FEED_CHUNK].into_boxed_slice());
+        }
+        // Two chunks in flight at most: the thread waits for the worker, as the worker's own
+        // reads would (`room`).
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let reader = file.try_clone();
+        let spawned = reader.map(|mut file| {
+            std::thread::Builder::new()
+                .name("canter-source-read".into())
+                .spawn(move || loop {
+                    let mut chunk = vec![0u8; FEED_CHUNK];
+                    let r = match file.read(&mut chunk) {
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        r => r.map(|n| {
+                            chunk.truncate(n);
+                            chunk
+                        }),
+                    };
+                    let last = !matches!(&r, Ok(c) if !c.is_empty());
+                    if tx.blocking_send(r).is_err() || last {
+                        break;
+                    }
+                })
+        });
+        match spawned {
+            Ok(Ok(_)) => Feed::Thread(rx),
+            Ok(Err(e)) | Err(e) => {
+                tracing::warn!(error = %e, "no thread to read the source: read on the worker");
+                Feed::Here(file, vec![0u8; FEED_CHUNK].into_boxed_slice())
+            }
+        }
+    }
+
+    /// Appends the next bytes to `buf`: how many (0 at the end of the input), or None if the
+    /// shutdown came first.
+    async fn read(&mut self, buf: &mut Vec<u8>, env: &Env) -> std::io::Result<Option<usize>> {
+        match self {
+            Feed::Here(file, chunk) => {
+                let n = file.read(chunk)?;
+                buf.extend_from_slice(&chunk[..n]);
+                Ok(Some(n))
+            }
+            Feed::Thread(rx) => loop {
+                // The shutdown is looked for every 50 ms while nothing comes.
+                match tokio::time::timeout(std::time::Duration::from_millis(50), rx.recv()).await {
+                    Ok(Some(r)) => {
+                        let chunk = r?;
+                        buf.extend_from_slice(&chunk);
+                        return Ok(Some(chunk.len()));
+                    }
+                    Ok(None) => return Ok(Some(0)),
+                    Err(_) if env.shutting.get() => return Ok(None),
+                    Err(_) => {}
+                }
+            },
+        }
+    }
 }
 
 pub(super) async fn generate_source(
