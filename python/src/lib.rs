@@ -351,7 +351,8 @@ pub(crate) fn init_logging() {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter(filter)
-            .with_writer(std::io::stderr)
+            .with_writer(canter_rt::LogStderr::default)
+            .log_internal_errors(false)
             .with_ansi(colour())
             .finish();
         // Either may be set already by an embedding program: then its choice stands.
@@ -587,6 +588,13 @@ impl Settings {
 
 /// Checks the engine settings `serve` would be given, without serving: a `ValueError` or
 /// `TypeError` names the first that is wrong. The supervisor calls it before forking workers.
+/// Log lines the process could not write to its standard error (closed, or a pipe whose
+/// reader left) and dropped: a failed log write never stops a server or a flow.
+#[pyfunction]
+fn log_lines_dropped() -> u64 {
+    canter_rt::log_lines_dropped()
+}
+
 #[pyfunction]
 #[pyo3(signature = (**settings))]
 fn check_settings(settings: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
@@ -712,6 +720,7 @@ fn serve(
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(serve, m)?)?;
+    m.add_function(wrap_pyfunction!(log_lines_dropped, m)?)?;
     m.add_function(wrap_pyfunction!(check_settings, m)?)?;
     pipeline::register(m)?;
     m.add_class::<Request>()?;

@@ -381,7 +381,8 @@ fn main() -> ExitCode {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(canter::rt::LogStderr::default)
+        .log_internal_errors(false)
         .with_ansi(colour())
         .finish();
     // Nothing else set either yet: neither can fail here.

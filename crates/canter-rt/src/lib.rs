@@ -39,7 +39,7 @@ pub mod ws;
 #[cfg(feature = "tls")]
 pub use crate::core::config::TlsListener;
 pub use crate::core::config::{Config, ConfigBuilder, ParkHooks, MAX_SERVER_NAME};
-pub use crate::core::log_bridge::route_log_records;
+pub use crate::core::log_bridge::{log_lines_dropped, route_log_records, LogStderr};
 #[cfg(feature = "tls")]
 pub use crate::core::outbound::connect_tls;
 pub use crate::core::outbound::{connect, connect_tcp};

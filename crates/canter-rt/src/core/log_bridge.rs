@@ -63,3 +63,36 @@ pub fn route_log_records() -> Result<(), log::SetLoggerError> {
     log::set_max_level(wanted.max(LevelFilter::Warn));
     Ok(())
 }
+
+/// Log lines that could not be written (standard error closed, a pipe whose reader left, a
+/// full disk), since the process started.
+static DROPPED_LINES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The standard error as a log writer that never fails: a line it cannot write is dropped and
+/// counted ([`log_lines_dropped`]), never an error. Give it to a `tracing` subscriber
+/// (`tracing_subscriber::fmt().with_writer(LogStderr::default)`, and
+/// `.log_internal_errors(false)`): a subscriber that meets a write error otherwise reports it
+/// with `eprintln!`, which panics when the standard error is gone, and that panic would end the
+/// worker that logged (a flow whose step raised, run as `... 2>&1 | head -1`, then never ends).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LogStderr;
+
+impl std::io::Write for LogStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // A line is written whole or dropped whole (`write_all` of `Stderr` retries the rest).
+        if std::io::Write::write_all(&mut std::io::stderr().lock(), buf).is_err() {
+            DROPPED_LINES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
+/// How many log lines [`LogStderr`] dropped.
+pub fn log_lines_dropped() -> u64 {
+    DROPPED_LINES.load(std::sync::atomic::Ordering::Relaxed)
+}
