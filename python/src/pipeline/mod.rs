@@ -882,6 +882,8 @@ impl Engine {
 pub(crate) struct FlowHandle {
     engine: Mutex<Engine>,
     stop: Arc<dyn Fn() + Send + Sync>,
+    /// Stops it, not as the end of its input (see `interrupt`).
+    interrupt: Arc<dyn Fn() + Send + Sync>,
     addrs: Vec<(String, Option<SocketAddr>)>,
     failures: Vec<Arc<Failures>>,
     stopped: Arc<OnceLock<String>>,
@@ -940,6 +942,13 @@ impl FlowHandle {
     /// workers commit what they processed and leave the group).
     fn shutdown(&self) {
         (self.stop)();
+    }
+
+    /// Stops the flow as `shutdown` does, but not as the end of its input: final
+    /// aggregations, `emit="final"` joins, open windows and `on_eof` hooks emit nothing (a
+    /// stop by a signal). Kafka flows: as `shutdown`.
+    fn interrupt(&self) {
+        (self.interrupt)();
     }
 
     /// Counts per pipeline: `{name: {"source": n, "rejected": n, "failed": n, "sink": n,
@@ -1236,6 +1245,10 @@ pub(crate) fn start_flow(
     }
     let running = py.detach(|| topology.start(opts)).map_err(PyErr::from)?;
     let shutdown = running.shutdown_handle();
+    let interrupt: Arc<dyn Fn() + Send + Sync> = {
+        let shutdown = shutdown.clone();
+        Arc::new(move || shutdown.interrupt())
+    };
     let stop_fn: Arc<dyn Fn() + Send + Sync> = Arc::new(move || shutdown.shutdown());
     let s2 = stop_fn.clone();
     let _ = stop.set(Box::new(move || s2()));
@@ -1261,6 +1274,7 @@ pub(crate) fn start_flow(
             metrics: metrics_arc,
         }),
         stop: stop_fn,
+        interrupt,
         addrs,
         failures,
         stopped,
@@ -1633,6 +1647,7 @@ fn start_kafka(
             running: Some(running),
             stats,
         }),
+        interrupt: stop_fn.clone(),
         stop: stop_fn,
         addrs: Vec::new(),
         failures,

@@ -343,7 +343,9 @@ impl<O> Sink<O> {
         }
     }
 
-    /// A file of framed records.
+    /// A file of framed records. A run that resumes no checkpoint starts the file afresh
+    /// (one of a [`RunOptions::group`] appends: whoever starts the group starts it afresh);
+    /// a resumed one appends. `/dev/stdout` is the process's standard output itself.
     pub fn file(
         path: impl Into<PathBuf>,
         encode: impl Fn(&O, &mut Vec<u8>) + Send + Sync + 'static,
@@ -357,7 +359,7 @@ impl<O> Sink<O> {
 
     /// A file of lines: each record as `encode` writes it, then a newline (`encode` must not
     /// write one of its own: the line would read back as two). Not with checkpoints (a line
-    /// has no room for the sequence header).
+    /// has no room for the sequence header). Opened as [`Sink::file`]'s.
     pub fn file_lines(
         path: impl Into<PathBuf>,
         encode: impl Fn(&O, &mut Vec<u8>) + Send + Sync + 'static,

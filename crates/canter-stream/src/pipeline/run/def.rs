@@ -214,13 +214,9 @@ where
         }
         let file = match &self.sink {
             Sink::File { path, .. } => Some(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|e| {
-                        io::Error::new(e.kind(), format!("sink file {}: {e}", path.display()))
-                    })?,
+                open_sink_file(path, restored.is_none() && opts.group.is_none()).map_err(|e| {
+                    io::Error::new(e.kind(), format!("sink file {}: {e}", path.display()))
+                })?,
             ),
             _ => None,
         };
@@ -642,7 +638,10 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
         // after a restart, instead of coming out now and again then. Asked of the whole
         // topology, not this worker's notice: the ends that made this drain stop may come
         // from a worker that saw the shutdown before this one did.
-        if !(env.ckpt.is_some() && env.stop_requested()) {
+        // An interrupted topology (a stop by a signal) was not at the end of its input either,
+        // checkpoints or not: its finals would be counts of part of it.
+        let interrupted = env.interrupted.load(std::sync::atomic::Ordering::SeqCst);
+        if !(interrupted || env.ckpt.is_some() && env.stop_requested()) {
             t.finish();
         }
         t.end_turn();
@@ -663,6 +662,29 @@ pub(super) async fn drain<K: 'static, X: 'static, Tl: TailOps<K, X>>(
         buf.borrow().wake_driver();
         flushed.notified().await;
     }
+}
+
+/// Opens a file sink's file for appending; `fresh` (a run that resumes no checkpoint) starts a
+/// regular file afresh, as Bytewax's `FileSink` does, so that a second run does not double
+/// the output. `/dev/stdout` and `/dev/stderr` are the process's own descriptors (a duplicate
+/// of 1 or 2, which shares their file offset: opened by name, a redirected file would get an
+/// offset of its own, and the program's other writes would overwrite the records), never cut.
+fn open_sink_file(path: &std::path::Path, fresh: bool) -> io::Result<std::fs::File> {
+    use std::os::fd::AsFd;
+    if path == std::path::Path::new("/dev/stdout") {
+        return Ok(io::stdout().as_fd().try_clone_to_owned()?.into());
+    }
+    if path == std::path::Path::new("/dev/stderr") {
+        return Ok(io::stderr().as_fd().try_clone_to_owned()?.into());
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    if fresh && file.metadata()?.is_file() {
+        file.set_len(0)?;
+    }
+    Ok(file)
 }
 
 /// Runs a batch that came from worker `from` of another process.

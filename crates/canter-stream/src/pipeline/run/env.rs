@@ -47,6 +47,8 @@ pub(crate) struct Env {
     pub(super) shutting: Cell<bool>,
     /// The topology's shutdown was asked for (set before any worker is told).
     pub(super) stopping: Arc<AtomicBool>,
+    /// That shutdown is not the end of the input (a stop by a signal): nothing is finished.
+    pub(super) interrupted: Arc<AtomicBool>,
     /// A worker of another process of the group ended its input for a shutdown (or its link
     /// was lost): that is not the end of the input either.
     pub(super) peer_stopped: Cell<bool>,
@@ -67,7 +69,7 @@ impl Env {
         opts: RunOptions,
         resumes: Arc<Vec<Arc<Notify>>>,
         ckpt: Option<WorkerCkpt>,
-        stopping: Arc<AtomicBool>,
+        (stopping, interrupted): (Arc<AtomicBool>, Arc<AtomicBool>),
     ) -> Env {
         let workers = opts.workers;
         let (base, total) = match &opts.group {
@@ -97,6 +99,7 @@ impl Env {
             tasks: RefCell::new(Vec::new()),
             shutting: Cell::new(false),
             stopping,
+            interrupted,
             peer_stopped: Cell::new(false),
             resumes,
             ckpt,

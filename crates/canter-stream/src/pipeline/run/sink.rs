@@ -370,7 +370,7 @@ mod tests {
             opts,
             Arc::new(vec![Arc::new(Notify::new())]),
             None,
-            Arc::default(),
+            (Arc::default(), Arc::default()),
         ))
     }
 

@@ -28,6 +28,8 @@ pub(super) struct ShutdownInner {
     /// Set before any worker is told: a worker that sees another's end of input after a
     /// shutdown sees the shutdown too (see [`Env::stop_requested`](super::env::Env)).
     pub(super) flag: Arc<AtomicBool>,
+    /// The stop is not the end of the input ([`Shutdown::interrupt`]).
+    pub(super) interrupted: Arc<AtomicBool>,
     pub(super) notifies: Vec<Arc<Notify>>,
     /// The TCP sources' servers: their accept loops stop, their connections are told.
     pub(super) servers: Vec<ShutdownHandle>,
@@ -60,6 +62,15 @@ impl Shutdown {
         for n in &self.0.notifies {
             n.notify_one();
         }
+    }
+
+    /// Stops the topology as [`Shutdown::shutdown`] does, but not as the end of its input: final
+    /// aggregations, `emit="final"` joins, open windows and end-of-input hooks emit nothing
+    /// (what a stop by a signal leaves behind, as in Bytewax: only what came out before it).
+    /// A topology that checkpoints keeps them in its checkpoint as on any shutdown.
+    pub fn interrupt(&self) {
+        self.0.interrupted.store(true, Ordering::SeqCst);
+        self.shutdown();
     }
 
     /// Stops the topology on SIGINT or SIGTERM (watched from a small thread), then runs
@@ -265,6 +276,7 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
     };
     let shutdown = Shutdown(Arc::new(ShutdownInner {
         flag: Arc::new(AtomicBool::new(false)),
+        interrupted: Arc::new(AtomicBool::new(false)),
         notifies: (0..workers).map(|_| Arc::new(Notify::new())).collect(),
         servers: preps
             .iter()
@@ -292,7 +304,11 @@ pub(crate) fn start(defs: Vec<Box<dyn PipelineDef>>, opts: RunOptions) -> io::Re
         let preps = preps.clone();
         let opts = opts.clone();
         let resumes = resumes.clone();
-        let stop = (shutdown.0.notifies[me].clone(), shutdown.0.flag.clone());
+        let stop = (
+            shutdown.0.notifies[me].clone(),
+            shutdown.0.flag.clone(),
+            shutdown.0.interrupted.clone(),
+        );
         let coord = coord.clone();
         let listener = (!listeners.is_empty()).then(|| listeners.remove(0));
         // Numbered across the group (for pinning: the processes' workers on their own CPUs).
@@ -362,14 +378,20 @@ pub(super) async fn worker(
     preps: Vec<Arc<Prep>>,
     opts: RunOptions,
     resumes: Arc<Vec<Arc<Notify>>>,
-    (stop, stopping): (Arc<Notify>, Arc<AtomicBool>),
+    (stop, stopping, interrupted): (Arc<Notify>, Arc<AtomicBool>, Arc<AtomicBool>),
     coord: Option<Arc<Coord>>,
     listener: Option<StdUnixListener>,
 ) -> io::Result<()> {
     let drain_timeout = opts.drain_timeout;
     {
         let ckpt = coord.clone().map(WorkerCkpt::new);
-        let env = Rc::new(Env::new(me, opts, resumes.clone(), ckpt, stopping));
+        let env = Rc::new(Env::new(
+            me,
+            opts,
+            resumes.clone(),
+            ckpt,
+            (stopping, interrupted),
+        ));
         let mut link_tasks = Vec::new();
         if let (Some(listener), Some(g)) = (listener, env.opts.group.clone()) {
             let inboxes: link::Inboxes = Rc::new(preps.iter().map(|p| p.wire_in.clone()).collect());
