@@ -50,17 +50,30 @@ import threading
 from . import _native
 
 PipelineError = _native.PipelineError
+
+
+class Terminated(SystemExit):
+    """What `Flow.run` raises after SIGTERM stopped the flow: a `SystemExit` with code 143
+    (128 + SIGTERM, what a process killed by it exits with), so that a program that does not
+    catch it exits non-zero, as Bytewax's does, and prints no traceback."""
+
+    def __init__(self):
+        super().__init__(128 + signal.SIGTERM)
 #: When the record a stateful step is handling was read from its source (ns since the Unix
 #: epoch): call it inside `update`, `with_state` or `stateful_map` functions.
 source_time_ns = _native.source_time_ns
+#: How many log lines the process dropped because its standard error could not be written
+#: (closed, or a pipe whose reader left): logging never stops a flow.
+log_lines_dropped = _native.log_lines_dropped
 
 __all__ = [
-    "Flow", "Stream", "KeyedStream", "State", "StatefulLogic", "PipelineError", "merge", "join",
+    "Flow", "Stream", "KeyedStream", "State", "StatefulLogic", "PipelineError", "Terminated",
+    "merge", "join",
     "join_window",
     "tcp", "file", "directory", "kafka", "iterable", "stdin", "tcp_out", "file_out", "stdout",
     "kafka_out",
     "collect", "discard", "dead_letter",
-    "raw", "text", "json", "struct", "source_time_ns",
+    "raw", "text", "json", "struct", "source_time_ns", "log_lines_dropped",
 ]
 
 #: Records of up to 1 MiB by default, as in the Rust pipelines.
@@ -158,15 +171,19 @@ def iterable(items):
 
 
 def stdin(decode=None, max_record=64 * 1024):
-    """Lines of the standard input (a pipe or a file; a terminal's too, but a shutdown then
-    waits for the next line or end of input), read by the first worker; the flow ends at the
-    end of input. `decode=text` gives each line as a str."""
+    """Lines of the standard input (a pipe, a file or a terminal), read by the first worker;
+    the flow ends at the end of input. A pipe or a terminal is read by a thread of its own:
+    while it waits for input, timers fire and a shutdown ends the flow. `decode=text` gives
+    each line as a str."""
     return file("/dev/stdin", frame="lines", decode=decode, max_record=max_record)
 
 
 def stdout(encode=None):
     """Each output as a line of the standard output (`encode=text` for str records, `json`
-    for values): `file_out("/dev/stdout", frame="lines")`."""
+    for values): `file_out("/dev/stdout", frame="lines")`, written through the process's
+    own descriptor 1, so that its lines and `print`'s share one file offset when the output
+    is redirected to a file (`python flow.py > out.txt`), and all are written when `run`
+    returns."""
     return file_out("/dev/stdout", encode=encode, frame="lines")
 
 
@@ -251,10 +268,12 @@ def tcp_out(addr, encode=None):
 
 
 def file_out(path, encode=None, frame="u32be"):
-    """Records appended to `path`, framed with a 4-byte big-endian length (what `file(...)`
+    """Records written to `path`, framed with a 4-byte big-endian length (what `file(...)`
     and `canter receive` read), or with `frame="lines"` as lines of text: each record, then a
-    newline (a record holding a newline fails: it would read back as two). Lines carry no
-    sequence header, so a flow with checkpoints refuses them."""
+    newline (a record holding a newline fails: it would read back as two). A run that resumes
+    no checkpoint starts the file afresh (as Bytewax's `FileSink`: a second run does not
+    double the output); one that resumes a checkpoint appends. Lines carry no sequence
+    header, so a flow with checkpoints refuses them."""
     return ("file", os.fspath(path), _encoder(encode), _frame(frame))
 
 
@@ -486,8 +505,8 @@ def join_window(*sides, size, time, slide=None, product=False, wait=0.0):
     come out of order between them, and `wait` is how far) it emits `(key, start, end, row)`: a row of
     each side's latest record in the window (None for a side with none), or with
     `product=True` one row for every combination of the sides' records. `time(record)` gives
-    a record's time in seconds, whichever side it comes from. Late records are counted
-    (`stats()["late"]`) and dropped."""
+    a record's time in seconds, whichever side it comes from. Late records (behind the key's
+    watermark, as for `time_window`) are counted (`stats()["late"]`) and dropped."""
     if len(sides) < 2:
         raise ValueError("join_window() takes two or more keyed streams")
     for s in sides:
@@ -715,10 +734,13 @@ class KeyedStream(Stream):
         `size`, tumbling); `time(record)` gives a record's time in seconds. A window closes
         when a record of its key at or past its end plus `wait` seconds arrives (records may
         come that much out of order; Bytewax's `wait_for_system_duration`), or when the input
-        ends, and is emitted as `(key, start, end, value)`; a record whose windows have all
-        closed is late:
-        counted (`stats()["late"]`) and dropped, or with `late=True` the step returns two
-        streams: the windows, and the late records as `(key, record)`."""
+        ends, and is emitted as `(key, start, end, value)`. A record behind its key's
+        watermark (the latest time of the key's records less `wait`) is late, as in Bytewax,
+        even where a window holding it is still open: counted (`stats()["late"]`) and
+        dropped, or with `late=True` the step returns two streams: the windows, and the late
+        records as `(key, record)`. (Bytewax's watermark also moves with the system clock
+        while no record comes; canter's moves with event time only, so that a run gives the
+        same output however fast it goes.)"""
         if not callable(time):
             raise TypeError("time_window(): time= takes a function giving a record's time")
         return self._window("time_window", "time", size, slide, time, init, fold, reduce, late,
@@ -802,14 +824,15 @@ class Flow:
             return chan[node]
 
         segs, started = [], set()
-        # (source spec, decode spec, name, first node, key_by node applied first or None)
-        todo = [(n.arg.spec, n.arg.decode, n.name, n, None) for n in self._sources]
+        # (source spec, decode spec, name, first node, key_by node applied first or None, the
+        # join side its records are tagged with when that first node is a join, or None)
+        todo = [(n.arg.spec, n.arg.decode, n.name, n, None, None) for n in self._sources]
         count = {}
 
-        def later(name, source, node, key=None):
+        def later(name, source, node, key=None, side=None):
             base = name.split(".")[0]
             count[base] = count.get(base, 1) + 1
-            todo.append((source, None, f"{base}.{count[base]}", node, key))
+            todo.append((source, None, f"{base}.{count[base]}", node, key, side))
 
         def once(node, name):
             # A merge or join starts one pipeline, however many streams lead to it.
@@ -818,7 +841,7 @@ class Flow:
                 later(name, ("channel", channel(node)), node)
 
         while todo:
-            source, decode, name, node, key = todo.pop(0)
+            source, decode, name, node, key, side = todo.pop(0)
             seg = {"name": name, "source": source, "decode": decode, "pre": [], "key": None,
                    "stateful": None, "post": [], "sink": None, "key_name": None,
                    "stateful_name": None}
@@ -828,6 +851,15 @@ class Flow:
             # A line that starts at a key_by after a stateful step (or another key_by): its key
             # is a new one, which a Kafka flow's partitions are not divided by.
             seg["rekeyed"] = source[0] == "channel" and key is None and node.kind == "key_by"
+            if side is not None:
+                # One of several readers of a keyed stream is a join: this pipeline keys and
+                # tags the records as the join's side `side`, as a key_by read by the join
+                # alone does.
+                seg["stateful"] = ("tag", side)
+                seg["sink"] = ("channel", channel(node))
+                once(node, name)
+                segs.append(seg)
+                continue
             cur = node
             while True:
                 if cur.name is not None:
@@ -867,11 +899,20 @@ class Flow:
                     raise ValueError(f"pipeline {seg['name']}: a stream ends without a sink "
                                      "(end it with .sink(...), or .sink(discard()))")
                 if k == "key_by" and len(kids) != 1:
-                    # A keyed stream read by several steps: each applies the key again.
+                    # A keyed stream read by several steps: each applies the key again (and a
+                    # join tags the records with the side this stream is of it).
                     seg["key"] = None
                     seg["sink"] = ("channel", channel(cur))
+                    sides = {}
                     for c in kids:
-                        later(name, ("channel", channel(cur)), c, cur)
+                        side = None
+                        if c.kind == "join":
+                            # A stream joined with itself is two sides: the n-th time the join
+                            # is a reader, it is for the n-th of them.
+                            nth = sides.get(c, 0)
+                            sides[c] = nth + 1
+                            side = [i for i, p in enumerate(c.parents) if p is cur][nth]
+                        later(name, ("channel", channel(cur)), c, cur, side)
                     break
                 if len(kids) != 1:
                     seg["sink"] = ("channel", channel(cur))
@@ -1003,10 +1044,16 @@ class Flow:
         return self._handle
 
     def run(self, workers=1, errors="skip", metrics=None, processes=1, **settings):
-        """Runs the flow until it ends and returns `stats()`. SIGTERM stops it (it drains, then
-        returns); SIGINT (Ctrl-C) stops it the same way, then raises `KeyboardInterrupt`, so an
-        interrupted run is never mistaken for a finished one. Raises `PipelineError` if
+        """Runs the flow until it ends and returns `stats()`. Raises `PipelineError` if
         `errors="stop"` stopped it. Checkpoint and Kafka settings as for `start`.
+
+        A stop by a signal is not the end of the input, and never passes for a finished run:
+        SIGTERM and SIGINT (Ctrl-C) stop the sources, deliver what is in flight, and emit no
+        final aggregations, `emit="final"` joins, open windows or `on_eof` results (they would
+        be values of part of the input; with `checkpoint_dir=` they stay in the checkpoint and
+        go on after a restart); then `run` raises: `Terminated` (a `SystemExit` of code 143)
+        after SIGTERM, `KeyboardInterrupt` after SIGINT. `Flow.shutdown()` called by the
+        program is its own end of the input: it emits them.
 
         `processes=N`: N processes, forked here, each with `workers` worker threads, so that the
         interpreter lock of one never serializes the others; returns their stats summed, and
@@ -1024,24 +1071,33 @@ class Flow:
         run started again with as many processes restores it (each key in its process)."""
         if processes > 1:
             return self._run_processes(processes, workers, errors, metrics, settings)
+        # What the program printed before comes first on a shared standard output.
+        sys.stdout.flush()
         self.start(workers=workers, errors=errors, metrics=metrics, **settings)
         previous = None
+        stopped_by = []
+
+        def on_sigterm(*_):
+            stopped_by.append(signal.SIGTERM)
+            self._running().interrupt()
+
         if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, lambda *_: self.shutdown())
-        interrupted = False
+            previous = signal.signal(signal.SIGTERM, on_sigterm)
         try:
             while True:
                 try:
                     if self.wait(0.2):
                         break
                 except KeyboardInterrupt:
-                    interrupted = True
-                    self.shutdown()
+                    stopped_by.append(signal.SIGINT)
+                    self._running().interrupt()
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        if interrupted:
+        if signal.SIGINT in stopped_by:
             raise KeyboardInterrupt
+        if stopped_by:
+            raise Terminated()
         return self.stats()
 
     def _run_processes(self, processes, workers, errors, metrics, settings):
@@ -1055,6 +1111,12 @@ class Flow:
         else:
             self._check_group(settings)
             group_dir = tempfile.mkdtemp(prefix="canter-flow-")
+            if settings.get("checkpoint_dir") is None:
+                # The processes append to the file sinks; a run that resumes nothing starts
+                # them afresh here, once, as one process would.
+                for p in self._segments():
+                    if p["sink"][0] == "file":
+                        _truncate(p["sink"][1])
         # Each child leaves its outcome (stats, or the exception that ended it) in a file here.
         outcomes = tempfile.mkdtemp(prefix="canter-outcomes-")
         children = []
@@ -1062,8 +1124,11 @@ class Flow:
             pid = os.fork()
             if pid == 0:
                 status, outcome = 0, None
-                print(f"process {i + 1} of {processes} (pid {os.getpid()}) joins the group",
-                      file=sys.stderr, flush=True)
+                try:
+                    print(f"process {i + 1} of {processes} (pid {os.getpid()}) joins the group",
+                          file=sys.stderr, flush=True)
+                except OSError:
+                    pass  # No standard error to say it on: the flow goes on all the same.
                 try:
                     if kafka:
                         stats = self.run(workers=workers, errors=errors,
@@ -1076,6 +1141,8 @@ class Flow:
                     outcome, status = {"raised": "PipelineError", "message": str(e)}, 1
                 except KeyboardInterrupt:
                     outcome, status = {"raised": "KeyboardInterrupt"}, 1
+                except Terminated:
+                    outcome, status = {"raised": "Terminated"}, 1
                 except BaseException as e:  # noqa: BLE001  (a child reports, never returns)
                     import traceback
                     traceback.print_exc()
@@ -1151,19 +1218,33 @@ class Flow:
                                            f"{e.strerror}") from None
 
 
+def _truncate(path):
+    """Empties `path` if it is a regular file (not the standard output, a pipe or a device)."""
+    if path in ("/dev/stdout", "/dev/stderr"):
+        return
+    if os.path.isfile(path):
+        os.truncate(path, 0)
+
+
 def _merged(processes, statuses, ended):
     """The outcome of a run in several processes: their stats summed, or what one raised
-    (an error first, then an interruption, then any other failure)."""
+    (an error first, then an interruption by SIGINT, then any other failure, then a stop by
+    SIGTERM)."""
     for i, o in enumerate(ended):
         if o is not None and o.get("raised") == "PipelineError":
             raise PipelineError(f"process {i + 1} of {processes}: {o['message']}")
     if any(o is not None and o.get("raised") == "KeyboardInterrupt" for o in ended):
         raise KeyboardInterrupt
+    terminated = False
     for i, (status, o) in enumerate(zip(statuses, ended)):
-        if status != 0 or o is None or "stats" not in o:
+        if o is not None and o.get("raised") == "Terminated":
+            terminated = True
+        elif status != 0 or o is None or "stats" not in o:
             why = f"signal {-status}" if status < 0 else f"status {status}"
             what = f": {o['raised']}: {o.get('message', '')}" if o and "raised" in o else ""
             raise RuntimeError(f"process {i + 1} of {processes} ended with {why}{what}")
+    if terminated:
+        raise Terminated()
     total = {}
     for o in ended:
         for name, counts in o["stats"].items():
@@ -1216,6 +1297,10 @@ def main(argv=None):
         print("pipeline interrupted (SIGINT): stopped after delivering what was in flight",
               file=sys.stderr)
         return 130
+    except Terminated:
+        print("pipeline terminated (SIGTERM): stopped after delivering what was in flight, "
+              "with no final results", file=sys.stderr)
+        return 143
     except RuntimeError as e:
         print(str(e), file=sys.stderr)
         return 1

@@ -1127,3 +1127,248 @@ def test_windows_joins_and_logic_give_the_same_output_in_two_processes(tmp_path)
     assert sorted(outs[1]) == ["collect", "count", "join_window", "logic", "session", "time"]
     assert all(outs[1][name] for name in outs[1]), "every step emitted"
     assert outs[2] == outs[1]
+
+
+@pytest.mark.parametrize("records", ["tuple", "dict"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_keyed_stream_shared_by_joins_and_finals_gives_what_separate_key_bys_give(records,
+                                                                                   workers):
+    """One `key_by` read by two joins, a join window and a final aggregation: each gives the
+    same output as a flow in which every consumer has a `key_by` of its own."""
+    rng = random.Random(21)
+
+    def rec(side, i):
+        key, t = f"o{rng.randrange(40)}", float(i)
+        return {"id": key, "side": side, "t": t} if records == "dict" else (key, side, t)
+
+    lefts = [rec("L", i) for i in range(400)]
+    rights = [rec("R", i) for i in range(400, 800)]
+    key = (lambda r: r["id"]) if records == "dict" else (lambda r: r[0])
+    at = (lambda r: r["t"]) if records == "dict" else (lambda r: r[2])
+
+    def build(shared):
+        flow = cp.Flow()
+        outs = {n: [] for n in ("running", "final", "window", "count")}
+        left = flow.source(cp.iterable(lefts))
+        right = flow.source(cp.iterable(rights))
+        if shared:
+            kl = left.key_by(key)
+            kls = [kl] * 4
+        else:
+            kls = [left.key_by(key) for _ in range(4)]
+        kr = [right.key_by(key) for _ in range(3)]
+        kls[0].join(kr[0], emit="running").sink(cp.collect(outs["running"]))
+        kls[1].join(kr[1], emit="final").sink(cp.collect(outs["final"]))
+        (kls[2].join_window(kr[2], size=100, time=at, wait=1000)
+            .map(lambda w: (w[0], float(w[1]), w[3])).sink(cp.collect(outs["window"])))
+        kls[3].count_final().sink(cp.collect(outs["count"]))
+        stats = run(flow, workers=workers)
+        failed = sum(v.get("failed", 0) for v in stats.values() if isinstance(v, dict))
+        return {n: sorted(v, key=repr) for n, v in outs.items()}, failed
+
+    want, failed = build(shared=False)
+    assert failed == 0
+    assert all(want.values()), want
+    got, failed = build(shared=True)
+    assert failed == 0
+    for name in want:
+        assert got[name] == want[name], name
+
+
+def test_a_keyed_stream_joined_with_itself_pairs_each_key_with_itself():
+    data = [(f"k{i % 7}", i) for i in range(70)]
+    got = []
+    flow = cp.Flow()
+    k = flow.source(cp.iterable(data)).key_by(lambda r: r[0])
+    cp.join(k, k, emit="final").sink(cp.collect(got))
+    run(flow)
+    last = {}
+    for r in data:
+        last[r[0]] = r
+    assert sorted(got) == sorted((key, (r, r)) for key, r in last.items())
+
+
+def test_stdout_shares_the_offset_of_prints_when_redirected_to_a_file(tmp_path):
+    """`python flow.py > out.txt`: what the program prints before and after `run` and the
+    sink's lines all stay, in order."""
+    prog = (
+        "import canter.pipeline as cp\n"
+        "print('before', flush=False)\n"
+        "flow = cp.Flow()\n"
+        "flow.source(cp.iterable([f'record {i}' for i in range(1, 6)]))"
+        ".sink(cp.stdout(encode=cp.text))\n"
+        "stats = flow.run()\n"
+        "print('done', stats['p1']['sink'])\n"
+    )
+    out = tmp_path / "out.txt"
+    with open(out, "wb") as f:
+        r = subprocess.run([sys.executable, "-c", prog], stdout=f, stderr=subprocess.PIPE,
+                           timeout=60)
+    assert r.returncode == 0, r.stderr.decode()
+    assert out.read_text().splitlines() == (
+        ["before"] + [f"record {i}" for i in range(1, 6)] + ["done 5"])
+
+
+def test_file_out_starts_afresh_on_a_run_without_a_checkpoint(tmp_path):
+    out = tmp_path / "out.txt"
+    out.write_text("left over from before\n")
+    for _ in range(2):
+        flow = cp.Flow()
+        (flow.source(cp.iterable(["a", "b"]))
+            .sink(cp.file_out(out, encode=cp.text, frame="lines")))
+        run(flow)
+        assert out.read_text() == "a\nb\n"
+
+
+def test_file_out_in_two_processes_starts_afresh_once(tmp_path):
+    out = tmp_path / "out.bin"
+    out.write_bytes(b"left over")
+    inp = tmp_path / "in.txt"
+    inp.write_text("".join(f"w{i % 10}\n" for i in range(1000)))
+    for _ in range(2):
+        flow = cp.Flow()
+        (flow.source(cp.file(inp, frame="lines", decode=cp.text)).key_by(lambda w: w)
+            .count_final().map(lambda kv: f"{kv[0]} {kv[1]}")
+            .sink(cp.file_out(out, encode=cp.text, frame="lines")))
+        flow.run(processes=2)
+        assert sorted(out.read_text().splitlines()) == sorted(f"w{i} 100" for i in range(10))
+
+
+WORD_COUNT = (
+    "import sys\n"
+    "import canter.pipeline as cp\n"
+    "flow = cp.Flow()\n"
+    "(flow.source(cp.file(sys.argv[1], frame='lines', decode=cp.text))\n"
+    " .flat_map(str.split).key_by(lambda w: w).count_final()\n"
+    " .map(lambda kv: f'{kv[0]} {kv[1]}')\n"
+    " .sink(cp.file_out(sys.argv[2], encode=cp.text, frame='lines')))\n"
+    "print('running', flush=True)\n"
+    "flow.run()\n"
+    "print('finished', flush=True)\n"
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_by_signal_emits_no_finals_and_exits_non_zero(tmp_path, sig):
+    """A word count of a file too long to finish killed mid-way: Bytewax's behaviour, nothing
+    final written (the counts would be of part of the file), and a non-zero exit."""
+    inp = tmp_path / "in.txt"
+    with open(inp, "w") as f:
+        for i in range(400_000):
+            f.write(f"w{i % 5000} w{i % 7}\n")
+    out = tmp_path / "out.txt"
+    prog = tmp_path / "wc.py"
+    # A map slow enough that the file is far from read when the signal comes.
+    prog.write_text(WORD_COUNT.replace(".flat_map(str.split)",
+                                       ".map(lambda l: (__import__('time').sleep(0.0002), l)[1])"
+                                       ".flat_map(str.split)"))
+    p = subprocess.Popen([sys.executable, str(prog), str(inp), str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdout.readline() == b"running\n"
+    time.sleep(1.0)
+    p.send_signal(sig)
+    stdout, stderr = p.communicate(timeout=120)
+    # SIGINT: the KeyboardInterrupt ends Python by the signal itself, as Bytewax ends.
+    want = 143 if sig == signal.SIGTERM else -signal.SIGINT
+    assert p.returncode == want, (p.returncode, stderr.decode()[-2000:])
+    assert b"finished" not in stdout
+    assert out.read_text() == "", out.read_text()[:200]
+
+
+def test_a_flow_read_to_its_end_still_emits_its_finals_and_exits_zero(tmp_path):
+    inp = tmp_path / "in.txt"
+    inp.write_text("a b a\nc a\n")
+    out = tmp_path / "out.txt"
+    prog = tmp_path / "wc.py"
+    prog.write_text(WORD_COUNT)
+    r = subprocess.run([sys.executable, str(prog), str(inp), str(out)], capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode().splitlines() == ["running", "finished"]
+    assert sorted(out.read_text().splitlines()) == ["a 3", "b 1", "c 1"]
+
+
+PIPE_TIMER = """
+import sys, time
+import canter.pipeline as cp
+
+class Later(cp.StatefulLogic):
+    # Emits the time its timer fired, 0.5 s after its key's record.
+    def __init__(self):
+        self.due = None
+    def on_item(self, value):
+        self.due = time.time() + 0.5
+        return (), False
+    def notify_at(self):
+        return self.due
+    def on_notify(self):
+        return [time.time()], True
+
+got = []
+flow = cp.Flow()
+(flow.source(cp.file(sys.argv[1], frame="lines", decode=cp.text)).key_by(lambda line: line)
+    .stateful(lambda _: Later()).sink(cp.collect(got)))
+flow.start(workers=1)
+print("started", time.time(), flush=True)
+deadline = time.time() + 60
+while not got and time.time() < deadline:
+    time.sleep(0.02)
+print("fired", repr(got), flush=True)
+flow.shutdown()
+print("ended", flow.wait(30), flush=True)
+"""
+
+
+def test_timers_fire_while_a_pipe_source_awaits_input_and_a_shutdown_ends_it(tmp_path):
+    """A source that is a pipe (the standard input, a FIFO) waits for input without holding
+    its worker (nor the interpreter): a record's timer fires while the pipe is still open, and
+    a shutdown ends the flow with no further input. In a child process, so that a worker that
+    blocks fails the test instead of hanging it."""
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    # Held open for reading and writing: the flow's open does not wait for a writer, and the
+    # input never ends.
+    w = os.open(fifo, os.O_RDWR)
+    p = subprocess.Popen([sys.executable, "-c", PIPE_TIMER, str(fifo)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.readline().split()
+        assert first[:1] == ["started"], (first, p.stderr.read() if p.poll() else "")
+        sent = time.time()
+        os.write(w, b"a\n")
+        out, err = p.communicate(timeout=90)
+    finally:
+        p.kill()
+        p.wait()
+        os.close(w)
+    lines = out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("fired [('a', "), (out, err)
+    fired = float(lines[0].split(", ")[1].rstrip(")]"))
+    assert fired >= sent + 0.5, (fired, sent)
+    assert lines[1] == "ended True", (out, err)
+
+
+def test_a_flow_whose_stderr_is_gone_ends_and_counts_what_it_could_not_log():
+    """`python flow.py 2>&1 | head -1`: the standard error is a pipe whose reader left, and a
+    step raises on every other record. The log lines are dropped and counted; the flow ends
+    with every other record delivered."""
+    prog = (
+        "import canter.pipeline as cp\n"
+        "out = []\n"
+        "flow = cp.Flow()\n"
+        "(flow.source(cp.iterable(range(2000))).map(lambda i: i // (i % 2))"
+        ".sink(cp.collect(out)))\n"
+        "stats = flow.run(workers=2)\n"
+        "print(len(out), stats['p1']['failed'], cp.log_lines_dropped() > 0, flush=True)\n"
+    )
+    r, w = os.pipe()
+    os.close(r)
+    p = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, stderr=w)
+    os.close(w)
+    try:
+        out, _ = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        p.wait()
+    assert p.returncode == 0, (p.returncode, out)
+    assert out.decode().split() == ["1000", "1000", "True"], out

@@ -1325,7 +1325,8 @@ def test_kafka_flow_in_two_processes_shares_the_partitions(kafka_bootstrap, tmp_
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    # Stopped by SIGTERM, not at the end of its input: 143, as a process the signal ended.
+    assert proc.returncode == 143, err
     per_word = {}
     for _, v in got:
         w, n = v.decode().split()
@@ -1548,7 +1549,8 @@ def test_tcp_flow_in_two_processes_owns_each_key_once(tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         rx.close()
-    assert proc.returncode == 0, err
+    # Stopped by SIGTERM, not at the end of its input: 143, as a process the signal ended.
+    assert proc.returncode == 143, err
     check_counts(got, 200, 100)
     assert len(re.findall(r"process \d of 2 \(pid \d+\) joins the group", err)) == 2, err
     assert "lost the link" not in err, err
