@@ -5,7 +5,7 @@
 # Installs (if missing): wrk nginx-light h2o nghttp2-client gcc liburing-dev postgresql (apt-get), Go (needed for
 # the Go peers; not installed here if absent: those peers are then reported and skipped).
 # Builds: bench/build/ceiling, bench/build/ceiling-uring, bench/build/go-nethttp, bench/build/fasthttp,
-#         bench/build/go-ws, bench/peers/node-ws/node_modules (ws, bun), peer-ws-{axum,fast},
+#         bench/build/go-ws, bench/build/quic-go-load (an HTTP/3 load client on quic-go), bench/peers/node-ws/node_modules (ws, bun), peer-ws-{axum,fast},
 #         bench/target/release/peer-{hyper,actix,actix-pg,xitca-pg,may-minihttp,may-pg,kafka-rdkafka,h3-quinn,
 #         quinn-canter-h3},
 #         bench/build/caddy (Go module proxy), bench/build/py-aioquic (PyPI),
@@ -76,7 +76,7 @@ fi
 
 # --- Go peers --------------------------------------------------------------------------
 if command -v go >/dev/null; then
-  for p in go-nethttp fasthttp go-ws; do
+  for p in go-nethttp fasthttp go-ws quic-go-load; do
     if (cd "$BENCH/peers/$p" && go mod download && go build -trimpath -o "$BUILD/$p" .) \
          >"$BUILD/logs/$p.log" 2>&1; then
       ok "$p -> bench/build/$p"

@@ -13,6 +13,9 @@ number of requests; the tables give medians over the rounds. Scenarios:
 
   c1-m100      GET /plaintext, 1 connection, 100 concurrent streams
   c50-m1       GET /plaintext, 50 connections, 1 stream each
+  c1-m100-quic-go, c50-m1-quic-go
+               the same two loads from quic-go's http3 client (bench/peers/quic-go-load,
+               GOMAXPROCS=1): a client that is not ours, whose lead counts too
   handshakes   a new connection per request, no resumption (full handshakes), 50 clients:
                handshakes per second and CPU per handshake
   concurrent   1,000 handshakes started at once (a connection each); how many complete
@@ -44,6 +47,8 @@ H3_QUINN = os.path.join(run.RUST_TARGET, "peer-h3-quinn")
 # quinn's own endpoint and driver with canter's HTTP/3 engine (canter-h3): the endpoint A/B.
 QUINN_CANTER_H3 = os.path.join(run.RUST_TARGET, "peer-quinn-canter-h3")
 AIOQUIC = os.path.join(run.BUILD, "py-aioquic")
+# quic-go's http3 as the load client (bench/peers/quic-go-load): a client that is not ours.
+QUIC_GO_LOAD = os.path.join(run.BUILD, "quic-go-load")
 
 CADDYFILE = """{
 \tadmin off
@@ -93,12 +98,17 @@ def servers(cert, key, builds=()):
 SCENARIOS = {
     "c1-m100": dict(clients=1, streams=100),
     "c50-m1": dict(clients=50, streams=1),
+    # The same loads from a client that is not ours: quic-go's http3 (bench/peers/quic-go-load).
+    "c1-m100-quic-go": dict(clients=1, streams=100, client="quic-go"),
+    "c50-m1-quic-go": dict(clients=50, streams=1, client="quic-go"),
     # A new connection per request, no resumption: full handshakes, 50 at a time.
     "handshakes": dict(clients=50, streams=1, new_connection=True),
 }
 
 
 def load(port, flags, sc, n):
+    if sc.get("client") == "quic-go":
+        return load_quic_go(port, sc, n)
     argv = ["taskset", "-c", "1", CANTER, "load", f"https://127.0.0.1:{port}/plaintext",
             "-n", str(n), "-c", str(sc["clients"]), "-k",
             "--json", "--no-progress", "--timeout", "20s"] + flags
@@ -113,6 +123,18 @@ def load(port, flags, sc, n):
         raise RuntimeError(f"canter load output not understood:\n{out.stdout}{out.stderr}")
     return dict(rps=r["rps"], succeeded=r["status"].get("200", 0),
                 p50_us=r["latency_us"]["p50"], p99_us=r["latency_us"]["p99"])
+
+
+def load_quic_go(port, sc, n):
+    argv = ["taskset", "-c", "1", QUIC_GO_LOAD, "-n", str(n), "-c", str(sc["clients"]),
+            "-m", str(sc["streams"]), f"https://127.0.0.1:{port}/plaintext"]
+    out = subprocess.run(argv, capture_output=True, text=True, env={**os.environ,
+                                                                     "GOMAXPROCS": "1"})
+    try:
+        r = json.loads(out.stdout)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"quic-go-load output not understood:\n{out.stdout}{out.stderr}")
+    return dict(rps=r["rps"], succeeded=r["succeeded"], p50_us=r["p50_us"], p99_us=r["p99_us"])
 
 
 def wait_up(port, flags, timeout=15.0):
@@ -227,7 +249,8 @@ def main():
     args = ap.parse_args()
     cert, key = tls.make_cert("ecdsa")
     specs = servers(cert, key, args.build)
-    missing = [p for p in (CANTER, CADDY, H3_QUINN, QUINN_CANTER_H3) if not os.path.exists(p)]
+    missing = [p for p in (CANTER, CADDY, H3_QUINN, QUINN_CANTER_H3, QUIC_GO_LOAD)
+               if not os.path.exists(p)]
     if missing:
         sys.exit(f"missing {missing}: run bench/build.sh")
     names = [n for n in specs
@@ -245,6 +268,8 @@ def main():
             for name in order:
                 if sc.get("new_connection") and name == "canter-h2-tls":
                     continue  # TLS over TCP has its own handshake table (bench/tls.py)
+                if sc.get("client") and name == "canter-h2-tls":
+                    continue  # an HTTP/3 client only
                 port += 1
                 proc = start(name, specs[name], port)
                 try:
@@ -308,8 +333,10 @@ def markdown(cells, idle, names, concurrent=None, started=0):
             out.append(f"\n#### {sc}: {sc_def['clients']} clients, a new connection (a full "
                        "handshake) per request; CPU/req is CPU per handshake\n")
         else:
+            client = ("quic-go's http3 (bench/peers/quic-go-load)" if sc_def.get("client")
+                      else "`canter load --h3`")
             out.append(f"\n#### {sc}: {sc_def['clients']} connection(s), {sc_def['streams']} "
-                       "stream(s) each, GET /plaintext\n")
+                       f"stream(s) each, GET /plaintext; client {client}\n")
         out.append("| server | req/s | CPU/req (µs) | vs canter | p50 (µs) | p99 (µs) |")
         out.append("|---|--:|--:|--:|--:|--:|")
         for name in names:
