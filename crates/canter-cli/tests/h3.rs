@@ -369,24 +369,9 @@ fn garbage_datagrams_are_dropped() {
     let server = start();
     let addr = h3_addr(&server);
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x2545_f491_4f6c_dd1d);
     for i in 0..3000 {
-        let len = [1, 20, 1200, 1350, 64][i % 5];
-        let mut d: Vec<u8> = (0..len).map(|_| next() as u8).collect();
-        if i % 3 == 0 {
-            // A long header with QUIC version 1 and junk after it.
-            d[0] = 0xc0 | (d[0] & 0x0f);
-            if d.len() >= 5 {
-                d[1..5].copy_from_slice(&[0, 0, 0, 1]);
-            }
-        }
-        let _ = sock.send_to(&d, addr);
+        let _ = sock.send_to(&junk(i, &mut next), addr);
     }
     // Replies to garbage (version negotiation, stateless resets) are bounded: at most one per
     // datagram, and none of them large.
@@ -408,6 +393,30 @@ fn garbage_datagrams_are_dropped() {
         "{}",
         server.log()
     );
+}
+
+/// A fixed sequence of pseudo-random numbers (xorshift64) from `seed`.
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
+/// The `i`-th datagram of garbage: random bytes of one of five lengths, every third a long
+/// header with QUIC version 1 and junk after it.
+fn junk(i: usize, next: &mut impl FnMut() -> u64) -> Vec<u8> {
+    let len = [1, 20, 1200, 1350, 64][i % 5];
+    let mut d: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+    if i % 3 == 0 {
+        d[0] = 0xc0 | (d[0] & 0x0f);
+        if d.len() >= 5 {
+            d[1..5].copy_from_slice(&[0, 0, 0, 1]);
+        }
+    }
+    d
 }
 
 /// Headless Chromium: with QUIC forced on for the origin, the page and its fetches come over
@@ -866,13 +875,8 @@ fn lossy_relay(server: SocketAddr) -> (SocketAddr, std::sync::Arc<std::sync::ato
     let done = stop.clone();
     std::thread::spawn(move || {
         let mut client = None;
-        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-        let mut drop_one = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng.is_multiple_of(5)
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
+        let mut drop_one = move || next().is_multiple_of(5);
         let mut buf = [0u8; 65536];
         while !done.load(Ordering::Relaxed) {
             while let Ok((n, from)) = front.recv_from(&mut buf) {
@@ -961,25 +965,11 @@ fn memory_stays_flat_under_a_stream_of_junk_datagrams() {
     let server = start_h3(&["--workers", "1"]);
     let addr = h3_addr(&server);
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
     let mut send = |count: usize| {
         for batch in 0..count / 5_000 {
             for i in 0..5_000 {
-                let len = [1, 20, 1200, 1350, 64][i % 5];
-                let mut d: Vec<u8> = (0..len).map(|_| next() as u8).collect();
-                if i % 3 == 0 {
-                    d[0] = 0xc0 | (d[0] & 0x0f);
-                    if d.len() >= 5 {
-                        d[1..5].copy_from_slice(&[0, 0, 0, 1]);
-                    }
-                }
-                let _ = sock.send_to(&d, addr);
+                let _ = sock.send_to(&junk(i, &mut next), addr);
             }
             // Each batch read before the next: junk the kernel drops would cost nothing.
             let deadline = std::time::Instant::now() + Duration::from_secs(60);

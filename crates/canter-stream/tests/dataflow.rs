@@ -826,77 +826,20 @@ fn join_window_gives_each_windows_rows() {
     }
 }
 
-/// `time_window` (Python's, in Rust): sliding windows of 100 ms every 25 ms, waiting 60 ms for
-/// the events that come out of order (within 50 ms of each other here): every window of every
-/// key holds exactly the events whose time falls in it, as a plain loop counts them.
-#[test]
-fn sliding_time_windows_that_wait_match_a_plain_loop() {
-    use canter_stream::pipeline::{Aggregate, Span};
-    const N: u64 = 5_000;
+/// `(key, start, end, count, sum)` of every sliding window (of `size` ms, one every `slide` ms)
+/// over `events(N)`, as a plain loop counts them; with `wait` (ms), an item behind its key's
+/// watermark (the latest time of the key's items less `wait`) is late and left out, Bytewax's
+/// rule. Also how many were late.
+fn window_sums(size: u64, slide: u64, wait: Option<u64>) -> (Vec<(u32, u64, u64, u64, u64)>, u64) {
     const MS: u64 = 1_000_000;
-    let (size, slide) = (100 * MS, 25 * MS);
-    let mut want: BTreeMap<(u32, u64), (u64, u64)> = BTreeMap::new();
-    for (k, t, v) in events(N) {
-        let mut s = t - t % slide;
-        loop {
-            if s + size <= t {
-                break;
-            }
-            let w = want.entry((k, s)).or_default();
-            (w.0, w.1) = (w.0 + 1, w.1 + v);
-            match s.checked_sub(slide) {
-                Some(p) => s = p,
-                None => break,
-            }
-        }
-    }
-    let want: Vec<(u32, u64, u64, u64, u64)> = want
-        .into_iter()
-        .map(|((k, s), (n, sum))| (k, s, s + size, n, sum))
-        .collect();
-    for workers in [1, 2] {
-        let got = Collector::new();
-        let mut t = Topology::new();
-        t.add(
-            Pipeline::new("windows", Source::generate(N, event), decode_event)
-                .key_by(|(k, ..)| *k)
-                .time_window(
-                    Duration::from_millis(100),
-                    Duration::from_millis(25),
-                    Duration::from_millis(60),
-                    |(_, t, _)| *t,
-                    Aggregate::new(
-                        || (0u64, 0u64),
-                        |a: &mut (u64, u64), (_, _, v): (u32, u64, u64)| {
-                            (a.0, a.1) = (a.0 + 1, a.1 + v)
-                        },
-                        |k: &u32, (n, sum), span: Span| (*k, span.start, span.end, n, sum),
-                    ),
-                )
-                .sink(Sink::collect(&got)),
-        );
-        run_to_end(t, workers);
-        assert_eq!(sorted(got.take()), want, "{workers} workers");
-    }
-}
-
-/// Late items follow Bytewax's rule: an item whose time is behind its key's watermark (the
-/// latest time seen less `wait`) is late and dropped, even where a window holding it is still
-/// open. Events out of order by up to 49 ms, a wait of 20 ms: the windows hold exactly the
-/// items a loop applying that rule keeps.
-#[test]
-fn items_behind_the_watermark_are_late_as_in_bytewax() {
-    use canter_stream::pipeline::{Aggregate, Span};
-    const N: u64 = 5_000;
-    const MS: u64 = 1_000_000;
-    let (size, slide, wait) = (30 * MS, 10 * MS, 20 * MS);
+    let (size, slide) = (size * MS, slide * MS);
     let mut want: BTreeMap<(u32, u64), (u64, u64)> = BTreeMap::new();
     let mut latest: BTreeMap<u32, u64> = BTreeMap::new();
     let mut late = 0;
-    for (k, t, v) in events(N) {
+    for (k, t, v) in events(WINDOW_EVENTS) {
         let l = latest.entry(k).or_insert(t);
         *l = (*l).max(t);
-        if t < l.saturating_sub(wait) {
+        if wait.is_some_and(|w| t < l.saturating_sub(w * MS)) {
             late += 1;
             continue;
         }
@@ -910,34 +853,78 @@ fn items_behind_the_watermark_are_late_as_in_bytewax() {
             }
         }
     }
-    assert!(late > 0, "the input has late items");
-    let want: Vec<(u32, u64, u64, u64)> = want
+    let want = want
         .into_iter()
-        .map(|((k, s), (n, sum))| (k, s, n, sum))
+        .map(|((k, s), (n, sum))| (k, s, s + size, n, sum))
         .collect();
+    (want, late)
+}
+
+const WINDOW_EVENTS: u64 = 5_000;
+
+/// The same windows from the engine's `time_window`, on `workers` workers.
+fn time_window_sums(
+    size: u64,
+    slide: u64,
+    wait: u64,
+    workers: usize,
+) -> Vec<(u32, u64, u64, u64, u64)> {
+    use canter_stream::pipeline::{Aggregate, Span};
+    let got = Collector::new();
+    let mut t = Topology::new();
+    t.add(
+        Pipeline::new(
+            "windows",
+            Source::generate(WINDOW_EVENTS, event),
+            decode_event,
+        )
+        .key_by(|(k, ..)| *k)
+        .time_window(
+            Duration::from_millis(size),
+            Duration::from_millis(slide),
+            Duration::from_millis(wait),
+            |(_, t, _)| *t,
+            Aggregate::new(
+                || (0u64, 0u64),
+                |a: &mut (u64, u64), (_, _, v): (u32, u64, u64)| (a.0, a.1) = (a.0 + 1, a.1 + v),
+                |k: &u32, (n, sum), span: Span| (*k, span.start, span.end, n, sum),
+            ),
+        )
+        .sink(Sink::collect(&got)),
+    );
+    run_to_end(t, workers);
+    sorted(got.take())
+}
+
+/// `time_window` (Python's, in Rust): sliding windows of 100 ms every 25 ms, waiting 60 ms for
+/// the events that come out of order (within 50 ms of each other here): every window of every
+/// key holds exactly the events whose time falls in it, as a plain loop counts them.
+#[test]
+fn sliding_time_windows_that_wait_match_a_plain_loop() {
+    let (want, _) = window_sums(100, 25, None);
     for workers in [1, 2] {
-        let got = Collector::new();
-        let mut t = Topology::new();
-        t.add(
-            Pipeline::new("windows", Source::generate(N, event), decode_event)
-                .key_by(|(k, ..)| *k)
-                .time_window(
-                    Duration::from_millis(30),
-                    Duration::from_millis(10),
-                    Duration::from_millis(20),
-                    |(_, t, _)| *t,
-                    Aggregate::new(
-                        || (0u64, 0u64),
-                        |a: &mut (u64, u64), (_, _, v): (u32, u64, u64)| {
-                            (a.0, a.1) = (a.0 + 1, a.1 + v)
-                        },
-                        |k: &u32, (n, sum), span: Span| (*k, span.start, n, sum),
-                    ),
-                )
-                .sink(Sink::collect(&got)),
+        assert_eq!(
+            time_window_sums(100, 25, 60, workers),
+            want,
+            "{workers} workers"
         );
-        run_to_end(t, workers);
-        assert_eq!(sorted(got.take()), want, "{workers} workers");
+    }
+}
+
+/// Late items follow Bytewax's rule: an item whose time is behind its key's watermark (the
+/// latest time seen less `wait`) is late and dropped, even where a window holding it is still
+/// open. Events out of order by up to 49 ms, a wait of 20 ms: the windows hold exactly the
+/// items a loop applying that rule keeps.
+#[test]
+fn items_behind_the_watermark_are_late_as_in_bytewax() {
+    let (want, late) = window_sums(30, 10, Some(20));
+    assert!(late > 0, "the input has late items");
+    for workers in [1, 2] {
+        assert_eq!(
+            time_window_sums(30, 10, 20, workers),
+            want,
+            "{workers} workers"
+        );
     }
 }
 
