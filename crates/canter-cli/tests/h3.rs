@@ -410,7 +410,7 @@ fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
 fn junk(i: usize, next: &mut impl FnMut() -> u64) -> Vec<u8> {
     let len = [1, 20, 1200, 1350, 64][i % 5];
     let mut d: Vec<u8> = (0..len).map(|_| next() as u8).collect();
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         d[0] = 0xc0 | (d[0] & 0x0f);
         if d.len() >= 5 {
             d[1..5].copy_from_slice(&[0, 0, 0, 1]);
