@@ -826,11 +826,14 @@ fn join_window_gives_each_windows_rows() {
     }
 }
 
+/// A window's key, start, end, count and sum.
+type WindowSum = (u32, u64, u64, u64, u64);
+
 /// `(key, start, end, count, sum)` of every sliding window (of `size` ms, one every `slide` ms)
 /// over `events(N)`, as a plain loop counts them; with `wait` (ms), an item behind its key's
 /// watermark (the latest time of the key's items less `wait`) is late and left out, Bytewax's
 /// rule. Also how many were late.
-fn window_sums(size: u64, slide: u64, wait: Option<u64>) -> (Vec<(u32, u64, u64, u64, u64)>, u64) {
+fn window_sums(size: u64, slide: u64, wait: Option<u64>) -> (Vec<WindowSum>, u64) {
     const MS: u64 = 1_000_000;
     let (size, slide) = (size * MS, slide * MS);
     let mut want: BTreeMap<(u32, u64), (u64, u64)> = BTreeMap::new();
@@ -863,12 +866,7 @@ fn window_sums(size: u64, slide: u64, wait: Option<u64>) -> (Vec<(u32, u64, u64,
 const WINDOW_EVENTS: u64 = 5_000;
 
 /// The same windows from the engine's `time_window`, on `workers` workers.
-fn time_window_sums(
-    size: u64,
-    slide: u64,
-    wait: u64,
-    workers: usize,
-) -> Vec<(u32, u64, u64, u64, u64)> {
+fn time_window_sums(size: u64, slide: u64, wait: u64, workers: usize) -> Vec<WindowSum> {
     use canter_stream::pipeline::{Aggregate, Span};
     let got = Collector::new();
     let mut t = Topology::new();
