@@ -244,6 +244,10 @@ def main():
     ap.add_argument("--build", action="append", default=[],
                     help="another canter binary to serve HTTP/3 beside target/release/canter "
                          "(repeatable; an A/B, with --only and --no-summary)")
+    ap.add_argument("--clients", action="store_true",
+                    help="only c1-m100 and c50-m1 from both clients (ours and quic-go's), no "
+                         "handshake or memory runs: BENCHMARKS.md's 'HTTP/3 under a client that "
+                         "is not ours' table")
     ap.add_argument("--no-summary", action="store_true",
                     help="an experiment: do not make this run BENCHMARKS.md's table")
     args = ap.parse_args()
@@ -257,6 +261,8 @@ def main():
              if not args.only or n in args.only.split(",") or n.startswith("canter@")]
     port = 19443
     cells = {}
+    if args.clients:
+        args.scenarios = "c1-m100,c1-m100-quic-go,c50-m1,c50-m1-quic-go"
     chosen = {k: v for k, v in SCENARIOS.items()
               if not args.scenarios or k in args.scenarios.split(",")}
     for k in list(SCENARIOS):
@@ -282,7 +288,7 @@ def main():
                       f"{r['cpu_us_per_req']:7.2f} us CPU/req", file=sys.stderr)
     concurrent = {}
     for name in names:
-        if name == "canter-h2-tls" or args.build:
+        if name == "canter-h2-tls" or args.build or args.clients:
             continue
         port += 1
         proc = start(name, specs[name], port)
@@ -295,7 +301,7 @@ def main():
               file=sys.stderr)
     idle = {}
     for name in names:
-        if args.build:
+        if args.build or args.clients:
             continue
         port += 1
         try:
@@ -316,9 +322,21 @@ def main():
     command = "python3 bench/h3.py " + " ".join(sys.argv[1:])
     note = ("Medians of the rounds; server on CPU 0 with one worker, `canter load --h3` (quinn "
             "with h3) or `canter load -m` (HTTP/2 over TLS) on CPU 1. CPU/req: the server's "
-            "utime+stime over the measured requests.")
-    with summary.capture("http3", command.strip(), note):
-        print(markdown(cells, idle, names, concurrent, args.concurrent))
+            "utime+stime over the measured requests. Under a client that is not ours "
+            "(quic-go's) the server does more work a request, and the leads are smaller: see "
+            "the next section.")
+    if args.clients:
+        note = ("Medians of the rounds; server on CPU 0 with one worker; the client on CPU 1: "
+                "`canter load --h3` (quinn with h3, ours) or quic-go's http3 "
+                "(bench/peers/quic-go-load, GOMAXPROCS=1). CPU/req: the server's utime+stime "
+                "over the measured requests. A lead over a peer counts where it holds under "
+                "both clients.")
+        with summary.capture("http3-clients", command.strip(), note):
+            print(markdown(cells, idle, names, concurrent, args.concurrent))
+            print(by_client(cells, names))
+    else:
+        with summary.capture("http3", command.strip(), note):
+            print(markdown(cells, idle, names, concurrent, args.concurrent))
     print(f"\n(results: {os.path.relpath(path, run.ROOT)})")
 
 
@@ -360,6 +378,30 @@ def markdown(cells, idle, names, concurrent=None, started=0):
         out.append("|---|--:|")
         for name, kib in idle.items():
             out.append(f"| {name} | {kib:.1f} |")
+    return "\n".join(out)
+
+
+def by_client(cells, names):
+    """Each server's CPU per request under quic-go's client over that under ours, and its
+    ratio to canter under each client."""
+    out = ["\n#### CPU per request by client: quic-go's over ours, and each server against "
+           "canter under the same client\n",
+           "| server | load | ours (µs) | quic-go (µs) | quic-go / ours | vs canter, ours | "
+           "vs canter, quic-go |",
+           "|---|---|--:|--:|--:|--:|--:|"]
+
+    def cpu(sc, name):
+        rs = cells.get((sc, name))
+        return statistics.median(r["cpu_us_per_req"] for r in rs) if rs else None
+
+    for sc in ("c1-m100", "c50-m1"):
+        for name in names:
+            ours, theirs = cpu(sc, name), cpu(f"{sc}-quic-go", name)
+            base_ours, base_theirs = cpu(sc, "canter"), cpu(f"{sc}-quic-go", "canter")
+            if None in (ours, theirs, base_ours, base_theirs):
+                continue
+            out.append(f"| {name} | {sc} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.2f}× | "
+                       f"{ours / base_ours:.2f}× | {theirs / base_theirs:.2f}× |")
     return "\n".join(out)
 
 

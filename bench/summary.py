@@ -29,6 +29,8 @@ AREAS = [
     ("http1-instructions", "HTTP/1.1: instructions per request", "bench/cg_steady.py --table"),
     ("http2", "HTTP/2", "bench/h2.py"),
     ("http3", "HTTP/3", "bench/h3.py"),
+    ("http3-clients", "HTTP/3 under a client that is not ours (quic-go)",
+     "bench/h3.py --clients"),
     ("tls", "TLS", "bench/tls.py"),
     ("churn", "A new connection per request", "bench/churn.py"),
     ("static", "Static files under compression", "bench/static_compress.py"),
