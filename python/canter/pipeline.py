@@ -1073,16 +1073,25 @@ class Flow:
             return self._run_processes(processes, workers, errors, metrics, settings)
         # What the program printed before comes first on a shared standard output.
         sys.stdout.flush()
-        self.start(workers=workers, errors=errors, metrics=metrics, **settings)
         previous = None
         stopped_by = []
 
         def on_sigterm(*_):
             stopped_by.append(signal.SIGTERM)
-            self._running().interrupt()
+            if self._handle is not None:
+                self._handle.interrupt()
 
+        # Before the start: a SIGTERM from the first record on stops the flow as one.
         if threading.current_thread() is threading.main_thread():
             previous = signal.signal(signal.SIGTERM, on_sigterm)
+        try:
+            self.start(workers=workers, errors=errors, metrics=metrics, **settings)
+        except BaseException:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+            raise
+        if stopped_by:
+            self._handle.interrupt()
         try:
             while True:
                 try:

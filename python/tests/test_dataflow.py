@@ -1258,14 +1258,21 @@ def test_a_stop_by_signal_emits_no_finals_and_exits_non_zero(tmp_path, sig):
             f.write(f"w{i % 5000} w{i % 7}\n")
     out = tmp_path / "out.txt"
     prog = tmp_path / "wc.py"
-    # A map slow enough that the file is far from read when the signal comes.
-    prog.write_text(WORD_COUNT.replace(".flat_map(str.split)",
-                                       ".map(lambda l: (__import__('time').sleep(0.0002), l)[1])"
-                                       ".flat_map(str.split)"))
+    # A map slow enough that the file is far from read when the signal comes; its first call
+    # leaves a mark: the flow is running.
+    mark = tmp_path / "started"
+    prog.write_text(
+        f"import os, time\nMARK = {str(mark)!r}\n"
+        "def slow(line):\n"
+        "    if not os.path.exists(MARK):\n"
+        "        open(MARK, 'w').close()\n"
+        "    time.sleep(0.0002)\n"
+        "    return line\n"
+        + WORD_COUNT.replace(".flat_map(str.split)", ".map(slow).flat_map(str.split)"))
     p = subprocess.Popen([sys.executable, str(prog), str(inp), str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert p.stdout.readline() == b"running\n"
-    time.sleep(1.0)
+    wait_until(mark.exists, timeout=60, what="the flow's first record")
     p.send_signal(sig)
     stdout, stderr = p.communicate(timeout=120)
     # SIGINT: the KeyboardInterrupt ends Python by the signal itself, as Bytewax ends.
